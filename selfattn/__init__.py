@@ -1,0 +1,32 @@
+"""selfattn: self-attention and positional encodings in Flax NNX.
+
+Public names (a contract; import them from `selfattn`):
+  masked_softmax, dot_product_attention, MultiHeadAttention,
+  SinusoidalEncoding, LearnedEncoding, NoEncoding, ShawRelative, HuangRelative,
+  RotaryEncoding, ALiBi, T5RelativeBias, sinusoidal_table, t5_bucket,
+  get_position, POSITION_NAMES, RELATIVE_NAMES,
+  PositionWiseFFN, AddNorm, TransformerEncoderBlock, TransformerEncoder.
+"""
+
+from selfattn.attention import MultiHeadAttention
+from selfattn.attention import dot_product_attention
+from selfattn.attention import masked_softmax
+from selfattn.encoder import AddNorm
+from selfattn.encoder import PositionWiseFFN
+from selfattn.encoder import TransformerEncoder
+from selfattn.encoder import TransformerEncoderBlock
+from selfattn.positions import ALiBi
+from selfattn.positions import HuangRelative
+from selfattn.positions import LearnedEncoding
+from selfattn.positions import NoEncoding
+from selfattn.positions import POSITION_NAMES
+from selfattn.positions import RELATIVE_NAMES
+from selfattn.positions import RotaryEncoding
+from selfattn.positions import ShawRelative
+from selfattn.positions import SinusoidalEncoding
+from selfattn.positions import T5RelativeBias
+from selfattn.positions import get_position
+from selfattn.positions import sinusoidal_table
+from selfattn.positions import t5_bucket
+
+__version__ = '0.1.0'

@@ -1,0 +1,61 @@
+"""Independent NumPy transcriptions of the equations the library implements.
+
+Written from the papers, loops and all, so they share no code with selfattn.
+"""
+
+import numpy as np
+
+
+def softmax_rows(logits, keep):
+  """Softmax over the last axis restricted to `keep`; a row with none kept is 0."""
+  logits = np.where(keep, logits, -np.inf)
+  top = np.max(logits, axis=-1, keepdims=True)
+  top = np.where(np.isfinite(top), top, 0.0)
+  e = np.where(keep, np.exp(logits - top), 0.0)
+  total = e.sum(-1, keepdims=True)
+  return e / np.where(total > 0, total, 1.0)
+
+
+def sinusoid(num_steps, d):
+  P = np.zeros((num_steps, d))
+  for i in range(num_steps):
+    for col in range(d):
+      j2 = col - col % 2
+      angle = i / 10000 ** (j2 / d)
+      P[i, col] = np.sin(angle) if col % 2 == 0 else np.cos(angle)
+  return P
+
+
+def shaw_attention(q, k, v, aK, aV, clip, keep):
+  """Shaw et al. (2018) eqs. with the (L, L, D) relative tensors built explicitly.
+
+  q, k, v: (B, H, L, D); aK, aV: (2k+1, D) or (H, 2k+1, D); keep: (B, L) bool.
+  """
+  B, H, L, D = q.shape
+  out = np.zeros_like(q)
+  for b in range(B):
+    for h in range(H):
+      tK = aK if aK.ndim == 2 else aK[h]
+      tV = None if aV is None else (aV if aV.ndim == 2 else aV[h])
+      rel = np.clip(np.arange(L)[None, :] - np.arange(L)[:, None], -clip, clip) + clip
+      AK = tK[rel]                                  # (L, L, D) materialised
+      e = np.einsum('id,ijd->ij', q[b, h], k[b, h][None, :, :] + AK) / np.sqrt(D)
+      alpha = softmax_rows(e, keep[b][None, :])
+      values = v[b, h][None, :, :] + (tV[rel] if tV is not None else 0)
+      out[b, h] = np.einsum('ij,ijd->id', alpha, values)
+  return out
+
+
+def huang_logits(q, E, max_len):
+  """Music Transformer relative logits S_rel[i, j] = q_i . E[j - i], unclipped.
+
+  q: (B, H, L, D) (already scaled); E: (2*max_len-1, D) or (H, 2*max_len-1, D).
+  """
+  B, H, L, D = q.shape
+  out = np.zeros((B, H, L, L))
+  for h in range(H):
+    table = E if E.ndim == 2 else E[h]
+    for i in range(L):
+      for j in range(L):
+        out[:, h, i, j] = q[:, h, i] @ table[j - i + max_len - 1]
+  return out

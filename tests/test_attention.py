@@ -1,0 +1,124 @@
+"""masked_softmax and MultiHeadAttention against NumPy and Flax references."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import selfattn
+from reference import softmax_rows
+
+
+def test_masked_softmax_matches_numpy_for_1d_and_2d_valid_lens():
+  X = np.random.default_rng(0).normal(size=(2, 3, 5)).astype(np.float32)
+  lens_1d = np.array([2, 4])
+  keep = np.arange(5)[None, None, :] < lens_1d[:, None, None]
+  np.testing.assert_allclose(selfattn.masked_softmax(X, lens_1d),
+                             softmax_rows(X, keep), atol=1e-6)
+  lens_2d = np.array([[1, 3, 5], [2, 2, 4]])
+  keep = np.arange(5)[None, None, :] < lens_2d[:, :, None]
+  out = np.asarray(selfattn.masked_softmax(X, lens_2d))
+  np.testing.assert_allclose(out, softmax_rows(X, keep), atol=1e-6)
+  assert np.all(out[~keep] == 0)
+  np.testing.assert_allclose(out.sum(-1), 1.0, atol=1e-6)
+
+
+def test_masked_softmax_broadcasts_over_head_axis():
+  X = np.random.default_rng(1).normal(size=(2, 4, 3, 6)).astype(np.float32)
+  lens = np.array([3, 6])
+  keep = np.arange(6)[None, None, None, :] < lens[:, None, None, None]
+  np.testing.assert_allclose(selfattn.masked_softmax(X, lens),
+                             softmax_rows(X, keep), atol=1e-6)
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_masked_softmax_is_finite_in_low_precision(dtype):
+  # Logits near the dtype's range, and a row with no valid key at all.
+  X = jnp.array([[[60000.0, -60000.0, 3.0, 1.0]] * 2] * 3, dtype=dtype)
+  lens = jnp.array([2, 1, 0])
+  out = np.asarray(selfattn.masked_softmax(X, lens).astype(jnp.float32))
+  assert np.all(np.isfinite(out))
+  assert out.dtype == np.float32 and X.dtype == dtype
+  np.testing.assert_allclose(out[0, 0], [1, 0, 0, 0], atol=1e-3)
+  np.testing.assert_allclose(out[1, 0], [1, 0, 0, 0], atol=1e-3)
+  np.testing.assert_array_equal(out[2], 0.0)   # nothing valid -> zeros, not NaN
+  # Ordinary logits: masked entries exactly 0, rows sum to 1 within dtype eps.
+  Y = jax.random.normal(jax.random.key(0), (2, 3, 7)).astype(dtype)
+  out = np.asarray(selfattn.masked_softmax(Y, jnp.array([3, 5])), np.float32)
+  assert np.all(out[0, :, 3:] == 0) and np.all(out[1, :, 5:] == 0)
+  np.testing.assert_allclose(out.sum(-1), 1.0, atol=1e-2)
+
+
+def test_chapter_multihead_shape_demonstration():
+  attn = selfattn.MultiHeadAttention(100, 5, 0.5, rngs=nnx.Rngs(0))
+  X = jnp.ones((2, 4, 100))
+  Y = jnp.ones((2, 6, 100))
+  valid_lens = jnp.array([3, 2])
+  assert attn(X, Y, Y, valid_lens).shape == (2, 4, 100)
+  assert attn.attention_weights[...].shape == (2, 5, 4, 6)
+
+
+def _copy_into_flax(ours, theirs, num_heads):
+  f = ours.num_hiddens
+  for mine, name in [(ours.W_q, 'query'), (ours.W_k, 'key'),
+                     (ours.W_v, 'value')]:
+    getattr(theirs, name).kernel[...] = mine.kernel[...].reshape(
+        f, num_heads, f // num_heads)
+  theirs.out.kernel[...] = ours.W_o.kernel[...].reshape(
+      num_heads, f // num_heads, f)
+
+
+def test_equals_flax_multihead_attention_with_same_weights():
+  heads, f = 4, 32
+  ours = selfattn.MultiHeadAttention(f, heads, 0.0, rngs=nnx.Rngs(0))
+  theirs = nnx.MultiHeadAttention(heads, f, f, f, use_bias=False, decode=False,
+                                  rngs=nnx.Rngs(1))
+  _copy_into_flax(ours, theirs, heads)
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.normal(size=(3, 5, f)), jnp.float32)
+  kv = jnp.asarray(rng.normal(size=(3, 7, f)), jnp.float32)
+  np.testing.assert_allclose(ours(q, kv, kv), theirs(q, kv, kv,
+                                                     deterministic=True),
+                             atol=1e-5)
+  lens = jnp.array([7, 3, 5])
+  flax_mask = (jnp.arange(7)[None, :] < lens[:, None])[:, None, None, :]
+  np.testing.assert_allclose(
+      ours(q, kv, kv, lens),
+      theirs(q, kv, kv, mask=flax_mask, deterministic=True), atol=1e-5)
+
+
+def test_mask_argument_equals_valid_lens_and_supports_left_padding():
+  attn = selfattn.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
+  X = jax.random.normal(jax.random.key(0), (2, 6, 16))
+  lens = jnp.array([4, 6])
+  mask = jnp.arange(6)[None, :] < lens[:, None]
+  np.testing.assert_allclose(attn(X, X, X, lens), attn(X, X, X, mask=mask),
+                             atol=1e-6)
+  # Left padding: valid keys are the last 4; padded keys get zero weight.
+  left = jnp.arange(6)[None, :] >= 2
+  attn(X, X, X, mask=jnp.repeat(left, 2, axis=0))
+  weights = np.asarray(attn.attention_weights[...])
+  assert np.all(weights[..., :2] == 0)
+  np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
+
+
+def test_dropout_acts_on_attention_weights_only_when_not_deterministic():
+  attn = selfattn.MultiHeadAttention(16, 2, 0.5, rngs=nnx.Rngs(0))
+  X = jax.random.normal(jax.random.key(0), (2, 5, 16))
+  a = attn(X, X, X)
+  np.testing.assert_allclose(a, attn(X, X, X), atol=0)
+  b = attn(X, X, X, deterministic=False)
+  assert np.max(np.abs(np.asarray(a - b))) > 1e-3
+
+
+def test_dot_product_attention_without_relative_matches_jax_nn():
+  rng = np.random.default_rng(2)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 3, 5, 8)), jnp.float32)
+             for _ in range(3))
+  keep = jnp.asarray(rng.random((2, 1, 1, 5)) > 0.3).at[..., 0].set(True)
+  ours, _ = selfattn.dot_product_attention(q, k, v, mask=keep)
+  theirs = jax.nn.dot_product_attention(q.transpose(0, 2, 1, 3),
+                                        k.transpose(0, 2, 1, 3),
+                                        v.transpose(0, 2, 1, 3), mask=keep)
+  np.testing.assert_allclose(ours, theirs.transpose(0, 2, 1, 3), atol=1e-5)

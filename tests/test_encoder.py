@@ -1,0 +1,164 @@
+"""Properties of the stacked encoder, for every positional encoding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from flax import nnx
+from flax.nnx import bridge
+from flax.traverse_util import flatten_dict
+
+import selfattn
+
+ALL = selfattn.POSITION_NAMES
+ABSOLUTE = ('sinusoidal', 'learned')
+VOCAB = 11
+
+
+def make(position, *, norm='post', residual=True, layers=2, dtype=None, seed=0):
+  return selfattn.TransformerEncoder(
+      VOCAB, 16, 32, 4, layers, 0.0, position=position, max_len=32, norm=norm,
+      residual=residual, dtype=dtype, rngs=nnx.Rngs(seed),
+      **({'clip_distance': 3} if position == 'shaw' else {}))
+
+
+def tokens(shape, seed=0):
+  return jax.random.randint(jax.random.key(seed), shape, 0, VOCAB)
+
+
+@pytest.mark.parametrize('position', ALL)
+def test_padded_tokens_never_change_valid_outputs(position):
+  enc = make(position)
+  x = tokens((2, 9))
+  lens = jnp.array([5, 9])
+  other = x.at[0, 5:].set((x[0, 5:] + 3) % VOCAB)
+  a, b = enc(x, lens), enc(other, lens)
+  np.testing.assert_allclose(a[0, :5], b[0, :5], atol=1e-5)
+  np.testing.assert_allclose(a[1], b[1], atol=1e-5)
+  assert np.abs(np.asarray(a[0, 5:] - b[0, 5:])).max() > 1e-4  # padding itself did change
+
+
+@pytest.mark.parametrize('position', ALL)
+def test_only_no_encoding_is_permutation_equivariant(position):
+  enc = make(position)
+  x = tokens((2, 8), seed=1)
+  perm = np.random.default_rng(0).permutation(8)
+  gap = np.abs(np.asarray(enc(x[:, perm]) - enc(x)[:, perm])).max()
+  if position == 'none':
+    assert gap < 1e-5
+  else:
+    assert gap > 1e-3
+
+
+@pytest.mark.parametrize('position', ALL)
+def test_left_padding_changes_only_absolute_encodings(position):
+  enc = make(position)
+  x = tokens((2, 6), seed=2)
+  pad = 3
+  padded = jnp.concatenate([jnp.zeros((2, pad), x.dtype), x], axis=1)
+  mask = jnp.arange(6 + pad)[None, :] >= pad
+  mask = jnp.broadcast_to(mask, padded.shape)
+  gap = np.abs(np.asarray(enc(padded, mask=mask)[:, pad:] - enc(x))).max()
+  if position in ABSOLUTE:
+    assert gap > 1e-3
+  else:
+    assert gap < 1e-4
+
+
+@pytest.mark.parametrize('position', ALL)
+def test_jit_matches_eager_and_gradients_are_finite(position):
+  enc = make(position)
+  x = tokens((2, 7), seed=3)
+  lens = jnp.array([7, 4])
+
+  @nnx.jit
+  def forward(model, x, lens):
+    return model(x, lens)
+
+  np.testing.assert_allclose(forward(enc, x, lens), enc(x, lens), atol=1e-5)
+
+  def loss(model):
+    return jnp.sum(model(x, lens) ** 2)
+
+  grads = nnx.grad(loss)(enc)
+  leaves = jax.tree.leaves(grads)
+  assert leaves and all(np.all(np.isfinite(g)) for g in leaves)
+  assert any(np.abs(np.asarray(g)).max() > 0 for g in leaves)
+
+
+def test_post_norm_outputs_are_layer_normalised_and_pre_norm_has_final_norm():
+  x = tokens((2, 5), seed=4)
+  for norm in ('post', 'pre'):
+    out = np.asarray(make('sinusoidal', norm=norm)(x))
+    np.testing.assert_allclose(out.mean(-1), 0.0, atol=1e-5)
+    np.testing.assert_allclose(out.std(-1), 1.0, atol=1e-2)
+  out = np.asarray(make('sinusoidal', norm='none')(x))
+  assert np.abs(out.mean(-1)).max() > 1e-2
+
+
+def test_block_without_residual_or_norm_is_plain_composition():
+  blk = selfattn.TransformerEncoderBlock(16, 32, 4, 0.0, norm='none',
+                                         residual=False, rngs=nnx.Rngs(0))
+  X = jax.random.normal(jax.random.key(0), (2, 5, 16))
+  want = blk.ffn(blk.attention(X, X, X))
+  np.testing.assert_allclose(blk(X), want, atol=1e-5)
+  res = selfattn.TransformerEncoderBlock(16, 32, 4, 0.0, norm='none',
+                                         residual=True, rngs=nnx.Rngs(0))
+  Y = X + res.attention(X, X, X)
+  np.testing.assert_allclose(res(X), Y + res.ffn(Y), atol=1e-5)
+
+
+def test_per_layer_attention_weights_are_retrievable():
+  enc = make('t5', layers=3)
+  x = tokens((2, 6))
+  _, captured = nnx.capture(enc, nnx.Intermediate)(x, jnp.array([6, 3]))
+  enc(x, jnp.array([6, 3]))          # outside capture: kept on the module
+  weights = enc.attention_weights()
+  assert len(weights) == 3 and weights[0].shape == (2, 4, 6, 6)
+  np.testing.assert_allclose(
+      captured['blks'][2]['attention']['attention_weights'][...], weights[2])
+  assert np.all(np.asarray(weights[1])[1, :, :, 3:] == 0)
+
+
+@pytest.mark.parametrize('dtype', [jnp.bfloat16, jnp.float16])
+def test_low_precision_forward_is_finite_and_close_to_float32(dtype):
+  x = tokens((2, 10), seed=5)
+  lens = jnp.array([10, 0])   # one sequence with nothing valid at all
+  low = make('shaw', dtype=dtype)(x, lens)
+  assert low.dtype == dtype
+  full = make('shaw')(x, lens)
+  assert np.all(np.isfinite(np.asarray(low, np.float32)))
+  np.testing.assert_allclose(np.asarray(low, np.float32)[0], full[0], atol=0.15)
+
+
+def test_usable_inside_linen_through_bridge():
+  kwargs = dict(position='shaw', max_len=16, clip_distance=4)
+
+  class Classifier(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      h = bridge.to_linen(selfattn.TransformerEncoder, VOCAB, 16, 32, 4, 2,
+                          name='encoder', **kwargs)(x)
+      return nn.Dense(3)(h.mean(axis=1)), h
+
+  x = tokens((2, 7), seed=6)
+  variables = Classifier().init(
+      {'params': jax.random.key(0), 'dropout': jax.random.key(1)}, x)
+  (_, hidden) = Classifier().apply(variables, x)
+  direct = selfattn.TransformerEncoder(VOCAB, 16, 32, 4, 2, rngs=nnx.Rngs(9),
+                                       **kwargs)
+  linen_params = flatten_dict(variables['params']['encoder'])
+  for path, param in nnx.to_flat_state(nnx.state(direct, nnx.Param)):
+    param[...] = linen_params[path]
+  assert len(linen_params) == len(list(nnx.to_flat_state(nnx.state(direct, nnx.Param))))
+  np.testing.assert_allclose(hidden, direct(x), atol=1e-5)
+
+
+def test_invalid_arguments_raise_clear_errors():
+  with pytest.raises(ValueError, match='not divisible'):
+    selfattn.TransformerEncoder(5, 10, 8, 3, 1, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="valid: post, pre, none"):
+    selfattn.TransformerEncoder(5, 8, 8, 2, 1, norm='sandwich', rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='unknown position encoding'):
+    selfattn.TransformerEncoder(5, 8, 8, 2, 1, position='xpos', rngs=nnx.Rngs(0))

@@ -1,0 +1,156 @@
+"""Positional encodings against the chapter's formulas and the papers' equations."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import selfattn
+from selfattn.positions import alibi_slopes, relative_to_absolute
+import reference
+
+
+def test_chapter_table_P_matches_numpy_formula():
+  # The chapter's demonstration: encoding_dim=32, num_steps=60.
+  enc = selfattn.SinusoidalEncoding(32, 0.0, max_len=60, rngs=nnx.Rngs(0))
+  assert enc.P.shape == (1, 60, 32)
+  np.testing.assert_allclose(enc.P[0], reference.sinusoid(60, 32), atol=1e-5)
+  X = jnp.zeros((1, 60, 32))
+  np.testing.assert_allclose(enc(X)[0], reference.sinusoid(60, 32), atol=1e-5)
+
+
+def test_chapter_rotation_maps_position_i_to_i_plus_delta():
+  d, steps = 32, 60
+  P = np.asarray(selfattn.sinusoidal_table(steps, d), np.float64)
+  worst = 0.0
+  for j in range(d // 2):
+    w = 1.0 / 10000 ** (2 * j / d)
+    for delta in range(1, 20):
+      rot = np.array([[np.cos(delta * w), np.sin(delta * w)],
+                      [-np.sin(delta * w), np.cos(delta * w)]])
+      pairs = P[:steps - delta, 2 * j:2 * j + 2]          # rows (p_{i,2j}, p_{i,2j+1})
+      moved = pairs @ rot.T
+      worst = max(worst, np.abs(moved - P[delta:, 2 * j:2 * j + 2]).max())
+  assert worst < 1e-4
+
+
+def test_sinusoidal_handles_odd_width_and_lengths_past_max_len():
+  enc = selfattn.SinusoidalEncoding(7, 0.0, max_len=10, rngs=nnx.Rngs(0))
+  out = enc(jnp.zeros((2, 25, 7)))
+  np.testing.assert_allclose(out[0], reference.sinusoid(25, 7), atol=1e-5)
+
+
+def test_learned_encoding_adds_its_table_and_rejects_long_sequences():
+  enc = selfattn.LearnedEncoding(8, 0.0, max_len=12, rngs=nnx.Rngs(0))
+  X = jax.random.normal(jax.random.key(1), (2, 12, 8))
+  np.testing.assert_allclose(enc(X), X + enc.P[...][:, :12], atol=1e-6)
+  with pytest.raises(ValueError, match=r'13.*max_len=12'):
+    enc(jnp.zeros((1, 13, 8)))
+  sin_init = selfattn.LearnedEncoding(8, 0.0, max_len=12, init='sinusoidal',
+                                      rngs=nnx.Rngs(0))
+  np.testing.assert_allclose(sin_init.P[...][0], reference.sinusoid(12, 8),
+                             atol=1e-5)
+
+
+def test_lookup_names_valid_choices_and_options():
+  with pytest.raises(ValueError, match='valid: none, sinusoidal, learned, shaw'):
+    selfattn.get_position('absolute')
+  with pytest.raises(ValueError, match='clip_distance'):
+    selfattn.get_position('shaw', {'clip': 3})
+  kind, opts = selfattn.get_position('t5', {'num_buckets': 8})
+  assert kind.relative and opts == {'num_buckets': 8, 'max_distance': 128}
+
+
+def _qkv(B=2, H=3, L=7, D=4, seed=0):
+  rng = np.random.default_rng(seed)
+  return [rng.normal(size=(B, H, L, D)).astype(np.float32) for _ in range(3)]
+
+
+@pytest.mark.parametrize('shared_heads', [True, False])
+@pytest.mark.parametrize('relative_values', [True, False])
+def test_shaw_equals_direct_transcription_of_the_paper(shared_heads,
+                                                       relative_values):
+  q, k, v = _qkv()
+  clip = 2
+  shaw = selfattn.ShawRelative(3, 4, clip_distance=clip, shared_heads=shared_heads,
+                               relative_values=relative_values,
+                               rngs=nnx.Rngs(0))
+  keep = np.ones((2, 7), bool)
+  keep[1, 4:] = False                                   # padding in row 1
+  ours, _ = selfattn.dot_product_attention(
+      q, k, v, mask=jnp.asarray(keep)[:, None, None, :], relative=shaw)
+  aV = np.asarray(shaw.a_V[...]) if relative_values else None
+  want = reference.shaw_attention(q, k, v, np.asarray(shaw.a_K[...]), aV,
+                                  clip, keep)
+  np.testing.assert_allclose(ours, want, atol=2e-5)
+
+
+def test_shaw_weight_folding_preserves_mass_per_bucket():
+  shaw = selfattn.ShawRelative(1, 2, clip_distance=3, rngs=nnx.Rngs(0))
+  w = jax.random.uniform(jax.random.key(0), (1, 1, 9, 9))
+  folded = np.asarray(shaw.fold_weights(w))
+  rel = np.clip(np.arange(9)[None] - np.arange(9)[:, None], -3, 3) + 3
+  want = np.zeros((9, 7))
+  for i in range(9):
+    for j in range(9):
+      want[i, rel[i, j]] += np.asarray(w)[0, 0, i, j]
+  np.testing.assert_allclose(folded[0, 0], want, atol=1e-6)
+
+
+def test_skew_equals_direct_indexing():
+  L = 6
+  x = np.random.default_rng(0).normal(size=(2, L, 2 * L - 1))
+  want = np.empty((2, L, L))
+  for i in range(L):
+    for j in range(L):
+      want[:, i, j] = x[:, i, j - i + L - 1]
+  np.testing.assert_allclose(relative_to_absolute(jnp.asarray(x)), want)
+  np.testing.assert_allclose(relative_to_absolute(jnp.ones((1, 1))), [[1.0]])
+
+
+@pytest.mark.parametrize('shared_heads', [True, False])
+def test_huang_equals_unclipped_reference(shared_heads):
+  q, k, v = _qkv(L=6)
+  huang = selfattn.HuangRelative(3, 4, max_len=10, shared_heads=shared_heads,
+                                 rngs=nnx.Rngs(0))
+  qs = q / 2.0     # dot_product_attention hands relative terms scaled queries
+  want_rel = reference.huang_logits(qs, np.asarray(huang.E[...]), 10)
+  np.testing.assert_allclose(huang.logits(jnp.asarray(qs), k), want_rel,
+                             atol=1e-5)
+  ours, _ = selfattn.dot_product_attention(q, k, v, relative=huang)
+  content = np.einsum('bhqd,bhkd->bhqk', qs, k)
+  alpha = reference.softmax_rows(content + want_rel, np.ones((1, 1, 6, 6), bool))
+  np.testing.assert_allclose(ours, np.einsum('bhqk,bhkd->bhqd', alpha, v),
+                             atol=2e-5)
+
+
+def test_t5_buckets_match_hand_computed_ids():
+  # num_buckets=32, max_distance=128: 16 per direction, 8 exact, then log.
+  offsets = jnp.array([0, -1, 1, -7, -8, -16, 20, -127, -128, -1000, 1000])
+  want = [0, 1, 17, 7, 8, 10, 26, 15, 15, 15, 31]
+  np.testing.assert_array_equal(selfattn.t5_bucket(offsets), want)
+
+
+def test_alibi_bias_uses_slopes_and_absolute_distance():
+  np.testing.assert_allclose(alibi_slopes(8), [2.0 ** -(h + 1) for h in range(8)])
+  alibi = selfattn.ALiBi(4)
+  bias = np.asarray(alibi.logits(jnp.zeros((1, 4, 3, 2)), jnp.zeros((1, 4, 3, 2))))
+  slopes = 2.0 ** (-8.0 * np.arange(1, 5) / 4)
+  dist = np.abs(np.arange(3)[None] - np.arange(3)[:, None])
+  np.testing.assert_allclose(bias[0], -slopes[:, None, None] * dist, atol=1e-6)
+
+
+def test_rotary_dot_products_depend_only_on_offset():
+  rope = selfattn.RotaryEncoding(6)
+  x = jnp.broadcast_to(jax.random.normal(jax.random.key(0), (6,)), (1, 1, 12, 6))
+  y = jnp.broadcast_to(jax.random.normal(jax.random.key(1), (6,)), (1, 1, 12, 6))
+  q, k = rope.rotate(x, y)
+  dots = np.asarray(jnp.einsum('bhqd,bhkd->qk', q, k))
+  for offset in range(-5, 6):
+    diagonal = np.diagonal(dots, offset)
+    np.testing.assert_allclose(diagonal, diagonal[0], atol=1e-4)
+  # The rotation preserves norms and is not the identity.
+  np.testing.assert_allclose(jnp.linalg.norm(q, axis=-1),
+                             jnp.linalg.norm(x, axis=-1), atol=1e-5)
+  assert np.abs(np.asarray(q - x)).max() > 1e-2
