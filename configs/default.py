@@ -1,0 +1,68 @@
+"""Default: reverse a string with a 2-layer sinusoidal encoder (about 2 min on a 2-core CPU).
+
+Run:
+  python -m selfattn.main --config=configs/default.py --workdir=runs/default
+
+Override any field from the command line, e.g.
+  --config.model.position=shaw --config.model.clip_distance=8
+  --config.task.name=sort --config.train.num_steps=3000
+Rerunning the same command on the same workdir resumes from its last checkpoint.
+Watch with: tensorboard --logdir runs
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  del arg
+  config = ml_collections.ConfigDict()
+  config.seed = 0                      # parameters, data and dropout all derive from it
+
+  config.task = ml_collections.ConfigDict()
+  config.task.name = 'reverse'         # see selfattn/tasks.py: TASK_NAMES
+  config.task.vocab_size = 8           # data symbols (specials such as PAD come on top)
+  config.task.min_len = 1              # training lengths, uniform in [min_len, max_len]
+  config.task.max_len = 16
+  config.task.shift = 1                # k of the `shift` task
+  config.task.window = 1               # w of the `window_sum` task
+
+  config.model = ml_collections.ConfigDict()
+  config.model.position = 'sinusoidal'  # none, sinusoidal, learned, shaw, huang, rope, alibi, t5
+  config.model.num_layers = 2
+  config.model.num_hiddens = 64
+  config.model.num_heads = 4
+  config.model.ffn_num_hiddens = 128
+  config.model.dropout = 0.0
+  config.model.norm = 'pre'             # post (the chapter), pre, none
+  config.model.residual = True          # False removes the skip connections
+  config.model.max_len = 256            # rows of learned/huang tables; >= longest eval sequence
+  config.model.dtype = 'float32'        # activations: float32 or bfloat16 (params stay float32)
+  # Options of individual encodings; None means the encoding's own default.
+  config.model.clip_distance = config_dict.placeholder(int)       # shaw: k (16)
+  config.model.relative_values = config_dict.placeholder(bool)    # shaw: a^V too (True)
+  config.model.shared_heads = config_dict.placeholder(bool)       # shaw (True) / huang (False)
+  config.model.num_buckets = config_dict.placeholder(int)         # t5 (32)
+  config.model.max_distance = config_dict.placeholder(int)        # t5 (128)
+  config.model.rope_base = config_dict.placeholder(float)         # rope (10000)
+  config.model.init = config_dict.placeholder(str)                # learned: normal or sinusoidal
+
+  config.train = ml_collections.ConfigDict()
+  config.train.num_steps = 2000
+  config.train.batch_size = 64           # global batch, split over the `data` mesh axis
+  config.train.learning_rate = 3e-3      # peak, after linear warmup; cosine decay to 0
+  config.train.warmup_steps = 100
+  config.train.weight_decay = 0.01       # AdamW, matrices only
+  config.train.grad_clip = 1.0           # global-norm clipping
+  config.train.log_every = 100           # progress line and train/* scalars
+  config.train.checkpoint_every = 500
+  config.train.keep_checkpoints = 3
+
+  config.eval = ml_collections.ConfigDict()
+  config.eval.every = 500
+  config.eval.lengths = [8, 16, 32, 64]  # includes lengths longer than training
+  config.eval.num_examples = 256
+
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.data = -1                  # data-parallel devices; -1 = all
+  return config

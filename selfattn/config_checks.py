@@ -1,0 +1,138 @@
+"""Config validation: every error names the field and, where there is a list,
+the valid choices. Runs before anything is compiled or written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from selfattn import positions
+from selfattn import tasks
+from selfattn.encoder import NORMS
+
+DTYPES = ('float32', 'bfloat16')
+# Config fields under config.model that are options of one or more encodings.
+POSITION_OPTION_FIELDS = ('clip_distance', 'relative_values', 'shared_heads',
+                          'num_buckets', 'max_distance', 'rope_base', 'init')
+
+
+class ConfigError(ValueError):
+  """An invalid config; the message names the field."""
+
+
+def position_options(model: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The encoding options set in config.model (None fields left out)."""
+  return {name: model[name] for name in POSITION_OPTION_FIELDS
+          if name in model and model[name] is not None}
+
+
+def task_from_config(config: ml_collections.ConfigDict) -> tasks.Task:
+  t = config.task
+  return tasks.get_task(t.name, t.vocab_size, shift=t.get('shift', 1),
+                        window=t.get('window', 1))
+
+
+def _positive(config, *fields):
+  for field in fields:
+    section, name = field.split('.')
+    value = config[section][name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ConfigError(f'config.{field} must be a positive integer; '
+                        f'got {value!r}')
+
+
+def validate_config(config: ml_collections.ConfigDict,
+                    num_devices: int | None = None) -> None:
+  """Raises ConfigError for the first problem found in `config`."""
+  # Task.
+  if config.task.name not in tasks.TASK_NAMES:
+    raise ConfigError(f'config.task.name={config.task.name!r} is unknown; '
+                      f'valid: {", ".join(tasks.TASK_NAMES)}')
+  _positive(config, 'task.vocab_size', 'task.min_len', 'task.max_len')
+  try:
+    task = task_from_config(config)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if config.task.min_len < task.min_length:
+    raise ConfigError(f'config.task.min_len must be >= {task.min_length} for '
+                      f'task {task.name!r}; got {config.task.min_len}')
+  if config.task.max_len < config.task.min_len:
+    raise ConfigError(f'config.task.max_len={config.task.max_len} is below '
+                      f'config.task.min_len={config.task.min_len}')
+
+  # Model.
+  m = config.model
+  if m.position not in positions.POSITION_NAMES:
+    raise ConfigError(f'config.model.position={m.position!r} is unknown; '
+                      f'valid: {", ".join(positions.POSITION_NAMES)}')
+  options = position_options(m)
+  valid_options = positions.POSITIONS[m.position].options
+  for name in options:
+    if name not in valid_options:
+      users = [n for n, k in positions.POSITIONS.items() if name in k.options]
+      raise ConfigError(
+          f'config.model.{name} is an option of {", ".join(users)}, not of '
+          f'position={m.position!r} (its options: '
+          f'{", ".join(valid_options) or "none"}); unset it')
+  _positive(config, 'model.num_layers', 'model.num_hiddens', 'model.num_heads',
+            'model.ffn_num_hiddens', 'model.max_len')
+  if m.num_hiddens % m.num_heads:
+    raise ConfigError(f'config.model.num_hiddens={m.num_hiddens} is not '
+                      f'divisible by config.model.num_heads={m.num_heads}')
+  if m.norm not in NORMS:
+    raise ConfigError(f'config.model.norm={m.norm!r} is unknown; valid: '
+                      f'{", ".join(NORMS)}')
+  if m.dtype not in DTYPES:
+    raise ConfigError(f'config.model.dtype={m.dtype!r} is unknown; valid: '
+                      f'{", ".join(DTYPES)}')
+  if not 0.0 <= m.dropout < 1.0:
+    raise ConfigError(f'config.model.dropout must be in [0, 1); got {m.dropout}')
+  if options.get('clip_distance', 1) < 1:
+    raise ConfigError('config.model.clip_distance must be >= 1')
+  if m.position == 't5':
+    buckets = options.get('num_buckets', 32)
+    if buckets < 4 or buckets % 2:
+      raise ConfigError(f'config.model.num_buckets must be even and >= 4; '
+                        f'got {buckets}')
+  if m.position == 'learned' and options.get('init', 'normal') not in (
+      'normal', 'sinusoidal'):
+    raise ConfigError(f'config.model.init={options["init"]!r} is unknown; '
+                      'valid: normal, sinusoidal')
+
+  # Training and evaluation.
+  _positive(config, 'train.num_steps', 'train.batch_size', 'train.log_every',
+            'train.checkpoint_every', 'train.keep_checkpoints', 'eval.every',
+            'eval.num_examples')
+  if not config.train.learning_rate > 0:
+    raise ConfigError(f'config.train.learning_rate must be > 0; got '
+                      f'{config.train.learning_rate}')
+  if config.train.warmup_steps < 0:
+    raise ConfigError('config.train.warmup_steps must be >= 0')
+  lengths = list(config.eval.lengths)
+  if not lengths or any(not isinstance(n, int) or n < task.min_length
+                        for n in lengths):
+    raise ConfigError(f'config.eval.lengths must be a non-empty list of '
+                      f'integers >= {task.min_length}; got {lengths}')
+  if m.position == 'learned':
+    longest = task.seq_len(max(lengths + [config.task.max_len]))
+    if longest > m.max_len:
+      raise ConfigError(
+          f'config.eval.lengths reach sequence length {longest}, above the '
+          f'learned encoding\'s config.model.max_len={m.max_len}: raise '
+          f'max_len or drop the longer lengths')
+
+  # Devices.
+  if num_devices is not None:
+    data = config.mesh.data
+    if data == -1:
+      data = num_devices
+    if not isinstance(data, int) or data < 1 or data > num_devices:
+      raise ConfigError(f'config.mesh.data={config.mesh.data} must be -1 (all) '
+                        f'or between 1 and the {num_devices} devices')
+    for field in ('train.batch_size', 'eval.num_examples'):
+      section, name = field.split('.')
+      if config[section][name] % data:
+        raise ConfigError(f'config.{field}={config[section][name]} is not '
+                          f'divisible by the {data} data-parallel devices '
+                          f'(config.mesh.data)')

@@ -1,0 +1,71 @@
+"""Command-line entry point: flags in, train_and_evaluate out.
+
+  python -m selfattn.main --config=configs/default.py --workdir=runs/default \
+      [--config.model.position=shaw ...]
+
+Multi-host: pass --coordinator_address, --num_processes and --process_id (or
+--distributed on a managed cluster, where JAX finds them itself).
+"""
+
+import logging as std_logging
+import sys
+
+import jax
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from selfattn.config_checks import ConfigError
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Path to an ml_collections config file.', lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, '
+                               'TensorBoard events and summary.json.')
+_COORDINATOR = flags.DEFINE_string(
+    'coordinator_address', None, 'host:port of process 0 (multi-host runs).')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None,
+                                      'Number of processes (multi-host runs).')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None,
+                                   'Index of this process (multi-host runs).')
+_DISTRIBUTED = flags.DEFINE_bool(
+    'distributed', False, 'Call jax.distributed.initialize() with no arguments '
+    '(TPU pods, SLURM and other managed clusters).')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+class _OwnInfoOnly(std_logging.Filter):
+  """INFO lines from this project only; warnings and errors from everyone."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    path = record.pathname.replace('\\', '/')
+    return (record.levelno >= std_logging.WARNING
+            or '/selfattn/' in path or '/experiments/' in path)
+
+
+def configure_logging() -> None:
+  """Progress lines at INFO on stderr, without the libraries' INFO chatter."""
+  logging.set_verbosity(logging.INFO)
+  logging.get_absl_handler().addFilter(_OwnInfoOnly())
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  configure_logging()
+  if _COORDINATOR.value is not None:
+    jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
+                               num_processes=_NUM_PROCESSES.value,
+                               process_id=_PROCESS_ID.value)
+  elif _DISTRIBUTED.value:
+    jax.distributed.initialize()
+  from selfattn.train import train_and_evaluate   # after distributed init
+  try:
+    train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except ConfigError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == '__main__':
+  app.run(main)

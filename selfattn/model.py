@@ -1,0 +1,41 @@
+"""The trained model: TransformerEncoder plus a linear head over classes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from selfattn.config_checks import position_options
+from selfattn.encoder import TransformerEncoder
+from selfattn.tasks import Task
+
+
+class SequenceModel(nnx.Module):
+  """tokens (B, T) int32, valid_lens (B,) -> logits (B, T, num_classes) float32.
+
+  Token tasks read every position; classification tasks read position 0 (CLS).
+  """
+
+  def __init__(self, encoder: TransformerEncoder, num_classes: int, *,
+               rngs: nnx.Rngs):
+    self.encoder = encoder
+    self.head = nnx.Linear(encoder.num_hiddens, num_classes,
+                           dtype=encoder.dtype, rngs=rngs)
+
+  def __call__(self, tokens: jax.Array, valid_lens: jax.Array | None = None, *,
+               deterministic: bool = True) -> jax.Array:
+    hidden = self.encoder(tokens, valid_lens, deterministic=deterministic)
+    return self.head(hidden).astype(jnp.float32)
+
+
+def build_model(config: ml_collections.ConfigDict, task: Task,
+                rngs: nnx.Rngs) -> SequenceModel:
+  m = config.model
+  encoder = TransformerEncoder(
+      task.input_vocab_size, m.num_hiddens, m.ffn_num_hiddens, m.num_heads,
+      m.num_layers, m.dropout, position=m.position, max_len=m.max_len,
+      norm=m.norm, residual=m.residual, dtype=jnp.dtype(m.dtype),
+      rngs=rngs, **position_options(m))
+  return SequenceModel(encoder, task.num_classes, rngs=rngs)
