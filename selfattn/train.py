@@ -170,7 +170,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
     metrics = {'loss': loss,
                'token_accuracy': sums['correct'] / jnp.maximum(sums['weight'], 1),
                'sequence_accuracy': sums['seq_correct'] / jnp.maximum(sums['seq_count'], 1),
-               'grad_norm': optax.global_norm(grads),
+               'grad_norm': optax.tree.norm(grads),
                'learning_rate': schedule(state['step'])}
     return new_state, metrics
 
