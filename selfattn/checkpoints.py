@@ -84,6 +84,8 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
           f'--workdir or the stored config ({path}). Differences: '
           + '; '.join(problems))
   if write:
+    # Atomic, so another process reading it sees no file or the whole file.
     os.makedirs(workdir, exist_ok=True)
-    with open(path, 'w') as f:
+    with open(path + '.tmp', 'w') as f:
       json.dump(current, f, indent=2, sort_keys=True)
+    os.replace(path + '.tmp', path)

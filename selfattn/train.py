@@ -92,6 +92,31 @@ def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
                        axis_types=(jax.sharding.AxisType.Auto,))
 
 
+def global_indices(start: int, count: int, sharding: NamedSharding) -> jax.Array:
+  """Example indices start..start+count-1 as one global array, each process
+  holding only its devices' slices (works with one process or many)."""
+  values = np.arange(start, start + count, dtype=np.int32)
+  return jax.make_array_from_callback((count,), sharding, lambda idx: values[idx])
+
+
+def make_train_batches(config: ml_collections.ConfigDict, task: tasks_lib.Task,
+                       mesh: jax.sharding.Mesh):
+  """step -> Batch of config.train.batch_size examples sharded along `data`.
+
+  Jitted: each device generates only its own examples, so each process
+  generates only its shard of every batch.
+  """
+  by_example = NamedSharding(mesh, P('data'))
+  indices = global_indices(0, config.train.batch_size, by_example)
+  seed, lo, hi = config.seed, config.task.min_len, config.task.max_len
+
+  @functools.partial(jax.jit, out_shardings=by_example)
+  def generate(step, indices):
+    return tasks_lib.make_batch(task, seed, step, indices, lo, hi)
+
+  return lambda step: generate(np.int32(step), indices)
+
+
 # --------------------------------------------------------------------------
 # The run.
 # --------------------------------------------------------------------------
@@ -137,13 +162,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
     logging.info('Resumed from checkpoint at step %d in %s', start, workdir)
 
   # ---- Step functions. ----
-  batch_size = config.train.batch_size
-  min_len, max_len = config.task.min_len, config.task.max_len
-  train_indices = jax.device_put(jnp.arange(batch_size), by_example)
-
-  @functools.partial(jax.jit, out_shardings=by_example)
-  def train_batch(step, indices):
-    return tasks_lib.make_batch(task, seed, step, indices, min_len, max_len)
+  train_batch = make_train_batches(config, task, mesh)
 
   def forward(params, batch, deterministic, step=None):
     model = nnx.merge(graphdef, params, rest, copy=True)
@@ -174,7 +193,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
                'learning_rate': schedule(state['step'])}
     return new_state, metrics
 
-  eval_batch_size = min(config.eval.num_examples, batch_size)
+  eval_batch_size = min(config.eval.num_examples, config.train.batch_size)
 
   @functools.partial(jax.jit, static_argnums=0, out_shardings=replicated)
   def eval_chunk(length, params, indices):
@@ -187,8 +206,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
       total = None
       for start_index in range(0, config.eval.num_examples, eval_batch_size):
         count = min(eval_batch_size, config.eval.num_examples - start_index)
-        indices = jax.device_put(jnp.arange(start_index, start_index + count),
-                                 by_example)
+        indices = global_indices(start_index, count, by_example)
         sums = jax.device_get(eval_chunk(length, params, indices))
         total = sums if total is None else jax.tree.map(np.add, total, sums)
       results[length] = metrics_from_sums(total)
@@ -201,17 +219,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   metric_tags = [summaries.eval_tag(m, n) for n in config.eval.lengths
                  for m in ('token_accuracy', 'sequence_accuracy')]
   writer.hparams(summaries.flatten_config(config.to_dict()), metric_tags)
-  probe = _AttentionProbe(graphdef, rest, task, config, replicated)
+  probe = _AttentionProbe(graphdef, rest, task, config)
 
   def write_eval(step: int, params, results) -> None:
     for length, m in results.items():
       writer.scalars(step, {summaries.eval_tag(k, length): v for k, v in m.items()})
-    if is_main:
-      for layer, weights in enumerate(probe.attention(params)):
-        writer.image(f'attention/layer_{layer}', step, summaries.tile_heads(weights))
-      table = probe.position_table(params)
-      if table is not None:
-        writer.image('positions/table', step, summaries.heatmap(table, scale=3))
+    # Every process runs the probes (they are computations over global
+    # arrays); the writer only writes on process 0.
+    for layer, weights in enumerate(probe.attention(params)):
+      writer.image(f'attention/layer_{layer}', step, summaries.tile_heads(weights))
+    table = probe.position_table(params)
+    if table is not None:
+      writer.image('positions/table', step, summaries.heatmap(table, scale=3))
     writer.flush()
 
   # ---- Loop. ----
@@ -228,7 +247,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
                  num_steps, mesh.size)
 
   for step in range(start, num_steps):
-    batch = train_batch(np.int32(step), train_indices)
+    batch = train_batch(step)
     state, metrics = train_step(state, batch)
     pending.append((step + 1, metrics))
     window_steps += 1
@@ -316,17 +335,18 @@ class _AttentionProbe:
   """Attention maps on one fixed evaluation example, and the position table,
   for TensorBoard images."""
 
-  def __init__(self, graphdef, rest, task, config, replicated):
+  def __init__(self, graphdef, rest, task, config):
     self._graphdef, self._rest = graphdef, rest
     length = min(config.task.max_len, 32)
-    batch = tasks_lib.make_eval_batch(task, config.seed, length, jnp.arange(1))
-    self._batch = jax.device_put(batch, replicated)
+    # Host constants, identical on every process.
+    batch = jax.device_get(
+        tasks_lib.make_eval_batch(task, config.seed, length, jnp.arange(1)))
 
     @jax.jit
     def attention(params):
       model = nnx.merge(graphdef, params, rest, copy=True)
-      _, inter = nnx.capture(model, nnx.Intermediate)(
-          self._batch.inputs, self._batch.valid_lens)
+      _, inter = nnx.capture(model, nnx.Intermediate)(batch.inputs,
+                                                      batch.valid_lens)
       return [inter['encoder']['blks'][i]['attention']['attention_weights'][...][0]
               for i in range(len(model.encoder.blks))]
 

@@ -6,6 +6,7 @@ import sys
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
 from selfattn import checkpoints
 
@@ -16,7 +17,13 @@ def saved_params(workdir, step=None):
   """Parameters of a checkpoint (the latest by default) as a flat list of arrays."""
   mngr = checkpoints.manager(workdir, 100)
   step = mngr.latest_step() if step is None else step
-  params = mngr.restore(step)['params']
+  # Restore onto this process's first device, whatever mesh saved it.
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  item = os.path.join(os.path.abspath(workdir), 'checkpoints', str(step), 'default')
+  metadata = ocp.StandardCheckpointer().metadata(item).item_metadata
+  target = jax.tree.map(
+      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata)
+  params = mngr.restore(step, args=ocp.args.StandardRestore(target))['params']
   mngr.close()
   return [np.asarray(x) for x in jax.tree.leaves(params)]
 

@@ -14,18 +14,6 @@ from selfattn.config_checks import ConfigError
 from runs import cli, saved_params
 
 
-@pytest.fixture(scope='module')
-def tiny_run(tmp_path_factory):
-  """One real run of configs/tiny.py shared by the tests that only read it."""
-  from configs import tiny
-  workdir = tmp_path_factory.mktemp('tiny')
-  import contextlib, io
-  out = io.StringIO()
-  with contextlib.redirect_stdout(out):
-    summary = train.train_and_evaluate(tiny.get_config(), str(workdir))
-  return workdir, summary, out.getvalue()
-
-
 def test_tiny_run_writes_summary_table_and_checkpoints(tiny_run):
   tmp_path, summary, out = tiny_run
   assert summary['step'] == 20
