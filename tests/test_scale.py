@@ -47,11 +47,11 @@ def test_batch_is_sharded_over_eight_devices():
 import jax
 from jax.sharding import PartitionSpec as P
 from configs import tiny
-from selfattn import train
+from selfattn import steps
 from selfattn.config_checks import task_from_config
 config = tiny.get_config()
-mesh = train.make_mesh(config)
-batch = train.make_train_batches(config, task_from_config(config), mesh)(3)
+mesh = steps.make_mesh(config)
+batch = steps.make_train_batches(config, task_from_config(config), mesh)(3)
 assert jax.device_count() == 8
 assert batch.inputs.sharding.spec == P('data'), batch.inputs.sharding
 shards = batch.inputs.addressable_shards

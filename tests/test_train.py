@@ -105,7 +105,7 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
   assert finished and max(finished) < 600
   again = cli(victim, *overrides)
   assert again.returncode == 0, again.stderr[-2000:]
-  assert f'Resumed from checkpoint at step' in again.stderr
+  assert 'Resumed from checkpoint at step' in again.stderr
   for a, b in zip(saved_params(tmp_path / 'reference'), saved_params(victim),
                   strict=True):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)

@@ -1,0 +1,198 @@
+"""The compiled pieces of training: model and optimiser state, the jitted
+train step, batch generation and evaluation, for one config on one mesh.
+
+`Trainer` is what train.py's loop drives and what benchmarks and experiments
+call directly: the step is one pure jax.jit function over the model's split
+state (nnx.split once; nnx.merge only inside traced code), so a step costs no
+Python graph traversal.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from selfattn import tasks as tasks_lib
+from selfattn.config_checks import task_from_config
+from selfattn.model import SequenceModel
+from selfattn.model import build_model
+
+
+# --------------------------------------------------------------------------
+# Loss and metrics.
+# --------------------------------------------------------------------------
+
+def metric_sums(logits: jax.Array, batch: tasks_lib.Batch) -> dict[str, jax.Array]:
+  """Sums over a batch, so chunks and devices can be added up exactly."""
+  logp = jax.nn.log_softmax(logits)
+  nll = -jnp.take_along_axis(logp, batch.targets[..., None], axis=-1)[..., 0]
+  w = batch.weights
+  correct = (jnp.argmax(logits, -1) == batch.targets)
+  counted = jnp.sum(w, axis=1) > 0
+  whole = jnp.all(correct | (w == 0), axis=1) & counted
+  return {'nll': jnp.sum(nll * w), 'weight': jnp.sum(w),
+          'correct': jnp.sum(correct * w), 'seq_correct': jnp.sum(whole),
+          'seq_count': jnp.sum(counted)}
+
+
+def metrics_from_sums(s: dict[str, Any]) -> dict[str, float]:
+  weight, count = max(float(s['weight']), 1.0), max(float(s['seq_count']), 1.0)
+  return {'loss': float(s['nll']) / weight,
+          'token_accuracy': float(s['correct']) / weight,
+          'sequence_accuracy': float(s['seq_correct']) / count}
+
+
+# --------------------------------------------------------------------------
+# Optimiser.
+# --------------------------------------------------------------------------
+
+def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
+  warmup = min(train.warmup_steps, train.num_steps - 1)
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0 if warmup else train.learning_rate,
+      peak_value=train.learning_rate, warmup_steps=warmup,
+      decay_steps=train.num_steps, end_value=0.0)
+
+
+def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """Global-norm clipping, then AdamW (decay on matrices only)."""
+  return optax.chain(
+      optax.clip_by_global_norm(train.grad_clip),
+      optax.adamw(learning_rate_schedule(train), weight_decay=train.weight_decay,
+                  mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params)))
+
+
+# --------------------------------------------------------------------------
+# Mesh.
+# --------------------------------------------------------------------------
+
+def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+  """1-D mesh with axis `data` over config.mesh.data devices (-1 = all)."""
+  data = config.mesh.data if config.mesh.data != -1 else jax.device_count()
+  # Auto axes: XLA propagates the batch sharding through the model (GSPMD);
+  # explicit axes would make every gather in the model name its sharding.
+  return jax.make_mesh((data,), ('data',), devices=jax.devices()[:data],
+                       axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def global_indices(start: int, count: int, sharding: NamedSharding) -> jax.Array:
+  """Example indices start..start+count-1 as one global array, each process
+  holding only its devices' slices (works with one process or many)."""
+  values = np.arange(start, start + count, dtype=np.int32)
+  return jax.make_array_from_callback((count,), sharding, lambda idx: values[idx])
+
+
+def make_train_batches(config: ml_collections.ConfigDict, task: tasks_lib.Task,
+                       mesh: jax.sharding.Mesh):
+  """step -> Batch of config.train.batch_size examples sharded along `data`.
+
+  Jitted: each device generates only its own examples, so each process
+  generates only its shard of every batch.
+  """
+  by_example = NamedSharding(mesh, P('data'))
+  indices = global_indices(0, config.train.batch_size, by_example)
+  seed, lo, hi = config.seed, config.task.min_len, config.task.max_len
+
+  @functools.partial(jax.jit, out_shardings=by_example)
+  def generate(step, indices):
+    return tasks_lib.make_batch(task, seed, step, indices, lo, hi)
+
+  return lambda step: generate(np.int32(step), indices)
+
+
+# --------------------------------------------------------------------------
+# Trainer.
+# --------------------------------------------------------------------------
+
+class Trainer:
+  """Everything compiled for one config on one mesh.
+
+  Attributes: task, mesh, graphdef/rest (the model minus its parameters),
+  train_batch(step) -> Batch, train_step(state, batch) -> (state, metrics),
+  evaluate(params) -> {length: metrics}.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict,
+               mesh: jax.sharding.Mesh | None = None):
+    self.config = config
+    self.task = task = task_from_config(config)
+    self.mesh = mesh = make_mesh(config) if mesh is None else mesh
+    self.replicated = replicated = NamedSharding(mesh, P())
+    self.by_example = NamedSharding(mesh, P('data'))
+    seed = config.seed
+    model = build_model(config, task, nnx.Rngs(params=seed, dropout=seed + 1))
+    self.graphdef, self._params, self.rest = nnx.split(model, nnx.Param, ...)
+    self.tx = tx = make_optimizer(config.train)
+    self.train_batch = make_train_batches(config, task, mesh)
+    dropout_key = jax.random.fold_in(jax.random.key(seed), 0xD0)
+    schedule = learning_rate_schedule(config.train)
+
+    def forward(params, batch, deterministic, step=None):
+      model = self.model(params)
+      if not deterministic:
+        nnx.reseed(model, dropout=jax.random.fold_in(dropout_key, step))
+      return model(batch.inputs, batch.valid_lens, deterministic=deterministic)
+
+    @functools.partial(jax.jit, donate_argnums=0,
+                       out_shardings=(replicated, replicated))
+    def train_step(state, batch):
+      def loss_fn(params):
+        logits = forward(params, batch, False, state['step'])
+        sums = metric_sums(logits, batch)
+        return sums['nll'] / jnp.maximum(sums['weight'], 1.0), sums
+
+      (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+          state['params'])
+      updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
+      new_state = {'step': state['step'] + 1,
+                   'params': optax.apply_updates(state['params'], updates),
+                   'opt_state': opt_state}
+      metrics = {'loss': loss,
+                 'token_accuracy': sums['correct'] / jnp.maximum(sums['weight'], 1),
+                 'sequence_accuracy': (sums['seq_correct']
+                                       / jnp.maximum(sums['seq_count'], 1)),
+                 'grad_norm': optax.tree.norm(grads),
+                 'learning_rate': schedule(state['step'])}
+      return new_state, metrics
+
+    @functools.partial(jax.jit, static_argnums=0, out_shardings=replicated)
+    def eval_chunk(length, params, indices):
+      batch = tasks_lib.make_eval_batch(task, seed, length, indices)
+      return metric_sums(forward(params, batch, True), batch)
+
+    self.train_step = train_step
+    self._eval_chunk = eval_chunk
+
+  def model(self, params) -> SequenceModel:
+    """A model with these parameters (works inside traced code)."""
+    return nnx.merge(self.graphdef, params, self.rest, copy=True)
+
+  def init_state(self) -> dict[str, Any]:
+    """Step 0: {'step', 'params', 'opt_state'}, replicated over the mesh."""
+    state = {'step': jnp.zeros((), jnp.int32), 'params': self._params,
+             'opt_state': self.tx.init(self._params)}
+    return jax.device_put(state, self.replicated)
+
+  def evaluate(self, params, lengths=None) -> dict[int, dict[str, float]]:
+    """Metrics at every length of config.eval.lengths (or `lengths`)."""
+    config = self.config
+    chunk = min(config.eval.num_examples, config.train.batch_size)
+    results = {}
+    for length in (config.eval.lengths if lengths is None else lengths):
+      total = None
+      for start in range(0, config.eval.num_examples, chunk):
+        count = min(chunk, config.eval.num_examples - start)
+        indices = global_indices(start, count, self.by_example)
+        sums = jax.device_get(self._eval_chunk(length, params, indices))
+        total = sums if total is None else jax.tree.map(np.add, total, sums)
+      results[length] = metrics_from_sums(total)
+    return results
