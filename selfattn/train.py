@@ -92,8 +92,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   log_every, ckpt_every = config.train.log_every, config.train.checkpoint_every
   pending: list[tuple[int, dict]] = []
   last_good = start
-  window_start, window_steps, train_seconds = time.perf_counter(), 0, 0.0
-  run_start = time.perf_counter()
+  # Time is measured in segments between boundaries (log, checkpoint, eval),
+  # excluding checkpoint and eval time. The first segment includes compiling,
+  # so the warm rate leaves it out.
+  window = [0, 0.0]                 # steps, seconds since the last progress line
+  warm = [0, 0.0]                   # steps, seconds after the first segment
+  segment_steps, train_seconds, first_segment = 0, 0.0, True
+  run_start = segment_start = time.perf_counter()
   results = None
   if is_main and start < num_steps:
     logging.info('Training %s on %s (%s) for %d steps on %d device(s)',
@@ -104,7 +109,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
     batch = train_batch(step)
     state, metrics = train_step(state, batch)
     pending.append((step + 1, metrics))
-    window_steps += 1
+    segment_steps += 1
     done = step + 1
     is_last = done == num_steps
     if done % log_every == 0 or done % ckpt_every == 0 or is_last:
@@ -117,11 +122,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
               f'non-finite loss ({m["loss"]}) or gradient norm '
               f'({m["grad_norm"]}) at step {at}; the last good checkpoint is '
               f'step {mngr.latest_step()} in {workdir}')
-      now = time.perf_counter()
-      train_seconds += now - window_start
+      seconds = time.perf_counter() - segment_start
+      train_seconds += seconds
+      window = [window[0] + segment_steps, window[1] + seconds]
+      if not first_segment:
+        warm = [warm[0] + segment_steps, warm[1] + seconds]
+      segment_steps, first_segment = 0, False
       if done % log_every == 0 or is_last:
         mean = {k: float(np.mean([m[k] for _, m in fetched])) for k in fetched[0][1]}
-        rate = window_steps / max(now - window_start, 1e-9)
+        rate = window[0] / max(window[1], 1e-9)
         mean['steps_per_sec'] = rate
         writer.scalars(done, {f'train/{k}': v for k, v in mean.items()})
         if is_main:
@@ -129,7 +138,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
                        '%s left', done, num_steps, mean['loss'],
                        mean['token_accuracy'], rate,
                        _duration((num_steps - done) / max(rate, 1e-9)))
-        window_steps = 0
+        window = [0, 0.0]
       if done % ckpt_every == 0 or is_last:
         checkpoints.save(mngr, done, state)
         last_good = done
@@ -138,7 +147,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
         write_eval(done, state['params'], results)
         if is_main:
           logging.info('eval at step %d: %s', done, _short(results))
-      window_start = time.perf_counter()
+      segment_start = time.perf_counter()
 
   mngr.wait_until_finished()
   if results is None:   # nothing left to train: evaluate the restored state
@@ -149,6 +158,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
       'train_lengths': [config.task.min_len, config.task.max_len],
       'eval': {str(n): m for n, m in results.items()},
       'train_seconds': train_seconds,
+      # Steps per second of the loop after its first segment (which compiles).
+      'steps_per_sec': warm[0] / warm[1] if warm[1] > 0 else None,
       'wall_seconds': time.perf_counter() - run_start,
       'config': json.loads(config.to_json_best_effort()),
   }

@@ -1,0 +1,382 @@
+"""Benchmarks: selfattn against its peers, measured in the same run.
+
+  python scripts/bench.py [--quick] [--json OUT.json]
+
+Prints a markdown table per section and, with --json, the keys that
+BENCHMARKS.md tracks. All timings are medians over repeats after warm-up,
+with peers measured in alternation so machine drift hits both alike.
+Memory is XLA's compiled temporary-buffer size (memory_analysis), the working
+set a function needs beyond its inputs and outputs.
+
+Sections:
+  roofline   matmul_gflops, the machine's float32 matmul rate through JAX.
+  mha        selfattn.MultiHeadAttention vs flax.nnx.MultiHeadAttention,
+             forward+backward (grads w.r.t. parameters and input).
+  relative   Shaw (k=16, keys and values) and a naive Shaw that builds the
+             (L, L, d_head) tensors, over plain attention: time and memory;
+             Huang (skew) and naive Huang memory; every encoding's time ratio.
+  train      the default config: loop vs compiled step on pre-generated
+             batches (overhead), tokens/s, bfloat16 vs float32, peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import selfattn  # noqa: E402
+from selfattn.positions import RelativePosition  # noqa: E402
+from selfattn.positions import relative_offsets  # noqa: E402
+
+_QUICK = flags.DEFINE_bool('quick', False, 'Small shapes, few repeats (< 1 min).')
+_JSON = flags.DEFINE_string('json', None, 'Write the results as JSON here.')
+
+WIDTH, HEADS = 256, 8
+
+
+# --------------------------------------------------------------------------
+# Measuring.
+# --------------------------------------------------------------------------
+
+def timed(fn, *args) -> float:
+  start = time.perf_counter()
+  jax.block_until_ready(fn(*args))
+  return time.perf_counter() - start
+
+
+def compare_times(fns: dict, args: dict, repeats: int, warmup: int = 2) -> dict:
+  """Median seconds per call of each function, measured in alternation."""
+  for name, fn in fns.items():
+    for _ in range(warmup):
+      timed(fn, *args[name])
+  samples = {name: [] for name in fns}
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      samples[name].append(timed(fn, *args[name]))
+  return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def temp_bytes(jitted, *args) -> int:
+  """XLA's temporary buffer size for the compiled function."""
+  return jitted.lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+# --------------------------------------------------------------------------
+# Roofline.
+# --------------------------------------------------------------------------
+
+def matmul_gflops(n: int, repeats: int) -> float:
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  f = jax.jit(jnp.matmul)
+  t = compare_times({'mm': f}, {'mm': (a, b)}, repeats)['mm']
+  return 2 * n ** 3 / t / 1e9
+
+
+# --------------------------------------------------------------------------
+# Attention forward+backward.
+# --------------------------------------------------------------------------
+
+def grad_fn(module, call):
+  """jit(grad) of mean(y^2) w.r.t. the module's parameters and the input."""
+  graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+
+  @jax.jit
+  def step(params, x):
+    def loss(params, x):
+      y = call(nnx.merge(graphdef, params, rest, copy=True), x)
+      return jnp.mean(jnp.square(y.astype(jnp.float32)))
+    return jax.grad(loss, argnums=(0, 1))(params, x)
+
+  return step, params
+
+
+def mha_flops(batch: int, length: int, width: int) -> float:
+  """Forward+backward FLOPs: 4 projections and 2 attention matmuls, x3 for
+  the backward pass (gradients w.r.t. inputs and weights)."""
+  forward = 4 * 2 * batch * length * width ** 2 + 2 * 2 * batch * length ** 2 * width
+  return 3 * forward
+
+
+def ours(relative=None, dtype=None):
+  return selfattn.MultiHeadAttention(WIDTH, HEADS, 0.0, relative=relative,
+                                     dtype=dtype, rngs=nnx.Rngs(0))
+
+
+def self_call(m, x):
+  return m(x, x, x)
+
+
+def flax_call(m, x):
+  return m(x, x, x, deterministic=True)
+
+
+class NaiveShaw(RelativePosition):
+  """Shaw's equations as written: gathers a^K and a^V into (Lq, Lk, d_head)."""
+
+  def __init__(self, shaw: selfattn.ShawRelative):
+    self.shaw = shaw
+
+  def _expand(self, table, lq, lk):
+    k = self.shaw.clip_distance
+    return table[jnp.clip(relative_offsets(lq, lk), -k, k) + k]  # (Lq, Lk, D)
+
+  def logits(self, q, k):
+    a = self._expand(self.shaw.a_K[...], q.shape[2], k.shape[2]).astype(q.dtype)
+    return jnp.einsum('bhqd,qkd->bhqk', q, a)
+
+  def values(self, weights, v):
+    if self.shaw.a_V is None:
+      return None
+    a = self._expand(self.shaw.a_V[...], weights.shape[2], weights.shape[3])
+    return jnp.einsum('bhqk,qkd->bhqd', weights.astype(v.dtype), a.astype(v.dtype))
+
+
+def batch_for(length: int, tokens: int) -> int:
+  return max(1, tokens // length)
+
+
+def bench_mha(lengths, tokens, repeats, roofline):
+  rows = {}
+  for length in lengths:
+    b = 32 if length == 128 else batch_for(length, tokens)
+    x = jax.random.normal(jax.random.key(2), (b, length, WIDTH), jnp.float32)
+    mine, p_mine = grad_fn(ours(), self_call)
+    theirs, p_theirs = grad_fn(
+        nnx.MultiHeadAttention(HEADS, WIDTH, WIDTH, WIDTH, use_bias=False,
+                               decode=False, rngs=nnx.Rngs(0)), flax_call)
+    t = compare_times({'selfattn': mine, 'flax': theirs},
+                      {'selfattn': (p_mine, x), 'flax': (p_theirs, x)}, repeats)
+    flops = mha_flops(b, length, WIDTH)
+    rows[length] = {'batch': b, 'selfattn_ms': 1e3 * t['selfattn'],
+                    'flax_ms': 1e3 * t['flax'],
+                    'speedup_vs_flax': t['flax'] / t['selfattn'],
+                    'fraction_of_roofline': flops / t['selfattn'] / 1e9 / roofline}
+  return rows
+
+
+def bench_relative(lengths, tokens, repeats, clip=16):
+  rows = {}
+  for length in lengths:
+    b = 32 if length == 128 else batch_for(length, tokens)
+    x = jax.random.normal(jax.random.key(3), (b, length, WIDTH), jnp.float32)
+    shaw = selfattn.ShawRelative(HEADS, WIDTH // HEADS, clip_distance=clip,
+                                 rngs=nnx.Rngs(0))
+    fns, args, memory = {}, {}, {}
+    for name, relative in [('plain', None), ('shaw', shaw),
+                           ('naive_shaw', NaiveShaw(shaw))]:
+      fn, params = grad_fn(ours(relative), self_call)
+      fns[name], args[name] = fn, (params, x)
+      memory[name] = temp_bytes(fn, params, x)
+    t = compare_times(fns, args, repeats)
+    rows[length] = {
+        'batch': b,
+        'shaw_time_ratio': t['shaw'] / t['plain'],
+        'shaw_memory_ratio': memory['shaw'] / memory['plain'],
+        'naive_shaw_time_ratio': t['naive_shaw'] / t['plain'],
+        'naive_shaw_memory_ratio': memory['naive_shaw'] / memory['plain'],
+        'plain_temp_mb': memory['plain'] / 2 ** 20,
+    }
+  return rows
+
+
+def bench_huang_memory(length, tokens):
+  b = batch_for(length, tokens)
+  x = jax.random.normal(jax.random.key(4), (b, length, WIDTH), jnp.float32)
+  huang = selfattn.HuangRelative(HEADS, WIDTH // HEADS, max_len=length,
+                                 shared_heads=True, rngs=nnx.Rngs(0))
+  # The naive form of Huang's logits is Shaw's keys-only term unclipped.
+  naive = selfattn.ShawRelative(HEADS, WIDTH // HEADS, clip_distance=length - 1,
+                                relative_values=False, rngs=nnx.Rngs(0))
+  memory = {}
+  for name, relative in [('plain', None), ('huang', huang),
+                         ('naive', NaiveShaw(naive))]:
+    fn, params = grad_fn(ours(relative), self_call)
+    memory[name] = temp_bytes(fn, params, x)
+  return {'batch': b, 'huang_memory_ratio': memory['huang'] / memory['plain'],
+          'naive_huang_memory_ratio': memory['naive'] / memory['plain']}
+
+
+def bench_encodings(length, tokens, repeats):
+  b = batch_for(length, tokens)
+  x = jax.random.normal(jax.random.key(5), (b, length, WIDTH), jnp.float32)
+  head_dim = WIDTH // HEADS
+  relatives = {
+      'plain': None,
+      'shaw': selfattn.ShawRelative(HEADS, head_dim, rngs=nnx.Rngs(0)),
+      'huang': selfattn.HuangRelative(HEADS, head_dim, max_len=length,
+                                      rngs=nnx.Rngs(0)),
+      'rope': selfattn.RotaryEncoding(head_dim),
+      'alibi': selfattn.ALiBi(HEADS),
+      't5': selfattn.T5RelativeBias(HEADS, rngs=nnx.Rngs(0)),
+  }
+  fns, args = {}, {}
+  for name, relative in relatives.items():
+    fn, params = grad_fn(ours(relative), self_call)
+    fns[name], args[name] = fn, (params, x)
+  t = compare_times(fns, args, repeats)
+  return {name: t[name] / t['plain'] for name in relatives if name != 'plain'}
+
+
+# --------------------------------------------------------------------------
+# Training loop.
+# --------------------------------------------------------------------------
+
+def bench_training(config_name: str, steps: int, repeats: int):
+  """The real loop (train_and_evaluate at the config's own logging,
+  checkpoint and eval cadence; its warm steps/s excludes compilation, eval
+  and checkpoint saving) against the same compiled step called back to back
+  on pre-generated batches, measured before and after the loop."""
+  from selfattn.steps import Trainer
+  from selfattn.train import train_and_evaluate
+  module = __import__(f'configs.{config_name}', fromlist=['get_config'])
+  config = module.get_config()
+  config.train.num_steps = steps
+  config.eval.lengths = [config.task.max_len]
+
+  def compiled_rate(dtype, count):
+    config.model.dtype = dtype
+    trainer = Trainer(config)
+    state = trainer.init_state()
+    batches = [trainer.train_batch(s) for s in range(count)]
+    jax.block_until_ready(batches)
+    for b in batches[:3]:
+      state, _ = trainer.train_step(state, b)
+    rates = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      for b in batches:
+        state, metrics = trainer.train_step(state, b)
+      jax.block_until_ready((state, metrics))
+      rates.append(count / (time.perf_counter() - start))
+    return rates
+
+  # This machine's speed drifts by 10-15% between minutes, so loop and
+  # compiled step are measured in alternating rounds and compared by median.
+  count, loops, compiled = min(steps, 300), [], []
+  for _ in range(1 if _QUICK.value else 3):
+    compiled += compiled_rate('float32', count)
+    with tempfile.TemporaryDirectory() as workdir:
+      loops.append(train_and_evaluate(config, workdir)['steps_per_sec'])
+  loop_rate, f32 = statistics.median(loops), statistics.median(compiled)
+  bf16 = statistics.median(compiled_rate('bfloat16', count))
+  config.model.dtype = 'float32'
+  tokens = config.train.batch_size * (config.task.min_len + config.task.max_len) / 2
+  return {'train_steps_per_sec': loop_rate,
+          'train_tokens_per_sec': loop_rate * tokens,
+          'compiled_steps_per_sec': f32,
+          'train_overhead_fraction': max(0.0, 1.0 - loop_rate / f32),
+          'bfloat16_speedup': bf16 / f32}
+
+
+def peak_rss_mb(config_name: str) -> float:
+  """Peak resident memory of a real training run of the config (a child process)."""
+  with tempfile.TemporaryDirectory() as workdir:
+    subprocess.run([sys.executable, '-m', 'selfattn.main',
+                    f'--config=configs/{config_name}.py', f'--workdir={workdir}'],
+                   cwd=ROOT, check=True, capture_output=True,
+                   env={**os.environ, 'PYTHONPATH': ROOT})
+  return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+# --------------------------------------------------------------------------
+# Report.
+# --------------------------------------------------------------------------
+
+def table(header, rows):
+  lines = ['| ' + ' | '.join(header) + ' |',
+           '|' + '|'.join('---:' for _ in header) + '|']
+  for row in rows:
+    lines.append('| ' + ' | '.join(
+        f'{v:.3g}' if isinstance(v, float) else str(v) for v in row) + ' |')
+  return '\n'.join(lines)
+
+
+def main(argv):
+  del argv
+  quick = _QUICK.value
+  repeats = 3 if quick else 7
+  lengths = [128] if quick else [128, 512, 2048]
+  tokens = 1024 if quick else 4096       # batch = tokens // length beyond 128
+  started = time.perf_counter()
+  machine = (f'{jax.devices()[0].device_kind} x{jax.device_count()} '
+             f'({jax.default_backend()}), {os.cpu_count()} CPU cores')
+  print(f'# selfattn benchmarks on {machine}'
+        f'{" (quick)" if quick else ""}\n')
+
+  roofline = matmul_gflops(512 if quick else 2048, repeats)
+  print(f'matmul_gflops (float32 {512 if quick else 2048}^2): {roofline:.1f}\n')
+
+  mha = bench_mha(lengths, tokens, repeats, roofline)
+  print('## MultiHeadAttention forward+backward, width 256, 8 heads\n')
+  print(table(['length', 'batch', 'selfattn ms', 'flax ms', 'speedup vs flax',
+               'fraction of roofline'],
+              [[n, r['batch'], r['selfattn_ms'], r['flax_ms'],
+                r['speedup_vs_flax'], r['fraction_of_roofline']]
+               for n, r in mha.items()]) + '\n')
+
+  rel = bench_relative(lengths, tokens, repeats)
+  print('## Shaw relative attention (k=16, keys and values) over plain attention\n')
+  print(table(['length', 'batch', 'shaw time', 'shaw memory', 'naive time',
+               'naive memory', 'plain temp MB'],
+              [[n, r['batch'], r['shaw_time_ratio'], r['shaw_memory_ratio'],
+                r['naive_shaw_time_ratio'], r['naive_shaw_memory_ratio'],
+                r['plain_temp_mb']] for n, r in rel.items()]) + '\n')
+
+  huang_length = 256 if quick else 2048
+  huang = bench_huang_memory(huang_length, tokens)
+  print(f'## Huang (skew) memory over plain attention at length {huang_length}\n')
+  print(table(['batch', 'huang memory', 'naive (L, L, d) memory'],
+              [[huang['batch'], huang['huang_memory_ratio'],
+                huang['naive_huang_memory_ratio']]]) + '\n')
+
+  enc_length = 128 if quick else 512
+  encodings = bench_encodings(enc_length, tokens, repeats)
+  print(f'## Time over plain attention at length {enc_length}\n')
+  print(table(list(encodings), [list(encodings.values())]) + '\n')
+
+  config_name = 'tiny' if quick else 'default'
+  training = bench_training(config_name, 60 if quick else 500, repeats)
+  training['peak_rss_mb'] = peak_rss_mb(config_name)
+  print(f'## Training loop, configs/{config_name}.py\n')
+  print(table(list(training), [list(training.values())]) + '\n')
+
+  results = {
+      'machine': machine, 'quick': quick,
+      'matmul_gflops': roofline,
+      'mha_speedup_vs_flax': mha[128]['speedup_vs_flax'],
+      'mha_fraction_of_roofline': mha[128]['fraction_of_roofline'],
+      'mha': {str(n): r for n, r in mha.items()},
+      'shaw_time_ratio': max(r['shaw_time_ratio'] for r in rel.values()),
+      'shaw_memory_ratio': max(r['shaw_memory_ratio'] for r in rel.values()),
+      'shaw': {str(n): r for n, r in rel.items()},
+      'huang_memory_ratio': huang['huang_memory_ratio'],
+      'huang': huang,
+      'encoding_time_ratio': encodings,
+      **training,
+      'seconds': time.perf_counter() - started,
+  }
+  print(f'total {results["seconds"]:.0f} s')
+  if _JSON.value:
+    with open(_JSON.value, 'w') as f:
+      json.dump(results, f, indent=2)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,35 @@
+"""The benchmark's quick mode: every key present, positive and finite."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from runs import ROOT
+
+KEYS = ['matmul_gflops', 'mha_speedup_vs_flax', 'mha_fraction_of_roofline',
+        'shaw_time_ratio', 'shaw_memory_ratio', 'huang_memory_ratio',
+        'train_steps_per_sec', 'train_tokens_per_sec', 'train_overhead_fraction',
+        'compiled_steps_per_sec', 'bfloat16_speedup', 'peak_rss_mb']
+
+
+@pytest.mark.slow
+def test_quick_benchmark_writes_every_key(tmp_path):
+  out = tmp_path / 'bench.json'
+  result = subprocess.run(
+      [sys.executable, 'scripts/bench.py', '--quick', f'--json={out}'],
+      cwd=ROOT, capture_output=True, text=True, timeout=600,
+      env={**os.environ, 'PYTHONPATH': ROOT})
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert '| length | batch | selfattn ms | flax ms |' in result.stdout
+  data = json.loads(out.read_text())
+  for key in KEYS:
+    value = data[key]
+    assert isinstance(value, float) and math.isfinite(value), (key, value)
+    assert value > 0 or key == 'train_overhead_fraction', (key, value)
+  assert 0 <= data['train_overhead_fraction'] < 1
+  for name in ('shaw', 'huang', 'rope', 'alibi', 't5'):
+    assert data['encoding_time_ratio'][name] > 0
