@@ -7,7 +7,6 @@ Multi-host: pass --coordinator_address, --num_processes and --process_id (or
 --distributed on a managed cluster, where JAX finds them itself).
 """
 
-import logging as std_logging
 import sys
 
 import jax
@@ -17,6 +16,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from selfattn.config_checks import ConfigError
+from selfattn.log_setup import configure_logging
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Path to an ml_collections config file.', lock_config=True)
@@ -32,21 +32,6 @@ _DISTRIBUTED = flags.DEFINE_bool(
     'distributed', False, 'Call jax.distributed.initialize() with no arguments '
     '(TPU pods, SLURM and other managed clusters).')
 flags.mark_flags_as_required(['config', 'workdir'])
-
-
-class _OwnInfoOnly(std_logging.Filter):
-  """INFO lines from this project only; warnings and errors from everyone."""
-
-  def filter(self, record: std_logging.LogRecord) -> bool:
-    path = record.pathname.replace('\\', '/')
-    return (record.levelno >= std_logging.WARNING
-            or '/selfattn/' in path or '/experiments/' in path)
-
-
-def configure_logging() -> None:
-  """Progress lines at INFO on stderr, without the libraries' INFO chatter."""
-  logging.set_verbosity(logging.INFO)
-  logging.get_absl_handler().addFilter(_OwnInfoOnly())
 
 
 def main(argv):

@@ -99,7 +99,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   warm = [0, 0.0]                   # steps, seconds after the first segment
   segment_steps, train_seconds, first_segment = 0, 0.0, True
   run_start = segment_start = time.perf_counter()
-  results = None
+  results, history = None, []
   if is_main and start < num_steps:
     logging.info('Training %s on %s (%s) for %d steps on %d device(s)',
                  config.model.position, task.name, task.description,
@@ -144,6 +144,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
         last_good = done
       if done % config.eval.every == 0 or is_last:
         results = evaluate(state['params'])
+        history.append({'step': done, 'eval': {str(n): m for n, m in results.items()}})
         write_eval(done, state['params'], results)
         if is_main:
           logging.info('eval at step %d: %s', done, _short(results))
@@ -157,6 +158,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
       'chance': task.chance, 'step': max(last_good, start),
       'train_lengths': [config.task.min_len, config.task.max_len],
       'eval': {str(n): m for n, m in results.items()},
+      'history': history,      # every evaluation of this invocation
       'train_seconds': train_seconds,
       # Steps per second of the loop after its first segment (which compiles).
       'steps_per_sec': warm[0] / warm[1] if warm[1] > 0 else None,

@@ -1,0 +1,164 @@
+"""What every experiment driver shares: flags, running a sweep through
+train_and_evaluate, results tables (mean and std over seeds) and plots."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import os
+import statistics
+from typing import Any, Callable, Iterable
+
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # noqa: E402
+import ml_collections  # noqa: E402
+from absl import flags  # noqa: E402
+from absl import logging  # noqa: E402
+
+from configs import default  # noqa: E402
+from selfattn.log_setup import configure_logging  # noqa: E402
+from selfattn.train import train_and_evaluate  # noqa: E402
+
+WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory: one '
+                              'TensorBoard subdirectory per run, results.md, PNGs.')
+SEEDS = flags.DEFINE_integer('seeds', 3, 'Seeds per setting.')
+QUICK = flags.DEFINE_bool('quick', False, 'A one-minute version (for tests).')
+
+
+def base_config(**task) -> ml_collections.ConfigDict:
+  """The default config with fewer log lines, for sweeps."""
+  config = default.get_config()
+  config.train.log_every = 250
+  for key, value in task.items():
+    config.task[key] = value
+  return config
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, name: str
+        ) -> dict[str, Any]:
+  """train_and_evaluate into workdir/name (resumes if it exists); quiet stdout."""
+  path = os.path.join(workdir, name)
+  logging.info('run %s', name)
+  with contextlib.redirect_stdout(io.StringIO()):
+    return train_and_evaluate(config, path)
+
+
+def sweep(settings: Iterable[tuple[str, ml_collections.ConfigDict]],
+          workdir: str, seeds: int) -> dict[str, list[dict]]:
+  """Runs every (name, config) for `seeds` seeds: {name: [summary per seed]}."""
+  out = {}
+  for name, config in settings:
+    out[name] = []
+    for seed in range(seeds):
+      config = copy.deepcopy(config)
+      config.seed = seed
+      out[name].append(run(config, workdir, f'{name},seed={seed}'))
+  return out
+
+
+def mean_std(values: list[float]) -> str:
+  if len(values) == 1:
+    return f'{values[0]:.3f}'
+  return f'{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}'
+
+
+def accuracy(summary: dict, length: int, metric: str = 'token_accuracy') -> float:
+  return summary['eval'][str(length)][metric]
+
+
+def steps_to(summary: dict, length: int, threshold: float = 0.99) -> int | None:
+  """First evaluated step with token accuracy >= threshold at `length`."""
+  for entry in summary['history']:
+    if entry['eval'][str(length)]['token_accuracy'] >= threshold:
+      return entry['step']
+  return None
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+  lines = ['| ' + ' | '.join(header) + ' |',
+           '|' + '|'.join(':---' if i == 0 else '---:' for i in range(len(header))) + '|']
+  lines += ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
+  return '\n'.join(lines)
+
+
+def accuracy_table(results: dict[str, list[dict]], lengths: list[int],
+                   label: str = 'setting') -> str:
+  """Mean ± std token accuracy per length for every setting."""
+  header = [label] + [f'len {n}' for n in lengths]
+  rows = [[name] + [mean_std([accuracy(s, n) for s in runs]) for n in lengths]
+          for name, runs in results.items()]
+  return markdown_table(header, rows)
+
+
+def plot_accuracy_vs_length(results: dict[str, list[dict]], lengths: list[int],
+                            train_max: int, title: str, path: str,
+                            chance: float | None = None) -> None:
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for name, runs in results.items():
+    means = [statistics.mean(accuracy(s, n) for s in runs) for n in lengths]
+    ax.plot(lengths, means, marker='o', label=name)
+  ax.axvline(train_max, color='gray', ls='--', lw=1, label='longest trained')
+  if chance is not None:
+    ax.axhline(chance, color='gray', ls=':', lw=1, label='chance')
+  ax.set_xscale('log', base=2)
+  ax.set_xlabel('evaluation length')
+  ax.set_ylabel('token accuracy')
+  ax.set_ylim(0, 1.02)
+  ax.set_title(title)
+  ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def write_results(workdir: str, title: str, sections: list[tuple[str, str]],
+                  data: Any = None) -> str:
+  """workdir/results.md (and results.json with `data`); returns the markdown."""
+  text = f'# {title}\n\n' + '\n\n'.join(f'## {h}\n\n{body}' for h, body in sections) + '\n'
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'results.md'), 'w') as f:
+    f.write(text)
+  if data is not None:
+    with open(os.path.join(workdir, 'results.json'), 'w') as f:
+      json.dump(data, f, indent=2, default=str)
+  return text
+
+
+def main_wrapper(fn: Callable[[str, int, bool], None]):
+  """absl main: configure logging, run fn(workdir, seeds, quick)."""
+  def main(argv):
+    del argv
+    configure_logging()
+    if not WORKDIR.value:
+      raise SystemExit('error: --workdir is required')
+    fn(WORKDIR.value, SEEDS.value, QUICK.value)
+  return main
+
+
+def trained_model(config: ml_collections.ConfigDict, path: str):
+  """The model of a finished run in `path` (its latest checkpoint)."""
+  from selfattn import checkpoints
+  from selfattn.steps import Trainer
+  trainer = Trainer(config)
+  mngr = checkpoints.manager(path, config.train.keep_checkpoints)
+  restored = checkpoints.restore_latest(mngr, trainer.init_state())
+  mngr.close()
+  if restored is None:
+    raise FileNotFoundError(f'no checkpoint in {path}')
+  return trainer.model(restored[0]['params'])
+
+
+def small(config: ml_collections.ConfigDict, steps: int = 300
+          ) -> ml_collections.ConfigDict:
+  """The quick-mode shrink: width 32, lengths 4-8, `steps` steps."""
+  config.task.min_len, config.task.max_len = 4, 8
+  config.model.num_hiddens, config.model.ffn_num_hiddens = 32, 64
+  config.train.num_steps, config.train.batch_size = steps, 32
+  config.train.warmup_steps, config.train.log_every = steps // 10, 100
+  config.train.checkpoint_every = config.eval.every = steps
+  config.eval.lengths, config.eval.num_examples = [8, 16], 128
+  return config

@@ -1,0 +1,83 @@
+"""Exercise 3: learned embeddings per query-key offset (Shaw 2018, Huang 2018).
+
+  python -m experiments.exercise3_relative --workdir=runs/exercise3 [--seeds=2] [--quick]
+
+Shaw's relative attention with clipping distance k in {2, 4, 8, 16, 64}, keys
+only vs keys and values, one table shared by the heads vs one per head,
+against absolute encodings (sinusoidal, learned) and the other relative
+families (huang, rope, alibi, t5). Tasks: reverse (position-absolute), shift
+and window_sum (translation-invariant). Trained on lengths 1-16, evaluated at
+8, 16 and at 2x and 4x the longest trained length.
+"""
+
+import copy
+import os
+
+from absl import app
+from absl import flags
+
+from experiments import common
+from selfattn.tasks import get_task
+
+_STEPS = flags.DEFINE_integer('steps', 1000, 'Training steps per run.')
+
+
+def settings(quick: bool):
+  """(name, model overrides) of every variant."""
+  if quick:
+    return [('shaw k=2', {'position': 'shaw', 'clip_distance': 2}),
+            ('shaw k=2 keys only', {'position': 'shaw', 'clip_distance': 2,
+                                    'relative_values': False}),
+            ('sinusoidal', {'position': 'sinusoidal'})]
+  out = [(f'shaw k={k}', {'position': 'shaw', 'clip_distance': k})
+         for k in (2, 4, 8, 16, 64)]
+  out += [('shaw k=16 keys only', {'position': 'shaw', 'clip_distance': 16,
+                                   'relative_values': False}),
+          ('shaw k=16 per head', {'position': 'shaw', 'clip_distance': 16,
+                                  'shared_heads': False})]
+  out += [(name, {'position': name}) for name in
+          ('sinusoidal', 'learned', 'huang', 'rope', 'alibi', 't5')]
+  return out
+
+
+def exercise3(workdir: str, seeds: int, quick: bool) -> str:
+  tasks = ('shift',) if quick else ('reverse', 'shift', 'window_sum')
+  seeds = 1 if quick else seeds
+  sections, data = [], {}
+  for task in tasks:
+    base = common.base_config(name=task)
+    base.train.num_steps = _STEPS.value
+    base.eval.every = max(100, _STEPS.value // 5)
+    if quick:
+      base = common.small(base, steps=200)
+    runs = []
+    for name, model in settings(quick):
+      config = copy.deepcopy(base)
+      for key, value in model.items():
+        config.model[key] = value
+      runs.append((f'{task}/{name.replace(" ", "_")}', config))
+    results = common.sweep(runs, workdir, seeds)
+    results = {name.split('/', 1)[1].replace('_', ' '): r for name, r in results.items()}
+    lengths = list(base.eval.lengths)
+    chance = get_task(task, base.task.vocab_size).chance
+    plot = os.path.join(workdir, f'accuracy_vs_length_{task}.png')
+    common.plot_accuracy_vs_length(results, lengths, base.task.max_len,
+                                   f'{task}: relative vs absolute encodings',
+                                   plot, chance=chance)
+    sections.append((f'{task} (chance {chance:.3f})',
+                     common.accuracy_table(results, lengths, 'encoding') +
+                     f'\n\n![{task}]({os.path.basename(plot)})'))
+    data[task] = {n: [s['eval'] for s in r] for n, r in results.items()}
+  text = common.write_results(
+      workdir, 'Exercise 3: relative position embeddings per query-key offset',
+      [('Setup', f'configs/default.py (2 layers, width '
+        f'{32 if quick else 64}, pre-LN), {200 if quick else _STEPS.value} '
+        f'steps, trained on lengths {base.task.min_len}-{base.task.max_len}; '
+        f'token accuracy, mean ± std over {seeds} seed(s).')] + sections,
+      data=data)
+  print(text)
+  return text
+
+
+if __name__ == '__main__':
+  app.run(common.main_wrapper(exercise3))
