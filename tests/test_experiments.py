@@ -1,0 +1,87 @@
+"""Each experiment driver's --quick mode: the tables exist and their numbers
+are real (baselines near chance, working encodings clearly above)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from runs import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def run_driver(name, workdir, *flags):
+  result = subprocess.run(
+      [sys.executable, '-m', f'experiments.{name}', f'--workdir={workdir}',
+       '--quick', *flags], cwd=ROOT, capture_output=True, text=True, timeout=900,
+      env={**os.environ, 'PYTHONPATH': ROOT})
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert (workdir / 'results.md').read_text().startswith('# ')
+  return json.loads((workdir / 'results.json').read_text())
+
+
+def token_acc(evals, length):
+  return sum(e[str(length)]['token_accuracy'] for e in evals) / len(evals)
+
+
+def test_compare_positions_quick(tmp_path):
+  data = run_driver('compare_positions', tmp_path, '--task=precedes')
+  acc = {name.split('=')[1]: token_acc(e, 8) for name, e in data['accuracy'].items()}
+  assert set(acc) == {'none', 'sinusoidal', 'shaw', 'rope'}
+  assert abs(acc['none'] - 0.5) < 0.1
+  assert acc['sinusoidal'] > 0.9 and acc['shaw'] > 0.9
+  table = (tmp_path / 'results.md').read_text()
+  assert table.count('\n| ') == 5      # header + 4 encodings
+  assert (tmp_path / 'accuracy_vs_length_precedes.png').stat().st_size > 0
+  # One TensorBoard directory per run, named after what varies.
+  assert (tmp_path / 'position=rope,seed=0' / 'summary.json').exists()
+
+
+def test_exercise3_quick(tmp_path):
+  data = run_driver('exercise3_relative', tmp_path)
+  shift = data['shift']
+  assert set(shift) == {'shaw k=2', 'shaw k=2 keys only', 'sinusoidal'}
+  # A relative encoding solves shift at twice the trained length.
+  assert token_acc(shift['shaw k=2'], 16) > 0.9
+  assert token_acc(shift['shaw k=2'], 16) > token_acc(shift['sinusoidal'], 16)
+
+
+def test_exercise2_quick(tmp_path):
+  data = run_driver('exercise2_learned', tmp_path)
+  runs = data['reverse']
+  assert set(runs) == {'sinusoidal', 'learned', 'learned, sinusoidal init'}
+  for name, seeds in runs.items():
+    assert token_acc([s['eval'] for s in seeds], 8) > 2 * (1 / 8), name
+  assert (tmp_path / 'cosine_similarity_reverse.png').stat().st_size > 0
+
+
+def test_exercise1_quick(tmp_path):
+  data = run_driver('exercise1_depth', tmp_path)
+  collapse = data['rank_collapse']
+  assert collapse['attention only'][4] < 1e-4          # collapses to rank one
+  assert collapse['attention + skip'][4] > 1e-2        # the skip prevents it
+  by = {(r['norm'], r['depth']): r for r in data['trainability']}
+  assert min(by[('pre', 6)]['accuracy']) > 0.9
+  assert len(by[('post', 6)]['grad_norms_step0']) == 6
+  probe = data['probe']
+  assert probe['sinusoidal']['init'][0] > 0.9          # P is linearly decodable
+  assert probe['shaw']['init'][0] < 0.2                # no absolute position
+
+
+def test_chapter_quick(tmp_path):
+  data = run_driver('chapter', tmp_path)
+  assert data['rotation_error'] < 1e-4
+  paths = {name: {n: [layers, seq] for n, layers, seq in values}
+           for name, values in data['paths'].items()}
+  assert paths['CNN (k=3)'][16] == [15, 15]
+  assert paths['self-attention'][16] == [1, 1]
+  assert paths['RNN'][16] == [1, 15]
+  flops = {name: [f for _, _, f in v] for name, v in data['costs'].items()}
+  # Attention's FLOPs grow faster than linearly in n, the others linearly.
+  assert flops['self-attention'][2] / flops['self-attention'][0] > 20
+  assert flops['RNN'][2] / flops['RNN'][0] == pytest.approx(16, rel=0.05)
+  for png in ('P_columns_6_to_9.png', 'P_heatmap.png', 'cnn_rnn_attention_cost.png'):
+    assert (tmp_path / png).stat().st_size > 0
