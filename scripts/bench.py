@@ -171,6 +171,31 @@ def bench_mha(lengths, tokens, repeats, roofline):
   return rows
 
 
+def mha_breakdown(repeats, batch=32, length=128):
+  """Where forward+backward time goes at length 128: the four projections
+  alone vs the attention core alone (scores, softmax, weighted sum)."""
+  k1, k2 = jax.random.split(jax.random.key(6))
+  x = jax.random.normal(k1, (batch, length, WIDTH))
+  ws = jax.random.normal(k2, (4, WIDTH, WIDTH)) / 16
+  qkv = jax.random.normal(k2, (3, batch, HEADS, length, WIDTH // HEADS))
+
+  def projections(ws, x):
+    return sum(jnp.mean(jnp.square(x @ w)) for w in ws)
+
+  def core(qkv):
+    out, _ = selfattn.dot_product_attention(*qkv)
+    return jnp.mean(jnp.square(out))
+
+  fns = {'projections': jax.jit(jax.grad(projections, argnums=(0, 1))),
+         'core': jax.jit(jax.grad(core))}
+  t = compare_times(fns, {'projections': (ws, x), 'core': (qkv,)}, repeats)
+  proj_flops = 3 * 4 * 2 * batch * length * WIDTH ** 2
+  core_flops = 3 * 2 * 2 * batch * length ** 2 * WIDTH
+  return {'projections_ms': 1e3 * t['projections'], 'core_ms': 1e3 * t['core'],
+          'projections_gflops': proj_flops / t['projections'] / 1e9,
+          'core_gflops': core_flops / t['core'] / 1e9}
+
+
 def bench_relative(lengths, tokens, repeats, clip=16):
   rows = {}
   for length in lengths:
@@ -331,6 +356,10 @@ def main(argv):
                 r['speedup_vs_flax'], r['fraction_of_roofline']]
                for n, r in mha.items()]) + '\n')
 
+  breakdown = mha_breakdown(repeats)
+  print('Where the time goes at length 128 (forward+backward, batch 32):\n')
+  print(table(list(breakdown), [list(breakdown.values())]) + '\n')
+
   rel = bench_relative(lengths, tokens, repeats)
   print('## Shaw relative attention (k=16, keys and values) over plain attention\n')
   print(table(['length', 'batch', 'shaw time', 'shaw memory', 'naive time',
@@ -363,6 +392,7 @@ def main(argv):
       'mha_speedup_vs_flax': mha[128]['speedup_vs_flax'],
       'mha_fraction_of_roofline': mha[128]['fraction_of_roofline'],
       'mha': {str(n): r for n, r in mha.items()},
+      'mha_breakdown': breakdown,
       'shaw_time_ratio': max(r['shaw_time_ratio'] for r in rel.values()),
       'shaw_memory_ratio': max(r['shaw_memory_ratio'] for r in rel.values()),
       'shaw': {str(n): r for n, r in rel.items()},

@@ -23,7 +23,6 @@ from flax import nnx
 from selfattn import checkpoints
 from selfattn import summaries
 from selfattn import tasks as tasks_lib
-from selfattn.config_checks import task_from_config
 from selfattn.config_checks import validate_config
 from selfattn.steps import Trainer
 
@@ -47,13 +46,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   """
   # ---- Validation: before anything is compiled or written. ----
   validate_config(config, num_devices=jax.device_count())
-  task = task_from_config(config)
   is_main = jax.process_index() == 0
   checkpoints.check_or_store_config(workdir, config, write=is_main)
 
   # ---- Model, optimiser, compiled steps, state. ----
   trainer = Trainer(config)
-  state = trainer.init_state()
+  task, state = trainer.task, trainer.init_state()
 
   # ---- Checkpoints: resume from the latest one. ----
   mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
@@ -112,7 +110,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
     segment_steps += 1
     done = step + 1
     is_last = done == num_steps
-    if done % log_every == 0 or done % ckpt_every == 0 or is_last:
+    at_eval = done % config.eval.every == 0
+    if done % log_every == 0 or done % ckpt_every == 0 or at_eval or is_last:
       fetched = jax.device_get(pending)
       pending = []
       for at, m in fetched:
@@ -142,7 +141,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
       if done % ckpt_every == 0 or is_last:
         checkpoints.save(mngr, done, state)
         last_good = done
-      if done % config.eval.every == 0 or is_last:
+      if at_eval or is_last:
         results = evaluate(state['params'])
         history.append({'step': done, 'eval': {str(n): m for n, m in results.items()}})
         write_eval(done, state['params'], results)

@@ -152,6 +152,20 @@ def test_non_finite_loss_stops_training_and_keeps_last_good_checkpoint(
   assert all(np.all(np.isfinite(p)) for p in saved_params(tmp_path))
 
 
+def test_bfloat16_activations_train_with_float32_parameters(tiny_config, tmp_path):
+  import jax.numpy as jnp
+  from selfattn.steps import Trainer
+  tiny_config.model.dtype = 'bfloat16'
+  tiny_config.train.num_steps = 10
+  trainer = Trainer(tiny_config)
+  model = trainer.model(trainer.init_state()['params'])
+  batch = trainer.train_batch(0)
+  assert model.encoder(batch.inputs, batch.valid_lens).dtype == jnp.bfloat16
+  summary = train.train_and_evaluate(tiny_config, str(tmp_path))
+  assert all(p.dtype == np.float32 for p in saved_params(tmp_path))
+  assert all(np.isfinite(m['loss']) for m in summary['eval'].values())
+
+
 @pytest.mark.parametrize('field, value, message', [
     ('task.name', 'copy', 'config.task.name.*valid: reverse, sort'),
     ('model.position', 'xpos', 'config.model.position.*valid: none, sinusoidal'),
