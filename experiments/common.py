@@ -98,9 +98,11 @@ def plot_accuracy_vs_length(results: dict[str, list[dict]], lengths: list[int],
                             train_max: int, title: str, path: str,
                             chance: float | None = None) -> None:
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  for name, runs in results.items():
+  colors = plt.get_cmap('tab20').colors   # 20 distinct colours, not the default 10
+  for i, (name, runs) in enumerate(results.items()):
     means = [statistics.mean(accuracy(s, n) for s in runs) for n in lengths]
-    ax.plot(lengths, means, marker='o', label=name)
+    ax.plot(lengths, means, marker='osD^v<>'[i % 7], color=colors[i % 20],
+            label=name)
   ax.axvline(train_max, color='gray', ls='--', lw=1, label='longest trained')
   if chance is not None:
     ax.axhline(chance, color='gray', ls=':', lw=1, label='chance')
