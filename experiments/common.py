@@ -38,6 +38,14 @@ def base_config(**task) -> ml_collections.ConfigDict:
   return config
 
 
+def variant(base: ml_collections.ConfigDict, **model) -> ml_collections.ConfigDict:
+  """A copy of `base` with these config.model fields replaced."""
+  config = copy.deepcopy(base)
+  for key, value in model.items():
+    config.model[key] = value
+  return config
+
+
 def run(config: ml_collections.ConfigDict, workdir: str, name: str
         ) -> dict[str, Any]:
   """train_and_evaluate into workdir/name (resumes if it exists); quiet stdout."""

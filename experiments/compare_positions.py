@@ -7,7 +7,6 @@ Trains each encoding with configs/default.py (lengths 1-16) and evaluates at
 8, 16, 32 and 64. --quick: a small model, four encodings, one seed.
 """
 
-import copy
 import os
 
 from absl import app
@@ -36,9 +35,7 @@ def compare(workdir: str, seeds: int, quick: bool, task: str = None) -> str:
   base = task_config(task, quick)
   settings = []
   for position in encodings:
-    config = copy.deepcopy(base)
-    config.model.position = position
-    settings.append((f'position={position}', config))
+    settings.append((f'position={position}', common.variant(base, position=position)))
   results = common.sweep(settings, workdir, seeds)
   lengths = list(base.eval.lengths)
   inside = max(n for n in lengths if n <= base.task.max_len)

@@ -15,7 +15,6 @@ encoding are stacked deep.
    training, for sinusoidal, learned and Shaw relative encodings.
 """
 
-import copy
 import os
 import statistics
 

@@ -45,10 +45,8 @@ def exercise2(workdir: str, seeds: int, quick: bool) -> str:
       base.eval.every = 50
     runs = []
     for name, model in SETTINGS:
-      config = copy.deepcopy(base)
-      for key, value in model.items():
-        config.model[key] = value
-      runs.append((f'{task}/{name.replace(", ", "_").replace(" ", "_")}', config))
+      runs.append((f'{task}/{name.replace(", ", "_").replace(" ", "_")}',
+                   common.variant(base, **model)))
     results = dict(zip([n for n, _ in SETTINGS],
                        common.sweep(runs, workdir, seeds).values()))
     lengths = list(base.eval.lengths)

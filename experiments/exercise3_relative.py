@@ -10,7 +10,6 @@ and window_sum (translation-invariant). Trained on lengths 1-16, evaluated at
 8, 16 and at 2x and 4x the longest trained length.
 """
 
-import copy
 import os
 
 from absl import app
@@ -52,10 +51,7 @@ def exercise3(workdir: str, seeds: int, quick: bool) -> str:
       base = common.small(base, steps=200)
     runs = []
     for name, model in settings(quick):
-      config = copy.deepcopy(base)
-      for key, value in model.items():
-        config.model[key] = value
-      runs.append((f'{task}/{name.replace(" ", "_")}', config))
+      runs.append((f'{task}/{name.replace(" ", "_")}', common.variant(base, **model)))
     results = common.sweep(runs, workdir, seeds)
     results = {name.split('/', 1)[1].replace('_', ' '): r for name, r in results.items()}
     lengths = list(base.eval.lengths)

@@ -35,7 +35,6 @@ sys.path.insert(0, ROOT)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from flax import nnx  # noqa: E402
@@ -128,24 +127,29 @@ def flax_call(m, x):
 
 
 class NaiveShaw(RelativePosition):
-  """Shaw's equations as written: gathers a^K and a^V into (Lq, Lk, d_head)."""
+  """Shaw's equations as written: gathers a^K and a^V into (Lq, Lk, d_head)
+  tensors, or (H, Lq, Lk, d_head) with one table per head."""
 
   def __init__(self, shaw: selfattn.ShawRelative):
     self.shaw = shaw
 
   def _expand(self, table, lq, lk):
     k = self.shaw.clip_distance
-    return table[jnp.clip(relative_offsets(lq, lk), -k, k) + k]  # (Lq, Lk, D)
+    return table[..., jnp.clip(relative_offsets(lq, lk), -k, k) + k, :]
+
+  def _spec(self, spec):
+    return spec if self.shaw.shared_heads else spec.replace('qkd', 'hqkd')
 
   def logits(self, q, k):
     a = self._expand(self.shaw.a_K[...], q.shape[2], k.shape[2]).astype(q.dtype)
-    return jnp.einsum('bhqd,qkd->bhqk', q, a)
+    return jnp.einsum(self._spec('bhqd,qkd->bhqk'), q, a)
 
   def values(self, weights, v):
     if self.shaw.a_V is None:
       return None
     a = self._expand(self.shaw.a_V[...], weights.shape[2], weights.shape[3])
-    return jnp.einsum('bhqk,qkd->bhqd', weights.astype(v.dtype), a.astype(v.dtype))
+    return jnp.einsum(self._spec('bhqk,qkd->bhqd'), weights.astype(v.dtype),
+                      a.astype(v.dtype))
 
 
 def batch_for(length: int, tokens: int) -> int:
@@ -222,20 +226,25 @@ def bench_relative(lengths, tokens, repeats, clip=16):
 
 
 def bench_huang_memory(length, tokens):
+  """Huang's skew against the naive (L, L, d) form, both with one table per
+  head (the Music Transformer's setting) and with one shared table."""
   b = batch_for(length, tokens)
-  x = jax.random.normal(jax.random.key(4), (b, length, WIDTH), jnp.float32)
-  huang = selfattn.HuangRelative(HEADS, WIDTH // HEADS, max_len=length,
-                                 shared_heads=True, rngs=nnx.Rngs(0))
-  # The naive form of Huang's logits is Shaw's keys-only term unclipped.
-  naive = selfattn.ShawRelative(HEADS, WIDTH // HEADS, clip_distance=length - 1,
-                                relative_values=False, rngs=nnx.Rngs(0))
-  memory = {}
-  for name, relative in [('plain', None), ('huang', huang),
-                         ('naive', NaiveShaw(naive))]:
-    fn, params = grad_fn(ours(relative), self_call)
-    memory[name] = temp_bytes(fn, params, x)
-  return {'batch': b, 'huang_memory_ratio': memory['huang'] / memory['plain'],
-          'naive_huang_memory_ratio': memory['naive'] / memory['plain']}
+  x = jax.random.normal(jax.random.key(4), (b, length, WIDTH))
+  out = {'batch': b}
+  plain_fn, plain_params = grad_fn(ours(), self_call)
+  plain = temp_bytes(plain_fn, plain_params, x)
+  for shared in (False, True):
+    huang = selfattn.HuangRelative(HEADS, WIDTH // HEADS, max_len=length,
+                                   shared_heads=shared, rngs=nnx.Rngs(0))
+    # The naive form of Huang's logits is Shaw's keys-only term, unclipped.
+    naive = selfattn.ShawRelative(HEADS, WIDTH // HEADS, clip_distance=length - 1,
+                                  relative_values=False, shared_heads=shared,
+                                  rngs=nnx.Rngs(0))
+    suffix = '_shared_table' if shared else ''
+    for name, relative in [('huang', huang), ('naive_huang', NaiveShaw(naive))]:
+      fn, params = grad_fn(ours(relative), self_call)
+      out[f'{name}_memory_ratio{suffix}'] = temp_bytes(fn, params, x) / plain
+  return out
 
 
 def bench_encodings(length, tokens, repeats):
@@ -311,7 +320,11 @@ def bench_training(config_name: str, steps: int, repeats: int):
 
 
 def peak_rss_mb(config_name: str) -> float:
-  """Peak resident memory of a real training run of the config (a child process)."""
+  """Peak resident memory of a real training run of the config (a child process).
+
+  Call it before this process grows: the child is forked from it, and the
+  fork's resident pages before exec count towards RUSAGE_CHILDREN's maximum.
+  """
   with tempfile.TemporaryDirectory() as workdir:
     subprocess.run([sys.executable, '-m', 'selfattn.main',
                     f'--config=configs/{config_name}.py', f'--workdir={workdir}'],
@@ -345,6 +358,8 @@ def main(argv):
   print(f'# selfattn benchmarks on {machine}'
         f'{" (quick)" if quick else ""}\n')
 
+  config_name = 'tiny' if quick else 'default'
+  rss = peak_rss_mb(config_name)     # first, while this process is small
   roofline = matmul_gflops(512 if quick else 2048, repeats)
   print(f'matmul_gflops (float32 {512 if quick else 2048}^2): {roofline:.1f}\n')
 
@@ -371,18 +386,19 @@ def main(argv):
   huang_length = 256 if quick else 2048
   huang = bench_huang_memory(huang_length, tokens)
   print(f'## Huang (skew) memory over plain attention at length {huang_length}\n')
-  print(table(['batch', 'huang memory', 'naive (L, L, d) memory'],
-              [[huang['batch'], huang['huang_memory_ratio'],
-                huang['naive_huang_memory_ratio']]]) + '\n')
+  print(table(['tables', 'batch', 'huang (skew)', 'naive (L, L, d)'],
+              [['one per head', huang['batch'], huang['huang_memory_ratio'],
+                huang['naive_huang_memory_ratio']],
+               ['shared', huang['batch'], huang['huang_memory_ratio_shared_table'],
+                huang['naive_huang_memory_ratio_shared_table']]]) + '\n')
 
   enc_length = 128 if quick else 512
   encodings = bench_encodings(enc_length, tokens, repeats)
   print(f'## Time over plain attention at length {enc_length}\n')
   print(table(list(encodings), [list(encodings.values())]) + '\n')
 
-  config_name = 'tiny' if quick else 'default'
   training = bench_training(config_name, 60 if quick else 500, repeats)
-  training['peak_rss_mb'] = peak_rss_mb(config_name)
+  training['peak_rss_mb'] = rss
   print(f'## Training loop, configs/{config_name}.py\n')
   print(table(list(training), [list(training.values())]) + '\n')
 

@@ -12,7 +12,6 @@ import sys
 import jax
 from absl import app
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from selfattn.config_checks import ConfigError

@@ -96,17 +96,21 @@ def make_train_batches(config: ml_collections.ConfigDict, task: tasks_lib.Task,
   """step -> Batch of config.train.batch_size examples sharded along `data`.
 
   Jitted: each device generates only its own examples, so each process
-  generates only its shard of every batch.
+  generates only its shard of every batch. (Training itself generates the
+  batch inside the step, Trainer.advance; this is for inspection and
+  benchmarks.)
   """
   by_example = NamedSharding(mesh, P('data'))
   indices = global_indices(0, config.train.batch_size, by_example)
-  seed, lo, hi = config.seed, config.task.min_len, config.task.max_len
-
-  @functools.partial(jax.jit, out_shardings=by_example)
-  def generate(step, indices):
-    return tasks_lib.make_batch(task, seed, step, indices, lo, hi)
-
+  generate = jax.jit(batch_generator(config, task), out_shardings=by_example)
   return lambda step: generate(np.int32(step), indices)
+
+
+def batch_generator(config: ml_collections.ConfigDict, task: tasks_lib.Task):
+  """(step, example indices) -> the training Batch of that step."""
+  seed, lo, hi = config.seed, config.task.min_len, config.task.max_len
+  return lambda step, indices: tasks_lib.make_batch(task, seed, step, indices,
+                                                    lo, hi)
 
 
 # --------------------------------------------------------------------------
@@ -117,7 +121,10 @@ class Trainer:
   """Everything compiled for one config on one mesh.
 
   Attributes: task, mesh, graphdef/rest (the model minus its parameters),
-  train_batch(step) -> Batch, train_step(state, batch) -> (state, metrics),
+  advance(state) -> (state, metrics): one training step that generates its
+    own batch from state['step'] (one dispatch per step, what the loop runs);
+  train_step(state, batch) -> (state, metrics): the same step on a given batch;
+  train_batch(step) -> Batch: the batch advance would generate at `step`;
   evaluate(params) -> {length: metrics}.
   """
 
@@ -142,8 +149,6 @@ class Trainer:
         nnx.reseed(model, dropout=jax.random.fold_in(dropout_key, step))
       return model(batch.inputs, batch.valid_lens, deterministic=deterministic)
 
-    @functools.partial(jax.jit, donate_argnums=0,
-                       out_shardings=(replicated, replicated))
     def train_step(state, batch):
       def loss_fn(params):
         logits = forward(params, batch, False, state['step'])
@@ -169,7 +174,20 @@ class Trainer:
       batch = tasks_lib.make_eval_batch(task, seed, length, indices)
       return metric_sums(forward(params, batch, True), batch)
 
-    self.train_step = train_step
+    generate = batch_generator(config, task)
+    by_example = self.by_example
+
+    def advance(state, indices):
+      batch = generate(state['step'], indices)
+      batch = jax.lax.with_sharding_constraint(batch, by_example)
+      return train_step(state, batch)
+
+    compiled = functools.partial(jax.jit, donate_argnums=0,
+                                 out_shardings=(replicated, replicated))
+    self.train_step = compiled(train_step)
+    train_indices = global_indices(0, config.train.batch_size, by_example)
+    advance = compiled(advance)
+    self.advance = lambda state: advance(state, train_indices)
     self._eval_chunk = eval_chunk
 
   def model(self, params) -> SequenceModel:

@@ -8,7 +8,6 @@ steps.py; this file drives them, checkpoints, logs and summarises.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from typing import Any
@@ -60,9 +59,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   if restored is not None:
     state, start = restored
     logging.info('Resumed from checkpoint at step %d in %s', start, workdir)
-  train_batch, train_step, evaluate = (trainer.train_batch, trainer.train_step,
-                                       trainer.evaluate)
-  mesh = trainer.mesh
+  advance, evaluate, mesh = trainer.advance, trainer.evaluate, trainer.mesh
 
   # ---- Logging. ----
   writer = summaries.Writer(workdir, enabled=is_main)
@@ -88,7 +85,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   # ---- Loop. ----
   num_steps = config.train.num_steps
   log_every, ckpt_every = config.train.log_every, config.train.checkpoint_every
-  pending: list[tuple[int, dict]] = []
+  pending: list[dict] = []                # metrics of steps not yet fetched
   last_good = start
   # Time is measured in segments between boundaries (log, checkpoint, eval),
   # excluding checkpoint and eval time. The first segment includes compiling,
@@ -104,23 +101,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
                  num_steps, mesh.size)
 
   for step in range(start, num_steps):
-    batch = train_batch(step)
-    state, metrics = train_step(state, batch)
-    pending.append((step + 1, metrics))
+    state, metrics = advance(state)
+    pending.append(metrics)
     segment_steps += 1
     done = step + 1
     is_last = done == num_steps
     at_eval = done % config.eval.every == 0
     if done % log_every == 0 or done % ckpt_every == 0 or at_eval or is_last:
-      fetched = jax.device_get(pending)
+      # One transfer per metric, not one per metric per step.
+      fetched = jax.device_get(jax.tree.map(lambda *x: jnp.stack(x), *pending))
       pending = []
-      for at, m in fetched:
-        if not (math.isfinite(m['loss']) and math.isfinite(m['grad_norm'])):
-          mngr.wait_until_finished()
-          raise NonFiniteError(
-              f'non-finite loss ({m["loss"]}) or gradient norm '
-              f'({m["grad_norm"]}) at step {at}; the last good checkpoint is '
-              f'step {mngr.latest_step()} in {workdir}')
+      bad = ~(np.isfinite(fetched['loss']) & np.isfinite(fetched['grad_norm']))
+      if bad.any():
+        i = int(np.argmax(bad))
+        mngr.wait_until_finished()
+        raise NonFiniteError(
+            f'non-finite loss ({fetched["loss"][i]}) or gradient norm '
+            f'({fetched["grad_norm"][i]}) at step {done - len(bad) + 1 + i}; '
+            f'the last good checkpoint is step {mngr.latest_step()} in {workdir}')
       seconds = time.perf_counter() - segment_start
       train_seconds += seconds
       window = [window[0] + segment_steps, window[1] + seconds]
@@ -128,7 +126,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
         warm = [warm[0] + segment_steps, warm[1] + seconds]
       segment_steps, first_segment = 0, False
       if done % log_every == 0 or is_last:
-        mean = {k: float(np.mean([m[k] for _, m in fetched])) for k in fetched[0][1]}
+        mean = {k: float(np.mean(v)) for k, v in fetched.items()}
         rate = window[0] / max(window[1], 1e-9)
         mean['steps_per_sec'] = rate
         writer.scalars(done, {f'train/{k}': v for k, v in mean.items()})
