@@ -85,8 +85,8 @@ def test_resumed_run_ends_with_the_same_parameters(tiny_config, tmp_path):
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_same_parameters(tmp_path):
-  overrides = ['--config.train.num_steps=600', '--config.train.checkpoint_every=50',
-               '--config.train.log_every=50', '--config.eval.every=600']
+  overrides = ['--config.train.num_steps=300', '--config.train.checkpoint_every=50',
+               '--config.train.log_every=50', '--config.eval.every=300']
   reference = cli(tmp_path / 'reference', *overrides)
   assert reference.returncode == 0, reference.stderr[-2000:]
   victim = tmp_path / 'victim'
@@ -102,7 +102,7 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
   proc.wait()
   assert proc.returncode == -signal.SIGKILL       # it really died mid-run
   finished = [int(d) for d in os.listdir(victim / 'checkpoints') if d.isdigit()]
-  assert finished and max(finished) < 600
+  assert finished and max(finished) < 300
   again = cli(victim, *overrides)
   assert again.returncode == 0, again.stderr[-2000:]
   assert 'Resumed from checkpoint at step' in again.stderr
