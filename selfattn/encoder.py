@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from selfattn.attention import MultiHeadAttention
+from selfattn.attention import combine_masks
 from selfattn.positions import NoEncoding, get_position
 
 NORMS = ('post', 'pre', 'none')
@@ -151,7 +152,9 @@ class TransformerEncoder(nnx.Module):
                mask: jax.Array | None = None, deterministic: bool = True,
                return_hidden: bool = False):
     length = tokens.shape[1]
-    key_mask = token_mask(length, valid_lens, mask)
+    key_mask = combine_masks(valid_lens, mask, length, length)
+    if key_mask is not None:
+      key_mask = key_mask[:, 0]       # (B, L): one key mask for every query
     X = self.embedding(tokens) * math.sqrt(self.num_hiddens)
     X = self.pos_encoding(X, deterministic=deterministic)
     hidden = [X]
@@ -166,14 +169,3 @@ class TransformerEncoder(nnx.Module):
     """Per-layer (B, H, L, L) attention weights of the latest call."""
     return [blk.attention.attention_weights[...] for blk in self.blks]
 
-
-def token_mask(length: int, valid_lens: jax.Array | None,
-               mask: jax.Array | None) -> jax.Array | None:
-  """(B, L) bool key mask from valid_lens and/or a padding mask (True = real)."""
-  result = None
-  if valid_lens is not None:
-    result = jnp.arange(length)[None, :] < jnp.asarray(valid_lens)[:, None]
-  if mask is not None:
-    mask = jnp.asarray(mask, bool)
-    result = mask if result is None else result & mask
-  return result

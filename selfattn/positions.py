@@ -359,23 +359,21 @@ class PositionKind:
   build: Callable[..., nnx.Module]
 
 
-def _absolute(cls):
-  def build(*, num_hiddens, dropout, max_len, param_dtype, rngs, **opts):
-    if cls is NoEncoding:
-      return NoEncoding(num_hiddens, dropout, rngs=rngs)
-    if cls is LearnedEncoding:
-      return LearnedEncoding(num_hiddens, dropout, max_len,
-                             param_dtype=param_dtype, rngs=rngs, **opts)
-    return SinusoidalEncoding(num_hiddens, dropout, max_len, rngs=rngs)
-  return build
-
-
 POSITIONS: dict[str, PositionKind] = {
     kind.name: kind for kind in [
-        PositionKind('none', False, {}, _absolute(NoEncoding)),
-        PositionKind('sinusoidal', False, {}, _absolute(SinusoidalEncoding)),
-        PositionKind('learned', False, {'init': 'normal'},
-                     _absolute(LearnedEncoding)),
+        PositionKind(
+            'none', False, {},
+            lambda *, num_hiddens, dropout, max_len, param_dtype, rngs:
+            NoEncoding(num_hiddens, dropout, rngs=rngs)),
+        PositionKind(
+            'sinusoidal', False, {},
+            lambda *, num_hiddens, dropout, max_len, param_dtype, rngs:
+            SinusoidalEncoding(num_hiddens, dropout, max_len, rngs=rngs)),
+        PositionKind(
+            'learned', False, {'init': 'normal'},
+            lambda *, num_hiddens, dropout, max_len, param_dtype, rngs, **o:
+            LearnedEncoding(num_hiddens, dropout, max_len,
+                            param_dtype=param_dtype, rngs=rngs, **o)),
         PositionKind(
             'shaw', True,
             {'clip_distance': 16, 'relative_values': True,
