@@ -1,255 +1,209 @@
-"""Synthetic order-sensitive tasks, generated deterministically on the fly.
+"""Synthetic tasks, laid out for the encoder, generated deterministically.
 
 Every example is a pure function of (seed, step, example index, length): batch
 generation is a jitted JAX function, so a resumed run sees exactly the batches
 it would have seen, and a batch is the same whether one device or many, one
 process or many, generate it (each device computes only its own examples).
 
-An example holds `inputs` (T,) int32, `targets` (T,) int32 and `weights` (T,)
-float32, the positions that count. Token tasks predict at every counted
-position; sequence-classification tasks put a CLS token at position 0 and
-predict there only. "Length" is the number of input symbols; the sequence
-length T is `task.seq_len(length)` (length + 1 with a CLS token, 2*length + 1
-for missing_duplicate_string).
+Two families (see README's task table):
+  * the 15 tasks of the length-generalization suite of Deletang et al. (2023)
+    and Ruoss et al. (2023), defined by their reference code (chomsky_tasks.py);
+  * selfattn's own order tasks (order_tasks.py): reverse, sort, shift,
+    window_sum, precedes.
 
-`chance` is the accuracy of always guessing the most likely class (1/V for
-uniform symbols, 0.5 for balanced binary labels), as in the Chomsky-hierarchy
-benchmark. A model without positions can beat it on token tasks whose target
-is one of the inputs (reverse, sort, odds_first, shift): it can guess the
-commonest symbol of the bag of inputs (about 0.35 on reverse with V=8, L=8).
-`precedes` leaves it exactly at chance.
-
-Token ids: data symbols 0..V-1, then PAD = V, then task specials (CLS, MASK,
-markers) from V + 1.
+A laid-out example holds `inputs` (T,) int32, `targets` (T,) int32 and
+`weights` (T,) float32 (the positions that count); see task_spec.py for the
+layouts and token ids. `chance` is the accuracy of always guessing the most
+likely class (1/V for uniform symbols, 0.5 for balanced binary labels). A model
+without positions can beat it on token tasks whose target is one of the inputs
+(reverse, sort): it can guess the commonest symbol of the bag of inputs (about
+0.35 on reverse with V=8, L=8). `precedes` leaves it exactly at chance.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from selfattn.chomsky_tasks import CHOMSKY_TASKS
+from selfattn.order_tasks import ORDER_TASKS
+from selfattn.task_spec import Example
+from selfattn.task_spec import TaskSpec
+
 _TRAIN_STREAM, _EVAL_STREAM = 0, 1   # training and evaluation never share a key
+_POSITIONS_STREAM = 2                # randomized positions, per example
+
+LAYOUTS = ('in_place', 'placeholders')
+TASKS: dict[str, TaskSpec] = {**CHOMSKY_TASKS, **ORDER_TASKS}
+TASK_NAMES: tuple[str, ...] = tuple(TASKS)
+SUITE_NAMES: tuple[str, ...] = tuple(CHOMSKY_TASKS)
+DEFAULT_OPTIONS = {'shift': 1, 'window': 1}
 
 
 class Batch(NamedTuple):
   """A padded batch: inputs, targets (B, T) int32; weights (B, T) float32;
-  valid_lens (B,) int32 (positions >= valid_len are padding)."""
+  valid_lens (B,) int32 (positions >= valid_len are padding); positions
+  (B, T) int32 of randomized positional encodings, or None (0..T-1)."""
   inputs: jax.Array
   targets: jax.Array
   weights: jax.Array
   valid_lens: jax.Array
+  positions: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """One synthetic task.
+  """A task with its alphabet, options and layout chosen.
 
-  sample(key, length, T) -> (inputs, targets, weights) for one example with
-  `length` symbols (a traced int) padded to static length T.
+  sample(key, length, max_length) -> (inputs, targets, weights, valid_len) for
+  one example of task length `length` (a traced int), padded to the static
+  sequence length seq_len(max_length).
   """
   name: str
   description: str
-  vocab_size: int               # V data symbols
+  level: str
+  layout: str
+  vocab_size: int               # V: data symbols
+  input_symbols: int            # S: every input symbol the task uses
   num_classes: int
-  classification: bool          # one label per sequence, read at the CLS token
-  order_sensitive: bool         # unsolvable without position information
-  chance: float                 # accuracy of guessing the most likely class
+  classification: bool
+  order_sensitive: bool
+  chance: float
   sample: Callable
-  num_specials: int = 1         # PAD (+ task specials)
-  min_length: int = 1
-  length_factor: int = 1        # sequence length = factor * length (+1 for CLS)
+  min_length: int
+  spec: TaskSpec
 
   @property
   def pad(self) -> int:
-    return self.vocab_size
+    return self.input_symbols
+
+  @property
+  def query_token(self) -> int:
+    """The CLS token (in_place) or placeholder token (placeholders)."""
+    return self.input_symbols + 1
 
   @property
   def input_vocab_size(self) -> int:
-    return self.vocab_size + self.num_specials
+    # In-place aligned tasks need no CLS or placeholder token.
+    extra = not (self.layout == 'in_place' and not self.classification)
+    return self.input_symbols + 1 + int(extra)
 
-  def seq_len(self, length: int) -> int:
-    return self.length_factor * length + int(self.classification)
-
-
-# --------------------------------------------------------------------------
-# Task definitions. Each gets V and task options, returns a sampler.
-# --------------------------------------------------------------------------
-
-def _symbols(key, V, T, length):
-  x = jax.random.randint(key, (T,), 0, V, dtype=jnp.int32)
-  valid = jnp.arange(T) < length
-  return jnp.where(valid, x, V), valid
+  def seq_len(self, length):
+    """Model sequence length T of an example of task length `length`."""
+    n, m = self.spec.input_length(length), self.spec.output_length(length)
+    if self.layout == 'placeholders':
+      return n + m
+    return n + 1 if self.classification else n
 
 
-def _aligned(fn):
-  """A token task whose target i depends on x; weights = valid positions."""
-  def sample(V, opts):
-    def one(key, length, T):
-      x, valid = _symbols(key, V, T, length)
-      targets, weights = fn(x, valid, length, V, opts)
-      return x, jnp.where(weights, targets, 0), weights.astype(jnp.float32)
-    return one
-  return sample
+def _sized(ex: Example, task_spec: TaskSpec, max_length: int) -> Example:
+  """Cuts a sampler's arrays to the task's static input and output sizes."""
+  return ex._replace(inputs=ex.inputs[:task_spec.input_length(max_length)],
+                     outputs=ex.outputs[:task_spec.output_length(max_length)],
+                     output_mask=ex.output_mask[
+                         :task_spec.output_length(max_length)])
 
 
-@_aligned
-def _reverse(x, valid, length, V, opts):
-  i = jnp.arange(x.shape[0])
-  return x[jnp.clip(length - 1 - i, 0, x.shape[0] - 1)], valid
+def _lay_out_in_place(task_spec: TaskSpec, raw, S: int):
+  pad, cls = S, S + 1
 
-
-@_aligned
-def _sort(x, valid, length, V, opts):
-  return jnp.sort(x), valid        # PAD = V sorts after every symbol
-
-
-@_aligned
-def _shift(x, valid, length, V, opts):
-  k = opts['shift']
-  i = jnp.arange(x.shape[0])
-  return x[jnp.clip(i - k, 0, None)], valid & (i >= k)
-
-
-@_aligned
-def _window_sum(x, valid, length, V, opts):
-  w = opts['window']
-  padded = jnp.pad(jnp.where(valid, x, 0), (w, w))
-  total = sum(padded[w + d: w + d + x.shape[0]] for d in range(-w, w + 1))
-  return total % V, valid
-
-
-@_aligned
-def _odds_first(x, valid, length, V, opts):
-  i = jnp.arange(x.shape[0])
-  half = (length + 1) // 2      # symbols at 1-based odd positions come first
-  source = jnp.where(i < half, 2 * i, 2 * (i - half) + 1)
-  return x[jnp.clip(source, 0, x.shape[0] - 1)], valid
-
-
-def _classify(fn, specials=0):
-  """A sequence task: CLS at position 0, label fn(...) read there."""
-  def sample(V, opts):
-    cls = V + 1
-
-    def one(key, length, T):
-      key_x, key_extra = jax.random.split(key)
-      x, valid = _symbols(key_x, V, T - 1, length)
-      x, label = fn(x, valid, length, V, key_extra)
+  def sample(key, length, max_length):
+    ex = _sized(raw(key, length, max_length), task_spec, max_length)
+    n_max = ex.inputs.shape[0]
+    t = jnp.arange(n_max)
+    x = jnp.where(t < ex.num_inputs, ex.inputs, pad)
+    if task_spec.classification:
       inputs = jnp.concatenate([jnp.array([cls], jnp.int32), x])
-      targets = jnp.zeros((T,), jnp.int32).at[0].set(label)
-      weights = jnp.zeros((T,), jnp.float32).at[0].set(1.0)
-      return inputs, targets, weights
-    return one
+      targets = jnp.zeros((n_max + 1,), jnp.int32).at[0].set(ex.outputs[0])
+      weights = jnp.zeros((n_max + 1,), jnp.float32).at[0].set(
+          ex.output_mask[0].astype(jnp.float32))
+      return inputs, targets, weights, ex.num_inputs + 1
+    counted = (t < ex.num_outputs) & ex.output_mask
+    return (x, jnp.where(counted, ex.outputs, 0), counted.astype(jnp.float32),
+            ex.num_inputs)
   return sample
 
 
-def _parity(x, valid, length, V, key):
-  return x, jnp.sum(valid & (x == 1)) % 2
+def _lay_out_placeholders(task_spec: TaskSpec, raw, S: int):
+  pad, placeholder = S, S + 1
+
+  def sample(key, length, max_length):
+    ex = _sized(raw(key, length, max_length), task_spec, max_length)
+    n_max, m_max = ex.inputs.shape[0], ex.outputs.shape[0]
+    t = jnp.arange(n_max + m_max)
+    n, m = ex.num_inputs, ex.num_outputs
+    is_input, is_output = t < n, (t >= n) & (t < n + m)
+    j = jnp.clip(t - n, 0, m_max - 1)          # output index at position t
+    inputs = jnp.where(is_input, ex.inputs[jnp.clip(t, 0, n_max - 1)],
+                       jnp.where(is_output, placeholder, pad))
+    counted = is_output & ex.output_mask[j]
+    targets = jnp.where(counted, ex.outputs[j], 0)
+    return inputs, targets, counted.astype(jnp.float32), n + m
+  return sample
 
 
-def _even_pairs(x, valid, length, V, key):
-  # #(01) + #(10) is even exactly when the first symbol equals the last.
-  return x, (x[0] == x[jnp.maximum(length - 1, 0)]).astype(jnp.int32)
+def get_task(name: str, vocab_size: int | None = None, *,
+             layout: str = 'in_place', **options: Any) -> Task:
+  """Builds a task by name. Raises ValueError naming the valid choices.
 
-
-def _precedes(x, valid, length, V, key):
-  # Markers A = V+2, B = V+3 at two distinct valid positions; label: A before B.
-  key_a, key_b = jax.random.split(key)
-  pos_a = jax.random.randint(key_a, (), 0, length)
-  pos_b = jax.random.randint(key_b, (), 0, length - 1)
-  pos_b = pos_b + (pos_b >= pos_a)
-  x = x.at[pos_a].set(V + 2).at[pos_b].set(V + 3)
-  return x, (pos_a < pos_b).astype(jnp.int32)
-
-
-def _missing_duplicate(V, opts):
-  cls, mask = V + 1, V + 2
-
-  def one(key, length, T):
-    key_x, key_m = jax.random.split(key)
-    n_max = (T - 1) // 2
-    s, _ = _symbols(key_x, V, n_max, length)
-    i = jnp.arange(T - 1)
-    # ss: position i < 2*length holds s[i mod length].
-    doubled = jnp.where(i < 2 * length, s[jnp.where(i < length, i, i - length)
-                                          .clip(0, n_max - 1)], V)
-    hidden = jax.random.randint(key_m, (), 0, 2 * length)
-    label = doubled[hidden]
-    x = doubled.at[hidden].set(mask)
-    inputs = jnp.concatenate([jnp.array([cls], jnp.int32), x])
-    targets = jnp.zeros((T,), jnp.int32).at[0].set(label)
-    weights = jnp.zeros((T,), jnp.float32).at[0].set(1.0)
-    return inputs, targets, weights
-  return one
-
-
-@dataclasses.dataclass(frozen=True)
-class _Spec:
-  description: str
-  sampler: Callable
-  classification: bool
-  order_sensitive: bool
-  num_specials: int = 1
-  num_classes: Callable[[int], int] = lambda V: V
-  binary: bool = False
-  min_length: int = 1
-  length_factor: int = 1
-
-
-TASKS: dict[str, _Spec] = {
-    'reverse': _Spec('output i = input L-1-i', _reverse, False, True),
-    'sort': _Spec('the input sorted (bucket sort)', _sort, False, True),
-    'shift': _Spec('output i = input i-k (task.shift = k)', _shift, False, True),
-    'window_sum': _Spec('output i = sum of inputs i-w..i+w mod V '
-                        '(task.window = w)', _window_sum, False, True),
-    'odds_first': _Spec('symbols at odd positions, then at even positions '
-                        '(1-based)', _odds_first, False, True),
-    'parity_check': _Spec('parity of the number of 1s', _classify(_parity),
-                          True, False, num_specials=2,
-                          num_classes=lambda V: 2, binary=True),
-    'even_pairs': _Spec('whether #01 + #10 is even (first symbol == last)',
-                        _classify(_even_pairs), True, True, num_specials=2,
-                        num_classes=lambda V: 2, binary=True),
-    'precedes': _Spec('whether marker A occurs before marker B',
-                      _classify(_precedes), True, True, num_specials=4,
-                      num_classes=lambda V: 2, min_length=2),
-    'missing_duplicate_string': _Spec(
-        'input ss with one symbol masked; output the masked symbol',
-        # Not order-sensitive: the masked symbol is the one whose count is odd.
-        _missing_duplicate, True, False, num_specials=3, length_factor=2),
-}
-ALIASES = {'reverse_string': 'reverse', 'bucket_sort': 'sort'}
-TASK_NAMES: tuple[str, ...] = tuple(TASKS) + tuple(ALIASES)
-DEFAULT_OPTIONS = {'shift': 1, 'window': 1}
-
-
-def get_task(name: str, vocab_size: int, **options) -> Task:
-  """Builds a task by name. Raises ValueError naming the valid tasks."""
-  if name not in TASK_NAMES:
+  vocab_size: data symbols of selfattn's own tasks (default 8); reference
+    tasks have a fixed alphabet (None, or that size).
+  layout: 'in_place' or 'placeholders' (see task_spec.py).
+  options: task options (shift, window); others are ignored.
+  """
+  if name not in TASKS:
     raise ValueError(f'unknown task {name!r}; valid: {", ".join(TASK_NAMES)}')
-  spec = TASKS[ALIASES.get(name, name)]
-  if spec.binary and vocab_size != 2:
-    raise ValueError(f'task {name!r} is over binary strings: task.vocab_size '
-                     f'must be 2, got {vocab_size}')
+  spec = TASKS[name]
+  if layout not in LAYOUTS:
+    raise ValueError(f'unknown layout {layout!r}; valid: {", ".join(LAYOUTS)}')
+  if layout not in spec.layouts:
+    raise ValueError(f'task {name!r} cannot use layout {layout!r} (its output '
+                     f'is not aligned with its input); valid: '
+                     f'{", ".join(spec.layouts)}')
+  if spec.fixed_vocab is not None:
+    if vocab_size not in (None, spec.fixed_vocab):
+      raise ValueError(f'task {name!r} has a fixed alphabet of '
+                       f'{spec.fixed_vocab} symbols: leave task.vocab_size '
+                       f'unset; got {vocab_size}')
+    vocab_size = spec.fixed_vocab
+  vocab_size = spec.default_vocab if vocab_size is None else vocab_size
   if vocab_size < 2:
     raise ValueError(f'task.vocab_size must be >= 2, got {vocab_size}')
   opts = {**DEFAULT_OPTIONS, **options}
+  raw = spec.make_sampler(vocab_size, opts)
+  S = spec.input_symbols(vocab_size)
+  lay_out = _lay_out_in_place if layout == 'in_place' else _lay_out_placeholders
   num_classes = spec.num_classes(vocab_size)
-  if name == 'window_sum':
-    chance = 1.0 / vocab_size
-  elif spec.classification and num_classes == 2:
-    chance = 0.5
-  else:
-    chance = 1.0 / num_classes
-  return Task(name=name, description=spec.description, vocab_size=vocab_size,
+  chance = (spec.chance(vocab_size) if spec.chance is not None
+            else 1.0 / num_classes)
+  return Task(name=name, description=spec.description, level=spec.level,
+              layout=layout, vocab_size=vocab_size, input_symbols=S,
               num_classes=num_classes, classification=spec.classification,
               order_sensitive=spec.order_sensitive, chance=chance,
-              sample=spec.sampler(vocab_size, opts),
-              num_specials=spec.num_specials, min_length=spec.min_length,
-              length_factor=spec.length_factor)
+              sample=lay_out(spec, raw, S), min_length=spec.min_length,
+              spec=spec)
+
+
+# --------------------------------------------------------------------------
+# Randomized positions (Ruoss et al. 2023).
+# --------------------------------------------------------------------------
+
+def random_positions(key: jax.Array, num_valid: jax.Array, T: int,
+                     max_random_len: int) -> jax.Array:
+  """A sorted uniform random subset of [0, max_random_len) of size num_valid,
+  padded to (T,) with zeros (padding is masked out of attention).
+
+  The first T entries of a random permutation are a uniform random T-subset;
+  keeping the first num_valid of them gives a uniform num_valid-subset, which
+  is then sorted. (Sorting a T-subset and keeping its num_valid smallest would
+  bias the positions towards 0.)
+  """
+  chosen = jax.random.permutation(key, max_random_len)[:T].astype(jnp.int32)
+  valid = jnp.arange(T) < num_valid
+  return jnp.where(valid, jnp.sort(jnp.where(valid, chosen, max_random_len)), 0)
 
 
 # --------------------------------------------------------------------------
@@ -265,29 +219,47 @@ def example_keys(seed: int, stream: int, position: jax.Array,
   return jax.vmap(lambda i: jax.random.fold_in(base, i))(indices)
 
 
+def _with_positions(batch: Batch, keys: jax.Array, max_random_len: int | None
+                    ) -> Batch:
+  if not max_random_len:
+    return batch
+  T = batch.inputs.shape[1]
+  keys = jax.vmap(lambda k: jax.random.fold_in(k, _POSITIONS_STREAM))(keys)
+  positions = jax.vmap(
+      lambda k, n: random_positions(k, n, T, max_random_len))(
+          keys, batch.valid_lens)
+  return batch._replace(positions=positions)
+
+
 def make_batch(task: Task, seed: int, step: jax.Array, indices: jax.Array,
-               min_len: int, max_len: int) -> Batch:
-  """Training batch for `step`: example lengths uniform in [min_len, max_len],
-  padded to task.seq_len(max_len). `indices` (B,) are global example indices."""
-  T = task.seq_len(max_len)
+               min_len: int, max_len: int, *, per_batch_length: bool = False,
+               max_random_len: int | None = None) -> Batch:
+  """Training batch for `step`: task lengths uniform in [min_len, max_len],
+  one per example (or one for the whole batch, as the reference does, with
+  per_batch_length), padded to task.seq_len(max_len). `indices` (B,) are global
+  example indices. With max_random_len, also randomized positions."""
   keys = example_keys(seed, _TRAIN_STREAM, step, indices)
+  # The batch-wide length depends on (seed, step) only, so every device and
+  # process draws the same one.
+  batch_length = jax.random.randint(
+      jax.random.fold_in(jax.random.key(seed), step), (), min_len, max_len + 1)
 
   def one(key):
     key_len, key_ex = jax.random.split(key)
-    length = jax.random.randint(key_len, (), min_len, max_len + 1)
-    inputs, targets, weights = task.sample(key_ex, length, T)
-    return inputs, targets, weights, task.seq_len(length)
+    length = (batch_length if per_batch_length else
+              jax.random.randint(key_len, (), min_len, max_len + 1))
+    return task.sample(key_ex, length, max_len)
 
-  return Batch(*jax.vmap(one)(keys))
+  return _with_positions(Batch(*jax.vmap(one)(keys)), keys, max_random_len)
 
 
-def make_eval_batch(task: Task, seed: int, length: int,
-                    indices: jax.Array) -> Batch:
-  """Evaluation batch: every example has exactly `length` symbols, no padding.
-  The same examples at every evaluation of a run."""
-  T = task.seq_len(length)
+def make_eval_batch(task: Task, seed: int, length: int, indices: jax.Array, *,
+                    padded_length: int | None = None,
+                    max_random_len: int | None = None) -> Batch:
+  """Evaluation batch: every example has task length `length`, padded to
+  task.seq_len(padded_length) (default: no padding). The same examples at
+  every evaluation of a run."""
   keys = example_keys(seed, _EVAL_STREAM, length, indices)
-  inputs, targets, weights = jax.vmap(
-      lambda k: task.sample(k, length, T))(keys)
-  return Batch(inputs, targets, weights,
-               jnp.full(indices.shape, T, jnp.int32))
+  size = length if padded_length is None else padded_length
+  batch = Batch(*jax.vmap(lambda k: task.sample(k, length, size))(keys))
+  return _with_positions(batch, keys, max_random_len)

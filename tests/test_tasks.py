@@ -1,19 +1,105 @@
-"""Synthetic tasks: targets against NumPy definitions, determinism, sharding."""
+"""Tasks: the 15 suite tasks against NumPy ports of the reference code
+(tests/chomsky_reference.py), both layouts, selfattn's own tasks against their
+definitions, determinism and sharding."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from selfattn import tasks
+import chomsky_reference as ref
+
+LENGTHS = (1, 2, 3, 7, 40, 101, 128)
 
 
-def _examples(name, V=5, min_len=2, max_len=9, step=7, n=16, **opts):
+def _rows(batch):
+  return [tuple(np.asarray(a)[i] for a in batch[:4])
+          for i in range(batch.inputs.shape[0])]
+
+
+@pytest.mark.parametrize('name', tasks.SUITE_NAMES)
+def test_suite_task_agrees_with_reference_output_function(name):
+  """Every example's target is what the reference code computes from its
+  input, at odd, even and long lengths, under the placeholders layout (input,
+  then one placeholder per output symbol, read at the placeholders)."""
+  task = tasks.get_task(name, layout='placeholders')
+  facts = ref.TASK_FACTS[name]
+  assert task.input_symbols == facts['input_size']
+  assert task.num_classes == facts['output_size']
+  for length in LENGTHS:
+    batch = tasks.make_eval_batch(task, 0, length, jnp.arange(24))
+    for inputs, targets, weights, valid_len in _rows(batch):
+      n_in = facts['input_length'](length)
+      m = facts['output_length'](length)
+      x = inputs[:n_in]
+      assert np.all(x < task.input_symbols)
+      assert np.all(inputs[n_in:n_in + m] == task.query_token)
+      assert valid_len == n_in + m == len(inputs)
+      want = np.asarray(ref.OUTPUT_FNS[name](x))
+      mask_fn = facts['accuracy_mask']
+      counted = (np.ones(m, bool) if mask_fn is None
+                 else np.asarray(mask_fn(want), bool))
+      np.testing.assert_array_equal(weights[n_in:] > 0, counted)
+      np.testing.assert_array_equal(targets[n_in:][counted], want[counted])
+      assert np.all(weights[:n_in] == 0)
+
+
+@pytest.mark.parametrize('name', [n for n in tasks.SUITE_NAMES
+                                  if 'in_place' in tasks.TASKS[n].layouts])
+def test_in_place_layout_carries_the_same_examples(name):
+  placed = tasks.get_task(name, layout='placeholders')
+  in_place = tasks.get_task(name, layout='in_place')
+  a = tasks.make_eval_batch(placed, 1, 9, jnp.arange(8))
+  b = tasks.make_eval_batch(in_place, 1, 9, jnp.arange(8))
+  n = placed.spec.input_length(9)
+  for (xa, ta, wa, _), (xb, tb, wb, _) in zip(_rows(a), _rows(b)):
+    if in_place.classification:        # CLS first, label read there
+      assert xb[0] == in_place.query_token and wb[0] == 1 and wb[1:].sum() == 0
+      np.testing.assert_array_equal(xa[:n], xb[1:])
+      assert ta[n] == tb[0]
+    else:                              # output i read at input i
+      np.testing.assert_array_equal(xa[:n], xb)
+      np.testing.assert_array_equal(ta[n:], tb)
+
+
+def test_reference_quirks_the_docstrings_get_wrong():
+  """The code, not the docstrings, defines the suite."""
+  def one(name, x):
+    return list(ref.OUTPUT_FNS[name](np.array(x)))
+  # even_pairs: 1 = an ODD number of unequal adjacent pairs.
+  assert one('even_pairs', [0, 1, 1]) == [1]
+  # odds_first: 0-based odd indices first.
+  assert one('odds_first', [0, 0, 1, 1, 0, 1, 0, 1]) == [0, 1, 1, 1, 0, 1, 0, 0]
+  task = tasks.get_task('odds_first', layout='placeholders')
+  batch = tasks.make_eval_batch(task, 0, 8, jnp.arange(4))
+  for x, t, _, _ in _rows(batch):
+    np.testing.assert_array_equal(t[8:], np.concatenate([x[1:8:2], x[0:8:2]]))
+  # missing_duplicate_string: length counts every input token.
+  task = tasks.get_task('missing_duplicate_string', layout='placeholders')
+  x = np.asarray(tasks.make_eval_batch(task, 0, 7, jnp.arange(4)).inputs)
+  assert x.shape == (4, 8) and np.all(x[:, 6] == 3) and np.all(x[:, 7] == 5)
+  assert np.all(np.sum(x[:, :6] == 2, axis=1) == 1)
+
+
+def test_layout_errors_name_the_valid_choices():
+  with pytest.raises(ValueError, match="cannot use layout 'in_place'.*valid: "
+                     "placeholders"):
+    tasks.get_task('duplicate_string', layout='in_place')
+  with pytest.raises(ValueError, match='valid: in_place, placeholders'):
+    tasks.get_task('reverse', layout='sideways')
+  with pytest.raises(ValueError, match='fixed alphabet of 5'):
+    tasks.get_task('bucket_sort', 8)
+  with pytest.raises(ValueError, match='valid: even_pairs, modular_arithmetic'):
+    tasks.get_task('copy')
+
+
+def _own(name, V=5, min_len=2, max_len=9, step=7, n=16, **opts):
   task = tasks.get_task(name, V, **opts)
   b = tasks.make_batch(task, 3, jnp.int32(step), jnp.arange(n), min_len, max_len)
-  return task, [np.asarray(a) for a in b]
+  return task, _rows(b)
 
 
-def _expected(name, x, k=1, w=1, V=5):
+def _expected(name, x, k=2, w=1, V=5):
   n = len(x)
   if name == 'reverse':
     return x[::-1], np.ones(n, bool)
@@ -21,65 +107,34 @@ def _expected(name, x, k=1, w=1, V=5):
     return np.sort(x), np.ones(n, bool)
   if name == 'shift':
     return np.concatenate([np.zeros(k, int), x[:-k]])[:n], np.arange(n) >= k
-  if name == 'window_sum':
-    return np.array([sum(x[j] for j in range(i - w, i + w + 1) if 0 <= j < n) % V
-                     for i in range(n)]), np.ones(n, bool)
-  if name == 'odds_first':
-    return np.concatenate([x[0::2], x[1::2]]), np.ones(n, bool)
-  raise KeyError(name)
+  return np.array([sum(x[j] for j in range(i - w, i + w + 1) if 0 <= j < n) % V
+                   for i in range(n)]), np.ones(n, bool)
 
 
-@pytest.mark.parametrize('name', ['reverse', 'sort', 'shift', 'window_sum',
-                                  'odds_first'])
-def test_token_task_targets_match_numpy_definition(name):
-  task, (inputs, targets, weights, lens) = _examples(name, shift=2, window=1)
-  assert task.chance == pytest.approx(1 / 5)
-  for i in range(len(lens)):
-    n = lens[i]
-    x = inputs[i, :n]
-    assert np.all(inputs[i, n:] == task.pad) and np.all(x < 5)
-    want, counted = _expected(name, x, k=2, w=1)
-    np.testing.assert_array_equal(weights[i, :n] > 0, counted)
-    np.testing.assert_array_equal(targets[i, :n][counted], want[counted])
-    assert np.all(weights[i, n:] == 0)
+@pytest.mark.parametrize('name', ['reverse', 'sort', 'shift', 'window_sum'])
+def test_own_token_task_targets_match_numpy_definition(name):
+  task, rows = _own(name, shift=2, window=1)
+  assert task.chance == pytest.approx(1 / 5) and task.input_vocab_size == 6
+  for inputs, targets, weights, n in rows:
+    x = inputs[:n]
+    assert np.all(inputs[n:] == task.pad) and np.all(x < 5)
+    want, counted = _expected(name, x)
+    np.testing.assert_array_equal(weights[:n] > 0, counted)
+    np.testing.assert_array_equal(targets[:n][counted], want[counted])
+    assert np.all(weights[n:] == 0)
 
 
-def test_classification_tasks_match_numpy_definitions():
-  for name, V in [('parity_check', 2), ('even_pairs', 2), ('precedes', 5),
-                  ('missing_duplicate_string', 5)]:
-    task, (inputs, targets, weights, lens) = _examples(name, V=V, n=32)
-    assert task.classification and task.chance == pytest.approx(
-        0.5 if task.num_classes == 2 else 1 / V)
-    assert np.all(weights[:, 0] == 1) and np.all(weights[:, 1:] == 0)
-    cls = V + 1
-    assert np.all(inputs[:, 0] == cls)
-    for i in range(len(lens)):
-      body = inputs[i, 1:lens[i]]
-      label = targets[i, 0]
-      if name == 'parity_check':
-        assert label == np.sum(body == 1) % 2
-      elif name == 'even_pairs':
-        pairs = sum(body[j] != body[j + 1] for j in range(len(body) - 1))
-        assert label == int(pairs % 2 == 0)
-      elif name == 'precedes':
-        a, b = np.flatnonzero(body == V + 2), np.flatnonzero(body == V + 3)
-        assert len(a) == len(b) == 1 and label == int(a[0] < b[0])
-      else:
-        half = len(body) // 2
-        hole = np.flatnonzero(body == V + 2)
-        assert len(hole) == 1 and len(body) % 2 == 0
-        partner = hole[0] + half if hole[0] < half else hole[0] - half
-        assert label == body[partner]
-  labels = _examples('precedes', n=256)[1][1][:, 0]
-  assert 0.35 < labels.mean() < 0.65       # balanced classes
-
-
-def test_aliases_and_errors():
-  assert tasks.get_task('reverse_string', 3).sample is not None
-  with pytest.raises(ValueError, match='valid: reverse, sort'):
-    tasks.get_task('copy', 4)
-  with pytest.raises(ValueError, match='must be 2'):
-    tasks.get_task('parity_check', 4)
+def test_precedes_marks_two_positions_and_is_balanced():
+  task, rows = _own('precedes', n=256)
+  assert task.classification and task.chance == 0.5
+  labels = []
+  for inputs, targets, weights, n in rows:
+    assert inputs[0] == task.query_token and weights[0] == 1
+    body = inputs[1:n]
+    a, b = np.flatnonzero(body == 5), np.flatnonzero(body == 6)
+    assert len(a) == len(b) == 1 and targets[0] == int(a[0] < b[0])
+    labels.append(targets[0])
+  assert 0.35 < np.mean(labels) < 0.65
 
 
 def test_batches_are_a_function_of_seed_step_and_example_index():
@@ -93,11 +148,34 @@ def test_batches_are_a_function_of_seed_step_and_example_index():
   assert not np.array_equal(a.inputs, d.inputs)
   # A process generating examples 4..7 gets exactly those rows of the batch.
   shard = tasks.make_batch(task, 0, jnp.int32(5), jnp.arange(4, 8), 1, 10)
-  for x, y in zip(shard, a):
+  for x, y in zip(shard[:4], a[:4]):
     np.testing.assert_array_equal(x, np.asarray(y)[4:])
   lens = np.asarray(tasks.make_batch(task, 0, jnp.int32(1), jnp.arange(512),
                                      1, 10).valid_lens)
   assert lens.min() == 1 and lens.max() == 10
+
+
+def test_per_batch_length_gives_one_length_per_step_on_every_shard():
+  task = tasks.get_task('duplicate_string', layout='placeholders')
+  seen = set()
+  for step in range(20):
+    full = tasks.make_batch(task, 0, jnp.int32(step), jnp.arange(8), 1, 10,
+                            per_batch_length=True)
+    part = tasks.make_batch(task, 0, jnp.int32(step), jnp.arange(4, 8), 1, 10,
+                            per_batch_length=True)
+    lens = set(np.asarray(full.valid_lens).tolist())
+    assert len(lens) == 1 and lens == set(np.asarray(part.valid_lens).tolist())
+    seen |= lens
+  assert len(seen) > 4 and all(v % 3 == 0 for v in seen)     # 3n tokens
+
+
+def test_host_sampled_tasks_are_deterministic_and_shard_consistently():
+  task = tasks.get_task('binary_addition', layout='placeholders')
+  a = tasks.make_batch(task, 0, jnp.int32(3), jnp.arange(8), 3, 12)
+  b = tasks.make_batch(task, 0, jnp.int32(3), jnp.arange(4, 8), 3, 12)
+  c = tasks.make_batch(task, 0, jnp.int32(4), jnp.arange(8), 3, 12)
+  np.testing.assert_array_equal(np.asarray(a.inputs)[4:], b.inputs)
+  assert not np.array_equal(a.inputs, c.inputs)
 
 
 def test_eval_batches_have_exact_length_and_differ_from_training():
@@ -107,3 +185,27 @@ def test_eval_batches_have_exact_length_and_differ_from_training():
   assert np.all(np.asarray(ev.inputs) != task.pad)
   train = tasks.make_batch(task, 0, jnp.int32(11), jnp.arange(6), 11, 11)
   assert not np.array_equal(ev.inputs, train.inputs)
+  padded = tasks.make_eval_batch(task, 0, 11, jnp.arange(6), padded_length=16)
+  assert padded.inputs.shape == (6, 17)
+  assert np.all(np.asarray(padded.valid_lens) == 12)
+  assert np.all(np.asarray(padded.inputs)[:, 12:] == task.pad)
+
+
+def test_random_positions_are_sorted_distinct_in_range_and_reproducible():
+  task = tasks.get_task('reverse_string', layout='placeholders')
+  kw = dict(per_batch_length=False, max_random_len=64)
+  a = tasks.make_batch(task, 0, jnp.int32(2), jnp.arange(16), 1, 12, **kw)
+  b = tasks.make_batch(task, 0, jnp.int32(2), jnp.arange(16), 1, 12, **kw)
+  c = tasks.make_batch(task, 0, jnp.int32(3), jnp.arange(16), 1, 12, **kw)
+  np.testing.assert_array_equal(a.positions, b.positions)
+  assert not np.array_equal(a.positions, c.positions)
+  np.testing.assert_array_equal(a.inputs, tasks.make_batch(
+      task, 0, jnp.int32(2), jnp.arange(16), 1, 12).inputs)   # same data
+  firsts = []
+  for pos, n in zip(np.asarray(a.positions), np.asarray(a.valid_lens)):
+    p = pos[:n]
+    assert np.all(np.diff(p) > 0) and p.min() >= 0 and p.max() < 64
+    assert np.all(pos[n:] == 0)
+    firsts.append(p[0])
+  # Uniform subsets: the first position is not pinned near 0.
+  assert np.mean(firsts) > 2
