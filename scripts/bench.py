@@ -140,11 +140,11 @@ class NaiveShaw(RelativePosition):
   def _spec(self, spec):
     return spec if self.shaw.shared_heads else spec.replace('qkd', 'hqkd')
 
-  def logits(self, q, k):
+  def logits(self, q, k, q_pos=None, k_pos=None):
     a = self._expand(self.shaw.a_K[...], q.shape[2], k.shape[2]).astype(q.dtype)
     return jnp.einsum(self._spec('bhqd,qkd->bhqk'), q, a)
 
-  def values(self, weights, v):
+  def values(self, weights, v, q_pos=None, k_pos=None):
     if self.shaw.a_V is None:
       return None
     a = self._expand(self.shaw.a_V[...], weights.shape[2], weights.shape[3])

@@ -3,7 +3,8 @@
 Public names (a contract; import them from `selfattn`):
   masked_softmax, dot_product_attention, MultiHeadAttention,
   SinusoidalEncoding, LearnedEncoding, NoEncoding, ShawRelative, HuangRelative,
-  RotaryEncoding, ALiBi, T5RelativeBias, sinusoidal_table, t5_bucket,
+  RotaryEncoding, ALiBi, T5RelativeBias, TransformerXLRelative,
+  sinusoidal_table, t5_bucket,
   get_position, POSITION_NAMES, RELATIVE_NAMES,
   PositionWiseFFN, AddNorm, TransformerEncoderBlock, TransformerEncoder.
 """
@@ -25,6 +26,7 @@ from selfattn.positions import RotaryEncoding
 from selfattn.positions import ShawRelative
 from selfattn.positions import SinusoidalEncoding
 from selfattn.positions import T5RelativeBias
+from selfattn.positions import TransformerXLRelative
 from selfattn.positions import get_position
 from selfattn.positions import sinusoidal_table
 from selfattn.positions import t5_bucket

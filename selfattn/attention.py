@@ -22,13 +22,17 @@ from flax import nnx
 class RelativeTerms(Protocol):
   """What dot_product_attention asks of a relative positional encoding."""
 
-  def rotate(self, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def rotate(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
+             k_pos: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     ...
 
-  def logits(self, q: jax.Array, k: jax.Array) -> jax.Array | None:
+  def logits(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
+             k_pos: jax.Array | None = None) -> jax.Array | None:
     ...
 
-  def values(self, weights: jax.Array, v: jax.Array) -> jax.Array | None:
+  def values(self, weights: jax.Array, v: jax.Array,
+             q_pos: jax.Array | None = None,
+             k_pos: jax.Array | None = None) -> jax.Array | None:
     ...
 
 
@@ -120,6 +124,8 @@ def dot_product_attention(
     *,
     mask: jax.Array | None = None,
     relative: RelativeTerms | None = None,
+    q_positions: jax.Array | None = None,
+    k_positions: jax.Array | None = None,
     dropout: nnx.Dropout | None = None,
     deterministic: bool = True,
 ) -> tuple[jax.Array, jax.Array]:
@@ -129,6 +135,8 @@ def dot_product_attention(
     q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD: per-head queries, keys, values.
     mask: boolean, broadcastable to (B, H, Lq, Lk); True = attend.
     relative: hooks of a relative encoding (rotate q/k, logit term, value term).
+    q_positions, k_positions: (B, Lq), (B, Lk) int positions that the relative
+      encoding sees, or None for 0..L-1 (see positions.py).
     dropout: applied to the attention weights unless deterministic.
     deterministic: disables dropout.
 
@@ -137,13 +145,13 @@ def dot_product_attention(
   """
   q, k, v = q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD
   if relative is not None:
-    q, k = relative.rotate(q, k)
+    q, k = relative.rotate(q, k, q_positions, k_positions)
   # Scale the queries once; relative logit terms computed from q share the scale.
   q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
   logits = jnp.einsum('bhqd,bhkd->bhqk', q, k,
                       preferred_element_type=jnp.float32)
   if relative is not None:
-    extra = relative.logits(q, k)
+    extra = relative.logits(q, k, q_positions, k_positions)
     if extra is not None:
       logits = logits + extra.astype(jnp.float32)
   weights = _softmax_with_mask(logits, mask)
@@ -152,7 +160,7 @@ def dot_product_attention(
     used = dropout(weights, deterministic=False)
   out = jnp.einsum('bhqk,bhkd->bhqd', used.astype(v.dtype), v)
   if relative is not None:
-    extra = relative.values(used, v)
+    extra = relative.values(used, v, q_positions, k_positions)
     if extra is not None:
       out = out + extra.astype(out.dtype)
   return out, weights
@@ -168,7 +176,9 @@ class MultiHeadAttention(nnx.Module):
   Call as `attn(queries, keys, values, valid_lens=None, *, mask=None,
   deterministic=True)` with queries (B, Lq, F), keys and values (B, Lk, F),
   `valid_lens` (B,) or (B, Lq), or `mask` a boolean (B, Lk) key-padding mask
-  (True = valid; use it for left padding). Returns (B, Lq, num_hiddens).
+  (True = valid; use it for left padding). `positions` (B, Lq) and
+  `key_positions` (B, Lk, default `positions`) are the positions a relative
+  encoding sees (None: 0..L-1). Returns (B, Lq, num_hiddens).
 
   The attention weights of the latest call, (B, H, Lq, Lk) in float32, are sown
   as `nnx.Intermediate` under the name `attention_weights`: read them with
@@ -207,7 +217,11 @@ class MultiHeadAttention(nnx.Module):
   def __call__(self, queries: jax.Array, keys: jax.Array, values: jax.Array,
                valid_lens: jax.Array | None = None, *,
                mask: jax.Array | None = None,
+               positions: jax.Array | None = None,
+               key_positions: jax.Array | None = None,
                deterministic: bool = True) -> jax.Array:
+    if key_positions is None:
+      key_positions = positions      # self-attention: keys are the queries
     q = self._split_heads(self.W_q(queries))
     k = self._split_heads(self.W_k(keys))
     v = self._split_heads(self.W_v(values))
@@ -215,7 +229,8 @@ class MultiHeadAttention(nnx.Module):
     if key_mask is not None:
       key_mask = key_mask[:, None]  # (B, 1, Lq|1, Lk): broadcast over heads
     out, weights = dot_product_attention(
-        q, k, v, mask=key_mask, relative=self.relative, dropout=self.dropout,
+        q, k, v, mask=key_mask, relative=self.relative, q_positions=positions,
+        k_positions=key_positions, dropout=self.dropout,
         deterministic=deterministic)
     with warnings.catch_warnings():
       # Outside nnx.capture, Flax 0.12 still stores the value on the module

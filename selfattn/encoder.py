@@ -82,9 +82,10 @@ class TransformerEncoderBlock(nnx.Module):
     self.addnorm2 = AddNorm(num_hiddens, dropout, **addnorm)
 
   def __call__(self, X: jax.Array, mask: jax.Array | None = None, *,
+               positions: jax.Array | None = None,
                deterministic: bool = True) -> jax.Array:
     X = self.addnorm1(
-        X, lambda Z: self.attention(Z, Z, Z, mask=mask,
+        X, lambda Z: self.attention(Z, Z, Z, mask=mask, positions=positions,
                                     deterministic=deterministic),
         deterministic=deterministic)
     return self.addnorm2(X, self.ffn, deterministic=deterministic)
@@ -95,7 +96,9 @@ class TransformerEncoder(nnx.Module):
 
   Call as `enc(tokens, valid_lens=None, *, mask=None, deterministic=True)`:
   tokens (B, L) int, valid_lens (B,), or mask (B, L) bool (True = real token;
-  use it for left padding). Returns (B, L, num_hiddens).
+  use it for left padding), positions (B, L) int: the positions every encoding
+  sees (randomized positional encodings; None: 0..L-1). Returns
+  (B, L, num_hiddens).
 
   Embedding * sqrt(num_hiddens), then the absolute encoding (with dropout),
   then `num_layers` blocks. Relative encodings get one module per layer. With
@@ -149,17 +152,21 @@ class TransformerEncoder(nnx.Module):
                      if norm == 'pre' else None)
 
   def __call__(self, tokens: jax.Array, valid_lens: jax.Array | None = None, *,
-               mask: jax.Array | None = None, deterministic: bool = True,
+               mask: jax.Array | None = None,
+               positions: jax.Array | None = None, deterministic: bool = True,
                return_hidden: bool = False):
     length = tokens.shape[1]
     key_mask = combine_masks(valid_lens, mask, length, length)
     if key_mask is not None:
       key_mask = key_mask[:, 0]       # (B, L): one key mask for every query
     X = self.embedding(tokens) * math.sqrt(self.num_hiddens)
-    X = self.pos_encoding(X, deterministic=deterministic)
+    if positions is None:
+      X = self.pos_encoding(X, deterministic=deterministic)
+    else:
+      X = self.pos_encoding(X, positions=positions, deterministic=deterministic)
     hidden = [X]
     for blk in self.blks:
-      X = blk(X, key_mask, deterministic=deterministic)
+      X = blk(X, key_mask, positions=positions, deterministic=deterministic)
       hidden.append(X)
     if self.final_ln is not None:
       X = self.final_ln(X)

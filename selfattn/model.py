@@ -15,7 +15,10 @@ from selfattn.tasks import Task
 class SequenceModel(nnx.Module):
   """tokens (B, T) int32, valid_lens (B,) -> logits (B, T, num_classes) float32.
 
-  Token tasks read every position; classification tasks read position 0 (CLS).
+  Logits at every position; the task's weights say which ones count (every
+  input position of an in-place token task, the CLS token of an in-place
+  classification, the placeholders of the placeholders layout). `positions`
+  (B, T): randomized positions, or None.
   """
 
   def __init__(self, encoder: TransformerEncoder, num_classes: int, *,
@@ -25,8 +28,10 @@ class SequenceModel(nnx.Module):
                            dtype=encoder.dtype, rngs=rngs)
 
   def __call__(self, tokens: jax.Array, valid_lens: jax.Array | None = None, *,
+               positions: jax.Array | None = None,
                deterministic: bool = True) -> jax.Array:
-    hidden = self.encoder(tokens, valid_lens, deterministic=deterministic)
+    hidden = self.encoder(tokens, valid_lens, positions=positions,
+                          deterministic=deterministic)
     return self.head(hidden).astype(jnp.float32)
 
 

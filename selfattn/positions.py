@@ -5,14 +5,20 @@ embeddings once, before the first layer. Relative encodings (`shaw`, `huang`,
 `rope`, `alibi`, `t5`) act inside every attention layer through three hooks
 that `attention.dot_product_attention` calls:
 
-  rotate(q, k) -> (q, k)      rotary rotates queries and keys;
-  logits(q, k) -> (.., Lq, Lk) a term added to the scaled logits (q arrives
-                               already scaled by 1/sqrt(D));
-  values(w, v) -> (B, H, Lq, D) a term added to the attention output (Shaw).
+  rotate(q, k, q_pos, k_pos) -> (q, k)   rotary rotates queries and keys;
+  logits(q, k, q_pos, k_pos) -> (.., Lq, Lk)  a term added to the scaled
+                               logits (q arrives already scaled by 1/sqrt(D));
+  values(w, v, q_pos, k_pos) -> (B, H, Lq, D) a term added to the attention
+                               output (Shaw).
 
-Offsets are `j - i` (key index minus query index) everywhere. Padding never
-moves the offset between two valid tokens, so relative encodings give the same
-outputs for a left-padded sequence as for the unpadded one.
+Positions: q_pos (B, Lq) and k_pos (B, Lk) int32, or None for 0..L-1. Explicit
+positions serve randomized positional encodings (Ruoss et al. 2023: a sorted
+random subset of a larger range) and decoding against cached keys. Offsets are
+`k_pos - q_pos` (key position minus query position) everywhere; with None,
+`j - i`. Padding never moves the offset between two valid tokens, so relative
+encodings give the same outputs for a left-padded sequence as for the unpadded
+one. With positions None every encoding runs exactly the code it ran before
+positions existed (bit for bit).
 """
 
 from __future__ import annotations
@@ -38,7 +44,13 @@ def sinusoidal_table(num_steps: int, num_hiddens: int, dtype=jnp.float32
   Returns (num_steps, num_hiddens). Works for odd num_hiddens (the last column
   is a sine) and for any number of steps: it is a formula, not a parameter.
   """
-  position = jnp.arange(num_steps, dtype=jnp.float32)[:, None]
+  return sinusoid_at(jnp.arange(num_steps), num_hiddens, dtype)
+
+
+def sinusoid_at(positions: jax.Array, num_hiddens: int, dtype=jnp.float32
+                ) -> jax.Array:
+  """Rows of the chapter's table at any positions: (...,) -> (..., num_hiddens)."""
+  position = jnp.asarray(positions, jnp.float32)[..., None]
   column = jnp.arange(num_hiddens)
   even_column = (column - column % 2).astype(jnp.float32)   # 2j for 2j and 2j+1
   angle = position / jnp.power(10000.0, even_column / num_hiddens)
@@ -67,8 +79,13 @@ class SinusoidalEncoding(nnx.Module):
     """(length, num_hiddens) rows of P, computed for any length."""
     return sinusoidal_table(length, self.num_hiddens)
 
-  def __call__(self, X: jax.Array, *, deterministic: bool = True) -> jax.Array:
-    X = X + self.table(X.shape[1]).astype(X.dtype)[None]
+  def __call__(self, X: jax.Array, *, positions: jax.Array | None = None,
+               deterministic: bool = True) -> jax.Array:
+    """X (B, L, num_hiddens) + P rows 0..L-1, or P rows at `positions` (B, L)."""
+    if positions is None:
+      X = X + self.table(X.shape[1]).astype(X.dtype)[None]
+    else:
+      X = X + sinusoid_at(positions, self.num_hiddens).astype(X.dtype)
     return self.dropout(X, deterministic=deterministic)
 
 
@@ -100,8 +117,14 @@ class LearnedEncoding(nnx.Module):
                        f'encoding max_len={self.max_len}')
     return self.P[0, :length]
 
-  def __call__(self, X: jax.Array, *, deterministic: bool = True) -> jax.Array:
-    X = X + self.table(X.shape[1]).astype(X.dtype)[None]
+  def __call__(self, X: jax.Array, *, positions: jax.Array | None = None,
+               deterministic: bool = True) -> jax.Array:
+    """X (B, L, num_hiddens) + P rows 0..L-1, or P rows at `positions` (B, L)
+    (which must be < max_len; config validation checks max_random_len)."""
+    if positions is None:
+      X = X + self.table(X.shape[1]).astype(X.dtype)[None]
+    else:
+      X = X + jnp.take(self.P[0], positions, axis=0, mode='clip').astype(X.dtype)
     return self.dropout(X, deterministic=deterministic)
 
 
@@ -113,7 +136,9 @@ class NoEncoding(nnx.Module):
     del num_hiddens
     self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
-  def __call__(self, X: jax.Array, *, deterministic: bool = True) -> jax.Array:
+  def __call__(self, X: jax.Array, *, positions: jax.Array | None = None,
+               deterministic: bool = True) -> jax.Array:
+    del positions
     return self.dropout(X, deterministic=deterministic)
 
 
@@ -125,6 +150,48 @@ def relative_offsets(num_queries: int, num_keys: int) -> jax.Array:
   """(Lq, Lk) int32 matrix of offsets j - i."""
   return (jnp.arange(num_keys, dtype=jnp.int32)[None, :]
           - jnp.arange(num_queries, dtype=jnp.int32)[:, None])
+
+
+def position_offsets(q_pos: jax.Array | None, k_pos: jax.Array | None,
+                     num_queries: int, num_keys: int) -> jax.Array:
+  """Offsets k_pos - q_pos: (Lq, Lk) when both are None, else (B, Lq, Lk).
+
+  A None side counts 0..L-1.
+  """
+  if q_pos is None and k_pos is None:
+    return relative_offsets(num_queries, num_keys)
+  if q_pos is None:
+    q_pos = jnp.arange(num_queries, dtype=jnp.int32)[None]
+  if k_pos is None:
+    k_pos = jnp.arange(num_keys, dtype=jnp.int32)[None]
+  return (jnp.asarray(k_pos, jnp.int32)[:, None, :]
+          - jnp.asarray(q_pos, jnp.int32)[:, :, None])
+
+
+def _per_head(offsets_term: jax.Array) -> jax.Array:
+  """(Lq, Lk) -> (1, 1, Lq, Lk); (B, Lq, Lk) -> (B, 1, Lq, Lk)."""
+  return offsets_term[None, None] if offsets_term.ndim == 2 else offsets_term[:, None]
+
+
+def gather_offsets(by_offset: jax.Array, index: jax.Array) -> jax.Array:
+  """(B, H, Lq, R) values per offset bucket, (B, Lq, Lk) bucket per key ->
+  (B, H, Lq, Lk)."""
+  b, h, lq, _ = by_offset.shape
+  index = jnp.broadcast_to(index[:, None], (b, h, lq, index.shape[-1]))
+  return jnp.take_along_axis(by_offset, index, axis=-1)
+
+
+def fold_by_bucket(weights: jax.Array, bucket: jax.Array, num_buckets: int
+                   ) -> jax.Array:
+  """Sums (B, H, Lq, Lk) weights into buckets given per key by (B, Lq, Lk):
+  (B, H, Lq, num_buckets). One segment sum: O(B H Lq Lk), never
+  (Lq, Lk, num_buckets)."""
+  b, h, lq, lk = weights.shape
+  row = jnp.arange(b * h * lq, dtype=jnp.int32).reshape(b, h, lq, 1)
+  ids = row * num_buckets + jnp.broadcast_to(bucket[:, None], (b, h, lq, lk))
+  folded = jax.ops.segment_sum(weights.reshape(-1), ids.reshape(-1),
+                               num_segments=b * h * lq * num_buckets)
+  return folded.reshape(b, h, lq, num_buckets)
 
 
 def relative_to_absolute(x: jax.Array) -> jax.Array:
@@ -146,13 +213,17 @@ def relative_to_absolute(x: jax.Array) -> jax.Array:
 class RelativePosition(nnx.Module):
   """Base class: a relative encoding that changes nothing (override hooks)."""
 
-  def rotate(self, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def rotate(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
+             k_pos: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     return q, k
 
-  def logits(self, q: jax.Array, k: jax.Array) -> jax.Array | None:
+  def logits(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
+             k_pos: jax.Array | None = None) -> jax.Array | None:
     return None
 
-  def values(self, weights: jax.Array, v: jax.Array) -> jax.Array | None:
+  def values(self, weights: jax.Array, v: jax.Array,
+             q_pos: jax.Array | None = None,
+             k_pos: jax.Array | None = None) -> jax.Array | None:
     return None
 
 
@@ -194,11 +265,17 @@ class ShawRelative(RelativePosition):
       return jnp.einsum('bhqd,rd->bhqr', x, table)
     return jnp.einsum('bhqd,hrd->bhqr', x, table)
 
-  def logits(self, q: jax.Array, k: jax.Array) -> jax.Array:
-    lq, lk = q.shape[2], k.shape[2]
+  def _bucket(self, q_pos, k_pos, lq: int, lk: int) -> jax.Array:
     k_ = self.clip_distance
+    return jnp.clip(position_offsets(q_pos, k_pos, lq, lk), -k_, k_) + k_
+
+  def logits(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
+             k_pos: jax.Array | None = None) -> jax.Array:
+    lq, lk = q.shape[2], k.shape[2]
     q_dot_a = self._against_table(q, self.a_K[...])            # (B, H, Lq, 2k+1)
-    bucket = jnp.clip(relative_offsets(lq, lk), -k_, k_) + k_  # (Lq, Lk)
+    bucket = self._bucket(q_pos, k_pos, lq, lk)                # (Lq|B.., Lk)
+    if bucket.ndim == 3:
+      return gather_offsets(q_dot_a, bucket)
     rows = jnp.arange(lq)[:, None]
     return q_dot_a[:, :, rows, bucket]                          # (B, H, Lq, Lk)
 
@@ -218,10 +295,18 @@ class ShawRelative(RelativePosition):
     middle = jnp.where(in_range, gathered, 0)
     return jnp.concatenate([left[..., None], middle, right[..., None]], axis=-1)
 
-  def values(self, weights: jax.Array, v: jax.Array) -> jax.Array | None:
+  def values(self, weights: jax.Array, v: jax.Array,
+             q_pos: jax.Array | None = None,
+             k_pos: jax.Array | None = None) -> jax.Array | None:
     if self.a_V is None:
       return None
-    folded = self.fold_weights(weights).astype(v.dtype)       # (B, H, Lq, 2k+1)
+    if q_pos is None and k_pos is None:
+      folded = self.fold_weights(weights)                     # (B, H, Lq, 2k+1)
+    else:
+      lq, lk = weights.shape[-2:]
+      folded = fold_by_bucket(weights, self._bucket(q_pos, k_pos, lq, lk),
+                              2 * self.clip_distance + 1)
+    folded = folded.astype(v.dtype)
     table = self.a_V[...].astype(v.dtype)
     spec = 'bhqr,rd->bhqd' if self.shared_heads else 'bhqr,hrd->bhqd'
     return jnp.einsum(spec, folded, table)
@@ -255,7 +340,16 @@ class HuangRelative(RelativePosition):
                        -(self.max_len - 1), self.max_len - 1)
     return jnp.take(table, offsets + self.max_len - 1, axis=-2)
 
-  def logits(self, q: jax.Array, k: jax.Array) -> jax.Array:
+  def logits(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
+             k_pos: jax.Array | None = None) -> jax.Array:
+    if q_pos is not None or k_pos is not None:
+      # Any positions: q against every row, then gather each key's offset
+      # (clipped to the table, like the skew path beyond max_len).
+      spec = 'bhqd,rd->bhqr' if self.shared_heads else 'bhqd,hrd->bhqr'
+      by_offset = jnp.einsum(spec, q, self.E[...].astype(q.dtype))
+      reach = self.max_len - 1
+      offsets = position_offsets(q_pos, k_pos, q.shape[2], k.shape[2])
+      return gather_offsets(by_offset, jnp.clip(offsets, -reach, reach) + reach)
     length = q.shape[2]
     if k.shape[2] != length:
       raise ValueError('huang relative attention needs self-attention '
@@ -276,19 +370,24 @@ class RotaryEncoding(RelativePosition):
     self.head_dim = head_dim
     self.rope_base = rope_base
 
-  def _rotate(self, x: jax.Array) -> jax.Array:
+  def _rotate(self, x: jax.Array, pos: jax.Array | None = None) -> jax.Array:
     length, d = x.shape[-2], x.shape[-1]
     pairs = d // 2
     theta = self.rope_base ** (-2.0 * jnp.arange(pairs) / d)
-    angle = jnp.arange(length, dtype=jnp.float32)[:, None] * theta[None, :]
+    if pos is None:
+      angle = jnp.arange(length, dtype=jnp.float32)[:, None] * theta[None, :]
+    else:   # (B, L) -> (B, 1, L, pairs), broadcast over heads
+      angle = (jnp.asarray(pos, jnp.float32)[:, None, :, None]
+               * theta[None, None, None, :])
     cos, sin = jnp.cos(angle).astype(x.dtype), jnp.sin(angle).astype(x.dtype)
     even, odd = x[..., 0:2 * pairs:2], x[..., 1:2 * pairs:2]
     rotated = jnp.stack([even * cos - odd * sin, even * sin + odd * cos],
                         axis=-1).reshape(*x.shape[:-1], 2 * pairs)
     return jnp.concatenate([rotated, x[..., 2 * pairs:]], axis=-1)
 
-  def rotate(self, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
-    return self._rotate(q), self._rotate(k)
+  def rotate(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
+             k_pos: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    return self._rotate(q, q_pos), self._rotate(k, k_pos)
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -297,15 +396,91 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 
 
 class ALiBi(RelativePosition):
-  """ALiBi, bidirectional: logits get -slope_h * |j - i| (not scaled by 1/sqrt(D))."""
+  """ALiBi (Press et al.), bidirectional, added to the scaled logits.
 
-  def __init__(self, num_heads: int):
+  Default: the reference suite's asymmetric form (Ruoss et al.'s code), which
+  tells left from right: for offset o = key - query,
+      bias = -slope_h * o               for o >= 0 (the query and keys right)
+      bias = -slope_h * (|o| - 0.5)     for o < 0  (keys left)
+  symmetric=True gives -slope_h * |o|, under which an encoder is exactly
+  reversal-equivariant (it cannot tell a string from its reverse, so it cannot
+  solve sort or odds_first); the asymmetric form is the default because the
+  published numbers used it.
+  """
+
+  def __init__(self, num_heads: int, *, symmetric: bool = False):
     self.num_heads = num_heads
+    self.symmetric = symmetric
 
-  def logits(self, q: jax.Array, k: jax.Array) -> jax.Array:
-    distance = jnp.abs(relative_offsets(q.shape[2], k.shape[2]))
+  def logits(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
+             k_pos: jax.Array | None = None) -> jax.Array:
+    offsets = position_offsets(q_pos, k_pos, q.shape[2], k.shape[2])
+    distance = jnp.abs(offsets).astype(jnp.float32)
+    if not self.symmetric:
+      distance = distance - 0.5 * (offsets < 0)
     slopes = jnp.asarray(alibi_slopes(self.num_heads), jnp.float32)
-    return -slopes[None, :, None, None] * distance[None, None]
+    return -slopes[None, :, None, None] * _per_head(distance)
+
+
+def xl_sinusoid(offsets: jax.Array, width: int) -> jax.Array:
+  """Transformer-XL's relative embedding phi: [sin(p w), cos(p w)]
+  concatenated (not interleaved), w_i = 10000^(-2i/width). (R,) -> (R, width)."""
+  inv_freq = 10000.0 ** (-2.0 * jnp.arange(width // 2) / width)
+  angle = jnp.asarray(offsets, jnp.float32)[:, None] * inv_freq[None, :]
+  return jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], axis=-1)
+
+
+class TransformerXLRelative(RelativePosition):
+  """Transformer-XL relative attention (Dai et al. 2019), as the reference
+  suite computes it, non-causal: for query t and key s,
+
+    logit = ((q_t + u_h) . k_s + (q_t + v_h) . R_h(s - t)) / sqrt(D)
+
+  R = phi(offset) W_r (phi: xl_sinusoid over the model width H*D; W_r one
+  learned projection per layer, split into heads); u, v (H, D) learned global
+  biases, initialised N(0, 0.02). The content term q.k is the attention's own;
+  this hook adds the rest. Offsets are key minus query, unbounded on the
+  default path (Lq == Lk); explicit positions or Lq != Lk clip offsets to
+  +-(max_len - 1).
+  """
+
+  def __init__(self, num_heads: int, head_dim: int, *, max_len: int = 1024,
+               param_dtype=jnp.float32, rngs: nnx.Rngs):
+    width = num_heads * head_dim
+    self.num_heads, self.head_dim, self.max_len = num_heads, head_dim, max_len
+    self.W_r = nnx.Linear(width, width, use_bias=False,
+                          param_dtype=param_dtype, rngs=rngs)
+    init = nnx.initializers.normal(0.02)
+    self.u = nnx.Param(init(rngs.params(), (num_heads, head_dim), param_dtype))
+    self.v = nnx.Param(init(rngs.params(), (num_heads, head_dim), param_dtype))
+
+  def embeddings(self, offsets: jax.Array) -> jax.Array:
+    """R for (R,) offsets: (R, H, D)."""
+    phi = xl_sinusoid(offsets, self.num_heads * self.head_dim)
+    return self.W_r(phi).reshape(-1, self.num_heads, self.head_dim)
+
+  def logits(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
+             k_pos: jax.Array | None = None) -> jax.Array:
+    scale = 1.0 / math.sqrt(self.head_dim)   # q arrives already scaled
+    u = (self.u[...] * scale).astype(q.dtype)
+    v = (self.v[...] * scale).astype(q.dtype)
+    content_bias = jnp.einsum('hd,bhkd->bhk', u, k)[:, :, None, :]
+    qv = q + v[None, :, None, :]
+    lq, lk = q.shape[2], k.shape[2]
+    if q_pos is None and k_pos is None and lq == lk:
+      table = self.embeddings(jnp.arange(-(lq - 1), lq)).astype(q.dtype)
+      rel = relative_to_absolute(jnp.einsum('bhqd,rhd->bhqr', qv, table))
+    else:
+      reach = self.max_len - 1
+      table = self.embeddings(jnp.arange(-reach, reach + 1)).astype(q.dtype)
+      offsets = position_offsets(q_pos, k_pos, lq, lk)
+      index = jnp.clip(offsets, -reach, reach) + reach
+      if index.ndim == 2:
+        index = index[None]
+      by_offset = jnp.einsum('bhqd,rhd->bhqr', qv, table)
+      rel = gather_offsets(by_offset, jnp.broadcast_to(
+          index, (q.shape[0],) + index.shape[1:]))
+    return content_bias + rel
 
 
 def t5_bucket(offset: jax.Array, num_buckets: int = 32,
@@ -340,10 +515,14 @@ class T5RelativeBias(RelativePosition):
     self.bias = nnx.Param(
         _table_init()(rngs.params(), (num_buckets, num_heads), param_dtype))
 
-  def logits(self, q: jax.Array, k: jax.Array) -> jax.Array:
-    buckets = t5_bucket(relative_offsets(q.shape[2], k.shape[2]),
+  def logits(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
+             k_pos: jax.Array | None = None) -> jax.Array:
+    buckets = t5_bucket(position_offsets(q_pos, k_pos, q.shape[2], k.shape[2]),
                         self.num_buckets, self.max_distance)
-    return jnp.moveaxis(self.bias[...][buckets], -1, 0)[None]   # (1, H, Lq, Lk)
+    bias = self.bias[...][buckets]                      # (B.., Lq, Lk, H)
+    if buckets.ndim == 2:
+      return jnp.moveaxis(bias, -1, 0)[None]             # (1, H, Lq, Lk)
+    return jnp.moveaxis(bias, -1, 1)                     # (B, H, Lq, Lk)
 
 
 # --------------------------------------------------------------------------
@@ -391,9 +570,15 @@ POSITIONS: dict[str, PositionKind] = {
             lambda *, num_heads, head_dim, max_len, param_dtype, rngs, **o:
             RotaryEncoding(head_dim, **o)),
         PositionKind(
-            'alibi', True, {},
-            lambda *, num_heads, head_dim, max_len, param_dtype, rngs, **o:
-            ALiBi(num_heads)),
+            'alibi', True, {'alibi_symmetric': False},
+            lambda *, num_heads, head_dim, max_len, param_dtype, rngs,
+            alibi_symmetric:
+            ALiBi(num_heads, symmetric=alibi_symmetric)),
+        PositionKind(
+            'xl', True, {},
+            lambda *, num_heads, head_dim, max_len, param_dtype, rngs:
+            TransformerXLRelative(num_heads, head_dim, max_len=max_len,
+                                  param_dtype=param_dtype, rngs=rngs)),
         PositionKind(
             't5', True, {'num_buckets': 32, 'max_distance': 128},
             lambda *, num_heads, head_dim, max_len, param_dtype, rngs, **o:

@@ -132,9 +132,9 @@ def test_t5_buckets_match_hand_computed_ids():
   np.testing.assert_array_equal(selfattn.t5_bucket(offsets), want)
 
 
-def test_alibi_bias_uses_slopes_and_absolute_distance():
+def test_symmetric_alibi_bias_uses_slopes_and_absolute_distance():
   np.testing.assert_allclose(alibi_slopes(8), [2.0 ** -(h + 1) for h in range(8)])
-  alibi = selfattn.ALiBi(4)
+  alibi = selfattn.ALiBi(4, symmetric=True)
   bias = np.asarray(alibi.logits(jnp.zeros((1, 4, 3, 2)), jnp.zeros((1, 4, 3, 2))))
   slopes = 2.0 ** (-8.0 * np.arange(1, 5) / 4)
   dist = np.abs(np.arange(3)[None] - np.arange(3)[:, None])
@@ -154,3 +154,82 @@ def test_rotary_dot_products_depend_only_on_offset():
   np.testing.assert_allclose(jnp.linalg.norm(q, axis=-1),
                              jnp.linalg.norm(x, axis=-1), atol=1e-5)
   assert np.abs(np.asarray(q - x)).max() > 1e-2
+
+
+# --------------------------------------------------------------------------
+# The reference suite's encodings (tests/chomsky_reference.py ports its code).
+# --------------------------------------------------------------------------
+
+def test_xl_logits_equal_the_reference_transcription():
+  import chomsky_reference as ref
+  B, H, L, d = 2, 8, 9, 8
+  xl = selfattn.TransformerXLRelative(H, d, max_len=32, rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(0)
+  q, k = (rng.normal(size=(B, L, H, d)).astype(np.float32) for _ in range(2))
+  want = ref.xl_logits(q, k, np.asarray(xl.W_r.kernel[...]),
+                       np.asarray(xl.u[...]), np.asarray(xl.v[...]))
+  qs, kh = jnp.swapaxes(q, 1, 2) / np.sqrt(d), jnp.swapaxes(k, 1, 2)
+  content = jnp.einsum('bhqd,bhkd->bhqk', qs, kh)
+  np.testing.assert_allclose(content + xl.logits(qs, kh), want, atol=2e-5)
+  # The explicit-positions path (gather, not skew) agrees.
+  pos = jnp.broadcast_to(jnp.arange(L), (B, L))
+  np.testing.assert_allclose(content + xl.logits(qs, kh, pos, pos), want,
+                             atol=2e-5)
+
+
+def test_alibi_is_the_reference_asymmetric_form_by_default():
+  import chomsky_reference as ref
+  q = jnp.zeros((1, 8, 6, 4))
+  bias = np.asarray(selfattn.ALiBi(8).logits(q, q))[0]
+  np.testing.assert_allclose(bias, ref.alibi_bias(8, 6, 6), atol=1e-6)
+  assert bias[0, 3, 2] != bias[0, 3, 4]                 # left != right
+  sym = np.asarray(selfattn.ALiBi(8, symmetric=True).logits(q, q))[0]
+  np.testing.assert_allclose(sym, np.swapaxes(sym, -1, -2))
+
+
+def _encoder(position, **options):
+  return selfattn.TransformerEncoder(
+      11, 16, 32, 4, 2, position=position, max_len=64, norm='pre',
+      rngs=nnx.Rngs(0), **options)
+
+
+@pytest.mark.parametrize('position', selfattn.POSITION_NAMES)
+def test_explicit_positions_0_to_L_equal_the_default_path(position):
+  enc = _encoder(position)
+  tokens = jax.random.randint(jax.random.key(0), (2, 9), 0, 11)
+  pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
+  np.testing.assert_allclose(enc(tokens, positions=pos), enc(tokens),
+                             atol=2e-5)
+
+
+@pytest.mark.parametrize('position', selfattn.RELATIVE_NAMES)
+def test_relative_encodings_see_only_offsets_between_positions(position):
+  """Randomized positions reach a relative encoding only as differences:
+  shifting every position by a constant changes nothing, while moving one
+  position does change the output."""
+  enc = _encoder(position)
+  tokens = jax.random.randint(jax.random.key(1), (2, 7), 0, 11)
+  pos = jnp.array([[0, 3, 4, 9, 10, 20, 31], [1, 2, 5, 6, 8, 13, 21]])
+  base = enc(tokens, positions=pos)
+  np.testing.assert_allclose(enc(tokens, positions=pos + 17), base, atol=2e-5)
+  moved = enc(tokens, positions=pos.at[:, 3].add(1))
+  assert np.abs(np.asarray(moved - base)).max() > 1e-3
+
+
+@pytest.mark.parametrize('position', ['sinusoidal', 'learned'])
+def test_absolute_encodings_read_the_table_at_the_given_positions(position):
+  enc = _encoder(position)
+  X = jnp.zeros((1, 4, 16))
+  pos = jnp.array([[2, 5, 11, 40]])
+  table = np.asarray(enc.pos_encoding.table(41))
+  np.testing.assert_allclose(enc.pos_encoding(X, positions=pos)[0],
+                             table[[2, 5, 11, 40]], atol=1e-6)
+
+
+def test_shaw_value_term_with_positions_folds_like_the_gather_free_path():
+  shaw = selfattn.ShawRelative(2, 4, clip_distance=2, rngs=nnx.Rngs(0))
+  w = jax.nn.softmax(jax.random.normal(jax.random.key(0), (3, 2, 6, 6)))
+  v = jnp.zeros((3, 2, 6, 4))
+  pos = jnp.broadcast_to(jnp.arange(6), (3, 6))
+  np.testing.assert_allclose(shaw.values(w, v, pos, pos), shaw.values(w, v),
+                             atol=1e-6)
