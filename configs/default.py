@@ -20,15 +20,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.seed = 0                      # parameters, data and dropout all derive from it
 
   config.task = ml_collections.ConfigDict()
-  config.task.name = 'reverse'         # see selfattn/tasks.py: TASK_NAMES
-  config.task.vocab_size = 8           # data symbols (specials such as PAD come on top)
+  config.task.name = 'reverse'         # see README's task table / selfattn/tasks.py
+  # Data symbols of selfattn's own tasks (None: 8); suite tasks have a fixed alphabet.
+  config.task.vocab_size = config_dict.placeholder(int)
+  config.task.layout = 'in_place'      # in_place, or placeholders (the suite's reference layout)
   config.task.min_len = 1              # training lengths, uniform in [min_len, max_len]
   config.task.max_len = 16
+  config.task.per_batch_length = False  # True: one length per batch, as the reference does
   config.task.shift = 1                # k of the `shift` task
   config.task.window = 1               # w of the `window_sum` task
 
   config.model = ml_collections.ConfigDict()
-  config.model.position = 'sinusoidal'  # none, sinusoidal, learned, shaw, huang, rope, alibi, t5
+  config.model.position = 'sinusoidal'  # none, sinusoidal, learned, shaw, huang, rope, alibi, t5, xl
   config.model.num_layers = 2
   config.model.num_hiddens = 64
   config.model.num_heads = 4
@@ -38,6 +41,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.residual = True          # False removes the skip connections
   config.model.max_len = 256            # rows of learned/huang tables; >= longest eval sequence
   config.model.dtype = 'float32'        # activations: float32 or bfloat16 (params stay float32)
+  # Randomized positional encodings (Ruoss et al. 2023): positions are a sorted
+  # random subset of [0, max_random_len), drawn per example in training and eval.
+  config.model.randomize_positions = False
+  config.model.max_random_len = config_dict.placeholder(int)  # >= longest sequence
   # Options of individual encodings; None means the encoding's own default.
   config.model.clip_distance = config_dict.placeholder(int)       # shaw: k (16)
   config.model.relative_values = config_dict.placeholder(bool)    # shaw: a^V too (True)
@@ -46,12 +53,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.max_distance = config_dict.placeholder(int)        # t5 (128)
   config.model.rope_base = config_dict.placeholder(float)         # rope (10000)
   config.model.init = config_dict.placeholder(str)                # learned: normal or sinusoidal
+  config.model.alibi_symmetric = config_dict.placeholder(bool)    # alibi: -slope|j-i| (False: the reference's asymmetric form)
 
   config.train = ml_collections.ConfigDict()
   config.train.num_steps = 2000
   config.train.batch_size = 64           # global batch, split over the `data` mesh axis
   config.train.learning_rate = 3e-3      # peak, after linear warmup; cosine decay to 0
   config.train.warmup_steps = 100
+  config.train.schedule = 'cosine'       # cosine (decay to 0 at num_steps) or constant
   config.train.weight_decay = 0.01       # AdamW, matrices only
   config.train.grad_clip = 1.0           # global-norm clipping
   config.train.log_every = 100           # progress line and train/* scalars

@@ -21,7 +21,7 @@ CONFIG_FILE = 'config.json'
 # must agree on them or it would not continue the same run.
 _MUST_MATCH = ('seed', 'task', 'model', 'train.batch_size', 'train.num_steps',
                'train.learning_rate', 'train.warmup_steps',
-               'train.weight_decay', 'train.grad_clip')
+               'train.weight_decay', 'train.grad_clip', 'train.schedule')
 
 
 def manager(workdir: str, keep: int) -> ocp.CheckpointManager:

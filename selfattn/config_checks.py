@@ -14,7 +14,8 @@ from selfattn.encoder import NORMS
 DTYPES = ('float32', 'bfloat16')
 # Config fields under config.model that are options of one or more encodings.
 POSITION_OPTION_FIELDS = ('clip_distance', 'relative_values', 'shared_heads',
-                          'num_buckets', 'max_distance', 'rope_base', 'init')
+                          'num_buckets', 'max_distance', 'rope_base', 'init',
+                          'alibi_symmetric')
 
 
 class ConfigError(ValueError):
@@ -29,8 +30,9 @@ def position_options(model: ml_collections.ConfigDict) -> dict[str, Any]:
 
 def task_from_config(config: ml_collections.ConfigDict) -> tasks.Task:
   t = config.task
-  return tasks.get_task(t.name, t.vocab_size, shift=t.get('shift', 1),
-                        window=t.get('window', 1))
+  return tasks.get_task(t.name, t.get('vocab_size'),
+                        layout=t.get('layout', 'in_place'),
+                        shift=t.get('shift', 1), window=t.get('window', 1))
 
 
 def _positive(config, *fields):
@@ -49,7 +51,12 @@ def validate_config(config: ml_collections.ConfigDict,
   if config.task.name not in tasks.TASK_NAMES:
     raise ConfigError(f'config.task.name={config.task.name!r} is unknown; '
                       f'valid: {", ".join(tasks.TASK_NAMES)}')
-  _positive(config, 'task.vocab_size', 'task.min_len', 'task.max_len')
+  if config.task.get('layout', 'in_place') not in tasks.LAYOUTS:
+    raise ConfigError(f'config.task.layout={config.task.layout!r} is unknown; '
+                      f'valid: {", ".join(tasks.LAYOUTS)}')
+  if config.task.get('vocab_size') is not None:
+    _positive(config, 'task.vocab_size')
+  _positive(config, 'task.min_len', 'task.max_len')
   try:
     task = task_from_config(config)
   except ValueError as e:
@@ -107,6 +114,10 @@ def validate_config(config: ml_collections.ConfigDict,
   if not config.train.learning_rate > 0:
     raise ConfigError(f'config.train.learning_rate must be > 0; got '
                       f'{config.train.learning_rate}')
+  from selfattn.steps import SCHEDULES    # steps imports this module
+  if config.train.get('schedule', 'cosine') not in SCHEDULES:
+    raise ConfigError(f'config.train.schedule={config.train.schedule!r} is '
+                      f'unknown; valid: {", ".join(SCHEDULES)}')
   if config.train.warmup_steps < 0:
     raise ConfigError('config.train.warmup_steps must be >= 0')
   lengths = list(config.eval.lengths)
@@ -114,13 +125,28 @@ def validate_config(config: ml_collections.ConfigDict,
                         for n in lengths):
     raise ConfigError(f'config.eval.lengths must be a non-empty list of '
                       f'integers >= {task.min_length}; got {lengths}')
-  if m.position == 'learned':
-    longest = task.seq_len(max(lengths + [config.task.max_len]))
-    if longest > m.max_len:
+  longest = task.seq_len(max(lengths + [config.task.max_len]))
+  if m.get('randomize_positions'):
+    random_len = m.get('max_random_len')
+    if m.position == 'none':
+      raise ConfigError("config.model.randomize_positions=True has no effect "
+                        "with config.model.position='none'; unset it")
+    if not isinstance(random_len, int) or random_len < longest:
       raise ConfigError(
-          f'config.eval.lengths reach sequence length {longest}, above the '
-          f'learned encoding\'s config.model.max_len={m.max_len}: raise '
-          f'max_len or drop the longer lengths')
+          f'config.model.max_random_len={random_len!r} must be an integer >= '
+          f'{longest}, the longest sequence (task length '
+          f'{max(lengths + [config.task.max_len])} under layout '
+          f'{task.layout!r}): positions are a subset of [0, max_random_len)')
+    if m.position in ('learned', 'huang', 'xl') and m.max_len < random_len:
+      raise ConfigError(
+          f'config.model.max_len={m.max_len} is below config.model.'
+          f'max_random_len={random_len}: the {m.position} table needs a row '
+          f'for every position a randomized encoding can draw')
+  elif m.position == 'learned' and longest > m.max_len:
+    raise ConfigError(
+        f'config.eval.lengths reach sequence length {longest}, above the '
+        f'learned encoding\'s config.model.max_len={m.max_len}: raise '
+        f'max_len or drop the longer lengths')
 
   # Devices.
   if num_devices is not None:

@@ -45,6 +45,10 @@ def metric_sums(logits: jax.Array, batch: tasks_lib.Batch) -> dict[str, jax.Arra
 
 
 def metrics_from_sums(s: dict[str, Any]) -> dict[str, float]:
+  """token_accuracy: correct over counted positions, pooled over examples.
+  This is the reference suite's accuracy (it pools per sub-batch of 64 and
+  averages the sub-batches, which differs only when examples count different
+  numbers of positions: the masked binary and stack tasks)."""
   weight, count = max(float(s['weight']), 1.0), max(float(s['seq_count']), 1.0)
   return {'loss': float(s['nll']) / weight,
           'token_accuracy': float(s['correct']) / weight,
@@ -55,8 +59,17 @@ def metrics_from_sums(s: dict[str, Any]) -> dict[str, float]:
 # Optimiser.
 # --------------------------------------------------------------------------
 
+SCHEDULES = ('cosine', 'constant')
+
+
 def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warmup, then cosine decay to 0 at num_steps ('cosine', the
+  default) or the peak rate to the end ('constant', the reference suite's)."""
   warmup = min(train.warmup_steps, train.num_steps - 1)
+  if train.get('schedule', 'cosine') == 'constant':
+    if not warmup:
+      return optax.constant_schedule(train.learning_rate)
+    return optax.linear_schedule(0.0, train.learning_rate, warmup)
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0 if warmup else train.learning_rate,
       peak_value=train.learning_rate, warmup_steps=warmup,
@@ -106,11 +119,29 @@ def make_train_batches(config: ml_collections.ConfigDict, task: tasks_lib.Task,
   return lambda step: generate(np.int32(step), indices)
 
 
+def max_random_len(config: ml_collections.ConfigDict) -> int | None:
+  """The range of randomized positions, or None when positions are 0..T-1."""
+  m = config.model
+  return m.max_random_len if m.get('randomize_positions') else None
+
+
 def batch_generator(config: ml_collections.ConfigDict, task: tasks_lib.Task):
   """(step, example indices) -> the training Batch of that step."""
   seed, lo, hi = config.seed, config.task.min_len, config.task.max_len
-  return lambda step, indices: tasks_lib.make_batch(task, seed, step, indices,
-                                                    lo, hi)
+  per_batch = bool(config.task.get('per_batch_length', False))
+  random_len = max_random_len(config)
+  return lambda step, indices: tasks_lib.make_batch(
+      task, seed, step, indices, lo, hi, per_batch_length=per_batch,
+      max_random_len=random_len)
+
+
+def eval_padded_length(length: int) -> int:
+  """The task length an evaluation at `length` is padded to: lengths share a
+  compiled program in buckets (q = 2^floor(log2 n) / 4, at least 8), so
+  evaluating every length from 41 to 500 compiles ~25 programs, not 460.
+  Right padding never changes the valid outputs (masked keys get weight 0)."""
+  q = max(8, (1 << (max(length, 1).bit_length() - 1)) // 4)
+  return -(-length // q) * q
 
 
 # --------------------------------------------------------------------------
@@ -147,7 +178,8 @@ class Trainer:
       model = self.model(params)
       if not deterministic:
         nnx.reseed(model, dropout=jax.random.fold_in(dropout_key, step))
-      return model(batch.inputs, batch.valid_lens, deterministic=deterministic)
+      return model(batch.inputs, batch.valid_lens, positions=batch.positions,
+                   deterministic=deterministic)
 
     def train_step(state, batch):
       def loss_fn(params):
@@ -169,9 +201,15 @@ class Trainer:
                  'learning_rate': schedule(state['step'])}
       return new_state, metrics
 
-    @functools.partial(jax.jit, static_argnums=0, out_shardings=replicated)
-    def eval_chunk(length, params, indices):
-      batch = tasks_lib.make_eval_batch(task, seed, length, indices)
+    random_len = max_random_len(config)
+
+    # The length is traced and only the padded size is static, so every
+    # length of a padding bucket shares one compiled program.
+    @functools.partial(jax.jit, static_argnums=1, out_shardings=replicated)
+    def eval_chunk(length, padded, params, indices):
+      batch = tasks_lib.make_eval_batch(task, seed, length, indices,
+                                        padded_length=padded,
+                                        max_random_len=random_len)
       return metric_sums(forward(params, batch, True), batch)
 
     generate = batch_generator(config, task)
@@ -200,17 +238,29 @@ class Trainer:
              'opt_state': self.tx.init(self._params)}
     return jax.device_put(state, self.replicated)
 
+  def eval_chunk_size(self, padded: int) -> int:
+    """Examples per evaluation chunk at padded task length `padded`: about as
+    many tokens as a training batch (so long lengths do not spike memory), a
+    multiple of the data-parallel devices, at most eval.num_examples."""
+    config, task = self.config, self.task
+    budget = config.train.batch_size * task.seq_len(config.task.max_len)
+    devices = self.mesh.size
+    chunk = max(devices, budget // task.seq_len(padded) // devices * devices)
+    return min(chunk, config.eval.num_examples)
+
   def evaluate(self, params, lengths=None) -> dict[int, dict[str, float]]:
     """Metrics at every length of config.eval.lengths (or `lengths`)."""
     config = self.config
-    chunk = min(config.eval.num_examples, config.train.batch_size)
     results = {}
     for length in (config.eval.lengths if lengths is None else lengths):
+      padded = eval_padded_length(length)
+      chunk = self.eval_chunk_size(padded)
       total = None
       for start in range(0, config.eval.num_examples, chunk):
         count = min(chunk, config.eval.num_examples - start)
         indices = global_indices(start, count, self.by_example)
-        sums = jax.device_get(self._eval_chunk(length, params, indices))
+        sums = jax.device_get(self._eval_chunk(np.int32(length), padded,
+                                               params, indices))
         total = sums if total is None else jax.tree.map(np.add, total, sums)
       results[length] = metrics_from_sums(total)
     return results

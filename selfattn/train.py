@@ -47,6 +47,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   validate_config(config, num_devices=jax.device_count())
   is_main = jax.process_index() == 0
   checkpoints.check_or_store_config(workdir, config, write=is_main)
+  finished = _finished_summary(workdir, config.train.num_steps)
+  if finished is not None:
+    # Rerunning a finished run changes nothing (no retraining, no new events).
+    print(f'{workdir} already finished at step {finished["step"]}; its '
+          f'summary is {os.path.join(workdir, SUMMARY_FILE)}')
+    return finished
 
   # ---- Model, optimiser, compiled steps, state. ----
   trainer = Trainer(config)
@@ -152,9 +158,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
     results = evaluate(state['params'])
   summary = {
       'task': task.name, 'position': config.model.position,
+      'layout': task.layout,
+      'randomize_positions': bool(config.model.get('randomize_positions')),
       'chance': task.chance, 'step': max(last_good, start),
       'train_lengths': [config.task.min_len, config.task.max_len],
       'eval': {str(n): m for n, m in results.items()},
+      'score': generalization_score(results, config.task.max_len),
       'history': history,      # every evaluation of this invocation
       'train_seconds': train_seconds,
       # Steps per second of the loop after its first segment (which compiles).
@@ -171,6 +180,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   return summary
 
 
+def generalization_score(results: dict[int, dict[str, float]],
+                         max_train_len: int) -> float | None:
+  """The reference's score: token accuracy averaged over every evaluated
+  length above the training range (None if there is none)."""
+  longer = [m['token_accuracy'] for n, m in results.items()
+            if int(n) > max_train_len]
+  return sum(longer) / len(longer) if longer else None
+
+
+def _finished_summary(workdir: str, num_steps: int) -> dict[str, Any] | None:
+  path = os.path.join(workdir, SUMMARY_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    summary = json.load(f)
+  return summary if summary.get('step') == num_steps else None
+
+
 def results_table(summary: dict[str, Any]) -> str:
   """Markdown table of the evaluation per length; marks trained lengths."""
   lo, hi = summary['train_lengths']
@@ -183,6 +210,9 @@ def results_table(summary: dict[str, Any]) -> str:
     inside = 'yes' if lo <= int(length) <= hi else 'no'
     lines.append(f'| {length} | {inside} | {m["token_accuracy"]:.4f} | '
                  f'{m["sequence_accuracy"]:.4f} | {m["loss"]:.4f} |')
+  if summary.get('score') is not None:
+    lines += ['', f'score (token accuracy averaged over the evaluated '
+              f'lengths above {hi}): {summary["score"]:.4f}']
   return '\n'.join(lines)
 
 

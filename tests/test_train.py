@@ -167,7 +167,16 @@ def test_bfloat16_activations_train_with_float32_parameters(tiny_config, tmp_pat
 
 
 @pytest.mark.parametrize('field, value, message', [
-    ('task.name', 'copy', 'config.task.name.*valid: reverse, sort'),
+    ('task.name', 'copy', 'config.task.name.*valid: even_pairs, '),
+    ('task.layout', 'sideways', 'config.task.layout.*valid: in_place, placeholders'),
+    ('task.name', 'duplicate_string',
+     "task 'duplicate_string' cannot use layout 'in_place'.*valid: placeholders"),
+    ('train.schedule', 'linear', 'config.train.schedule.*valid: cosine, constant'),
+    ('model.alibi_symmetric', True, 'alibi_symmetric is an option of alibi, not of'),
+    ('model.randomize_positions', True,
+     'config.model.max_random_len=None must be an integer >= 12'),
+    ('model.max_random_len', 10,
+     'config.model.max_random_len=10 must be an integer >= 12'),
     ('model.position', 'xpos', 'config.model.position.*valid: none, sinusoidal'),
     ('model.num_heads', 3, 'num_hiddens=16 is not divisible by config.model.num_heads=3'),
     ('model.num_layers', 0, 'config.model.num_layers must be a positive'),
@@ -182,7 +191,9 @@ def test_invalid_configs_fail_before_any_work(tiny_config, tmp_path, field,
   tiny_config[section][name] = value
   if field == 'task.vocab_size':
     tiny_config.task.name = 'parity_check'
-    message = "task 'parity_check' is over binary strings"
+    message = "task 'parity_check' has a fixed alphabet of 2 symbols"
+  if field == 'model.max_random_len':
+    tiny_config.model.randomize_positions = True
   workdir = tmp_path / 'run'
   with pytest.raises(ConfigError, match=message):
     train.train_and_evaluate(tiny_config, str(workdir))
@@ -211,3 +222,24 @@ def test_cli_reports_bad_config_in_one_line(tmp_path):
   assert lines[-1].startswith("error: config.model.position='xpos' is unknown")
   assert 'Traceback' not in result.stderr
   assert not (tmp_path / 'run').exists()
+
+
+def test_suite_task_trains_under_reference_layout_with_randomized_positions(
+    tmp_path):
+  """configs/chomsky.py: the one command of the README, at the quick scale:
+  it trains, scores the lengths above training, and learns even_pairs
+  (label = first bit != last bit) beyond chance."""
+  from configs import chomsky
+  config = chomsky.get_config('quick')
+  config.task.name = 'even_pairs'
+  config.model.randomize_positions = True
+  config.train.num_steps = 300
+  config.eval.every = 300
+  summary = train.train_and_evaluate(config, str(tmp_path))
+  assert summary['layout'] == 'placeholders' and summary['randomize_positions']
+  above = [summary['eval'][n]['token_accuracy'] for n in ('9', '12')]
+  assert summary['score'] == pytest.approx(sum(above) / 2)
+  assert summary['eval']['8']['token_accuracy'] > 0.75
+  # A rerun of the finished run changes nothing and says so.
+  again = train.train_and_evaluate(config, str(tmp_path))
+  assert again == summary
