@@ -20,6 +20,7 @@ from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 
 from configs import default  # noqa: E402
+from experiments import study  # noqa: E402
 from selfattn.log_setup import configure_logging  # noqa: E402
 from selfattn.train import train_and_evaluate  # noqa: E402
 
@@ -57,15 +58,20 @@ def run(config: ml_collections.ConfigDict, workdir: str, name: str
 
 def sweep(settings: Iterable[tuple[str, ml_collections.ConfigDict]],
           workdir: str, seeds: int) -> dict[str, list[dict]]:
-  """Runs every (name, config) for `seeds` seeds: {name: [summary per seed]}."""
-  out = {}
+  """Runs every (name, config) for `seeds` seeds through the resumable study
+  runner (finished runs are skipped, unfinished ones resumed):
+  {name: [summary per seed]}."""
+  settings = list(settings)
+  runs = []
   for name, config in settings:
-    out[name] = []
     for seed in range(seeds):
       config = copy.deepcopy(config)
       config.seed = seed
-      out[name].append(run(config, workdir, f'{name},seed={seed}'))
-  return out
+      runs.append(study.Run(f'{name},seed={seed}', config,
+                            {'setting': name, 'seed': seed}))
+  done = study.execute(runs, workdir)
+  return {name: [done[f'{name},seed={seed}'] for seed in range(seeds)]
+          for name, _ in settings}
 
 
 def mean_std(values: list[float]) -> str:

@@ -85,3 +85,50 @@ def test_chapter_quick(tmp_path):
   assert flops['RNN'][2] / flops['RNN'][0] == pytest.approx(16, rel=0.05)
   for png in ('P_columns_6_to_9.png', 'P_heatmap.png', 'cnn_rnn_attention_cost.png'):
     assert (tmp_path / png).stat().st_size > 0
+
+
+def _scores(workdir):
+  runs = json.loads((workdir / 'results.json').read_text())['runs']
+  return {name: (r['score'], r['accuracy']) for name, r in runs.items()}
+
+
+def test_length_generalization_quick_survives_a_kill_and_shards(tmp_path):
+  """The study runner: killed mid-study and restarted, it finishes the same
+  study with the same numbers as an uninterrupted run; a shard trains only
+  its share, and a collecting rerun trains nothing."""
+  import signal
+  import time
+  flags = ['--tasks=parity_check']
+  whole = tmp_path / 'whole'
+  data = run_driver('length_generalization', whole, *flags)
+  assert len(data['runs']) == 3                      # none, rope, rope random
+  text = (whole / 'results.md').read_text()
+  assert 'QUICK MODE' in text and '3 of 6 runs finished' in text
+
+  killed = tmp_path / 'killed'
+  cmd = [sys.executable, '-m', 'experiments.length_generalization',
+         f'--workdir={killed}', '--quick', *flags]
+  env = {**os.environ, 'PYTHONPATH': ROOT}
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  deadline = time.time() + 600
+  # Kill once the first run has finished and the second has a checkpoint.
+  while time.time() < deadline and not (
+      len(list(killed.glob('*/summary.json'))) >= 1
+      and len(list(killed.glob('*/checkpoints/*'))) >= 2):
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert len(list(killed.glob('*/summary.json'))) < 3
+  restarted = run_driver('length_generalization', killed, *flags)
+  assert _scores(killed) == _scores(whole)
+  assert restarted['paired_differences'] == data['paired_differences']
+
+  # A shard trains every n-th run only; collecting trains nothing.
+  shard = tmp_path / 'shard'
+  run_driver('length_generalization', shard, *flags, '--shard=1/2')
+  assert [p.parent.name for p in shard.glob('*/summary.json')] == [
+      'task=parity_check,position=rope,random=0,seed=0']
+  before = sorted(p.name for p in shard.iterdir())
+  run_driver('length_generalization', shard, *flags, '--collect_only')
+  assert sorted(p.name for p in shard.iterdir()) == before

@@ -1,0 +1,235 @@
+"""Length generalization on the reference protocol of Deletang et al. (2023) and
+Ruoss et al. (2023): tasks x encodings x {fixed, randomized} x seeds.
+
+  python -m experiments.length_generalization --workdir=runs/lengthgen
+  python -m experiments.length_generalization --workdir=runs/lengthgen --scale=full   # the papers' scale
+  python -m experiments.length_generalization --workdir=runs/lengthgen --shard=0/4    # one of 4 machines
+
+Resumable: rerunning the command skips finished runs, resumes the unfinished
+one from its checkpoint and rewrites results.md, results.json and the plots
+from every finished run (also those other shards finished). --tasks,
+--positions and --seeds select part of the study. The protocol (lengths,
+steps, model) of each --scale is configs/chomsky.py's.
+
+Scoring, as the reference: a run's score is its token accuracy averaged
+over every test length above the training range; a cell reports mean ± std and
+the max over seeds (the papers report the max).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import statistics
+
+import numpy as np
+from absl import app
+from absl import flags
+
+from configs import chomsky
+from experiments import common
+from experiments import study
+
+_SCALE = flags.DEFINE_enum('scale', 'small', ['quick', 'small', 'full'],
+                           'quick: a smoke test (tests); small: the CPU study '
+                           '(defaults of EXPERIMENTS.md); full: the papers.')
+_TASKS = flags.DEFINE_list('tasks', None, 'Only these tasks.')
+_POSITIONS = flags.DEFINE_list('positions', None, 'Only these encodings.')
+_SHARD = flags.DEFINE_string('shard', None, 'i/n: train every n-th run from i.')
+_COLLECT_ONLY = flags.DEFINE_bool('collect_only', False,
+                                  'Train nothing; re-collect the results.')
+
+TASKS = ('even_pairs', 'parity_check', 'reverse_string', 'bucket_sort',
+         'missing_duplicate_string', 'duplicate_string')
+POSITIONS = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 'xl', 'shaw')
+QUICK_TASKS, QUICK_POSITIONS = ('reverse_string', 'parity_check'), ('none', 'rope')
+
+
+def run_name(task: str, position: str, randomized: bool, seed: int) -> str:
+  return f'task={task},position={position},random={int(randomized)},seed={seed}'
+
+
+def study_runs(scale: str, seeds: int, tasks=TASKS, positions=POSITIONS
+               ) -> list[study.Run]:
+  """Every run of the study, in the order they are trained: seed-major, so a
+  partial study already has every cell at a few seeds."""
+  base = chomsky.get_config(scale)
+  runs = []
+  for seed in range(seeds):
+    for task in tasks:
+      for position in positions:
+        for randomized in (False, True):
+          if randomized and position == 'none':
+            continue      # nothing to randomize
+          config = copy.deepcopy(base)
+          config.seed = seed
+          config.task.name = task
+          config.model.position = position
+          config.model.randomize_positions = randomized
+          runs.append(study.Run(
+              run_name(task, position, randomized, seed), config,
+              {'task': task, 'position': position, 'random': randomized,
+               'seed': seed}))
+  return runs
+
+
+# --------------------------------------------------------------------------
+# Results.
+# --------------------------------------------------------------------------
+
+def _cell(scores: list[float]) -> str:
+  if not scores:
+    return '–'
+  text = common.mean_std(scores)
+  return f'{text} (max {max(scores):.3f}, n={len(scores)})'
+
+
+def paired_differences(by_cell: dict, tasks, positions) -> list[float]:
+  """Randomized minus fixed score, paired by (task, encoding, seed)."""
+  diffs = []
+  for task in tasks:
+    for position in positions:
+      if position == 'none':
+        continue
+      fixed = by_cell.get((task, position, False), {})
+      rand = by_cell.get((task, position, True), {})
+      diffs += [rand[s] - fixed[s] for s in sorted(set(fixed) & set(rand))]
+  return diffs
+
+
+def bootstrap_ci(values: list[float], level: float = 0.95,
+                 draws: int = 10000) -> tuple[float, float]:
+  """Percentile bootstrap interval of the mean (fixed seed: reproducible)."""
+  rng = np.random.default_rng(0)
+  values = np.asarray(values)
+  means = rng.choice(values, (draws, len(values))).mean(axis=1)
+  return (float(np.quantile(means, (1 - level) / 2)),
+          float(np.quantile(means, (1 + level) / 2)))
+
+
+def plot_task(task: str, summaries: dict[str, dict], positions, path: str,
+              train_max: int, chance: float) -> None:
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+  colors = plt.get_cmap('tab10').colors
+  for ax, randomized in zip(axes, (False, True)):
+    for i, position in enumerate(positions):
+      runs = [s for s in summaries.values() if s['task'] == task
+              and s['position'] == position
+              and s['randomize_positions'] == randomized]
+      if not runs:
+        continue
+      lengths = sorted(int(n) for n in runs[0]['eval'])
+      acc = np.array([[r['eval'][str(n)]['token_accuracy'] for n in lengths]
+                      for r in runs])
+      mean = acc.mean(0)
+      ax.plot(lengths, mean, color=colors[i % 10], lw=1.4,
+              label=f'{position} (n={len(runs)})')
+      ax.fill_between(lengths, acc.min(0), acc.max(0), color=colors[i % 10],
+                      alpha=0.15, lw=0)
+    ax.axvline(train_max, color='gray', ls='--', lw=1)
+    ax.axhline(chance, color='gray', ls=':', lw=1)
+    ax.set_title(f'{task}: {"randomized" if randomized else "fixed"} positions')
+    ax.set_xlabel('test length (line: mean over seeds; band: min-max)')
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=7)
+  axes[0].set_ylabel('token accuracy')
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def report(workdir: str, runs: list[study.Run], summaries: dict[str, dict],
+           scale: str) -> str:
+  """results.md, results.json and one plot per task from the finished runs."""
+  tasks = list(dict.fromkeys(r.tags['task'] for r in runs))
+  positions = list(dict.fromkeys(r.tags['position'] for r in runs))
+  by_cell: dict = {}
+  for run in runs:
+    if run.name in summaries:
+      t = run.tags
+      by_cell.setdefault((t['task'], t['position'], t['random']), {})[
+          t['seed']] = summaries[run.name]['score']
+  base = chomsky.get_config(scale)
+  header = ['task'] + sum([[f'{p}'] if p == 'none' else
+                           [f'{p}', f'{p} rand.'] for p in positions], [])
+  rows = []
+  for task in tasks:
+    row = [task]
+    for p in positions:
+      for randomized in ((False,) if p == 'none' else (False, True)):
+        row.append(_cell(list(by_cell.get((task, p, randomized), {}).values())))
+    rows.append(row)
+  diffs = paired_differences(by_cell, tasks, positions)
+  if len(diffs) >= 2:
+    lo, hi = bootstrap_ci(diffs)
+    paired = (f'Randomized minus fixed, paired by (task, encoding, seed) over '
+              f'{len(diffs)} pairs: mean {statistics.mean(diffs):+.4f}, 95% '
+              f'bootstrap CI [{lo:+.4f}, {hi:+.4f}]. Ruoss et al. report '
+              f'+12.0% averaged over their tasks and encodings (max over seeds).')
+  else:
+    paired = 'Not enough paired runs yet for the randomized-vs-fixed comparison.'
+  done = len(summaries)
+  protocol = (
+      f'scale={scale}: layout {base.task.layout}, one length per batch uniform '
+      f'in {base.task.min_len}-{base.task.max_len}, evaluated at '
+      f'{len(base.eval.lengths)} lengths from {min(base.eval.lengths)} to '
+      f'{max(base.eval.lengths)} ({base.eval.num_examples} examples each), {base.train.num_steps} steps of batch {base.train.batch_size}, '
+      f'lr {base.train.learning_rate} ({base.train.schedule}), '
+      f'{base.model.num_layers} layers, width {base.model.num_hiddens}, '
+      f'{base.model.num_heads} heads, norm {base.model.norm}, dropout '
+      f'{base.model.dropout}; randomized positions from '
+      f'[0, {base.model.max_random_len}). Cell: score mean ± std over seeds '
+      f'(max over seeds, number of seeds). Score: token accuracy averaged '
+      f'over the test lengths above {base.task.max_len}.')
+  sections = [
+      ('Status', f'{done} of {len(runs)} runs finished.'
+       + ('' if scale != 'quick' else
+          ' QUICK MODE: a smoke test of the pipeline, not a result.')),
+      ('Protocol', protocol),
+      ('Scores', common.markdown_table(header, rows)),
+      ('Randomized vs fixed', paired),
+      ('Plots', '\n'.join(f'![{t}](accuracy_vs_length_{t}.png)' for t in tasks)),
+  ]
+  os.makedirs(workdir, exist_ok=True)
+  for task in [t for t in tasks if any(s['task'] == t for s in summaries.values())]:
+    chance = next((s['chance'] for s in summaries.values() if s['task'] == task),
+                  0.5)
+    plot_task(task, summaries, positions,
+              os.path.join(workdir, f'accuracy_vs_length_{task}.png'),
+              base.task.max_len, chance)
+  data = {'scale': scale, 'protocol': protocol, 'paired_differences': diffs,
+          'runs': {name: {'task': s['task'], 'position': s['position'],
+                          'randomized': s['randomize_positions'],
+                          'seed': s['config']['seed'], 'score': s['score'],
+                          'train_seconds': s['train_seconds'],
+                          'accuracy': {n: m['token_accuracy']
+                                       for n, m in s['eval'].items()}}
+                   for name, s in summaries.items()}}
+  return common.write_results(workdir, 'Length generalization', sections, data)
+
+
+def main(argv):
+  del argv
+  common.configure_logging()
+  workdir = common.WORKDIR.value
+  if not workdir:
+    raise SystemExit('error: --workdir is required')
+  scale = 'quick' if common.QUICK.value else _SCALE.value
+  tasks = QUICK_TASKS if scale == 'quick' else TASKS
+  positions = QUICK_POSITIONS if scale == 'quick' else POSITIONS
+  # Five seeds by default (one in quick mode); an explicit --seeds wins.
+  seeds = (common.SEEDS.value if flags.FLAGS['seeds'].present
+           else 1 if scale == 'quick' else 5)
+  runs = study_runs(scale, seeds, tasks, positions)
+  chosen = study.select(runs, tasks=_TASKS.value, positions=_POSITIONS.value,
+                        shard=study.parse_shard(_SHARD.value))
+  if not _COLLECT_ONLY.value:
+    study.execute(chosen, workdir)
+  text = report(workdir, runs, study.collect(runs, workdir), scale)
+  print(text)
+
+
+if __name__ == '__main__':
+  app.run(main)

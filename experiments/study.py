@@ -1,0 +1,138 @@
+"""A study is a list of runs, one workdir each, named after what varies.
+
+Rerunning the same study command skips finished runs (their summary.json is
+read back, nothing is retrained or rewritten), resumes unfinished ones from
+their latest checkpoint (train_and_evaluate does that), and returns every
+finished summary, so the caller can re-collect results.md, results.json and the
+plots from whatever has finished. Killing the runner loses at most one
+checkpoint interval of the one run in progress.
+
+Filters (`seeds`, `tasks`, `positions`) select runs by their tags, and
+`shard=(i, n)` keeps every n-th run starting at i, so that n machines (or n
+processes) split a study without coordinating: each writes only its own runs'
+workdirs, and any of them can collect the results of all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import time
+from typing import Any, Iterable, Sequence
+
+import ml_collections
+from absl import logging
+
+from selfattn.train import SUMMARY_FILE
+from selfattn.train import train_and_evaluate
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One training run of a study.
+
+  name: the run's workdir under the study's, e.g. 'position=rope,seed=0'.
+  config: the full config.
+  tags: what varies, for filtering and grouping: task, position, seed, ...
+  """
+  name: str
+  config: ml_collections.ConfigDict
+  tags: dict[str, Any]
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+  """'i/n' -> (i, n) with 0 <= i < n; None or '' -> (0, 1)."""
+  if not text:
+    return 0, 1
+  try:
+    index, count = (int(part) for part in text.split('/'))
+  except ValueError:
+    raise ValueError(f'--shard={text!r} must look like i/n, e.g. 0/4') from None
+  if not 0 <= index < count:
+    raise ValueError(f'--shard={text!r}: need 0 <= i < n')
+  return index, count
+
+
+def select(runs: Sequence[Run], *, seeds: Iterable[int] | None = None,
+           tasks: Iterable[str] | None = None,
+           positions: Iterable[str] | None = None,
+           shard: tuple[int, int] = (0, 1)) -> list[Run]:
+  """The runs that pass every filter, then this shard's share of them.
+
+  A filter of None (or empty) keeps everything; a filter on a tag that a run
+  does not have keeps that run.
+  """
+  wanted = {'seed': seeds, 'task': tasks, 'position': positions}
+  kept = []
+  for run in runs:
+    ok = all(not values or key not in run.tags or run.tags[key] in set(values)
+             for key, values in wanted.items())
+    if ok:
+      kept.append(run)
+  index, count = shard
+  return kept[index::count]
+
+
+def finished_summary(run: Run, workdir: str) -> dict[str, Any] | None:
+  """The run's summary if it trained to its last step; else None."""
+  path = os.path.join(workdir, run.name, SUMMARY_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    summary = json.load(f)
+  if summary.get('step') != run.config.train.num_steps:
+    return None
+  return summary
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(round(seconds))
+  hours, rest = divmod(seconds, 3600)
+  return f'{hours}h{rest // 60:02d}m' if hours else f'{rest // 60}m{rest % 60:02d}s'
+
+
+def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True
+            ) -> dict[str, dict[str, Any]]:
+  """Trains every run that has not finished; returns {name: summary} of all
+  finished runs among `runs` (the ones trained now and the ones found done).
+
+  Prints a progress line per run (i of N, the run's time, the ETA of the rest
+  from the mean time of the runs trained in this invocation).
+  """
+  summaries, todo = {}, []
+  for run in runs:
+    summary = finished_summary(run, workdir)
+    if summary is None:
+      todo.append(run)
+    else:
+      summaries[run.name] = summary
+  say = print if verbose else logging.info
+  say(f'[study] {workdir}: {len(summaries)} of {len(runs)} runs finished, '
+      f'{len(todo)} to train')
+  spent = []
+  for i, run in enumerate(todo):
+    start = time.perf_counter()
+    logging.info('study run %s', run.name)
+    with contextlib.redirect_stdout(io.StringIO()):
+      summaries[run.name] = train_and_evaluate(
+          run.config, os.path.join(workdir, run.name))
+    spent.append(time.perf_counter() - start)
+    left = len(todo) - i - 1
+    eta = sum(spent) / len(spent) * left
+    say(f'[study] run {i + 1} of {len(todo)} done: {run.name} in '
+        f'{_duration(spent[-1])}; {left} left, ETA {_duration(eta)}')
+  return summaries
+
+
+def collect(runs: Sequence[Run], workdir: str) -> dict[str, dict[str, Any]]:
+  """{name: summary} of every finished run of `runs`, training nothing (what
+  other shards have finished counts too)."""
+  out = {}
+  for run in runs:
+    summary = finished_summary(run, workdir)
+    if summary is not None:
+      out[run.name] = summary
+  return out
