@@ -9,7 +9,7 @@ import pytest
 from selfattn import tasks
 import chomsky_reference as ref
 
-LENGTHS = (1, 2, 3, 7, 40, 101, 128)
+LENGTHS = (1, 2, 7, 40, 101)
 
 
 def _rows(batch):
@@ -27,7 +27,7 @@ def test_suite_task_agrees_with_reference_output_function(name):
   assert task.input_symbols == facts['input_size']
   assert task.num_classes == facts['output_size']
   for length in LENGTHS:
-    batch = tasks.make_eval_batch(task, 0, length, jnp.arange(24))
+    batch = tasks.make_eval_batch(task, 0, length, jnp.arange(16))
     for inputs, targets, weights, valid_len in _rows(batch):
       n_in = facts['input_length'](length)
       m = facts['output_length'](length)
