@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import json
 import os
 import time
 from typing import Any, Iterable, Sequence
@@ -26,7 +25,7 @@ from typing import Any, Iterable, Sequence
 import ml_collections
 from absl import logging
 
-from selfattn.train import SUMMARY_FILE
+from selfattn import train
 from selfattn.train import train_and_evaluate
 
 
@@ -78,14 +77,8 @@ def select(runs: Sequence[Run], *, seeds: Iterable[int] | None = None,
 
 def finished_summary(run: Run, workdir: str) -> dict[str, Any] | None:
   """The run's summary if it trained to its last step; else None."""
-  path = os.path.join(workdir, run.name, SUMMARY_FILE)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    summary = json.load(f)
-  if summary.get('step') != run.config.train.num_steps:
-    return None
-  return summary
+  return train.finished_summary(os.path.join(workdir, run.name),
+                                run.config.train.num_steps)
 
 
 def _duration(seconds: float) -> str:

@@ -78,18 +78,16 @@ def _precedes(V, options):
 ORDER_TASKS: dict[str, TaskSpec] = {
     'reverse': TaskSpec(
         description='output i = input L-1-i', make_sampler=_reverse,
-        level='selfattn', aligned=True, options=()),
+        level='selfattn', aligned=True),
     'sort': TaskSpec(
         description='the input sorted', make_sampler=_sort, level='selfattn',
         aligned=True),
     'shift': TaskSpec(
         description='output i = input i-k (task.shift = k)',
-        make_sampler=_shift, level='selfattn', aligned=True,
-        options=('shift',)),
+        make_sampler=_shift, level='selfattn', aligned=True),
     'window_sum': TaskSpec(
         description='output i = sum of inputs i-w..i+w mod V (task.window = w)',
-        make_sampler=_window_sum, level='selfattn', aligned=True,
-        options=('window',)),
+        make_sampler=_window_sum, level='selfattn', aligned=True),
     'precedes': TaskSpec(
         description='whether marker A occurs before marker B',
         make_sampler=_precedes, level='selfattn', classification=True,

@@ -80,7 +80,6 @@ class TaskSpec:
   fixed_vocab: int | None = None  # reference tasks: V is not configurable
   default_vocab: int = 8
   min_length: int = 1
-  options: tuple[str, ...] = ()   # names of task options it reads
   chance: Callable[[int], float] | None = None   # None: 1 / num_classes
 
   def __post_init__(self):

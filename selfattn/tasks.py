@@ -239,10 +239,11 @@ def make_batch(task: Task, seed: int, step: jax.Array, indices: jax.Array,
   per_batch_length), padded to task.seq_len(max_len). `indices` (B,) are global
   example indices. With max_random_len, also randomized positions."""
   keys = example_keys(seed, _TRAIN_STREAM, step, indices)
-  # The batch-wide length depends on (seed, step) only, so every device and
-  # process draws the same one.
-  batch_length = jax.random.randint(
-      jax.random.fold_in(jax.random.key(seed), step), (), min_len, max_len + 1)
+  batch_length = None
+  if per_batch_length:
+    # Depends on (seed, step) only, so every device and process draws it alike.
+    batch_length = jax.random.randint(
+        jax.random.fold_in(jax.random.key(seed), step), (), min_len, max_len + 1)
 
   def one(key):
     key_len, key_ex = jax.random.split(key)

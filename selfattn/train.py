@@ -47,7 +47,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   validate_config(config, num_devices=jax.device_count())
   is_main = jax.process_index() == 0
   checkpoints.check_or_store_config(workdir, config, write=is_main)
-  finished = _finished_summary(workdir, config.train.num_steps)
+  finished = finished_summary(workdir, config.train.num_steps)
   if finished is not None:
     # Rerunning a finished run changes nothing (no retraining, no new events).
     print(f'{workdir} already finished at step {finished["step"]}; its '
@@ -189,7 +189,8 @@ def generalization_score(results: dict[int, dict[str, float]],
   return sum(longer) / len(longer) if longer else None
 
 
-def _finished_summary(workdir: str, num_steps: int) -> dict[str, Any] | None:
+def finished_summary(workdir: str, num_steps: int) -> dict[str, Any] | None:
+  """The workdir's summary if its run trained to num_steps; else None."""
   path = os.path.join(workdir, SUMMARY_FILE)
   if not os.path.exists(path):
     return None
