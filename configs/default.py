@@ -23,7 +23,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.task.name = 'reverse'         # see README's task table / selfattn/tasks.py
   # Data symbols of selfattn's own tasks (None: 8); suite tasks have a fixed alphabet.
   config.task.vocab_size = config_dict.placeholder(int)
-  config.task.layout = 'in_place'      # in_place, or placeholders (the suite's reference layout)
+  config.task.layout = 'in_place'      # in_place, placeholders (the suite's reference layout) or autoregressive (a causal decoder)
   config.task.min_len = 1              # training lengths, uniform in [min_len, max_len]
   config.task.max_len = 16
   config.task.per_batch_length = False  # True: one length per batch, as the reference does

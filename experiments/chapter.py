@@ -80,10 +80,10 @@ def shape_demo() -> str:
   attn = selfattn.MultiHeadAttention(100, 5, 0.5, rngs=nnx.Rngs(0))
   X = jnp.ones((2, 4, 100))
   Y = jnp.ones((2, 6, 100))
-  out = attn(X, Y, Y, jnp.array([3, 2]))
+  out, weights = selfattn.attention_weights(attn, X, Y, Y, jnp.array([3, 2]))
   return (f'MultiHeadAttention(num_hiddens=100, num_heads=5): X (2, 4, 100), '
           f'keys/values (2, 6, 100), valid_lens [3, 2] -> {tuple(out.shape)}; '
-          f'attention weights {tuple(attn.attention_weights[...].shape)}.')
+          f'attention weights {tuple(weights[0].shape)}.')
 
 
 # --- The three layer types of the chapter's comparison, at width d. ---

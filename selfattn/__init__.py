@@ -6,13 +6,26 @@ Public names (a contract; import them from `selfattn`):
   RotaryEncoding, ALiBi, T5RelativeBias, TransformerXLRelative,
   sinusoidal_table, t5_bucket,
   get_position, POSITION_NAMES, RELATIVE_NAMES,
-  PositionWiseFFN, AddNorm, TransformerEncoderBlock, TransformerEncoder.
+  PositionWiseFFN, AddNorm, TransformerEncoderBlock, TransformerEncoder,
+  attention_weights,
+  TransformerDecoderBlock, TransformerDecoder, greedy_decode,
+  make_padding_mask, make_causal_mask, make_length_mask.
+
+Mask convention (masks.py): boolean, True = attend, four axes broadcastable to
+(B, H, Lq, Lk); `valid_lens` (B,) or (B, Lq); `causal=True`; float `bias`.
 """
 
 from selfattn.attention import MultiHeadAttention
 from selfattn.attention import dot_product_attention
 from selfattn.attention import masked_softmax
+from selfattn.decoder import TransformerDecoder
+from selfattn.decoder import TransformerDecoderBlock
+from selfattn.decoder import greedy_decode
 from selfattn.encoder import AddNorm
+from selfattn.encoder import attention_weights
+from selfattn.masks import make_causal_mask
+from selfattn.masks import make_length_mask
+from selfattn.masks import make_padding_mask
 from selfattn.encoder import PositionWiseFFN
 from selfattn.encoder import TransformerEncoder
 from selfattn.encoder import TransformerEncoderBlock

@@ -11,12 +11,13 @@ Shapes use B batch, H heads, Lq / Lk query / key length, D head width.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Protocol
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from selfattn import masks
 
 
 class RelativeTerms(Protocol):
@@ -34,46 +35,6 @@ class RelativeTerms(Protocol):
              q_pos: jax.Array | None = None,
              k_pos: jax.Array | None = None) -> jax.Array | None:
     ...
-
-
-def valid_lens_to_mask(valid_lens: jax.Array, num_queries: int,
-                       num_keys: int) -> jax.Array:
-  """Boolean key mask from d2l-style `valid_lens`.
-
-  Args:
-    valid_lens: (B,) one length per sequence, or (B, Lq) one per query.
-    num_queries: Lq.
-    num_keys: Lk.
-
-  Returns:
-    (B, 1, Lk) for 1-D lengths or (B, Lq, Lk) for 2-D lengths; True = attend.
-  """
-  valid_lens = jnp.asarray(valid_lens)
-  key_idx = jnp.arange(num_keys)
-  if valid_lens.ndim == 1:
-    return key_idx[None, None, :] < valid_lens[:, None, None]
-  if valid_lens.ndim == 2:
-    if valid_lens.shape[1] != num_queries:
-      raise ValueError(f'valid_lens of shape {valid_lens.shape} does not match '
-                       f'{num_queries} queries')
-    return key_idx[None, None, :] < valid_lens[:, :, None]
-  raise ValueError(f'valid_lens must be (B,) or (B, Lq); got {valid_lens.shape}')
-
-
-def combine_masks(valid_lens: jax.Array | None, mask: jax.Array | None,
-                  num_queries: int, num_keys: int) -> jax.Array | None:
-  """Merges `valid_lens` and a boolean key-padding mask into one (B, Lq|1, Lk) mask."""
-  result = None
-  if valid_lens is not None:
-    result = valid_lens_to_mask(valid_lens, num_queries, num_keys)
-  if mask is not None:
-    mask = jnp.asarray(mask, dtype=bool)
-    if mask.ndim != 2 or mask.shape[1] != num_keys:
-      raise ValueError(f'mask must be a (B, Lk={num_keys}) key-padding mask; '
-                       f'got shape {mask.shape}')
-    mask = mask[:, None, :]
-    result = mask if result is None else result & mask
-  return result
 
 
 def _softmax_with_mask(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
@@ -100,16 +61,25 @@ def masked_softmax(X: jax.Array, valid_lens: jax.Array | None = None, *,
   Args:
     X: (B, ..., Lq, Lk) logits, any float dtype.
     valid_lens: None, (B,) or (B, Lq): keys at index >= the length get weight 0.
-    mask: optional boolean array broadcastable to X; True = keep.
+    mask: optional boolean array with X's number of axes, broadcastable to X;
+      True = keep.
 
   Returns:
     Weights of X's shape and dtype. Rows sum to 1 over the kept keys; a row
     with no kept key is all zeros (never NaN).
   """
   num_queries, num_keys = X.shape[-2], X.shape[-1]
-  full_mask = mask
+  full_mask = None
+  if mask is not None:
+    full_mask = jnp.asarray(mask)
+    if full_mask.dtype != jnp.bool_:
+      raise TypeError(f'mask must be boolean (True = keep); got {full_mask.dtype}')
+    if full_mask.ndim != X.ndim or any(
+        m not in (1, x) for m, x in zip(full_mask.shape, X.shape)):
+      raise ValueError(f'mask of shape {full_mask.shape} must have the '
+                       f'{X.ndim} axes of X {X.shape}, each 1 or equal')
   if valid_lens is not None:
-    lens_mask = valid_lens_to_mask(valid_lens, num_queries, num_keys)
+    lens_mask = masks.make_length_mask(valid_lens, num_queries, num_keys)[:, 0]
     # (B, Lq|1, Lk) -> (B, 1, ..., Lq|1, Lk) to broadcast over middle axes.
     lens_mask = lens_mask.reshape(
         lens_mask.shape[:1] + (1,) * (X.ndim - 3) + lens_mask.shape[1:])
@@ -123,27 +93,35 @@ def dot_product_attention(
     v_BxHxLkxD: jax.Array,
     *,
     mask: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    causal: bool = False,
     relative: RelativeTerms | None = None,
     q_positions: jax.Array | None = None,
     k_positions: jax.Array | None = None,
     dropout: nnx.Dropout | None = None,
-    deterministic: bool = True,
+    deterministic: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Scaled dot-product attention with optional relative-position terms.
 
   Args:
     q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD: per-head queries, keys, values.
-    mask: boolean, broadcastable to (B, H, Lq, Lk); True = attend.
+    mask: boolean with four axes broadcastable to (B, H, Lq, Lk); True =
+      attend (see masks.py for the convention).
+    bias: float with four axes broadcastable to (B, H, Lq, Lk), added to the
+      scaled logits.
+    causal: key j attends to query i iff j <= i + (Lk - Lq).
     relative: hooks of a relative encoding (rotate q/k, logit term, value term).
     q_positions, k_positions: (B, Lq), (B, Lk) int positions that the relative
       encoding sees, or None for 0..L-1 (see positions.py).
-    dropout: applied to the attention weights unless deterministic.
-    deterministic: disables dropout.
+    dropout: applied to the attention weights; `deterministic` (None: the
+      dropout module's own mode, set by model.train() / model.eval()).
 
   Returns:
     (output (B, H, Lq, D) in v's dtype, weights (B, H, Lq, Lk) in float32).
   """
   q, k, v = q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD
+  target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+  mask = masks.attention_mask(target, mask=mask, causal=causal)
   if relative is not None:
     q, k = relative.rotate(q, k, q_positions, k_positions)
   # Scale the queries once; relative logit terms computed from q share the scale.
@@ -154,10 +132,12 @@ def dot_product_attention(
     extra = relative.logits(q, k, q_positions, k_positions)
     if extra is not None:
       logits = logits + extra.astype(jnp.float32)
+  if bias is not None:
+    logits = logits + masks.check_bias(bias, target).astype(jnp.float32)
   weights = _softmax_with_mask(logits, mask)
   used = weights
-  if dropout is not None and not deterministic:
-    used = dropout(weights, deterministic=False)
+  if dropout is not None:
+    used = dropout(weights, deterministic=deterministic)
   out = jnp.einsum('bhqk,bhkd->bhqd', used.astype(v.dtype), v)
   if relative is not None:
     extra = relative.values(used, v, q_positions, k_positions)
@@ -170,72 +150,171 @@ def _keep_last(_previous, new):
   return new
 
 
+def capturing(module: nnx.Module) -> bool:
+  """True inside `nnx.capture(...)`: the only time attention weights are sown.
+
+  Sowing outside capture would mutate the module on every call, which breaks
+  jax.jit / grad / vmap over closures and makes nnx.jit trace twice. Flax marks
+  the modules of a capture with `__captures__` (flax/nnx/module.py, `sow`);
+  tests/test_attention.py checks that capture still returns the weights.
+  """
+  return hasattr(module, '__captures__')
+
+
+def dropout_layer(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
+  """nnx.Dropout that starts in eval mode (d2l's call default; model.train()
+  turns it on) and takes a 'dropout' (or 'default') rng stream only if rate
+  > 0 and the stream exists: Rngs(params=0), or a Linen init with one key,
+  builds the module; calling it with dropout on then needs rngs."""
+  has_stream = 'dropout' in rngs or 'default' in rngs
+  return nnx.Dropout(rate, deterministic=True,
+                     rngs=rngs if rate > 0 and has_stream else None)
+
+
 class MultiHeadAttention(nnx.Module):
-  """d2l's multi-head attention: W_q, W_k, W_v, W_o of width num_hiddens.
+  """d2l's multi-head attention: W_q, W_k, W_v of width num_hiddens, W_o.
 
-  Call as `attn(queries, keys, values, valid_lens=None, *, mask=None,
-  deterministic=True)` with queries (B, Lq, F), keys and values (B, Lk, F),
-  `valid_lens` (B,) or (B, Lq), or `mask` a boolean (B, Lk) key-padding mask
-  (True = valid; use it for left padding). `positions` (B, Lq) and
-  `key_positions` (B, Lk, default `positions`) are the positions a relative
-  encoding sees (None: 0..L-1). Returns (B, Lq, num_hiddens).
+  Call as `attn(queries, keys=None, values=None, valid_lens=None, *,
+  mask=None, bias=None, causal=False, positions=None, key_positions=None,
+  deterministic=None, decode=False)`:
+    queries (B, Lq, in_features); keys (B, Lk, kv_features), default the
+    queries; values (B, Lk, kv_features), default the keys.
+    valid_lens (B,) or (B, Lq), mask (boolean, four axes broadcastable to
+    (B, H, Lq, Lk)), bias (float, same), causal: see masks.py.
+    positions (B, Lq), key_positions (B, Lk, default `positions`): the
+    positions a relative encoding sees (None: 0..L-1).
+    deterministic: None uses the module's mode (`model.train()` /
+    `model.eval()`; modules start in eval mode).
+    decode: one step of cached self-attention (call `init_cache` first): the
+    queries are the next Lq tokens; their keys and values join the cache,
+    they attend causally to every cached position, and their positions
+    continue from the cache (or are `positions`, for randomized encodings).
+  Returns (B, Lq, out_features).
 
-  The attention weights of the latest call, (B, H, Lq, Lk) in float32, are sown
-  as `nnx.Intermediate` under the name `attention_weights`: read them with
-  `attn.attention_weights[...]`, or collect and clear them from a whole model
-  with `nnx.pop(model, nnx.Intermediate)`. Under `jax.jit` they cost nothing
-  unless returned.
+  Attention weights (B, H, Lq, Lk), float32, are returned only on request:
+  `_, inter = nnx.capture(model, nnx.Intermediate)(...)` gives them under
+  `attention_weights` of each attention module. Plain calls store nothing.
+
+  Args:
+    num_hiddens: width of queries, keys and values after projection (split
+      into num_heads heads).
+    num_heads: number of heads; must divide num_hiddens.
+    dropout: dropout rate on the attention weights (needs a 'dropout' rng
+      stream only when > 0).
+    use_bias: biases in the four projections.
+    in_features: width of the queries (default num_hiddens).
+    kv_features: width of keys and values (default in_features).
+    out_features: width of the output (default num_hiddens).
+    relative: a relative positional encoding's hooks, or None.
+    dtype, param_dtype: computation and parameter dtypes.
+    rngs: needs a 'params' stream (and 'dropout' when dropout > 0).
   """
 
   def __init__(self, num_hiddens: int, num_heads: int, dropout: float = 0.0, *,
                use_bias: bool = False, in_features: int | None = None,
+               kv_features: int | None = None, out_features: int | None = None,
                relative: RelativeTerms | None = None, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
     if num_hiddens % num_heads:
       raise ValueError(f'num_hiddens={num_hiddens} is not divisible by '
                        f'num_heads={num_heads}')
     in_features = num_hiddens if in_features is None else in_features
+    kv_features = in_features if kv_features is None else kv_features
+    out_features = num_hiddens if out_features is None else out_features
     self.num_heads = num_heads
     self.num_hiddens = num_hiddens
+    self.dtype = dtype
 
-    def linear(n_in):
-      return nnx.Linear(n_in, num_hiddens, use_bias=use_bias, dtype=dtype,
+    def linear(n_in, n_out):
+      return nnx.Linear(n_in, n_out, use_bias=use_bias, dtype=dtype,
                         param_dtype=param_dtype, rngs=rngs)
 
-    self.W_q = linear(in_features)
-    self.W_k = linear(in_features)
-    self.W_v = linear(in_features)
-    self.W_o = linear(num_hiddens)
-    self.dropout = nnx.Dropout(dropout, rngs=rngs)
+    self.W_q = linear(in_features, num_hiddens)
+    self.W_k = linear(kv_features, num_hiddens)
+    self.W_v = linear(kv_features, num_hiddens)
+    self.W_o = linear(num_hiddens, out_features)
+    self.dropout = dropout_layer(dropout, rngs)
     self.relative = relative
+    self.cache: nnx.Dict | None = nnx.data(None)   # init_cache fills it
 
   def _split_heads(self, x_BxLxF: jax.Array) -> jax.Array:
     b, length, _ = x_BxLxF.shape
     x = x_BxLxF.reshape(b, length, self.num_heads, -1)
     return x.transpose(0, 2, 1, 3)
 
-  def __call__(self, queries: jax.Array, keys: jax.Array, values: jax.Array,
+  def init_cache(self, batch_size: int, max_length: int, dtype=None) -> None:
+    """Empty key/value cache for `decode=True` calls: (B, H, max_length, D)
+    keys and values, their positions (B, max_length) and the fill index, as
+    `nnx.Cache` variables (so nnx.jit carries them)."""
+    dtype = dtype or self.dtype or jnp.float32
+    head_dim = self.num_hiddens // self.num_heads
+    shape = (batch_size, self.num_heads, max_length, head_dim)
+    self.cache = nnx.Dict({
+        'key': nnx.Cache(jnp.zeros(shape, dtype)),
+        'value': nnx.Cache(jnp.zeros(shape, dtype)),
+        'positions': nnx.Cache(jnp.zeros((batch_size, max_length), jnp.int32)),
+        'index': nnx.Cache(jnp.zeros((), jnp.int32))})
+
+  def _decode_step(self, q, k, v, positions):
+    """Writes k, v (B, H, Lq, D) into the cache; returns every cached key,
+    value, the query and key positions and the causal mask over the cache."""
+    if self.cache is None:
+      raise ValueError('decode=True needs a cache: call init_cache(batch_size, '
+                       'max_length) first')
+    cache = self.cache
+    b, _, lq, _ = q.shape
+    start = cache['index'][...]
+    if positions is None:
+      positions = jnp.broadcast_to(start + jnp.arange(lq, dtype=jnp.int32),
+                                   (b, lq))
+    positions = jnp.asarray(positions, jnp.int32)
+    zero = jnp.zeros((), jnp.int32)
+    for name, new in (('key', k), ('value', v)):
+      cache[name][...] = jax.lax.dynamic_update_slice(
+          cache[name][...], new.astype(cache[name].dtype),
+          (zero, zero, start, zero))
+    cache['positions'][...] = jax.lax.dynamic_update_slice(
+        cache['positions'][...], positions, (zero, start))
+    cache['index'][...] = start + lq
+    max_length = cache['key'].shape[2]
+    query_index = start + jnp.arange(lq)
+    causal = jnp.arange(max_length)[None, :] <= query_index[:, None]
+    return (cache['key'][...], cache['value'][...], positions,
+            cache['positions'][...], causal[None, None])
+
+  def __call__(self, queries: jax.Array, keys: jax.Array | None = None,
+               values: jax.Array | None = None,
                valid_lens: jax.Array | None = None, *,
                mask: jax.Array | None = None,
+               bias: jax.Array | None = None,
+               causal: bool = False,
                positions: jax.Array | None = None,
                key_positions: jax.Array | None = None,
-               deterministic: bool = True) -> jax.Array:
-    if key_positions is None:
+               deterministic: bool | None = None,
+               decode: bool = False) -> jax.Array:
+    keys = queries if keys is None else keys
+    values = keys if values is None else values
+    if key_positions is None and keys is queries:
       key_positions = positions      # self-attention: keys are the queries
     q = self._split_heads(self.W_q(queries))
     k = self._split_heads(self.W_k(keys))
     v = self._split_heads(self.W_v(values))
-    key_mask = combine_masks(valid_lens, mask, q.shape[2], k.shape[2])
-    if key_mask is not None:
-      key_mask = key_mask[:, None]  # (B, 1, Lq|1, Lk): broadcast over heads
+    if decode:
+      if keys is not queries:
+        raise ValueError('decode=True is for self-attention: pass the new '
+                         'tokens as queries only')
+      k, v, positions, key_positions, step_mask = self._decode_step(
+          q, k, v, positions)
+      mask = step_mask if mask is None else mask & step_mask
+      causal = False                 # step_mask is the causal mask over the cache
+    target = (q.shape[0], self.num_heads, q.shape[2], k.shape[2])
+    mask = masks.attention_mask(target, valid_lens=valid_lens, mask=mask,
+                                causal=causal)
     out, weights = dot_product_attention(
-        q, k, v, mask=key_mask, relative=self.relative, q_positions=positions,
-        k_positions=key_positions, dropout=self.dropout,
-        deterministic=deterministic)
-    with warnings.catch_warnings():
-      # Outside nnx.capture, Flax 0.12 still stores the value on the module
-      # (the convenience documented above) but warns that this is deprecated.
-      warnings.simplefilter('ignore', DeprecationWarning)
+        q, k, v, mask=mask, bias=bias, relative=self.relative,
+        q_positions=positions, k_positions=key_positions,
+        dropout=self.dropout, deterministic=deterministic)
+    if capturing(self):
       self.sow(nnx.Intermediate, 'attention_weights', weights,
                reduce_fn=_keep_last)
     b, _, lq, _ = out.shape

@@ -10,15 +10,20 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from selfattn import masks
 from selfattn.attention import MultiHeadAttention
-from selfattn.attention import combine_masks
-from selfattn.positions import NoEncoding, get_position
+from selfattn.attention import dropout_layer
+from selfattn.positions import HuangRelative, NoEncoding, POSITIONS, get_position
 
 NORMS = ('post', 'pre', 'none')
 
 
 class PositionWiseFFN(nnx.Module):
-  """d2l's position-wise FFN: dense2(relu(dense1(X))). (B, L, F) -> (B, L, out)."""
+  """d2l's position-wise FFN: dense2(relu(dense1(X))). (B, L, F) -> (B, L, out).
+
+  Args: num_inputs F, ffn_num_hiddens (the inner width), ffn_num_outputs,
+  dtype / param_dtype, rngs (a 'params' stream).
+  """
 
   def __init__(self, num_inputs: int, ffn_num_hiddens: int, ffn_num_outputs: int,
                *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
@@ -38,6 +43,9 @@ class AddNorm(nnx.Module):
     norm='pre':                X + Dropout(f(LayerNorm(X)))
     norm='none':               X + Dropout(f(X))
   residual=False drops the `X +`. Call as `addnorm(X, f, deterministic=...)`.
+
+  Args: num_hiddens (the LayerNorm width), dropout rate, norm, residual,
+  dtype / param_dtype, rngs ('params', and 'dropout' when dropout > 0).
   """
 
   def __init__(self, num_hiddens: int, dropout: float, *, norm: str = 'post',
@@ -49,10 +57,10 @@ class AddNorm(nnx.Module):
     self.residual = residual
     self.ln = (nnx.LayerNorm(num_hiddens, dtype=dtype, param_dtype=param_dtype,
                              rngs=rngs) if norm != 'none' else None)
-    self.dropout = nnx.Dropout(dropout, rngs=rngs)
+    self.dropout = dropout_layer(dropout, rngs)
 
   def __call__(self, X: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
-               *, deterministic: bool = True) -> jax.Array:
+               *, deterministic: bool | None = None) -> jax.Array:
     Y = sublayer(self.ln(X) if self.norm == 'pre' else X)
     Y = self.dropout(Y, deterministic=deterministic)
     if self.residual:
@@ -63,8 +71,13 @@ class AddNorm(nnx.Module):
 class TransformerEncoderBlock(nnx.Module):
   """Self-attention then position-wise FFN, each wrapped in AddNorm.
 
-  X: (B, L, num_hiddens) -> (B, L, num_hiddens). `relative` is this layer's own
-  relative-position module (or None).
+  X: (B, L, num_hiddens) -> (B, L, num_hiddens). Call as `blk(X, mask=None, *,
+  bias=None, causal=False, positions=None, deterministic=None, decode=False)`
+  with mask / bias / causal as in masks.py.
+
+  Args: num_hiddens, ffn_num_hiddens, num_heads, dropout; norm ('post', 'pre',
+  'none'), residual; relative: this layer's own relative-position module (or
+  None); use_bias in the attention projections; dtype / param_dtype; rngs.
   """
 
   def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
@@ -82,97 +95,189 @@ class TransformerEncoderBlock(nnx.Module):
     self.addnorm2 = AddNorm(num_hiddens, dropout, **addnorm)
 
   def __call__(self, X: jax.Array, mask: jax.Array | None = None, *,
+               bias: jax.Array | None = None, causal: bool = False,
                positions: jax.Array | None = None,
-               deterministic: bool = True) -> jax.Array:
+               deterministic: bool | None = None,
+               decode: bool = False) -> jax.Array:
     X = self.addnorm1(
-        X, lambda Z: self.attention(Z, Z, Z, mask=mask, positions=positions,
-                                    deterministic=deterministic),
+        X, lambda Z: self.attention(Z, mask=mask, bias=bias, causal=causal,
+                                    positions=positions,
+                                    deterministic=deterministic,
+                                    decode=decode),
         deterministic=deterministic)
     return self.addnorm2(X, self.ffn, deterministic=deterministic)
 
 
-class TransformerEncoder(nnx.Module):
-  """The chapter's encoder with any positional encoding.
+def check_position_options(owner: str, position: str,
+                           options: dict) -> None:
+  """A keyword that is no encoding's option is a typo: TypeError naming it, as
+  Python does. (An option of another encoding is get_position's ValueError.)"""
+  known = {name for kind in POSITIONS.values() for name in kind.options}
+  unknown = sorted(set(options) - known)
+  if unknown:
+    raise TypeError(f'{owner}() got an unexpected keyword argument '
+                    f'{unknown[0]!r} (position={position!r}; encoding options '
+                    f'are passed as keywords: {", ".join(sorted(known))})')
 
-  Call as `enc(tokens, valid_lens=None, *, mask=None, deterministic=True)`:
-  tokens (B, L) int, valid_lens (B,), or mask (B, L) bool (True = real token;
-  use it for left padding), positions (B, L) int: the positions every encoding
-  sees (randomized positional encodings; None: 0..L-1). Returns
-  (B, L, num_hiddens).
 
-  Embedding * sqrt(num_hiddens), then the absolute encoding (with dropout),
-  then `num_layers` blocks. Relative encodings get one module per layer. With
-  norm='pre' a final LayerNorm closes the stack. Per-layer attention weights
-  (B, H, L, L) are in `enc.blks[i].attention.attention_weights[...]` after a
-  call (or `nnx.pop(enc, nnx.Intermediate)`; see `attention_weights`).
-  `position_options` go to the encoding (e.g. clip_distance=8 for shaw).
+class EmbeddingMixin:
+  """Tokens or features to the first layer's input, with the absolute
+  encoding; shared by TransformerEncoder and TransformerDecoder (the modules
+  keep `embedding` and `pos_encoding` as their own attributes, so parameter
+  paths, and checkpoints, stay those of the chapter's encoder).
+
+  tokens (B, L) int -> Embed * sqrt(num_hiddens); features (B, L, num_hiddens)
+  float pass as they are (the caller embedded them). Then the absolute
+  encoding at `positions` (None: 0..L-1) and dropout; relative encodings add
+  nothing here (dropout only). vocab_size=None: features only.
   """
 
-  def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int,
-               num_heads: int, num_layers: int, dropout: float = 0.0, *,
-               position: str = 'sinusoidal', max_len: int = 1024,
-               norm: str = 'post', residual: bool = True,
-               use_bias: bool = False, dtype=None, param_dtype=jnp.float32,
-               rngs: nnx.Rngs, **position_options):
-    if norm not in NORMS:
-      raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
-    if num_hiddens % num_heads:
-      raise ValueError(f'num_hiddens={num_hiddens} is not divisible by '
-                       f'num_heads={num_heads}')
-    kind, options = get_position(position, position_options)
+  def _init_embedding(self, vocab_size: int | None, num_hiddens: int,
+                      dropout: float, *, kind, options: dict, max_len: int,
+                      dtype, param_dtype, rngs: nnx.Rngs) -> None:
     self.num_hiddens = num_hiddens
-    self.position = position
-    self.dtype = dtype
-    self.embedding = nnx.Embed(vocab_size, num_hiddens, dtype=dtype,
-                               param_dtype=param_dtype, rngs=rngs)
+    self.embedding = (None if vocab_size is None else
+                      nnx.Embed(vocab_size, num_hiddens, dtype=dtype,
+                                param_dtype=param_dtype, rngs=rngs))
     if kind.relative:
-      # Relative encodings add nothing to the embeddings: dropout only.
       self.pos_encoding = NoEncoding(num_hiddens, dropout, rngs=rngs)
     else:
       self.pos_encoding = kind.build(num_hiddens=num_hiddens, dropout=dropout,
                                      max_len=max_len, param_dtype=param_dtype,
                                      rngs=rngs, **options)
 
-    def relative():
-      if not kind.relative:
-        return None
-      return kind.build(num_heads=num_heads, head_dim=num_hiddens // num_heads,
-                        max_len=max_len, param_dtype=param_dtype, rngs=rngs,
-                        **options)
+  def embed(self, inputs: jax.Array, *, positions: jax.Array | None = None,
+            deterministic: bool | None = None) -> jax.Array:
+    """(B, L) tokens or (B, L, num_hiddens) features -> (B, L, num_hiddens)."""
+    if jnp.issubdtype(inputs.dtype, jnp.integer):
+      if self.embedding is None:
+        raise ValueError('this module was built with vocab_size=None: pass '
+                         '(B, L, num_hiddens) float features, not token ids')
+      X = self.embedding(inputs) * math.sqrt(self.num_hiddens)
+    else:
+      if inputs.ndim != 3 or inputs.shape[-1] != self.num_hiddens:
+        raise ValueError(f'features must be (B, L, num_hiddens='
+                         f'{self.num_hiddens}); got shape {inputs.shape}')
+      X = inputs
+    if positions is None:
+      return self.pos_encoding(X, deterministic=deterministic)
+    return self.pos_encoding(X, positions=positions,
+                             deterministic=deterministic)
 
+
+def relative_layers(kind, options: dict, num_layers: int, *, num_heads: int,
+                    head_dim: int, max_len: int, causal: bool, param_dtype,
+                    rngs: nnx.Rngs) -> list:
+  """One relative-position module per layer (None for absolute encodings)."""
+  if not kind.relative:
+    return [None] * num_layers
+  layers = [kind.build(num_heads=num_heads, head_dim=head_dim, max_len=max_len,
+                       param_dtype=param_dtype, rngs=rngs, **options)
+            for _ in range(num_layers)]
+  for layer in layers:
+    if isinstance(layer, HuangRelative):
+      layer.causal = causal       # the Music Transformer's causal skew
+  return layers
+
+
+class TransformerEncoder(EmbeddingMixin, nnx.Module):
+  """The chapter's encoder with any positional encoding.
+
+  Call as `enc(inputs, valid_lens=None, *, mask=None, bias=None,
+  causal=False, positions=None, deterministic=None, return_hidden=False)`:
+    inputs: tokens (B, L) int, or features (B, L, num_hiddens) float (already
+      embedded: they skip the embedding, not the absolute encoding).
+    valid_lens (B,) or (B, L) (one length per query), mask (boolean, four axes
+      broadcastable to (B, H, L, L); `masks.make_padding_mask(valid)` for left
+      padding), bias (float, same), causal: see masks.py.
+    positions (B, L) int: the positions every encoding sees (randomized
+      positional encodings; None: 0..L-1).
+    deterministic: None follows model.train() / model.eval() (modules start
+      in eval mode).
+  Returns (B, L, num_hiddens), and the per-layer inputs if return_hidden.
+
+  Embedding * sqrt(num_hiddens), then the absolute encoding (with dropout),
+  then `num_layers` blocks. Relative encodings get one module per layer. With
+  norm='pre' a final LayerNorm closes the stack. Attention weights on request:
+  `attention_weights(enc, inputs, ...)`, or nnx.capture(enc, nnx.Intermediate).
+
+  Args:
+    vocab_size: token vocabulary, or None for a features-only encoder.
+    num_hiddens, ffn_num_hiddens, num_heads, num_layers, dropout: as in d2l.
+    position: one of positions.POSITION_NAMES.
+    max_len: table size of the learned / relative tables.
+    norm: 'post' (the chapter), 'pre' or 'none'; residual: skip connections.
+    causal: build for causal use (Huang's causal skew); calls still pass
+      causal=True (TransformerDecoder does both).
+    use_bias: biases in the attention projections.
+    dtype, param_dtype: computation and parameter dtypes.
+    rngs: a 'params' stream, and 'dropout' when dropout > 0.
+    **position_options: the encoding's options (e.g. clip_distance=8 for
+      shaw); a keyword that is no encoding's option raises TypeError.
+  """
+
+  def __init__(self, vocab_size: int | None, num_hiddens: int,
+               ffn_num_hiddens: int, num_heads: int, num_layers: int,
+               dropout: float = 0.0, *, position: str = 'sinusoidal',
+               max_len: int = 1024, norm: str = 'post', residual: bool = True,
+               causal: bool = False, use_bias: bool = False, dtype=None,
+               param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
+    check_position_options(type(self).__name__, position, position_options)
+    if norm not in NORMS:
+      raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
+    if num_hiddens % num_heads:
+      raise ValueError(f'num_hiddens={num_hiddens} is not divisible by '
+                       f'num_heads={num_heads}')
+    kind, options = get_position(position, position_options)
+    self.num_heads = num_heads
+    self.position = position
+    self.dtype = dtype
+    self._init_embedding(vocab_size, num_hiddens, dropout, kind=kind,
+                         options=options, max_len=max_len, dtype=dtype,
+                         param_dtype=param_dtype, rngs=rngs)
+    relatives = relative_layers(kind, options, num_layers, num_heads=num_heads,
+                                head_dim=num_hiddens // num_heads,
+                                max_len=max_len, causal=causal,
+                                param_dtype=param_dtype, rngs=rngs)
     self.blks = nnx.List([
         TransformerEncoderBlock(
             num_hiddens, ffn_num_hiddens, num_heads, dropout, norm=norm,
-            residual=residual, relative=relative(), use_bias=use_bias,
+            residual=residual, relative=relative, use_bias=use_bias,
             dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        for _ in range(num_layers)
+        for relative in relatives
     ])
     self.final_ln = (nnx.LayerNorm(num_hiddens, dtype=dtype,
                                    param_dtype=param_dtype, rngs=rngs)
                      if norm == 'pre' else None)
 
-  def __call__(self, tokens: jax.Array, valid_lens: jax.Array | None = None, *,
-               mask: jax.Array | None = None,
-               positions: jax.Array | None = None, deterministic: bool = True,
+  def __call__(self, inputs: jax.Array, valid_lens: jax.Array | None = None,
+               *, mask: jax.Array | None = None,
+               bias: jax.Array | None = None, causal: bool = False,
+               positions: jax.Array | None = None,
+               deterministic: bool | None = None,
                return_hidden: bool = False):
-    length = tokens.shape[1]
-    key_mask = combine_masks(valid_lens, mask, length, length)
-    if key_mask is not None:
-      key_mask = key_mask[:, 0]       # (B, L): one key mask for every query
-    X = self.embedding(tokens) * math.sqrt(self.num_hiddens)
-    if positions is None:
-      X = self.pos_encoding(X, deterministic=deterministic)
-    else:
-      X = self.pos_encoding(X, positions=positions, deterministic=deterministic)
+    length = inputs.shape[1]
+    target = (inputs.shape[0], self.num_heads, length, length)
+    attn_mask = masks.attention_mask(target, valid_lens=valid_lens, mask=mask,
+                                     causal=causal)
+    X = self.embed(inputs, positions=positions, deterministic=deterministic)
     hidden = [X]
     for blk in self.blks:
-      X = blk(X, key_mask, positions=positions, deterministic=deterministic)
+      X = blk(X, attn_mask, bias=bias, positions=positions,
+              deterministic=deterministic)
       hidden.append(X)
     if self.final_ln is not None:
       X = self.final_ln(X)
     return (X, hidden) if return_hidden else X
 
-  def attention_weights(self) -> list[jax.Array]:
-    """Per-layer (B, H, L, L) attention weights of the latest call."""
-    return [blk.attention.attention_weights[...] for blk in self.blks]
 
+def attention_weights(model: nnx.Module, *args, **kwargs
+                      ) -> tuple[object, list[jax.Array]]:
+  """Calls model(*args, **kwargs) and returns (its output, every attention
+  layer's (B, H, Lq, Lk) weights in module order), via nnx.capture: nothing is
+  left on the model."""
+  out, inter = nnx.capture(model, nnx.Intermediate)(*args, **kwargs)
+  found = [(path, value) for path, value in nnx.to_flat_state(inter)
+           if path[-1] == 'attention_weights']
+  return out, [value[...] if hasattr(value, 'get_value') else value
+               for _, value in found]

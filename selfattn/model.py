@@ -17,21 +17,23 @@ class SequenceModel(nnx.Module):
 
   Logits at every position; the task's weights say which ones count (every
   input position of an in-place token task, the CLS token of an in-place
-  classification, the placeholders of the placeholders layout). `positions`
+  classification, the placeholders of the placeholders layout, the separator
+  and outputs of the autoregressive layout, where attention is causal). `positions`
   (B, T): randomized positions, or None.
   """
 
   def __init__(self, encoder: TransformerEncoder, num_classes: int, *,
-               rngs: nnx.Rngs):
+               causal: bool = False, rngs: nnx.Rngs):
     self.encoder = encoder
+    self.causal = causal
     self.head = nnx.Linear(encoder.num_hiddens, num_classes,
                            dtype=encoder.dtype, rngs=rngs)
 
   def __call__(self, tokens: jax.Array, valid_lens: jax.Array | None = None, *,
                positions: jax.Array | None = None,
-               deterministic: bool = True) -> jax.Array:
-    hidden = self.encoder(tokens, valid_lens, positions=positions,
-                          deterministic=deterministic)
+               deterministic: bool | None = None) -> jax.Array:
+    hidden = self.encoder(tokens, valid_lens, causal=self.causal,
+                          positions=positions, deterministic=deterministic)
     return self.head(hidden).astype(jnp.float32)
 
 
@@ -41,6 +43,7 @@ def build_model(config: ml_collections.ConfigDict, task: Task,
   encoder = TransformerEncoder(
       task.input_vocab_size, m.num_hiddens, m.ffn_num_hiddens, m.num_heads,
       m.num_layers, m.dropout, position=m.position, max_len=m.max_len,
-      norm=m.norm, residual=m.residual, dtype=jnp.dtype(m.dtype),
-      rngs=rngs, **position_options(m))
-  return SequenceModel(encoder, task.num_classes, rngs=rngs)
+      norm=m.norm, residual=m.residual, causal=task.causal,
+      dtype=jnp.dtype(m.dtype), rngs=rngs, **position_options(m))
+  return SequenceModel(encoder, task.num_classes, causal=task.causal,
+                       rngs=rngs)

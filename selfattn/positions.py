@@ -32,6 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from selfattn.attention import dropout_layer
+
 
 # --------------------------------------------------------------------------
 # Absolute encodings.
@@ -63,13 +65,16 @@ class SinusoidalEncoding(nnx.Module):
   X: (B, L, num_hiddens) -> (B, L, num_hiddens). `P` is (1, max_len,
   num_hiddens); sequences longer than max_len still work because the table is
   computed from the formula for the length it is given.
+
+  Args: num_hiddens (the model width), dropout rate, max_len (rows of `P`),
+  rngs ('dropout' stream only when dropout > 0).
   """
 
   def __init__(self, num_hiddens: int, dropout: float = 0.0,
                max_len: int = 1000, *, rngs: nnx.Rngs):
     self.num_hiddens = num_hiddens
     self.max_len = max_len
-    self.dropout = nnx.Dropout(dropout, rngs=rngs)
+    self.dropout = dropout_layer(dropout, rngs)
 
   @property
   def P(self) -> jax.Array:
@@ -80,7 +85,7 @@ class SinusoidalEncoding(nnx.Module):
     return sinusoidal_table(length, self.num_hiddens)
 
   def __call__(self, X: jax.Array, *, positions: jax.Array | None = None,
-               deterministic: bool = True) -> jax.Array:
+               deterministic: bool | None = None) -> jax.Array:
     """X (B, L, num_hiddens) + P rows 0..L-1, or P rows at `positions` (B, L)."""
     if positions is None:
       X = X + self.table(X.shape[1]).astype(X.dtype)[None]
@@ -94,6 +99,9 @@ class LearnedEncoding(nnx.Module):
 
   init='normal' draws N(0, 1/2), the mean square of the sinusoidal table, so
   both start with the same magnitude; init='sinusoidal' starts from the table.
+
+  Args: num_hiddens, dropout rate, max_len (rows; longer inputs raise), init,
+  param_dtype, rngs ('params'; 'dropout' when dropout > 0).
   """
 
   def __init__(self, num_hiddens: int, dropout: float = 0.0,
@@ -108,7 +116,7 @@ class LearnedEncoding(nnx.Module):
       raise ValueError(f"learned init={init!r}; valid: 'normal', 'sinusoidal'")
     self.max_len = max_len
     self.P = nnx.Param(table.astype(param_dtype))
-    self.dropout = nnx.Dropout(dropout, rngs=rngs)
+    self.dropout = dropout_layer(dropout, rngs)
 
   def table(self, length: int) -> jax.Array:
     """(length, num_hiddens) rows of P; raises ValueError past max_len."""
@@ -118,7 +126,7 @@ class LearnedEncoding(nnx.Module):
     return self.P[0, :length]
 
   def __call__(self, X: jax.Array, *, positions: jax.Array | None = None,
-               deterministic: bool = True) -> jax.Array:
+               deterministic: bool | None = None) -> jax.Array:
     """X (B, L, num_hiddens) + P rows 0..L-1, or P rows at `positions` (B, L)
     (which must be < max_len; config validation checks max_random_len)."""
     if positions is None:
@@ -129,15 +137,18 @@ class LearnedEncoding(nnx.Module):
 
 
 class NoEncoding(nnx.Module):
-  """No position information: dropout only (so every variant sees dropout)."""
+  """No position information: dropout only (so every variant sees dropout).
+
+  Args: num_hiddens (unused, for a uniform signature), dropout rate, rngs.
+  """
 
   def __init__(self, num_hiddens: int, dropout: float = 0.0, *,
                rngs: nnx.Rngs):
     del num_hiddens
-    self.dropout = nnx.Dropout(dropout, rngs=rngs)
+    self.dropout = dropout_layer(dropout, rngs)
 
   def __call__(self, X: jax.Array, *, positions: jax.Array | None = None,
-               deterministic: bool = True) -> jax.Array:
+               deterministic: bool | None = None) -> jax.Array:
     del positions
     return self.dropout(X, deterministic=deterministic)
 
@@ -210,6 +221,23 @@ def relative_to_absolute(x: jax.Array) -> jax.Array:
   return x.reshape(*lead, length, 2 * length - 1)[..., :length]
 
 
+def causal_relative_to_absolute(x: jax.Array) -> jax.Array:
+  """Music Transformer's causal skew: (..., L, L) by offset -> (..., L, L) by
+  key, for keys at or before the query.
+
+  Column c of x holds offset c - (L - 1) (offsets -(L-1)..0); the result has
+  out[i, j] = x[i, j - i + L - 1] for j <= i. Entries above the diagonal are
+  leftovers that a causal mask must hide. Pad one column on the left,
+  reshape to (L + 1, L), drop the first row (Huang et al. 2018, sec. 3.4.1):
+  O(L D + L^2) memory with L rather than 2L - 1 offsets.
+  """
+  *lead, length, width = x.shape
+  if width != length:
+    raise ValueError(f'expected (..., L, L); got {x.shape}')
+  x = jnp.pad(x, [(0, 0)] * len(lead) + [(0, 0), (1, 0)])   # (..., L, L+1)
+  return x.reshape(*lead, length + 1, length)[..., 1:, :]
+
+
 class RelativePosition(nnx.Module):
   """Base class: a relative encoding that changes nothing (override hooks)."""
 
@@ -242,6 +270,9 @@ class ShawRelative(RelativePosition):
     z_i  = sum_j alpha_ij (v_j + a^V[clip(j-i)])
   Never builds the (L, L, D) tensor: the key term is q against the 2k+1 rows,
   gathered to (Lq, Lk); the value term folds alpha into 2k+1 buckets first.
+
+  Args: num_heads, head_dim D, clip_distance k, relative_values (learn a^V),
+  shared_heads (one table for all heads), param_dtype, rngs ('params').
   """
 
   def __init__(self, num_heads: int, head_dim: int, *, clip_distance: int = 16,
@@ -318,13 +349,21 @@ class HuangRelative(RelativePosition):
   One learned embedding per offset in [-(max_len-1), max_len-1] (unclipped
   within max_len; longer sequences reuse the edge rows). S_rel = Q E^T is
   (L, 2L-1) and is skewed into (L, L): memory O(L D + L^2), not O(L^2 D).
-  Self-attention only (Lq == Lk).
+  Without positions, self-attention only (Lq == Lk); with explicit positions
+  (randomized encodings, cached decoding) any Lq, Lk.
+
+  causal=True (set by decoders) uses the paper's memory-saving causal skew:
+  only the L offsets -(L-1)..0, and the caller's causal mask hides the rest.
+
+  Args: num_heads, head_dim D, max_len (offsets within +-(max_len-1) get their
+  own row), shared_heads, causal, param_dtype, rngs ('params').
   """
 
   def __init__(self, num_heads: int, head_dim: int, *, max_len: int = 1024,
-               shared_heads: bool = False, param_dtype=jnp.float32,
-               rngs: nnx.Rngs):
+               shared_heads: bool = False, causal: bool = False,
+               param_dtype=jnp.float32, rngs: nnx.Rngs):
     self.max_len = max_len
+    self.causal = causal
     self.shared_heads = shared_heads
     rows = 2 * max_len - 1
     shape = (rows, head_dim) if shared_heads else (num_heads, rows, head_dim)
@@ -356,6 +395,9 @@ class HuangRelative(RelativePosition):
                        f'(Lq == Lk); got {length} and {k.shape[2]}')
     table = self.embeddings(length).astype(q.dtype)
     spec = 'bhqd,rd->bhqr' if self.shared_heads else 'bhqd,hrd->bhqr'
+    if self.causal:   # offsets -(L-1)..0 are the table's first L rows
+      return causal_relative_to_absolute(
+          jnp.einsum(spec, q, table[..., :length, :]))
     return relative_to_absolute(jnp.einsum(spec, q, table))
 
 
@@ -364,6 +406,8 @@ class RotaryEncoding(RelativePosition):
 
   theta_j = base^(-2j/D), the chapter's frequencies; q_i . k_j then depends on
   j - i only. With odd D the last dimension is left unrotated.
+
+  Args: head_dim D, rope_base (10000: the chapter's frequencies). No parameters.
   """
 
   def __init__(self, head_dim: int, *, rope_base: float = 10000.0):
@@ -406,6 +450,8 @@ class ALiBi(RelativePosition):
   reversal-equivariant (it cannot tell a string from its reverse, so it cannot
   solve sort or odds_first); the asymmetric form is the default because the
   published numbers used it.
+
+  Args: num_heads (slopes 2^(-8h/H)), symmetric. No parameters.
   """
 
   def __init__(self, num_heads: int, *, symmetric: bool = False):
@@ -442,6 +488,9 @@ class TransformerXLRelative(RelativePosition):
   this hook adds the rest. Offsets are key minus query, unbounded on the
   default path (Lq == Lk); explicit positions or Lq != Lk clip offsets to
   +-(max_len - 1).
+
+  Args: num_heads, head_dim D, max_len (offset range when clipped),
+  param_dtype, rngs ('params').
   """
 
   def __init__(self, num_heads: int, head_dim: int, *, max_len: int = 1024,
@@ -503,7 +552,11 @@ def t5_bucket(offset: jax.Array, num_buckets: int = 32,
 
 
 class T5RelativeBias(RelativePosition):
-  """T5 relative bias: one learned scalar per head per bucket, added to logits."""
+  """T5 relative bias: one learned scalar per head per bucket, added to logits.
+
+  Args: num_heads, num_buckets (even, >= 4; half per direction), max_distance
+  (distances beyond it share the last bucket), param_dtype, rngs ('params').
+  """
 
   def __init__(self, num_heads: int, *, num_buckets: int = 32,
                max_distance: int = 128, param_dtype=jnp.float32,

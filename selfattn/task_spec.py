@@ -11,10 +11,16 @@ padded to a static size with its true length alongside. A *layout*
                 input, then one placeholder token per output symbol; outputs
                 are read at the placeholders (one placeholder, a query token
                 at the end, for classification).
+  autoregressive  a decoder's layout: the input, a separator, then the
+                outputs shifted right (teacher forcing); the separator and
+                each output symbol predict the next output symbol, and the
+                model attends causally (model.py). Scored like placeholders,
+                at the same positions; accuracy is teacher-forced.
 
 Token ids of the model input: the task's input symbols 0..S-1 (its alphabet,
 including any operator or separator symbols it uses), then PAD = S, then the
-layout's token (CLS or placeholder) = S + 1.
+layout's token (CLS, placeholder or separator) = S + 1; the autoregressive
+layout embeds output symbol o as S + 2 + o.
 """
 
 from __future__ import annotations
@@ -90,5 +96,5 @@ class TaskSpec:
   def layouts(self) -> tuple[str, ...]:
     """The layouts this task can use."""
     if self.aligned or self.classification:
-      return ('in_place', 'placeholders')
-    return ('placeholders',)
+      return ('in_place', 'placeholders', 'autoregressive')
+    return ('placeholders', 'autoregressive')

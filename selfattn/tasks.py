@@ -36,7 +36,7 @@ from selfattn.task_spec import TaskSpec
 _TRAIN_STREAM, _EVAL_STREAM = 0, 1   # training and evaluation never share a key
 _POSITIONS_STREAM = 2                # randomized positions, per example
 
-LAYOUTS = ('in_place', 'placeholders')
+LAYOUTS = ('in_place', 'placeholders', 'autoregressive')
 TASKS: dict[str, TaskSpec] = {**CHOMSKY_TASKS, **ORDER_TASKS}
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
 SUITE_NAMES: tuple[str, ...] = tuple(CHOMSKY_TASKS)
@@ -82,11 +82,19 @@ class Task:
 
   @property
   def query_token(self) -> int:
-    """The CLS token (in_place) or placeholder token (placeholders)."""
+    """The CLS token (in_place), placeholder token (placeholders) or
+    separator (autoregressive)."""
     return self.input_symbols + 1
 
   @property
+  def causal(self) -> bool:
+    """Whether the model must attend causally (the autoregressive layout)."""
+    return self.layout == 'autoregressive'
+
+  @property
   def input_vocab_size(self) -> int:
+    if self.layout == 'autoregressive':     # pad, separator, output symbols
+      return self.input_symbols + 2 + self.num_classes
     # In-place aligned tasks need no CLS or placeholder token.
     extra = not (self.layout == 'in_place' and not self.classification)
     return self.input_symbols + 1 + int(extra)
@@ -94,7 +102,7 @@ class Task:
   def seq_len(self, length):
     """Model sequence length T of an example of task length `length`."""
     n, m = self.spec.input_length(length), self.spec.output_length(length)
-    if self.layout == 'placeholders':
+    if self.layout in ('placeholders', 'autoregressive'):
       return n + m
     return n + 1 if self.classification else n
 
@@ -145,13 +153,38 @@ def _lay_out_placeholders(task_spec: TaskSpec, raw, S: int):
   return sample
 
 
+def _lay_out_autoregressive(task_spec: TaskSpec, raw, S: int):
+  pad, separator, first_output = S, S + 1, S + 2
+
+  def sample(key, length, max_length):
+    ex = _sized(raw(key, length, max_length), task_spec, max_length)
+    n_max, m_max = ex.inputs.shape[0], ex.outputs.shape[0]
+    t = jnp.arange(n_max + m_max)
+    n, m = ex.num_inputs, ex.num_outputs
+    is_input, is_output = t < n, (t >= n) & (t < n + m)
+    j = jnp.clip(t - n, 0, m_max - 1)          # output predicted at position t
+    previous = first_output + ex.outputs[jnp.clip(j - 1, 0, m_max - 1)]
+    inputs = jnp.where(is_input, ex.inputs[jnp.clip(t, 0, n_max - 1)],
+                       jnp.where(is_output, jnp.where(t == n, separator,
+                                                      previous), pad))
+    counted = is_output & ex.output_mask[j]
+    targets = jnp.where(counted, ex.outputs[j], 0)
+    return inputs, targets, counted.astype(jnp.float32), n + m
+  return sample
+
+
+_LAYOUT_BUILDERS = {'in_place': _lay_out_in_place,
+                    'placeholders': _lay_out_placeholders,
+                    'autoregressive': _lay_out_autoregressive}
+
+
 def get_task(name: str, vocab_size: int | None = None, *,
              layout: str = 'in_place', **options: Any) -> Task:
   """Builds a task by name. Raises ValueError naming the valid choices.
 
   vocab_size: data symbols of selfattn's own tasks (default 8); reference
     tasks have a fixed alphabet (None, or that size).
-  layout: 'in_place' or 'placeholders' (see task_spec.py).
+  layout: 'in_place', 'placeholders' or 'autoregressive' (task_spec.py).
   options: task options (shift, window); others are ignored.
   """
   if name not in TASKS:
@@ -175,7 +208,7 @@ def get_task(name: str, vocab_size: int | None = None, *,
   opts = {**DEFAULT_OPTIONS, **options}
   raw = spec.make_sampler(vocab_size, opts)
   S = spec.input_symbols(vocab_size)
-  lay_out = _lay_out_in_place if layout == 'in_place' else _lay_out_placeholders
+  lay_out = _LAYOUT_BUILDERS[layout]
   num_classes = spec.num_classes(vocab_size)
   chance = (spec.chance(vocab_size) if spec.chance is not None
             else 1.0 / num_classes)

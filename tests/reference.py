@@ -47,7 +47,8 @@ def shaw_attention(q, k, v, aK, aV, clip, keep):
 
 
 def huang_logits(q, E, max_len):
-  """Music Transformer relative logits S_rel[i, j] = q_i . E[j - i], unclipped.
+  """Music Transformer relative logits S_rel[i, j] = q_i . E[j - i]; offsets
+  beyond +-(max_len - 1) (only when L > max_len) use the edge rows.
 
   q: (B, H, L, D) (already scaled); E: (2*max_len-1, D) or (H, 2*max_len-1, D).
   """
@@ -57,5 +58,6 @@ def huang_logits(q, E, max_len):
     table = E if E.ndim == 2 else E[h]
     for i in range(L):
       for j in range(L):
-        out[:, h, i, j] = q[:, h, i] @ table[j - i + max_len - 1]
+        offset = min(max(j - i, -(max_len - 1)), max_len - 1)
+        out[:, h, i, j] = q[:, h, i] @ table[offset + max_len - 1]
   return out

@@ -24,6 +24,15 @@ def test_masked_softmax_matches_numpy_for_1d_and_2d_valid_lens():
   np.testing.assert_allclose(out.sum(-1), 1.0, atol=1e-6)
 
 
+@pytest.mark.parametrize('dtype', [jnp.bfloat16, jnp.float16])
+def test_masked_softmax_returns_the_input_dtype(dtype):
+  """Mutation caught: removing `.astype(X.dtype)` in masked_softmax (the
+  softmax runs in float32 and would leak float32 out)."""
+  X = jnp.zeros((2, 3, 4), dtype)
+  assert selfattn.masked_softmax(X, jnp.array([2, 4])).dtype == dtype
+  assert selfattn.masked_softmax(X).dtype == dtype
+
+
 def test_masked_softmax_broadcasts_over_head_axis():
   X = np.random.default_rng(1).normal(size=(2, 4, 3, 6)).astype(np.float32)
   lens = np.array([3, 6])
@@ -55,8 +64,8 @@ def test_chapter_multihead_shape_demonstration():
   X = jnp.ones((2, 4, 100))
   Y = jnp.ones((2, 6, 100))
   valid_lens = jnp.array([3, 2])
-  assert attn(X, Y, Y, valid_lens).shape == (2, 4, 100)
-  assert attn.attention_weights[...].shape == (2, 5, 4, 6)
+  out, weights = selfattn.attention_weights(attn, X, Y, Y, valid_lens)
+  assert out.shape == (2, 4, 100) and weights[0].shape == (2, 5, 4, 6)
 
 
 def _copy_into_flax(ours, theirs, num_heads):
@@ -92,13 +101,14 @@ def test_mask_argument_equals_valid_lens_and_supports_left_padding():
   attn = selfattn.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
   X = jax.random.normal(jax.random.key(0), (2, 6, 16))
   lens = jnp.array([4, 6])
-  mask = jnp.arange(6)[None, :] < lens[:, None]
+  mask = selfattn.make_padding_mask(jnp.arange(6)[None, :] < lens[:, None])
   np.testing.assert_allclose(attn(X, X, X, lens), attn(X, X, X, mask=mask),
                              atol=1e-6)
   # Left padding: valid keys are the last 4; padded keys get zero weight.
   left = jnp.arange(6)[None, :] >= 2
-  attn(X, X, X, mask=jnp.repeat(left, 2, axis=0))
-  weights = np.asarray(attn.attention_weights[...])
+  _, (weights,) = selfattn.attention_weights(
+      attn, X, X, X, mask=selfattn.make_padding_mask(jnp.repeat(left, 2, 0)))
+  weights = np.asarray(weights)
   assert np.all(weights[..., :2] == 0)
   np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
 

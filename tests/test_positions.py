@@ -125,6 +125,31 @@ def test_huang_equals_unclipped_reference(shared_heads):
                              atol=2e-5)
 
 
+def test_huang_beyond_max_len_uses_the_edge_rows():
+  """Mutation caught: the beyond-max_len branch indexing row 0 (or any row
+  but the clipped offset's)."""
+  q, k, _ = _qkv(L=9)
+  huang = selfattn.HuangRelative(3, 4, max_len=4, rngs=nnx.Rngs(0))
+  want = reference.huang_logits(np.asarray(q), np.asarray(huang.E[...]), 4)
+  np.testing.assert_allclose(huang.logits(q, k), want, atol=1e-5)
+
+
+@pytest.mark.parametrize('position', selfattn.POSITION_NAMES)
+def test_every_parameter_receives_a_gradient(position):
+  """Mutation caught: wrapping any table (a_K, a_V, E, the T5 bias, learned P,
+  XL's W_r, u, v) in stop_gradient, or any parameter left out of the loss."""
+  options = {'shaw': {'clip_distance': 2}, 't5': {'num_buckets': 8}}.get(
+      position, {})
+  enc = selfattn.TransformerEncoder(12, 16, 32, 2, 2, position=position,
+                                    max_len=16, norm='pre', rngs=nnx.Rngs(0),
+                                    **options)
+  x = jax.random.randint(jax.random.key(0), (2, 10), 0, 12)
+  target = jax.random.normal(jax.random.key(1), (2, 10, 16))
+  grads = nnx.grad(lambda m: ((m(x) - target) ** 2).sum())(enc)
+  for path, g in nnx.to_flat_state(grads):
+    assert np.abs(np.asarray(g[...])).max() > 0, f'no gradient for {path}'
+
+
 def test_t5_buckets_match_hand_computed_ids():
   # num_buckets=32, max_distance=128: 16 per direction, 8 exact, then log.
   offsets = jnp.array([0, -1, 1, -7, -8, -16, 20, -127, -128, -1000, 1000])

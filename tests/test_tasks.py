@@ -85,12 +85,33 @@ def test_layout_errors_name_the_valid_choices():
   with pytest.raises(ValueError, match="cannot use layout 'in_place'.*valid: "
                      "placeholders"):
     tasks.get_task('duplicate_string', layout='in_place')
-  with pytest.raises(ValueError, match='valid: in_place, placeholders'):
+  with pytest.raises(ValueError, match='valid: in_place, placeholders, autoregressive'):
     tasks.get_task('reverse', layout='sideways')
   with pytest.raises(ValueError, match='fixed alphabet of 5'):
     tasks.get_task('bucket_sort', 8)
   with pytest.raises(ValueError, match='valid: even_pairs, modular_arithmetic'):
     tasks.get_task('copy')
+
+
+@pytest.mark.parametrize('name', ['reverse_string', 'parity_check', 'sort'])
+def test_autoregressive_layout_is_the_placeholders_layout_shifted_right(name):
+  """Same examples, targets and counted positions as placeholders; the
+  inputs there are the separator, then each previous output symbol."""
+  aut = tasks.get_task(name, layout='autoregressive')
+  ph = tasks.get_task(name, layout='placeholders')
+  S = aut.input_symbols
+  assert aut.input_vocab_size == S + 2 + aut.num_classes and aut.causal
+  a = tasks.make_batch(aut, 3, jnp.int32(5), jnp.arange(8), 2, 9)
+  p = tasks.make_batch(ph, 3, jnp.int32(5), jnp.arange(8), 2, 9)
+  for field in ('targets', 'weights', 'valid_lens'):
+    np.testing.assert_array_equal(getattr(a, field), getattr(p, field))
+  for (x, y, w, n), (xp, _, _, _) in zip(_rows(a), _rows(p)):
+    is_output = xp == ph.query_token
+    first = int(np.argmax(is_output))
+    np.testing.assert_array_equal(x[~is_output], xp[~is_output])
+    assert x[first] == S + 1                                # separator
+    outputs = x[first + 1:n]
+    np.testing.assert_array_equal(outputs, S + 2 + y[first:n - 1])
 
 
 def _own(name, V=5, min_len=2, max_len=9, step=7, n=16, **opts):
@@ -137,19 +158,31 @@ def test_precedes_marks_two_positions_and_is_balanced():
   assert 0.35 < np.mean(labels) < 0.65
 
 
-def test_batches_are_a_function_of_seed_step_and_example_index():
-  task = tasks.get_task('sort', 6)
-  a = tasks.make_batch(task, 0, jnp.int32(5), jnp.arange(8), 1, 10)
-  b = tasks.make_batch(task, 0, jnp.int32(5), jnp.arange(8), 1, 10)
-  c = tasks.make_batch(task, 0, jnp.int32(6), jnp.arange(8), 1, 10)
-  d = tasks.make_batch(task, 1, jnp.int32(5), jnp.arange(8), 1, 10)
-  np.testing.assert_array_equal(a.inputs, b.inputs)
+@pytest.mark.parametrize('name', tasks.TASK_NAMES)
+def test_batches_are_a_function_of_seed_step_and_example_index(name):
+  """Every task: same (seed, step, index) -> same example; another step or
+  seed -> another batch; a shard of the indices -> those rows; every counted
+  target is a valid class."""
+  task = tasks.get_task(name, layout='placeholders')
+  lo = max(task.min_length, 3)
+  a = tasks.make_batch(task, 0, jnp.int32(5), jnp.arange(8), lo, 10)
+  b = tasks.make_batch(task, 0, jnp.int32(5), jnp.arange(8), lo, 10)
+  c = tasks.make_batch(task, 0, jnp.int32(6), jnp.arange(8), lo, 10)
+  d = tasks.make_batch(task, 1, jnp.int32(5), jnp.arange(8), lo, 10)
+  for x, y in zip(a[:4], b[:4]):
+    np.testing.assert_array_equal(x, y)
   assert not np.array_equal(a.inputs, c.inputs)
   assert not np.array_equal(a.inputs, d.inputs)
   # A process generating examples 4..7 gets exactly those rows of the batch.
-  shard = tasks.make_batch(task, 0, jnp.int32(5), jnp.arange(4, 8), 1, 10)
+  shard = tasks.make_batch(task, 0, jnp.int32(5), jnp.arange(4, 8), lo, 10)
   for x, y in zip(shard[:4], a[:4]):
     np.testing.assert_array_equal(x, np.asarray(y)[4:])
+  w = np.asarray(a.weights) > 0
+  assert w.any() and np.all(np.asarray(a.targets)[w] < task.num_classes)
+
+
+def test_training_lengths_cover_the_range():
+  task = tasks.get_task('sort', 6)
   lens = np.asarray(tasks.make_batch(task, 0, jnp.int32(1), jnp.arange(512),
                                      1, 10).valid_lens)
   assert lens.min() == 1 and lens.max() == 10

@@ -1,0 +1,193 @@
+"""Transformer decoder (d2l's transformer chapter) with any positional encoding,
+and cached greedy decoding.
+
+Causal self-attention carries the positional encoding; cross-attention to an
+encoder's outputs (optional) carries none, since positions in two different
+sequences are not comparable. Decoding one token at a time against a key/value
+cache gives the outputs of a full causal pass (tests/test_decoder.py checks it
+for every encoding): the cache stores each key's position, and relative
+encodings see query and key positions explicitly.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from selfattn import masks
+from selfattn.attention import MultiHeadAttention
+from selfattn.encoder import AddNorm
+from selfattn.encoder import EmbeddingMixin
+from selfattn.encoder import NORMS
+from selfattn.encoder import PositionWiseFFN
+from selfattn.encoder import check_position_options
+from selfattn.encoder import relative_layers
+from selfattn.positions import get_position
+
+
+class TransformerDecoderBlock(nnx.Module):
+  """Causal self-attention, optional cross-attention, FFN; each in AddNorm.
+
+  X (B, L, num_hiddens) -> (B, L, num_hiddens). Call as `blk(X, enc_outputs=
+  None, enc_mask=None, *, mask=None, positions=None, deterministic=None,
+  decode=False)`: enc_outputs (B, Lk, num_hiddens), enc_mask a mask over
+  them (four axes, see masks.py), mask an extra mask on the self-attention
+  (the causal one is always applied).
+
+  Args: as TransformerEncoderBlock, plus cross_attention (build the
+  encoder-decoder attention).
+  """
+
+  def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
+               dropout: float, *, norm: str = 'post', residual: bool = True,
+               cross_attention: bool = False, relative=None,
+               use_bias: bool = False, dtype=None, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    attention = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
+                     rngs=rngs)
+    addnorm = dict(norm=norm, residual=residual, dtype=dtype,
+                   param_dtype=param_dtype, rngs=rngs)
+    self.self_attention = MultiHeadAttention(
+        num_hiddens, num_heads, dropout, relative=relative, **attention)
+    self.addnorm1 = AddNorm(num_hiddens, dropout, **addnorm)
+    if cross_attention:
+      self.cross_attention = MultiHeadAttention(num_hiddens, num_heads,
+                                                dropout, **attention)
+      self.addnorm2 = AddNorm(num_hiddens, dropout, **addnorm)
+    else:
+      self.cross_attention = self.addnorm2 = None
+    self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens, num_hiddens,
+                               dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.addnorm3 = AddNorm(num_hiddens, dropout, **addnorm)
+
+  def __call__(self, X: jax.Array, enc_outputs: jax.Array | None = None,
+               enc_mask: jax.Array | None = None, *,
+               mask: jax.Array | None = None,
+               positions: jax.Array | None = None,
+               deterministic: bool | None = None,
+               decode: bool = False) -> jax.Array:
+    X = self.addnorm1(
+        X, lambda Z: self.self_attention(
+            Z, mask=mask, causal=not decode, positions=positions,
+            deterministic=deterministic, decode=decode),
+        deterministic=deterministic)
+    if self.cross_attention is not None:
+      if enc_outputs is None:
+        raise ValueError('this decoder has cross-attention: pass enc_outputs')
+      X = self.addnorm2(
+          X, lambda Z: self.cross_attention(Z, enc_outputs, enc_outputs,
+                                            mask=enc_mask,
+                                            deterministic=deterministic),
+          deterministic=deterministic)
+    return self.addnorm3(X, self.ffn, deterministic=deterministic)
+
+
+class TransformerDecoder(EmbeddingMixin, nnx.Module):
+  """A decoder stack with a dense head over the vocabulary.
+
+  Call as `dec(tokens, enc_outputs=None, enc_valid_lens=None, *, mask=None,
+  positions=None, deterministic=None, decode=False)`: tokens (B, L) int (or
+  features (B, L, num_hiddens)); enc_outputs (B, Lk, num_hiddens) with
+  enc_valid_lens (B,) when built with cross_attention. Returns logits
+  (B, L, vocab_size) in float32. decode=True: one step against the caches
+  made by `init_cache` (positions continue from the cache).
+
+  Args: as TransformerEncoder (vocab_size, num_hiddens, ffn_num_hiddens,
+  num_heads, num_layers, dropout, position, max_len, norm, residual, use_bias,
+  dtype, param_dtype, rngs, **position_options), plus cross_attention.
+  """
+
+  def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int,
+               num_heads: int, num_layers: int, dropout: float = 0.0, *,
+               position: str = 'sinusoidal', max_len: int = 1024,
+               norm: str = 'pre', residual: bool = True,
+               cross_attention: bool = False, use_bias: bool = False,
+               dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
+               **position_options):
+    check_position_options(type(self).__name__, position, position_options)
+    if norm not in NORMS:
+      raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
+    if num_hiddens % num_heads:
+      raise ValueError(f'num_hiddens={num_hiddens} is not divisible by '
+                       f'num_heads={num_heads}')
+    kind, options = get_position(position, position_options)
+    self.num_heads = num_heads
+    self.dtype = dtype
+    self._init_embedding(vocab_size, num_hiddens, dropout, kind=kind,
+                         options=options, max_len=max_len, dtype=dtype,
+                         param_dtype=param_dtype, rngs=rngs)
+    relatives = relative_layers(kind, options, num_layers, num_heads=num_heads,
+                                head_dim=num_hiddens // num_heads,
+                                max_len=max_len, causal=True,
+                                param_dtype=param_dtype, rngs=rngs)
+    self.blks = nnx.List([
+        TransformerDecoderBlock(
+            num_hiddens, ffn_num_hiddens, num_heads, dropout, norm=norm,
+            residual=residual, cross_attention=cross_attention,
+            relative=relative, use_bias=use_bias, dtype=dtype,
+            param_dtype=param_dtype, rngs=rngs)
+        for relative in relatives])
+    self.final_ln = (nnx.LayerNorm(num_hiddens, dtype=dtype,
+                                   param_dtype=param_dtype, rngs=rngs)
+                     if norm == 'pre' else None)
+    self.dense = nnx.Linear(num_hiddens, vocab_size, dtype=dtype,
+                            param_dtype=param_dtype, rngs=rngs)
+    self.next_position: nnx.Cache | None = nnx.data(None)
+
+  def init_cache(self, batch_size: int, max_length: int, dtype=None) -> None:
+    """Empty caches for decode=True: every layer's keys and values, and the
+    next position."""
+    for blk in self.blks:
+      blk.self_attention.init_cache(batch_size, max_length, dtype)
+    self.next_position = nnx.Cache(jnp.zeros((), jnp.int32))
+
+  def __call__(self, tokens: jax.Array, enc_outputs: jax.Array | None = None,
+               enc_valid_lens: jax.Array | None = None, *,
+               mask: jax.Array | None = None,
+               positions: jax.Array | None = None,
+               deterministic: bool | None = None,
+               decode: bool = False) -> jax.Array:
+    b, length = tokens.shape[:2]
+    if decode:
+      if self.next_position is None:
+        raise ValueError('decode=True needs caches: call init_cache first')
+      start = self.next_position[...]
+      if positions is None:
+        positions = jnp.broadcast_to(
+            start + jnp.arange(length, dtype=jnp.int32), (b, length))
+      self.next_position[...] = start + length
+    enc_mask = None
+    if enc_valid_lens is not None:
+      enc_mask = masks.make_length_mask(enc_valid_lens, length,
+                                        enc_outputs.shape[1])
+    X = self.embed(tokens, positions=positions, deterministic=deterministic)
+    for blk in self.blks:
+      X = blk(X, enc_outputs, enc_mask, mask=mask, positions=positions,
+              deterministic=deterministic, decode=decode)
+    if self.final_ln is not None:
+      X = self.final_ln(X)
+    return self.dense(X).astype(jnp.float32)
+
+
+def greedy_decode(decoder: TransformerDecoder, prompt: jax.Array,
+                  num_steps: int, *, enc_outputs: jax.Array | None = None,
+                  enc_valid_lens: jax.Array | None = None) -> jax.Array:
+  """Greedy generation with the key/value cache.
+
+  prompt (B, P) int -> (B, P + num_steps): the prompt fills the caches in one
+  call, then each step feeds the argmax token back. Jit-able (nnx.jit) with
+  static num_steps; the caches are re-initialised on every call.
+  """
+  b, p = prompt.shape
+  decoder.init_cache(b, p + num_steps)
+  logits = decoder(prompt, enc_outputs, enc_valid_lens, decode=True,
+                   deterministic=True)
+  token = jnp.argmax(logits[:, -1], axis=-1).astype(prompt.dtype)
+  generated = [token]
+  for _ in range(num_steps - 1):
+    logits = decoder(token[:, None], enc_outputs, enc_valid_lens, decode=True,
+                     deterministic=True)
+    token = jnp.argmax(logits[:, -1], axis=-1).astype(prompt.dtype)
+    generated.append(token)
+  return jnp.concatenate([prompt, jnp.stack(generated, axis=1)], axis=1)

@@ -1,0 +1,114 @@
+"""One mask convention for every module (attention, blocks, encoder, decoder).
+
+  mask        boolean, True = attend, with four axes broadcastable to
+              (B, H, Lq, Lk): Flax's and `jax.nn.dot_product_attention`'s
+              convention. Build the common ones with `make_padding_mask`,
+              `make_causal_mask` and `make_length_mask`.
+  bias        float, four axes broadcastable to (B, H, Lq, Lk), added to the
+              scaled logits (after any relative-position term).
+  valid_lens  d2l's lengths: (B,) keys j < valid_lens[b] attend; (B, Lq) one
+              length per query (respected per query everywhere).
+  causal      key j attends to query i iff j <= i + (Lk - Lq): the queries are
+              the last Lq of the Lk positions (Lq == Lk: the usual triangle).
+
+Everything that is given is combined with `and`. Masks of fewer than four axes
+are refused rather than guessed: a (B, Lk) key-padding mask and an (Lq, Lk)
+causal mask have the same shape whenever B == Lq, and reading one as the other
+gives wrong results without an error. Float masks are refused too: an
+additive mask of 0 / -inf read as booleans would keep every key.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+AXES = ('batch', 'heads', 'queries', 'keys')
+
+
+def make_padding_mask(valid_BxL: jax.Array) -> jax.Array:
+  """(B, Lk) bool, True = real token -> (B, 1, 1, Lk): every query sees the
+  real keys only (left or right padding alike)."""
+  valid = jnp.asarray(valid_BxL)
+  if valid.ndim != 2:
+    raise ValueError(f'make_padding_mask takes a (B, L) boolean array; got '
+                     f'shape {valid.shape}')
+  return valid.astype(bool)[:, None, None, :]
+
+
+def make_causal_mask(num_queries: int, num_keys: int | None = None
+                     ) -> jax.Array:
+  """(1, 1, Lq, Lk) bool: query i sees keys j <= i + (Lk - Lq)."""
+  num_keys = num_queries if num_keys is None else num_keys
+  query = jnp.arange(num_queries)[:, None] + (num_keys - num_queries)
+  return (jnp.arange(num_keys)[None, :] <= query)[None, None]
+
+
+def make_length_mask(valid_lens: jax.Array, num_queries: int, num_keys: int
+                     ) -> jax.Array:
+  """d2l's `valid_lens` as a mask: (B,) -> (B, 1, 1, Lk); (B, Lq) ->
+  (B, 1, Lq, Lk) (one length per query)."""
+  valid_lens = jnp.asarray(valid_lens)
+  key_idx = jnp.arange(num_keys)
+  if valid_lens.ndim == 1:
+    return (key_idx[None, :] < valid_lens[:, None])[:, None, None, :]
+  if valid_lens.ndim == 2:
+    if valid_lens.shape[1] != num_queries:
+      raise ValueError(f'valid_lens of shape {valid_lens.shape} does not match '
+                       f'{num_queries} queries; use (B,) or (B, Lq)')
+    return (key_idx[None, None, :] < valid_lens[:, :, None])[:, None]
+  raise ValueError(f'valid_lens must be (B,) or (B, Lq); got shape '
+                   f'{valid_lens.shape}')
+
+
+def _check_broadcast(x: jax.Array, what: str, target: tuple[int, ...]) -> None:
+  if x.ndim != 4:
+    raise ValueError(
+        f'{what} must have 4 axes broadcastable to (B, H, Lq, Lk) = {target}; '
+        f'got shape {tuple(x.shape)}. A 2-D mask is ambiguous ((B, Lk) key '
+        f'padding or (Lq, Lk)?): use make_padding_mask(valid) for (B, Lk) or '
+        f'x[None, None] for (Lq, Lk).')
+  for axis, size, want in zip(AXES, x.shape, target):
+    if size not in (1, want):
+      raise ValueError(f'{what} of shape {tuple(x.shape)} does not broadcast '
+                       f'to (B, H, Lq, Lk) = {target}: its {axis} axis is '
+                       f'{size}, expected 1 or {want}')
+
+
+def check_mask(mask: jax.Array, target: tuple[int, int, int, int]) -> jax.Array:
+  """The mask as bool after checking it against the convention above."""
+  mask = jnp.asarray(mask)
+  if mask.dtype != jnp.bool_:
+    raise TypeError(f'mask must be boolean (True = attend); got {mask.dtype}. '
+                    f'Pass additive float terms as bias=.')
+  _check_broadcast(mask, 'mask', target)
+  return mask
+
+
+def check_bias(bias: jax.Array, target: tuple[int, int, int, int]) -> jax.Array:
+  bias = jnp.asarray(bias)
+  if not jnp.issubdtype(bias.dtype, jnp.floating):
+    raise TypeError(f'bias must be a float array added to the logits; got '
+                    f'{bias.dtype} (a boolean mask goes in mask=)')
+  _check_broadcast(bias, 'bias', target)
+  return bias
+
+
+def attention_mask(target: tuple[int, int, int, int], *,
+                   valid_lens: jax.Array | None = None,
+                   mask: jax.Array | None = None,
+                   causal: bool = False) -> jax.Array | None:
+  """valid_lens, mask and causal combined into one boolean mask with four
+  axes broadcastable to target = (B, H, Lq, Lk); None when nothing masks."""
+  _, _, num_queries, num_keys = target
+  result = None
+  if valid_lens is not None:
+    result = make_length_mask(valid_lens, num_queries, num_keys)
+    _check_broadcast(result, 'valid_lens', target)
+  if mask is not None:
+    mask = check_mask(mask, target)
+    result = mask if result is None else result & mask
+  if causal:
+    tri = make_causal_mask(num_queries, num_keys)
+    result = tri if result is None else result & tri
+  return result

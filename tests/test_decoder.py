@@ -1,0 +1,104 @@
+"""Causal attention, the decoder, Huang's causal skew and cached decoding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import selfattn
+from selfattn import positions as P
+
+ALL = selfattn.POSITION_NAMES
+
+
+def make_decoder(position, **kwargs):
+  return selfattn.TransformerDecoder(11, 16, 32, 4, 2, position=position,
+                                     max_len=32, rngs=nnx.Rngs(0), **kwargs)
+
+
+def toks(shape, seed=1):
+  return jax.random.randint(jax.random.key(seed), shape, 0, 11)
+
+
+@pytest.mark.parametrize('position', ALL)
+def test_causal_outputs_ignore_the_future(position):
+  dec = make_decoder(position)
+  x = toks((2, 7))
+  changed = x.at[:, 4:].set((x[:, 4:] + 1) % 11)
+  np.testing.assert_allclose(dec(x)[:, :4], dec(changed)[:, :4], atol=1e-6)
+  assert np.abs(np.asarray(dec(x)[:, 4:] - dec(changed)[:, 4:])).max() > 1e-4
+
+
+@pytest.mark.parametrize('position', ALL)
+def test_cached_decoding_equals_the_full_causal_pass(position):
+  """Prompt of 3 in one call, then 4 single tokens against the cache."""
+  dec = make_decoder(position)
+  x = toks((2, 7))
+  full = dec(x)
+  dec.init_cache(2, 10)
+  steps = [dec(x[:, :3], decode=True)]
+  steps += [dec(x[:, t:t + 1], decode=True) for t in range(3, 7)]
+  np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize('position', ['rope', 'shaw', 'alibi'])
+def test_cached_decoding_with_explicit_randomized_positions(position):
+  dec = make_decoder(position)
+  x = toks((1, 5))
+  pos = jnp.array([[0, 3, 4, 9, 20]])
+  full = dec(x, positions=pos)
+  dec.init_cache(1, 5)
+  steps = [dec(x[:, t:t + 1], positions=pos[:, t:t + 1], decode=True)
+           for t in range(5)]
+  np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_huang_causal_skew_equals_the_bidirectional_skew_below_the_diagonal():
+  rng = np.random.default_rng(0)
+  L = 6
+  x = rng.normal(size=(2, 3, L, L)).astype(np.float32)   # offsets -(L-1)..0
+  out = np.asarray(P.causal_relative_to_absolute(jnp.asarray(x)))
+  for i in range(L):
+    for j in range(i + 1):
+      assert out[0, 1, i, j] == x[0, 1, i, j - i + L - 1]
+  # The same logits as HuangRelative's bidirectional path where j <= i.
+  huang = P.HuangRelative(2, 4, max_len=8, rngs=nnx.Rngs(0))
+  q = jnp.asarray(rng.normal(size=(1, 2, L, 4)), jnp.float32)
+  both = np.asarray(huang.logits(q, q))
+  huang.causal = True
+  causal = np.asarray(huang.logits(q, q))
+  lower = np.tril(np.ones((L, L), bool))
+  np.testing.assert_allclose(causal[..., lower], both[..., lower], atol=1e-6)
+
+
+def test_greedy_decode_extends_the_prompt_with_argmax_tokens():
+  dec = make_decoder('rope')
+  prompt = toks((2, 3))
+  out = selfattn.greedy_decode(dec, prompt, 4)
+  assert out.shape == (2, 7)
+  np.testing.assert_array_equal(out[:, :3], prompt)
+  # Each generated token is the argmax of the full causal pass over the prefix.
+  logits = dec(out[:, :-1])
+  np.testing.assert_array_equal(out[:, 3:], jnp.argmax(logits[:, 2:], -1))
+  jitted = nnx.jit(selfattn.greedy_decode, static_argnums=2)
+  np.testing.assert_array_equal(jitted(dec, prompt, 4), out)
+
+
+def test_cross_attention_sees_only_valid_encoder_positions():
+  enc = selfattn.TransformerEncoder(11, 16, 32, 4, 1, rngs=nnx.Rngs(1))
+  dec = make_decoder('t5', cross_attention=True)
+  src = toks((2, 5), seed=3)
+  enc_out = enc(src)
+  lens = jnp.array([3, 5])
+  y = toks((2, 4))
+  a = dec(y, enc_out, lens)
+  b = dec(y, enc_out.at[0, 3:].set(7.0), lens)       # change padded positions
+  np.testing.assert_allclose(a, b, atol=1e-6)
+  with pytest.raises(ValueError, match='enc_outputs'):
+    dec(y)
+
+
+def test_decode_without_a_cache_says_so():
+  with pytest.raises(ValueError, match='init_cache'):
+    make_decoder('rope')(toks((1, 2)), decode=True)

@@ -1,0 +1,108 @@
+"""The mask convention (selfattn/masks.py): every mask means one thing, and
+anything that could be misread raises."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import selfattn
+
+
+def _attn(f=16, heads=2):
+  return selfattn.MultiHeadAttention(f, heads, rngs=nnx.Rngs(0))
+
+
+def _weights(module, *args, **kwargs):
+  _, (weights,) = selfattn.attention_weights(module, *args, **kwargs)
+  return np.asarray(weights)
+
+
+def test_causal_mask_square_and_end_aligned():
+  np.testing.assert_array_equal(selfattn.make_causal_mask(3)[0, 0],
+                                np.tril(np.ones((3, 3), bool)))
+  # 2 queries that are the last 2 of 4 positions.
+  np.testing.assert_array_equal(selfattn.make_causal_mask(2, 4)[0, 0],
+                                [[1, 1, 1, 0], [1, 1, 1, 1]])
+
+
+def test_square_causal_mask_is_not_read_as_key_padding_when_batch_equals_length():
+  """The old silent bug: an (L, L) mask with B == L was read as (B, Lk)."""
+  attn = _attn()
+  X = jax.random.normal(jax.random.key(0), (4, 4, 16))
+  tri = jnp.tril(jnp.ones((4, 4), bool))
+  with pytest.raises(ValueError, match='4 axes'):
+    attn(X, mask=tri)
+  w = _weights(attn, X, mask=tri[None, None])
+  assert np.all(w[..., np.triu_indices(4, 1)[0], np.triu_indices(4, 1)[1]] == 0)
+  np.testing.assert_allclose(w, _weights(attn, X, causal=True), atol=0)
+
+
+def test_float_masks_and_wrong_shapes_raise():
+  attn = _attn()
+  X = jnp.ones((2, 5, 16))
+  with pytest.raises(TypeError, match='boolean'):
+    attn(X, mask=jnp.zeros((2, 1, 1, 5)))           # additive mask in mask=
+  with pytest.raises(ValueError, match='keys axis is 4'):
+    attn(X, mask=jnp.ones((2, 1, 1, 4), bool))
+  with pytest.raises(TypeError, match='float'):
+    attn(X, bias=jnp.ones((2, 1, 1, 5), bool))
+  with pytest.raises(ValueError, match=r'\(B,\) or \(B, Lq\)'):
+    attn(X, valid_lens=jnp.ones((2, 5, 5), jnp.int32))
+
+
+def test_per_query_valid_lens_are_respected_by_the_encoder():
+  """The old silent bug: the encoder used row 0 of (B, Lq) lengths."""
+  enc = selfattn.TransformerEncoder(10, 16, 32, 2, 2, position='rope',
+                                    rngs=nnx.Rngs(0))
+  x = jax.random.randint(jax.random.key(1), (2, 6), 0, 10)
+  causal_lens = jnp.broadcast_to(jnp.arange(1, 7), (2, 6))
+  out, weights = selfattn.attention_weights(enc, x, causal_lens)
+  for w in weights:
+    w = np.asarray(w)
+    np.testing.assert_allclose(w, np.tril(w), atol=0)
+    np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-6)
+  np.testing.assert_allclose(out, enc(x, causal=True), atol=1e-6)
+
+
+def test_bias_is_added_to_the_logits():
+  """A bias of -inf on a key is the same as masking it; a finite bias equals
+  a NumPy softmax of logits + bias."""
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.normal(size=(1, 2, 3, 4)), jnp.float32)
+             for _ in range(3))
+  bias = jnp.asarray(rng.normal(size=(1, 2, 3, 3)), jnp.float32)
+  out, w = selfattn.dot_product_attention(q, k, v, bias=bias)
+  logits = np.einsum('bhqd,bhkd->bhqk', q, k) / 2.0 + np.asarray(bias)
+  want = np.exp(logits - logits.max(-1, keepdims=True))
+  want /= want.sum(-1, keepdims=True)
+  np.testing.assert_allclose(w, want, atol=1e-6)
+  np.testing.assert_allclose(out, want @ np.asarray(v), atol=1e-5)
+  neg = jnp.zeros((1, 1, 1, 3)).at[..., 2].set(-jnp.inf)
+  keep = jnp.ones((1, 1, 1, 3), bool).at[..., 2].set(False)
+  np.testing.assert_allclose(selfattn.dot_product_attention(q, k, v, bias=neg)[0],
+                             selfattn.dot_product_attention(q, k, v, mask=keep)[0],
+                             atol=1e-6)
+
+
+def test_masks_combine_with_and():
+  attn = _attn()
+  X = jax.random.normal(jax.random.key(2), (2, 5, 16))
+  lens = jnp.array([3, 5])
+  pad = selfattn.make_padding_mask(jnp.arange(5)[None, :] >= jnp.array([[1], [0]]))
+  w = _weights(attn, X, valid_lens=lens, mask=pad, causal=True)
+  allowed = (np.tril(np.ones((5, 5), bool))[None]
+             & (np.arange(5) < np.array([3, 5])[:, None])[:, None, :]
+             & (np.arange(5) >= np.array([1, 0])[:, None])[:, None, :])
+  assert np.all(w[~np.broadcast_to(allowed[:, None], w.shape)] == 0)
+  # Query 0 of example 0 has no allowed key: a zero row, never NaN.
+  np.testing.assert_array_equal(w[0, :, 0], 0.0)
+
+
+def test_masked_softmax_mask_needs_all_axes_of_x():
+  X = jnp.zeros((2, 3, 4))
+  with pytest.raises(ValueError, match='axes'):
+    selfattn.masked_softmax(X, mask=jnp.ones((2, 4), bool))
+  out = selfattn.masked_softmax(X, mask=jnp.ones((2, 1, 4), bool).at[..., 3].set(False))
+  np.testing.assert_allclose(out[..., :3], 1 / 3, atol=1e-6)
