@@ -80,9 +80,15 @@ class SinusoidalEncoding(nnx.Module):
   def P(self) -> jax.Array:
     return sinusoidal_table(self.max_len, self.num_hiddens)[None]
 
+  trainable = False     # its picture never changes: TensorBoard logs it once
+
   def table(self, length: int) -> jax.Array:
     """(length, num_hiddens) rows of P, computed for any length."""
     return sinusoidal_table(length, self.num_hiddens)
+
+  def picture(self) -> jax.Array:
+    """(positions, num_hiddens): the first 128 rows of P."""
+    return self.table(min(self.max_len, 128))
 
   def __call__(self, X: jax.Array, *, positions: jax.Array | None = None,
                deterministic: bool | None = None) -> jax.Array:
@@ -118,6 +124,12 @@ class LearnedEncoding(nnx.Module):
     self.P = nnx.Param(table.astype(param_dtype))
     self.dropout = dropout_layer(dropout, rngs)
 
+  trainable = True
+
+  def picture(self) -> jax.Array:
+    """(positions, num_hiddens): the first 128 rows of P."""
+    return self.table(min(self.max_len, 128))
+
   def table(self, length: int) -> jax.Array:
     """(length, num_hiddens) rows of P; raises ValueError past max_len."""
     if length > self.max_len:
@@ -142,10 +154,15 @@ class NoEncoding(nnx.Module):
   Args: num_hiddens (unused, for a uniform signature), dropout rate, rngs.
   """
 
+  trainable = False
+
   def __init__(self, num_hiddens: int, dropout: float = 0.0, *,
                rngs: nnx.Rngs):
     del num_hiddens
     self.dropout = dropout_layer(dropout, rngs)
+
+  def picture(self) -> None:
+    return None
 
   def __call__(self, X: jax.Array, *, positions: jax.Array | None = None,
                deterministic: bool | None = None) -> jax.Array:
@@ -239,7 +256,17 @@ def causal_relative_to_absolute(x: jax.Array) -> jax.Array:
 
 
 class RelativePosition(nnx.Module):
-  """Base class: a relative encoding that changes nothing (override hooks)."""
+  """Base class: a relative encoding that changes nothing (override hooks).
+
+  `picture()` is a 2-D view of what the encoding learned (rows: offsets or
+  buckets) for TensorBoard, or None when it has no table; `trainable` says
+  whether that picture can change during training.
+  """
+
+  trainable = False
+
+  def picture(self) -> jax.Array | None:
+    return None
 
   def rotate(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
              k_pos: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
@@ -288,6 +315,13 @@ class ShawRelative(RelativePosition):
     self.a_K = nnx.Param(init(rngs.params(), shape, param_dtype))
     self.a_V = (nnx.Param(init(rngs.params(), shape, param_dtype))
                 if relative_values else None)
+
+  trainable = True
+
+  def picture(self) -> jax.Array:
+    """(offsets -k..k [x heads], D): the key table a^K."""
+    table = self.a_K[...]
+    return table.reshape(-1, table.shape[-1])
 
   def _against_table(self, x: jax.Array, table: jax.Array) -> jax.Array:
     # (B, H, L, D) x table -> (B, H, L, 2k+1)
@@ -368,6 +402,13 @@ class HuangRelative(RelativePosition):
     rows = 2 * max_len - 1
     shape = (rows, head_dim) if shared_heads else (num_heads, rows, head_dim)
     self.E = nnx.Param(_table_init()(rngs.params(), shape, param_dtype))
+
+  trainable = True
+
+  def picture(self) -> jax.Array:
+    """([heads x] offsets -(max_len-1)..(max_len-1), D): the table E."""
+    table = self.E[...]
+    return table.reshape(-1, table.shape[-1])
 
   def embeddings(self, length: int) -> jax.Array:
     """Rows for offsets -(L-1)..(L-1): (2L-1, D), or (H, 2L-1, D) per head."""
@@ -503,6 +544,12 @@ class TransformerXLRelative(RelativePosition):
     self.u = nnx.Param(init(rngs.params(), (num_heads, head_dim), param_dtype))
     self.v = nnx.Param(init(rngs.params(), (num_heads, head_dim), param_dtype))
 
+  trainable = True
+
+  def picture(self) -> jax.Array:
+    """(offsets -16..16, H * D): the projected relative embeddings R."""
+    return self.embeddings(jnp.arange(-16, 17)).reshape(33, -1)
+
   def embeddings(self, offsets: jax.Array) -> jax.Array:
     """R for (R,) offsets: (R, H, D)."""
     phi = xl_sinusoid(offsets, self.num_heads * self.head_dim)
@@ -567,6 +614,12 @@ class T5RelativeBias(RelativePosition):
     self.max_distance = max_distance
     self.bias = nnx.Param(
         _table_init()(rngs.params(), (num_buckets, num_heads), param_dtype))
+
+  trainable = True
+
+  def picture(self) -> jax.Array:
+    """(buckets, heads): the learned bias per bucket."""
+    return self.bias[...]
 
   def logits(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
              k_pos: jax.Array | None = None) -> jax.Array:

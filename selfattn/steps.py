@@ -145,6 +145,64 @@ def eval_padded_length(length: int) -> int:
 
 
 # --------------------------------------------------------------------------
+# The step: pure functions of (state, batch) and the model's static parts.
+# --------------------------------------------------------------------------
+
+def forward(graphdef: nnx.GraphDef, rest: nnx.State, params, batch: tasks_lib.Batch,
+            *, dropout_key: jax.Array | None = None,
+            step: jax.Array | None = None) -> jax.Array:
+  """Logits (B, T, num_classes) of the model with these parameters.
+
+  dropout_key None: deterministic (evaluation). Otherwise dropout is on, with
+  masks drawn from fold_in(dropout_key, step): a function of the step alone,
+  so a resumed run redraws exactly the masks it drew the first time.
+  """
+  model = nnx.merge(graphdef, params, rest, copy=True)
+  if dropout_key is not None:
+    nnx.reseed(model, dropout=jax.random.fold_in(dropout_key, step))
+  return model(batch.inputs, batch.valid_lens, positions=batch.positions,
+               deterministic=dropout_key is None)
+
+
+def loss_and_sums(params, batch: tasks_lib.Batch, *, graphdef: nnx.GraphDef,
+                  rest: nnx.State, dropout_key: jax.Array | None,
+                  step: jax.Array | None) -> tuple[jax.Array, dict]:
+  """Mean cross-entropy over the counted positions, and the metric sums."""
+  logits = forward(graphdef, rest, params, batch, dropout_key=dropout_key,
+                   step=step)
+  sums = metric_sums(logits, batch)
+  return sums['nll'] / jnp.maximum(sums['weight'], 1.0), sums
+
+
+def train_step(state: dict[str, Any], batch: tasks_lib.Batch, *,
+               graphdef: nnx.GraphDef, rest: nnx.State,
+               tx: optax.GradientTransformation, schedule: optax.Schedule,
+               dropout_key: jax.Array) -> tuple[dict[str, Any], dict]:
+  """One optimiser step: {'step', 'params', 'opt_state'} -> the next state
+  and this step's metrics (loss, accuracies, grad_norm, learning_rate)."""
+  (loss, sums), grads = jax.value_and_grad(loss_and_sums, has_aux=True)(
+      state['params'], batch, graphdef=graphdef, rest=rest,
+      dropout_key=dropout_key, step=state['step'])
+  updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
+  new_state = {'step': state['step'] + 1,
+               'params': optax.apply_updates(state['params'], updates),
+               'opt_state': opt_state}
+  metrics = {'loss': loss,
+             'token_accuracy': sums['correct'] / jnp.maximum(sums['weight'], 1),
+             'sequence_accuracy': (sums['seq_correct']
+                                   / jnp.maximum(sums['seq_count'], 1)),
+             'grad_norm': optax.tree.norm(grads),
+             'learning_rate': schedule(state['step'])}
+  return new_state, metrics
+
+
+def dropout_key_for(seed: int) -> jax.Array:
+  """The root of every dropout mask of a run (independent of the data and
+  parameter streams)."""
+  return jax.random.fold_in(jax.random.key(seed), 0xD0)
+
+
+# --------------------------------------------------------------------------
 # Trainer.
 # --------------------------------------------------------------------------
 
@@ -154,7 +212,8 @@ class Trainer:
   Attributes: task, mesh, graphdef/rest (the model minus its parameters),
   advance(state) -> (state, metrics): one training step that generates its
     own batch from state['step'] (one dispatch per step, what the loop runs);
-  train_step(state, batch) -> (state, metrics): the same step on a given batch;
+  train_step(state, batch) -> (state, metrics): the same step on a given batch
+    (steps.train_step, jitted);
   train_batch(step) -> Batch: the batch advance would generate at `step`;
   evaluate(params) -> {length: metrics}.
   """
@@ -171,35 +230,10 @@ class Trainer:
     self.graphdef, self._params, self.rest = nnx.split(model, nnx.Param, ...)
     self.tx = tx = make_optimizer(config.train)
     self.train_batch = make_train_batches(config, task, mesh)
-    dropout_key = jax.random.fold_in(jax.random.key(seed), 0xD0)
-    schedule = learning_rate_schedule(config.train)
-
-    def forward(params, batch, deterministic, step=None):
-      model = self.model(params)
-      if not deterministic:
-        nnx.reseed(model, dropout=jax.random.fold_in(dropout_key, step))
-      return model(batch.inputs, batch.valid_lens, positions=batch.positions,
-                   deterministic=deterministic)
-
-    def train_step(state, batch):
-      def loss_fn(params):
-        logits = forward(params, batch, False, state['step'])
-        sums = metric_sums(logits, batch)
-        return sums['nll'] / jnp.maximum(sums['weight'], 1.0), sums
-
-      (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-          state['params'])
-      updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
-      new_state = {'step': state['step'] + 1,
-                   'params': optax.apply_updates(state['params'], updates),
-                   'opt_state': opt_state}
-      metrics = {'loss': loss,
-                 'token_accuracy': sums['correct'] / jnp.maximum(sums['weight'], 1),
-                 'sequence_accuracy': (sums['seq_correct']
-                                       / jnp.maximum(sums['seq_count'], 1)),
-                 'grad_norm': optax.tree.norm(grads),
-                 'learning_rate': schedule(state['step'])}
-      return new_state, metrics
+    parts = dict(graphdef=self.graphdef, rest=self.rest)
+    step = functools.partial(train_step, tx=tx,
+                             schedule=learning_rate_schedule(config.train),
+                             dropout_key=dropout_key_for(seed), **parts)
 
     random_len = max_random_len(config)
 
@@ -210,7 +244,7 @@ class Trainer:
       batch = tasks_lib.make_eval_batch(task, seed, length, indices,
                                         padded_length=padded,
                                         max_random_len=random_len)
-      return metric_sums(forward(params, batch, True), batch)
+      return metric_sums(forward(params=params, batch=batch, **parts), batch)
 
     generate = batch_generator(config, task)
     by_example = self.by_example
@@ -218,11 +252,11 @@ class Trainer:
     def advance(state, indices):
       batch = generate(state['step'], indices)
       batch = jax.lax.with_sharding_constraint(batch, by_example)
-      return train_step(state, batch)
+      return step(state, batch)
 
     compiled = functools.partial(jax.jit, donate_argnums=0,
                                  out_shardings=(replicated, replicated))
-    self.train_step = compiled(train_step)
+    self.train_step = compiled(step)
     train_indices = global_indices(0, config.train.batch_size, by_example)
     advance = compiled(advance)
     self.advance = lambda state: advance(state, train_indices)

@@ -3,7 +3,8 @@
 Tags: train/* and eval/* scalars, eval/<metric>/len_NNNN per evaluation length
 (one chart group per metric), attention/layer_N images (heads side by side),
 positions/table, the config as text, and the HParams plugin's session so runs
-with different encodings can be filtered and compared.
+with different encodings can be filtered and compared (tests/test_tensorboard.py
+checks it against a real TensorBoard server).
 """
 
 from __future__ import annotations
@@ -15,27 +16,58 @@ import numpy as np
 from tensorboardX import SummaryWriter
 from tensorboardX.summary import hparams as hparams_summary
 
+# Config fields that never distinguish one experiment from another: where and
+# how often a run logs, and the device mesh. Everything else is an hparam.
+NOT_HPARAMS = ('mesh.', 'eval.', 'train.log_every', 'train.checkpoint_every',
+               'train.keep_checkpoints')
+
 
 def eval_tag(metric: str, length: int) -> str:
   return f'eval/{metric}/len_{length:04d}'
 
 
+ATTENTION_IMAGE_HELP = (
+    'attention/layer_N: one fixed evaluation example; heads side by side '
+    '(white gaps). Rows are queries, columns keys, both in sequence order '
+    'from the top left. Colour (viridis): weight divided by the head\'s '
+    'largest weight, so each head uses the full range; padding is white.')
+TABLE_IMAGE_HELP = (
+    'positions/table: the encoding\'s own picture (positions.py, picture()): '
+    'rows are positions (absolute) or offsets/buckets (relative), columns '
+    'features or heads; viridis, min-max normalised per image. Logged once '
+    'for encodings whose table cannot change (sinusoidal).')
+
+
+def _colour(values: np.ndarray, scale: int) -> np.ndarray:
+  """(H, W) in [0, 1], NaN = gap -> (H*scale, W*scale, 3) uint8, viridis;
+  gaps white."""
+  import matplotlib
+  rgb = matplotlib.colormaps['viridis'](np.nan_to_num(values))[..., :3]
+  rgb[np.isnan(values)] = 1.0
+  rgb = (255 * rgb).astype(np.uint8)
+  return np.repeat(np.repeat(rgb, scale, axis=0), scale, axis=1)
+
+
 def heatmap(matrix: np.ndarray, scale: int = 4) -> np.ndarray:
-  """2-D array -> (H, W) uint8 image, min-max normalised, each cell scale x scale."""
+  """2-D array -> (H, W, 3) uint8 image, min-max normalised, viridis, each
+  cell scale x scale."""
   m = np.asarray(matrix, np.float64)
   span = m.max() - m.min()
   m = (m - m.min()) / span if span > 0 else np.zeros_like(m)
-  return np.kron((255 * m).astype(np.uint8), np.ones((scale, scale), np.uint8))
+  return _colour(m, scale)
 
 
 def tile_heads(weights_HxLxL: np.ndarray, scale: int = 4) -> np.ndarray:
-  """Heads side by side with a 1-cell gap; weights in [0, 1] map to 0..255."""
+  """Heads side by side with a white 1-cell gap -> (H, W, 3) uint8; each
+  head divided by its own largest weight (a layer that attends broadly is
+  not drawn black)."""
   h, lq, lk = weights_HxLxL.shape
-  canvas = np.full((lq, h * (lk + 1) - 1), 0.5)
+  canvas = np.full((lq, h * (lk + 1) - 1), np.nan)
   for i in range(h):
-    canvas[:, i * (lk + 1): i * (lk + 1) + lk] = weights_HxLxL[i]
-  canvas = np.clip(canvas, 0, 1)
-  return np.kron((255 * canvas).astype(np.uint8), np.ones((scale, scale), np.uint8))
+    head = np.asarray(weights_HxLxL[i], np.float64)
+    top = head.max()
+    canvas[:, i * (lk + 1): i * (lk + 1) + lk] = head / top if top > 0 else head
+  return _colour(np.clip(canvas, 0, 1), scale)
 
 
 def flatten_config(config: Mapping[str, Any], prefix: str = '') -> dict:
@@ -54,6 +86,12 @@ def flatten_config(config: Mapping[str, Any], prefix: str = '') -> dict:
   return flat
 
 
+def researcher_hparams(config: Mapping[str, Any]) -> dict:
+  """The config fields a researcher varies, flattened for the HParams tab."""
+  return {name: value for name, value in flatten_config(config).items()
+          if not name.startswith(NOT_HPARAMS)}
+
+
 class Writer:
   """Writes only when enabled (process 0 in multi-process runs)."""
 
@@ -65,22 +103,27 @@ class Writer:
       for tag, value in values.items():
         self._writer.add_scalar(tag, float(value), step)
 
-  def image(self, tag: str, step: int, image_HxW: np.ndarray) -> None:
+  def image(self, tag: str, step: int, image: np.ndarray) -> None:
+    """(H, W) grey or (H, W, 3) colour uint8."""
     if self._writer:
-      self._writer.add_image(tag, image_HxW, step, dataformats='HW')
+      self._writer.add_image(tag, image, step,
+                             dataformats='HW' if image.ndim == 2 else 'HWC')
 
   def text(self, tag: str, step: int, text: str) -> None:
     if self._writer:
       self._writer.add_text(tag, text, step)
 
-  def hparams(self, hparams: Mapping[str, Any], metric_tags: list[str]) -> None:
-    """Registers this run in the HParams plugin; metrics are read from the
-    run's own scalars with these tags (no separate sub-run is created)."""
+  def hparams(self, hparams: Mapping[str, Any]) -> None:
+    """Registers this run as an HParams *session* (its hparams), and writes no
+    experiment summary: TensorBoard then builds one experiment from every
+    session under the logdir, with each hparam's values across runs (strings
+    as discrete domains, `differs` where runs differ) and every run's scalar
+    tags as metrics. A per-run experiment summary would make TensorBoard pick
+    one run's arbitrarily and hide the others' metrics and encodings."""
     if self._writer:
-      exp, ssi, sei = hparams_summary(dict(hparams),
-                                      {tag: 0.0 for tag in metric_tags})
+      _, session_start, session_end = hparams_summary(dict(hparams), {})
       file_writer = self._writer._get_file_writer()
-      for summary in (exp, ssi, sei):
+      for summary in (session_start, session_end):
         file_writer.add_summary(summary)
 
   def flush(self) -> None:

@@ -71,10 +71,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   writer = summaries.Writer(workdir, enabled=is_main)
   if start == 0:
     writer.text('config', 0, '```\n' + str(config) + '\n```')
-  metric_tags = [summaries.eval_tag(m, n) for n in config.eval.lengths
-                 for m in ('token_accuracy', 'sequence_accuracy')]
-  writer.hparams(summaries.flatten_config(config.to_dict()), metric_tags)
+    writer.text('images/help', 0, summaries.ATTENTION_IMAGE_HELP + '\n\n'
+                + summaries.TABLE_IMAGE_HELP)
+  writer.hparams(summaries.researcher_hparams(config.to_dict()))
   probe = _AttentionProbe(trainer)
+  tables_logged: list[int] = []       # a fixed table is logged once per process
 
   def write_eval(step: int, params, results) -> None:
     for length, m in results.items():
@@ -83,9 +84,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
     # arrays); the writer only writes on process 0.
     for layer, weights in enumerate(probe.attention(params)):
       writer.image(f'attention/layer_{layer}', step, summaries.tile_heads(weights))
-    table = probe.position_table(params)
-    if table is not None:
+    table, trainable = probe.position_table(params)
+    if table is not None and (trainable or not tables_logged):
       writer.image('positions/table', step, summaries.heatmap(table, scale=3))
+      tables_logged.append(step)
     writer.flush()
 
   # ---- Loop. ----
@@ -252,17 +254,12 @@ class _AttentionProbe:
     """Per layer, (H, T, T) weights for the fixed example."""
     return [np.asarray(w) for w in jax.device_get(self._attention(params))]
 
-  def position_table(self, params) -> np.ndarray | None:
-    """A 2-D picture of the encoding's table: P rows for absolute encodings,
-    layer 0's relative table for shaw/huang/t5; None for the others."""
-    model = self._trainer.model(params)
-    enc = model.encoder
-    pos = enc.pos_encoding
-    if hasattr(pos, 'table'):
-      return np.asarray(pos.table(min(pos.max_len, 128)))
+  def position_table(self, params) -> tuple[np.ndarray | None, bool]:
+    """The encoding's own 2-D picture (absolute encodings', or layer 0's
+    relative module's `picture()`), and whether it can change in training."""
+    enc = self._trainer.model(params).encoder
     rel = enc.blks[0].attention.relative
-    for name in ('a_K', 'E', 'bias'):
-      if rel is not None and getattr(rel, name, None) is not None:
-        table = np.asarray(getattr(rel, name)[...])
-        return table.reshape(-1, table.shape[-1]) if table.ndim > 2 else table
-    return None
+    encoding = rel if rel is not None else enc.pos_encoding
+    picture = encoding.picture()
+    return (None if picture is None else np.asarray(picture),
+            encoding.trainable)

@@ -150,6 +150,22 @@ def test_every_parameter_receives_a_gradient(position):
     assert np.abs(np.asarray(g[...])).max() > 0, f'no gradient for {path}'
 
 
+@pytest.mark.parametrize('position', selfattn.POSITION_NAMES)
+def test_every_encoding_describes_its_own_picture(position):
+  """What TensorBoard's positions/table shows comes from the encoding
+  (picture(), trainable), not from train.py probing attribute names."""
+  enc = selfattn.TransformerEncoder(12, 16, 32, 2, 1, position=position,
+                                    max_len=16, rngs=nnx.Rngs(0))
+  module = enc.blks[0].attention.relative or enc.pos_encoding
+  picture = module.picture()
+  if position in ('none', 'rope', 'alibi'):
+    assert picture is None
+  else:
+    assert picture.ndim == 2 and np.all(np.isfinite(np.asarray(picture)))
+  assert module.trainable == (position in ('learned', 'shaw', 'huang', 'xl',
+                                           't5'))
+
+
 def test_t5_buckets_match_hand_computed_ids():
   # num_buckets=32, max_distance=128: 16 per direction, 8 exact, then log.
   offsets = jnp.array([0, -1, 1, -7, -8, -16, 20, -127, -128, -1000, 1000])

@@ -81,3 +81,19 @@ def test_hparams_tab_shows_each_runs_encoding_and_all_metrics(tmp_path):
   finally:
     server.terminate()
     server.wait(timeout=30)
+
+
+def test_attention_image_normalises_each_head_and_marks_gaps_white():
+  """A broad head (max weight 0.2) is drawn with the full colour range, like
+  a sharp one; the gap between heads is white, unlike any weight."""
+  import numpy as np
+  weights = np.full((2, 3, 3), 0.1)
+  weights[0, 0, 0] = 0.2
+  weights[1] = np.eye(3)
+  image = summaries.tile_heads(weights, scale=1)
+  assert image.shape == (3, 7, 3) and image.dtype == np.uint8
+  assert np.all(image[:, 3] == 255)
+  np.testing.assert_array_equal(image[0, 0], image[0, 4])   # each head's max
+  assert not np.array_equal(image[0, 0], image[0, 1])
+  table = summaries.heatmap(np.arange(6.0).reshape(2, 3), scale=2)
+  assert table.shape == (4, 6, 3)

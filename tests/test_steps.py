@@ -1,0 +1,55 @@
+"""The train step alone (steps.train_step, a module-level pure function),
+pinned like nanodo's train_test: a silent change to the loss, the optimiser,
+the schedule or the initialisation fails here."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from selfattn import steps
+
+# configs/tiny.py, seed 0, three steps from initialisation on the batches of
+# steps 0, 1, 2: (loss, gradient norm, learning rate). Recorded with the pinned
+# requirements on CPU (float32); a change here must be explained in its commit.
+GOLDEN = [
+    (2.502582311630249, 1.6683714389801025, 0.0),
+    (2.394794464111328, 1.1568492650985718, 0.001500000013038516),
+    (2.7319633960723877, 1.528252363204956, 0.003000000026077032),
+]
+
+
+def _pieces(config):
+  trainer = steps.Trainer(config)
+  step = lambda state, batch: steps.train_step(
+      state, batch, graphdef=trainer.graphdef, rest=trainer.rest, tx=trainer.tx,
+      schedule=steps.learning_rate_schedule(config.train),
+      dropout_key=steps.dropout_key_for(config.seed))
+  return trainer, step
+
+
+def test_golden_first_steps(tiny_config):
+  trainer, step = _pieces(tiny_config)
+  state = trainer.init_state()
+  for i, (loss, grad_norm, lr) in enumerate(GOLDEN):
+    state, metrics = step(state, trainer.train_batch(i))
+    assert float(metrics['loss']) == pytest.approx(loss, rel=1e-5)
+    assert float(metrics['grad_norm']) == pytest.approx(grad_norm, rel=1e-5)
+    assert float(metrics['learning_rate']) == pytest.approx(lr, rel=1e-6, abs=1e-12)
+  assert int(state['step']) == 3
+
+
+def test_dropout_masks_change_with_the_step(tiny_config):
+  """Mutation caught: removing the per-step dropout reseed in steps.forward
+  (every step would reuse one mask: the model's rng state is not carried)."""
+  tiny_config.model.dropout = 0.3
+  trainer, step = _pieces(tiny_config)
+  state = trainer.init_state()
+  batch = trainer.train_batch(0)
+  at = lambda s: float(step({**state, 'step': jnp.int32(s)}, batch)[1]['loss'])
+  assert at(0) == at(0)                      # a function of the step
+  assert abs(at(0) - at(7)) > 1e-4           # another step, another mask
+  # Evaluation is deterministic whatever the step.
+  logits = lambda: steps.forward(trainer.graphdef, trainer.rest, state['params'],
+                                 batch)
+  np.testing.assert_array_equal(logits(), logits())
