@@ -6,17 +6,21 @@ checkpoint written on 8 devices restores on 1 and the reverse.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
+from absl import logging
 
 from selfattn.config_checks import ConfigError
 
 CONFIG_FILE = 'config.json'
+LOCK_FILE = '.lock'
 # Fields that shape the parameters, the data or the schedule: a resumed run
 # must agree on them or it would not continue the same run.
 _MUST_MATCH = ('seed', 'task', 'model', 'train.batch_size', 'train.num_steps',
@@ -36,12 +40,75 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any) -> None:
 
 def restore_latest(mngr: ocp.CheckpointManager, state: Any
                    ) -> tuple[Any, int] | None:
-  """(state, step) from the latest checkpoint, laid out like `state`; or None."""
-  step = mngr.latest_step()
-  if step is None:
-    return None
+  """(state, step) from the newest checkpoint that restores, laid out like
+  `state`; None when there is no checkpoint.
+
+  A checkpoint that fails to restore (truncated file, missing metadata, an
+  emptied step directory) is skipped with a warning naming it and why, and
+  moved aside to `<step>.damaged` (kept for inspection; the run will write
+  that step again); the next older one is tried: at most the steps since it
+  are lost. Raises CheckpointError when checkpoints exist but none restores.
+  """
+  steps = sorted(mngr.all_steps(), reverse=True)
   target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-  return mngr.restore(step, args=ocp.args.StandardRestore(target)), step
+  problems = []
+  for step in steps:
+    path = os.path.join(str(mngr.directory), str(step))
+    try:
+      # A standalone checkpointer: a failed restore leaves no state behind in
+      # the manager that the next attempt could trip over.
+      restored = ocp.StandardCheckpointer().restore(
+          os.path.join(path, 'default'), target)
+      return restored, step
+    except Exception as e:     # orbax raises many types for damaged files
+      first = str(e).splitlines()[0][:200] if str(e) else ''
+      reason = f'{type(e).__name__}: {first}'
+      logging.warning('skipping checkpoint at step %d, which does not '
+                      'restore (%s); moved to %s.damaged', step, reason, path)
+      problems.append(f'step {step} ({reason})')
+      if jax.process_index() == 0:
+        os.replace(path, f'{path}.damaged')
+      mngr.reload()
+  if problems:
+    raise CheckpointError(
+        f'no checkpoint in {mngr.directory} restores: {"; ".join(problems)}')
+  return None
+
+
+class CheckpointError(RuntimeError):
+  """Every checkpoint of a workdir is damaged."""
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str, enabled: bool = True) -> Iterator[None]:
+  """Holds an exclusive lock on workdir/.lock while a run uses the workdir.
+
+  A second live process gets a ConfigError naming the holder; the kernel
+  drops the lock when its holder dies, so a killed run never blocks the next.
+  Only process 0 of a multi-process run takes it.
+  """
+  if not enabled:
+    yield
+    return
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, LOCK_FILE)
+  handle = open(path, 'a+')
+  try:
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      handle.seek(0)
+      holder = handle.read().strip() or 'unknown'
+      raise ConfigError(f'workdir {workdir} is in use by another live run '
+                        f'(pid {holder}, lock {path}); wait for it or use '
+                        f'another --workdir') from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    yield
+  finally:
+    handle.close()         # releases the lock
 
 
 def _lookup(config: dict, dotted: str):

@@ -67,6 +67,13 @@ def validate_config(config: ml_collections.ConfigDict,
   if config.task.max_len < config.task.min_len:
     raise ConfigError(f'config.task.max_len={config.task.max_len} is below '
                       f'config.task.min_len={config.task.min_len}')
+  shift, window = config.task.get('shift', 1), config.task.get('window', 1)
+  if task.name == 'shift' and not 1 <= shift < config.task.max_len:
+    raise ConfigError(f'config.task.shift={shift} must be between 1 and '
+                      f'config.task.max_len - 1 = {config.task.max_len - 1} '
+                      f'(positions before the shift count for nothing)')
+  if task.name == 'window_sum' and window < 0:
+    raise ConfigError(f'config.task.window must be >= 0; got {window}')
 
   # Model.
   m = config.model
@@ -102,6 +109,13 @@ def validate_config(config: ml_collections.ConfigDict,
     if buckets < 4 or buckets % 2:
       raise ConfigError(f'config.model.num_buckets must be even and >= 4; '
                         f'got {buckets}')
+    distance = options.get('max_distance', 128)
+    if distance <= buckets // 4:
+      raise ConfigError(f'config.model.max_distance must be > num_buckets / 4 '
+                        f'= {buckets // 4} (the exact buckets); got {distance}')
+  if options.get('rope_base', 10000.0) <= 0:
+    raise ConfigError(f'config.model.rope_base must be > 0; got '
+                      f'{options["rope_base"]}')
   if m.position == 'learned' and options.get('init', 'normal') not in (
       'normal', 'sinusoidal'):
     raise ConfigError(f'config.model.init={options["init"]!r} is unknown; '
@@ -118,6 +132,9 @@ def validate_config(config: ml_collections.ConfigDict,
   if config.train.get('schedule', 'cosine') not in SCHEDULES:
     raise ConfigError(f'config.train.schedule={config.train.schedule!r} is '
                       f'unknown; valid: {", ".join(SCHEDULES)}')
+  if not config.train.grad_clip > 0:
+    raise ConfigError(f'config.train.grad_clip must be > 0 (the global-norm '
+                      f'bound); got {config.train.grad_clip}')
   if config.train.warmup_steps < 0:
     raise ConfigError('config.train.warmup_steps must be >= 0')
   lengths = list(config.eval.lengths)

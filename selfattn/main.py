@@ -7,6 +7,7 @@ Multi-host: pass --coordinator_address, --num_processes and --process_id (or
 --distributed on a managed cluster, where JAX finds them itself).
 """
 
+import ast
 import sys
 
 import jax
@@ -16,6 +17,30 @@ from ml_collections import config_flags
 
 from selfattn.config_checks import ConfigError
 from selfattn.log_setup import configure_logging
+
+class _ListParser(flags.ArgumentParser):
+  """List fields from the command line: '--config.eval.lengths=[8,16,32]' or
+  '--config.eval.lengths=8,16,32' (ml_collections has no list parser)."""
+
+  def parse(self, argument):
+    if isinstance(argument, list):
+      return argument
+    text = argument.strip()
+    if not text.startswith('['):
+      text = f'[{text}]'
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      raise ValueError(f'{argument!r} is not a list such as [8,16,32]') from None
+    if not isinstance(value, list):
+      raise ValueError(f'{argument!r} is not a list such as [8,16,32]')
+    return value
+
+  def flag_type(self) -> str:
+    return 'list'
+
+
+config_flags.register_flag_parser_for_type(list, _ListParser())
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Path to an ml_collections config file.', lock_config=True)
@@ -43,12 +68,22 @@ def main(argv):
                                process_id=_PROCESS_ID.value)
   elif _DISTRIBUTED.value:
     jax.distributed.initialize()
-  from selfattn.train import train_and_evaluate   # after distributed init
+  # After distributed init.
+  from selfattn.checkpoints import CheckpointError
+  from selfattn.train import NonFiniteError
+  from selfattn.train import TrainingInterrupted
+  from selfattn.train import train_and_evaluate
   try:
     train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except ConfigError as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
+  except (NonFiniteError, CheckpointError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(1)
+  except TrainingInterrupted as e:
+    print(f'stopped: {e}', file=sys.stderr)
+    sys.exit(128 + e.signum)
 
 
 if __name__ == '__main__':

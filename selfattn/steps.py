@@ -215,7 +215,8 @@ class Trainer:
   train_step(state, batch) -> (state, metrics): the same step on a given batch
     (steps.train_step, jitted);
   train_batch(step) -> Batch: the batch advance would generate at `step`;
-  evaluate(params) -> {length: metrics}.
+  evaluate(params) -> {length: metrics};
+  healthy(state) -> bool: whether the state is fit to checkpoint.
   """
 
   def __init__(self, config: ml_collections.ConfigDict,
@@ -261,6 +262,18 @@ class Trainer:
     advance = compiled(advance)
     self.advance = lambda state: advance(state, train_indices)
     self._eval_chunk = eval_chunk
+
+    @jax.jit
+    def healthy(state):
+      # Finite parameters whose loss on the next step's batch is finite too:
+      # a huge but finite update (lr 1e9) passes the first test, not this.
+      batch = generate(state['step'], train_indices)
+      loss, _ = loss_and_sums(state['params'], batch, dropout_key=None,
+                              step=None, **parts)
+      leaves = [jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(state['params'])]
+      return jnp.all(jnp.stack(leaves)) & jnp.isfinite(loss)
+
+    self.healthy = lambda state: bool(healthy(state))
 
   def model(self, params) -> SequenceModel:
     """A model with these parameters (works inside traced code)."""

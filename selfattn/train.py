@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 from typing import Any
 
@@ -33,19 +35,64 @@ SUMMARY_FILE = 'summary.json'
 # --------------------------------------------------------------------------
 
 class NonFiniteError(FloatingPointError):
-  """Training produced a non-finite loss or gradient norm."""
+  """Training produced a non-finite loss, gradient norm or parameter."""
+
+
+class TrainingInterrupted(Exception):
+  """SIGINT or SIGTERM arrived; the run saved a checkpoint and stopped."""
+
+  def __init__(self, message: str, signum: int):
+    super().__init__(message)
+    self.signum = signum
+
+
+class _StopRequests:
+  """Turns SIGINT/SIGTERM into a request the loop honours at the end of the
+  current step (save, flush, stop), instead of a traceback mid-step.
+  Preemption on cloud accelerators arrives as SIGTERM. Installed only in the
+  main thread of a single-process run: in a multi-process run every process
+  would have to stop at the same step."""
+
+  def __init__(self):
+    self.signum: int | None = None
+    self._previous: dict[int, Any] = {}
+
+  def __enter__(self) -> '_StopRequests':
+    if (threading.current_thread() is threading.main_thread()
+        and jax.process_count() == 1):
+      for signum in (signal.SIGINT, signal.SIGTERM):
+        self._previous[signum] = signal.signal(signum, self._request)
+    return self
+
+  def _request(self, signum, frame) -> None:
+    del frame
+    self.signum = signum
+
+  def __exit__(self, *exc) -> None:
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
                        ) -> dict[str, Any]:
   """Trains, evaluates at every config.eval.lengths, checkpoints, logs.
 
-  Resumes from the latest checkpoint in `workdir`. Returns the summary that is
-  also written to `workdir/summary.json`.
+  Resumes from the latest checkpoint in `workdir` (skipping checkpoints that
+  do not restore). Returns the summary that is also written to
+  `workdir/summary.json`. SIGINT/SIGTERM stop the run after the current step
+  with a checkpoint (TrainingInterrupted); a second live process on the same
+  workdir is refused (ConfigError).
   """
   # ---- Validation: before anything is compiled or written. ----
   validate_config(config, num_devices=jax.device_count())
   is_main = jax.process_index() == 0
+  with checkpoints.workdir_lock(workdir, enabled=is_main), \
+      _StopRequests() as stop:
+    return _run(config, workdir, is_main, stop)
+
+
+def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
+         stop: _StopRequests) -> dict[str, Any]:
   checkpoints.check_or_store_config(workdir, config, write=is_main)
   finished = finished_summary(workdir, config.train.num_steps)
   if finished is not None:
@@ -113,20 +160,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
     pending.append(metrics)
     segment_steps += 1
     done = step + 1
+    stopping = stop.signum is not None
     is_last = done == num_steps
-    at_eval = done % config.eval.every == 0
-    if done % log_every == 0 or done % ckpt_every == 0 or at_eval or is_last:
+    at_eval = done % config.eval.every == 0 and not stopping
+    at_checkpoint = done % ckpt_every == 0 or is_last or stopping
+    if done % log_every == 0 or at_checkpoint or at_eval:
       # One transfer per metric, not one per metric per step.
       fetched = jax.device_get(jax.tree.map(lambda *x: jnp.stack(x), *pending))
       pending = []
       bad = ~(np.isfinite(fetched['loss']) & np.isfinite(fetched['grad_norm']))
       if bad.any():
         i = int(np.argmax(bad))
-        mngr.wait_until_finished()
-        raise NonFiniteError(
+        _stop_non_finite(
+            mngr, writer, workdir,
             f'non-finite loss ({fetched["loss"][i]}) or gradient norm '
-            f'({fetched["grad_norm"][i]}) at step {done - len(bad) + 1 + i}; '
-            f'the last good checkpoint is step {mngr.latest_step()} in {workdir}')
+            f'({fetched["grad_norm"][i]}) at step {done - len(bad) + 1 + i}')
       seconds = time.perf_counter() - segment_start
       train_seconds += seconds
       window = [window[0] + segment_steps, window[1] + seconds]
@@ -139,14 +187,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
         mean['steps_per_sec'] = rate
         writer.scalars(done, {f'train/{k}': v for k, v in mean.items()})
         if is_main:
+          # The time left comes from warm steps only: the first segment
+          # includes compilation.
+          left = ('(after compiling)' if warm[1] == 0 else _duration(
+              (num_steps - done) * warm[1] / warm[0]) + ' left')
           logging.info('step %6d/%d  loss %.4f  token acc %.4f  %.1f steps/s  '
-                       '%s left', done, num_steps, mean['loss'],
-                       mean['token_accuracy'], rate,
-                       _duration((num_steps - done) / max(rate, 1e-9)))
+                       '%s', done, num_steps, mean['loss'],
+                       mean['token_accuracy'], rate, left)
         window = [0, 0.0]
-      if done % ckpt_every == 0 or is_last:
+      if at_checkpoint:
+        # The loss above was computed before this step's update: check the
+        # parameters themselves, so a saved checkpoint is always usable.
+        if not trainer.healthy(state):
+          _stop_non_finite(mngr, writer, workdir, f'the parameters after step '
+                           f'{done} are non-finite or give a non-finite loss')
         checkpoints.save(mngr, done, state)
+        writer.flush()       # events up to the checkpoint survive a kill
         last_good = done
+      if stopping:
+        mngr.wait_until_finished()
+        writer.close()
+        mngr.close()
+        name = signal.Signals(stop.signum).name
+        raise TrainingInterrupted(
+            f'{name} received: stopped after step {done} with a checkpoint in '
+            f'{workdir}; rerun the same command to resume', stop.signum)
       if at_eval or is_last:
         results = evaluate(state['params'])
         history.append({'step': done, 'eval': {str(n): m for n, m in results.items()}})
@@ -180,6 +245,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   writer.close()
   mngr.close()
   return summary
+
+
+def _stop_non_finite(mngr, writer, workdir: str, what: str) -> None:
+  """Raises NonFiniteError naming the checkpoint to go back to."""
+  mngr.wait_until_finished()
+  writer.flush()
+  last = mngr.latest_step()
+  where = (f'the last good checkpoint is step {last} in {workdir}'
+           if last is not None else f'no checkpoint was saved in {workdir}')
+  raise NonFiniteError(f'{what}; {where}. Lower config.train.learning_rate '
+                       f'(or raise warmup_steps) in a new --workdir')
 
 
 def generalization_score(results: dict[int, dict[str, float]],

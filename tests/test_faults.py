@@ -1,0 +1,138 @@
+"""Faults, simulated for real: signals, damaged checkpoints, a busy workdir,
+diverging runs, and the log filter under a checkout named `selfattn`."""
+
+import logging as std_logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from selfattn import checkpoints
+from selfattn import log_setup
+from selfattn import train
+from selfattn.config_checks import ConfigError
+from runs import ROOT, cli, saved_params
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_flushes_events_and_resumes(tmp_path):
+  """Preemption: SIGTERM mid-run stops after the current step with a
+  checkpoint, events on disk and a one-line message; the same command then
+  finishes the run."""
+  from tensorboard.backend.event_processing import event_accumulator
+  workdir = tmp_path / 'run'
+  overrides = ['--config.train.num_steps=3000', '--config.train.log_every=10',
+               '--config.train.checkpoint_every=3000', '--config.eval.every=3000']
+  log = open(tmp_path / 'stderr.txt', 'w+')
+  proc = subprocess.Popen(
+      [sys.executable, '-m', 'selfattn.main', '--config=configs/tiny.py',
+       f'--workdir={workdir}', *overrides], cwd=ROOT, stdout=subprocess.DEVNULL,
+      stderr=log, env={**os.environ, 'PYTHONPATH': ROOT})
+  deadline = time.time() + 300
+  while time.time() < deadline and 'step     20/' not in open(log.name).read():
+    time.sleep(0.1)
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+  lines = open(log.name).read().strip().splitlines()
+  assert lines[-1].startswith('stopped: SIGTERM received: stopped after step')
+  assert 'Traceback' not in open(log.name).read()
+  step = int(lines[-1].split('after step ')[1].split()[0])
+  assert 20 <= step < 3000
+  assert sorted(int(d) for d in os.listdir(workdir / 'checkpoints')
+                if d.isdigit()) == [step]
+  events = event_accumulator.EventAccumulator(str(workdir))
+  events.Reload()
+  assert events.Scalars('train/loss')[-1].step >= 20
+  again = cli(workdir, *overrides[:1], *overrides[1:])
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert f'Resumed from checkpoint at step {step}' in again.stderr
+
+
+def test_a_second_live_run_on_a_workdir_is_refused(tiny_config, tmp_path):
+  with checkpoints.workdir_lock(str(tmp_path)):
+    with pytest.raises(ConfigError, match=f'in use by another live run '
+                       rf'\(pid {os.getpid()}'):
+      train.train_and_evaluate(tiny_config, str(tmp_path))
+  # Released with its holder: the run now goes ahead.
+  assert train.train_and_evaluate(tiny_config, str(tmp_path))['step'] == 20
+
+
+def _damage(step_dir, how):
+  default = step_dir / 'default'
+  if how == 'truncated':
+    data = [os.path.join(d, f) for d, _, files in os.walk(default)
+            for f in files if '/d/' in os.path.join(d, f)]
+    for path in data:
+      with open(path, 'r+b') as f:
+        f.truncate(3)
+  elif how == 'no_metadata':
+    os.remove(default / '_METADATA')
+  else:
+    for entry in os.listdir(step_dir):
+      path = step_dir / entry
+      shutil.rmtree(path) if path.is_dir() else os.remove(path)
+
+
+@pytest.mark.parametrize('how', ['truncated', 'no_metadata', 'emptied'])
+def test_damaged_latest_checkpoint_falls_back_to_the_previous(tiny_config,
+                                                               tmp_path, how):
+  """The newest checkpoint that restores is used, with a warning; the run
+  then redoes the lost steps and ends with the same parameters."""
+  tiny_config.train.num_steps = tiny_config.eval.every = 30
+  tiny_config.train.checkpoint_every = 10
+  reference = tmp_path / 'reference'
+  train.train_and_evaluate(tiny_config, str(reference))
+  # As if killed at step 25: checkpoints 10 and 20, no summary; then damage 20.
+  damaged = tmp_path / 'damaged'
+  shutil.copytree(reference, damaged)
+  os.remove(damaged / train.SUMMARY_FILE)
+  shutil.rmtree(damaged / 'checkpoints' / '30')
+  _damage(damaged / 'checkpoints' / '20', how)
+  summary = train.train_and_evaluate(tiny_config, str(damaged))
+  assert summary['step'] == 30
+  for a, b in zip(saved_params(reference), saved_params(damaged), strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize('lr,warmup,every', [(1e30, 0, 1), (3.4e38, 0, 1),
+                                              (1e9, 30, 2)])
+def test_diverged_parameters_are_never_checkpointed(tiny_config, tmp_path, lr,
+                                                    warmup, every):
+  """Divergence stops the run in one message naming the checkpoint to go back
+  to (never 'step None'); the last two cases used to checkpoint inf or huge
+  parameters after a finite loss."""
+  c = tiny_config
+  c.train.learning_rate, c.train.warmup_steps = lr, warmup
+  c.train.log_every = c.train.checkpoint_every = every
+  with pytest.raises(train.NonFiniteError) as err:
+    train.train_and_evaluate(c, str(tmp_path))
+  message = str(err.value)
+  assert 'step None' not in message
+  assert ('no checkpoint was saved' in message
+          or 'last good checkpoint is step' in message)
+  if (tmp_path / 'checkpoints').exists() and any(
+      d.isdigit() for d in os.listdir(tmp_path / 'checkpoints')):
+    params = saved_params(tmp_path)
+    assert all(np.all(np.isfinite(p)) for p in params)
+    assert max(np.abs(p).max() for p in params) < 1e6
+
+
+def test_log_filter_reads_the_emitting_module_not_a_path_substring():
+  """A virtualenv inside a checkout named `selfattn` must not let every
+  library's INFO lines through."""
+  keep = log_setup._OwnInfoOnly()
+
+  def record(path, level=std_logging.INFO):
+    return std_logging.LogRecord('absl', level, path, 1, 'x', None, None)
+
+  venv_lib = os.path.join(ROOT, '.venv', 'lib', 'python3.11', 'site-packages',
+                          'orbax', 'checkpoint', 'x.py')
+  assert not keep.filter(record(venv_lib))
+  assert not keep.filter(record('/elsewhere/selfattn/experiments/lib.py'))
+  assert keep.filter(record(os.path.join(ROOT, 'selfattn', 'train.py')))
+  assert keep.filter(record(venv_lib, std_logging.WARNING))
