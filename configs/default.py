@@ -13,6 +13,9 @@ Watch with: tensorboard --logdir runs
 import ml_collections
 from ml_collections import config_dict
 
+from selfattn import positions
+from selfattn import tasks
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   del arg
@@ -27,8 +30,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.task.min_len = 1              # training lengths, uniform in [min_len, max_len]
   config.task.max_len = 16
   config.task.per_batch_length = False  # True: one length per batch, as the reference does
-  config.task.shift = 1                # k of the `shift` task
-  config.task.window = 1               # w of the `window_sum` task
+  # Task options (shift: k of `shift`; window: w of `window_sum`), from
+  # selfattn.tasks.DEFAULT_OPTIONS, the one list.
+  for name, default in tasks.DEFAULT_OPTIONS.items():
+    config.task[name] = default
 
   config.model = ml_collections.ConfigDict()
   config.model.position = 'sinusoidal'  # none, sinusoidal, learned, shaw, huang, rope, alibi, t5, xl
@@ -45,15 +50,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # random subset of [0, max_random_len), drawn per example in training and eval.
   config.model.randomize_positions = False
   config.model.max_random_len = config_dict.placeholder(int)  # >= longest sequence
-  # Options of individual encodings; None means the encoding's own default.
-  config.model.clip_distance = config_dict.placeholder(int)       # shaw: k (16)
-  config.model.relative_values = config_dict.placeholder(bool)    # shaw: a^V too (True)
-  config.model.shared_heads = config_dict.placeholder(bool)       # shaw (True) / huang (False)
-  config.model.num_buckets = config_dict.placeholder(int)         # t5 (32)
-  config.model.max_distance = config_dict.placeholder(int)        # t5 (128)
-  config.model.rope_base = config_dict.placeholder(float)         # rope (10000)
-  config.model.init = config_dict.placeholder(str)                # learned: normal or sinusoidal
-  config.model.alibi_symmetric = config_dict.placeholder(bool)    # alibi: -slope|j-i| (False: the reference's asymmetric form)
+  # Options of individual encodings (README's encoding table lists them with
+  # their defaults); None means the encoding's own default. The list comes from
+  # selfattn.positions.POSITIONS, so a new encoding's options appear here.
+  for name, kind in positions.option_types().items():
+    config.model[name] = config_dict.placeholder(kind)
 
   config.train = ml_collections.ConfigDict()
   config.train.num_steps = 2000

@@ -12,10 +12,6 @@ from selfattn import tasks
 from selfattn.encoder import NORMS
 
 DTYPES = ('float32', 'bfloat16')
-# Config fields under config.model that are options of one or more encodings.
-POSITION_OPTION_FIELDS = ('clip_distance', 'relative_values', 'shared_heads',
-                          'num_buckets', 'max_distance', 'rope_base', 'init',
-                          'alibi_symmetric')
 
 
 class ConfigError(ValueError):
@@ -23,16 +19,18 @@ class ConfigError(ValueError):
 
 
 def position_options(model: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The encoding options set in config.model (None fields left out)."""
-  return {name: model[name] for name in POSITION_OPTION_FIELDS
+  """The encoding options set in config.model (None fields left out). The
+  option names come from the registry (positions.POSITIONS), never a list here."""
+  return {name: model[name] for name in positions.option_types()
           if name in model and model[name] is not None}
 
 
 def task_from_config(config: ml_collections.ConfigDict) -> tasks.Task:
   t = config.task
+  options = {name: t.get(name, default)
+             for name, default in tasks.DEFAULT_OPTIONS.items()}
   return tasks.get_task(t.name, t.get('vocab_size'),
-                        layout=t.get('layout', 'in_place'),
-                        shift=t.get('shift', 1), window=t.get('window', 1))
+                        layout=t.get('layout', 'in_place'), **options)
 
 
 def _positive(config, *fields):
@@ -77,9 +75,9 @@ def validate_config(config: ml_collections.ConfigDict,
 
   # Model.
   m = config.model
-  if m.position not in positions.POSITION_NAMES:
+  if m.position not in positions.POSITIONS:
     raise ConfigError(f'config.model.position={m.position!r} is unknown; '
-                      f'valid: {", ".join(positions.POSITION_NAMES)}')
+                      f'valid: {", ".join(positions.POSITIONS)}')
   options = position_options(m)
   valid_options = positions.POSITIONS[m.position].options
   for name in options:
@@ -102,24 +100,13 @@ def validate_config(config: ml_collections.ConfigDict,
                       f'{", ".join(DTYPES)}')
   if not 0.0 <= m.dropout < 1.0:
     raise ConfigError(f'config.model.dropout must be in [0, 1); got {m.dropout}')
-  if options.get('clip_distance', 1) < 1:
-    raise ConfigError('config.model.clip_distance must be >= 1')
-  if m.position == 't5':
-    buckets = options.get('num_buckets', 32)
-    if buckets < 4 or buckets % 2:
-      raise ConfigError(f'config.model.num_buckets must be even and >= 4; '
-                        f'got {buckets}')
-    distance = options.get('max_distance', 128)
-    if distance <= buckets // 4:
-      raise ConfigError(f'config.model.max_distance must be > num_buckets / 4 '
-                        f'= {buckets // 4} (the exact buckets); got {distance}')
-  if options.get('rope_base', 10000.0) <= 0:
-    raise ConfigError(f'config.model.rope_base must be > 0; got '
-                      f'{options["rope_base"]}')
-  if m.position == 'learned' and options.get('init', 'normal') not in (
-      'normal', 'sinusoidal'):
-    raise ConfigError(f'config.model.init={options["init"]!r} is unknown; '
-                      'valid: normal, sinusoidal')
+  # The encoding's constructor checks its own options (messages start with
+  # the option's name); building it abstractly allocates nothing.
+  try:
+    positions.build_abstract(m.position, options, num_hiddens=m.num_hiddens,
+                             num_heads=m.num_heads, max_len=m.max_len)
+  except (ValueError, TypeError) as e:
+    raise ConfigError(f'config.model.{e}') from None
 
   # Training and evaluation.
   _positive(config, 'train.num_steps', 'train.batch_size', 'train.log_every',

@@ -113,13 +113,13 @@ class LearnedEncoding(nnx.Module):
   def __init__(self, num_hiddens: int, dropout: float = 0.0,
                max_len: int = 1000, *, init: str = 'normal',
                param_dtype=jnp.float32, rngs: nnx.Rngs):
+    if init not in ('normal', 'sinusoidal'):
+      raise ValueError(f'init={init!r} is unknown; valid: normal, sinusoidal')
     if init == 'normal':
       table = jax.random.normal(rngs.params(), (1, max_len, num_hiddens))
       table = table * math.sqrt(0.5)
-    elif init == 'sinusoidal':
-      table = sinusoidal_table(max_len, num_hiddens)[None]
     else:
-      raise ValueError(f"learned init={init!r}; valid: 'normal', 'sinusoidal'")
+      table = sinusoidal_table(max_len, num_hiddens)[None]
     self.max_len = max_len
     self.P = nnx.Param(table.astype(param_dtype))
     self.dropout = dropout_layer(dropout, rngs)
@@ -452,6 +452,8 @@ class RotaryEncoding(RelativePosition):
   """
 
   def __init__(self, head_dim: int, *, rope_base: float = 10000.0):
+    if not rope_base > 0:
+      raise ValueError(f'rope_base must be > 0; got {rope_base}')
     self.head_dim = head_dim
     self.rope_base = rope_base
 
@@ -610,6 +612,10 @@ class T5RelativeBias(RelativePosition):
                rngs: nnx.Rngs):
     if num_buckets < 4 or num_buckets % 2:
       raise ValueError(f'num_buckets must be even and >= 4; got {num_buckets}')
+    if max_distance <= num_buckets // 4:
+      raise ValueError(f'max_distance must be > num_buckets / 4 = '
+                       f'{num_buckets // 4} (the exact buckets); got '
+                       f'{max_distance}')
     self.num_buckets = num_buckets
     self.max_distance = max_distance
     self.bias = nnx.Param(
@@ -697,6 +703,33 @@ RELATIVE_NAMES: tuple[str, ...] = tuple(n for n, k in POSITIONS.items()
                                         if k.relative)
 
 
+def option_types() -> dict[str, type]:
+  """Every encoding option and its type, from the registry above: the one
+  list that configs/default.py (placeholders) and config validation read."""
+  types: dict[str, type] = {}
+  for kind in POSITIONS.values():
+    for name, default in kind.options.items():
+      types.setdefault(name, type(default))
+  return types
+
+
+def build_abstract(name: str, options: dict[str, Any], *, num_hiddens: int,
+                   num_heads: int, max_len: int) -> None:
+  """Builds the encoding without allocating anything (nnx.eval_shape), so
+  its constructor's checks of its options run: the one place options are
+  validated. Raises the constructor's ValueError."""
+  kind, options = get_position(name, options)
+  shared = dict(max_len=max_len, param_dtype=jnp.float32)
+  if kind.relative:
+    build = lambda: kind.build(num_heads=num_heads,
+                               head_dim=num_hiddens // num_heads,
+                               rngs=nnx.Rngs(0), **shared, **options)
+  else:
+    build = lambda: kind.build(num_hiddens=num_hiddens, dropout=0.0,
+                               rngs=nnx.Rngs(0), **shared, **options)
+  nnx.eval_shape(build)
+
+
 def get_position(name: str, options: dict[str, Any] | None = None
                  ) -> tuple[PositionKind, dict[str, Any]]:
   """Looks up an encoding by name and checks its options.
@@ -706,7 +739,7 @@ def get_position(name: str, options: dict[str, Any] | None = None
   """
   if name not in POSITIONS:
     raise ValueError(f'unknown position encoding {name!r}; valid: '
-                     f'{", ".join(POSITION_NAMES)}')
+                     f'{", ".join(POSITIONS)}')
   kind = POSITIONS[name]
   options = dict(options or {})
   unknown = sorted(set(options) - set(kind.options))

@@ -40,6 +40,9 @@ LAYOUTS = ('in_place', 'placeholders', 'autoregressive')
 TASKS: dict[str, TaskSpec] = {**CHOMSKY_TASKS, **ORDER_TASKS}
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
 SUITE_NAMES: tuple[str, ...] = tuple(CHOMSKY_TASKS)
+# Options of selfattn's own tasks, with defaults: shift = k of `shift`
+# (output i = input i-k), window = w of `window_sum` (sum over i-w..i+w).
+# configs/default.py and config validation read this, the one list.
 DEFAULT_OPTIONS = {'shift': 1, 'window': 1}
 
 

@@ -26,6 +26,7 @@ from selfattn import summaries
 from selfattn import tasks as tasks_lib
 from selfattn.config_checks import validate_config
 from selfattn.steps import Trainer
+from selfattn.timing import StepTimer
 
 SUMMARY_FILE = 'summary.json'
 
@@ -142,13 +143,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
   log_every, ckpt_every = config.train.log_every, config.train.checkpoint_every
   pending: list[dict] = []                # metrics of steps not yet fetched
   last_good = start
-  # Time is measured in segments between boundaries (log, checkpoint, eval),
-  # excluding checkpoint and eval time. The first segment includes compiling,
-  # so the warm rate leaves it out.
-  window = [0, 0.0]                 # steps, seconds since the last progress line
-  warm = [0, 0.0]                   # steps, seconds after the first segment
-  segment_steps, train_seconds, first_segment = 0, 0.0, True
-  run_start = segment_start = time.perf_counter()
+  timer = StepTimer()
+  segment_steps = 0
+  run_start = time.perf_counter()
   results, history = None, []
   if is_main and start < num_steps:
     logging.info('Training %s on %s (%s) for %d steps on %d device(s)',
@@ -175,26 +172,19 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
             mngr, writer, workdir,
             f'non-finite loss ({fetched["loss"][i]}) or gradient norm '
             f'({fetched["grad_norm"][i]}) at step {done - len(bad) + 1 + i}')
-      seconds = time.perf_counter() - segment_start
-      train_seconds += seconds
-      window = [window[0] + segment_steps, window[1] + seconds]
-      if not first_segment:
-        warm = [warm[0] + segment_steps, warm[1] + seconds]
-      segment_steps, first_segment = 0, False
+      timer.stop(segment_steps)
+      segment_steps = 0
       if done % log_every == 0 or is_last:
         mean = {k: float(np.mean(v)) for k, v in fetched.items()}
-        rate = window[0] / max(window[1], 1e-9)
+        rate = timer.report_rate()
         mean['steps_per_sec'] = rate
         writer.scalars(done, {f'train/{k}': v for k, v in mean.items()})
         if is_main:
-          # The time left comes from warm steps only: the first segment
-          # includes compilation.
-          left = ('(after compiling)' if warm[1] == 0 else _duration(
-              (num_steps - done) * warm[1] / warm[0]) + ' left')
+          left = timer.seconds_left(num_steps - done)
+          left = ('(compiling)' if left is None else _duration(left) + ' left')
           logging.info('step %6d/%d  loss %.4f  token acc %.4f  %.1f steps/s  '
                        '%s', done, num_steps, mean['loss'],
                        mean['token_accuracy'], rate, left)
-        window = [0, 0.0]
       if at_checkpoint:
         # The loss above was computed before this step's update: check the
         # parameters themselves, so a saved checkpoint is always usable.
@@ -218,7 +208,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
         write_eval(done, state['params'], results)
         if is_main:
           logging.info('eval at step %d: %s', done, _short(results))
-      segment_start = time.perf_counter()
+      timer.start()
 
   mngr.wait_until_finished()
   if results is None:   # nothing left to train: evaluate the restored state
@@ -232,9 +222,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
       'eval': {str(n): m for n, m in results.items()},
       'score': generalization_score(results, config.task.max_len),
       'history': history,      # every evaluation of this invocation
-      'train_seconds': train_seconds,
+      'train_seconds': timer.train_seconds,
       # Steps per second of the loop after its first segment (which compiles).
-      'steps_per_sec': warm[0] / warm[1] if warm[1] > 0 else None,
+      'steps_per_sec': timer.warm_rate,
       'wall_seconds': time.perf_counter() - run_start,
       'config': json.loads(config.to_json_best_effort()),
   }

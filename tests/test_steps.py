@@ -53,3 +53,21 @@ def test_dropout_masks_change_with_the_step(tiny_config):
   logits = lambda: steps.forward(trainer.graphdef, trainer.rest, state['params'],
                                  batch)
   np.testing.assert_array_equal(logits(), logits())
+
+
+def test_step_timer_leaves_compilation_out_of_the_warm_rate(monkeypatch):
+  from selfattn import timing
+  clock = iter([0.0, 10.0, 10.0, 11.0, 11.0, 12.0])
+  monkeypatch.setattr(timing.time, 'perf_counter', lambda: next(clock))
+  timer = timing.StepTimer()                 # t = 0
+  assert timer.seconds_left(100) is None     # nothing warm yet
+  timer.stop(5)                              # 5 steps in 10 s: compiling
+  timer.start()
+  timer.stop(10)                             # 10 steps in 1 s
+  assert timer.report_rate() == pytest.approx(15 / 11)
+  timer.start()
+  timer.stop(10)
+  assert timer.report_rate() == pytest.approx(10.0)   # a new window
+  assert timer.warm_rate == pytest.approx(10.0)       # 20 steps in 2 s
+  assert timer.seconds_left(100) == pytest.approx(10.0)
+  assert timer.train_seconds == pytest.approx(12.0)
