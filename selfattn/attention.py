@@ -215,6 +215,9 @@ class MultiHeadAttention(nnx.Module):
                kv_features: int | None = None, out_features: int | None = None,
                relative: RelativeTerms | None = None, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
+    if num_heads < 1 or num_hiddens < 1:
+      raise ValueError(f'num_hiddens={num_hiddens} and num_heads={num_heads} '
+                       f'must be positive')
     if num_hiddens % num_heads:
       raise ValueError(f'num_hiddens={num_hiddens} is not divisible by '
                        f'num_heads={num_heads}')

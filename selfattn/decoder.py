@@ -108,6 +108,9 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
     check_position_options(type(self).__name__, position, position_options)
     if norm not in NORMS:
       raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
+    if num_heads < 1 or num_hiddens < 1 or num_layers < 0:
+      raise ValueError(f'num_hiddens={num_hiddens}, num_heads={num_heads} '
+                       f'must be positive, num_layers={num_layers} >= 0')
     if num_hiddens % num_heads:
       raise ValueError(f'num_hiddens={num_hiddens} is not divisible by '
                        f'num_heads={num_heads}')

@@ -103,8 +103,14 @@ def attention_mask(target: tuple[int, int, int, int], *,
   _, _, num_queries, num_keys = target
   result = None
   if valid_lens is not None:
+    rows = jnp.shape(valid_lens)[0] if jnp.ndim(valid_lens) else None
+    if rows != target[0]:
+      # d2l's lengths are per example: one length for a whole batch is a
+      # mistake more often than a broadcast.
+      raise ValueError(f'valid_lens must have one row per example, (B,) or '
+                       f'(B, Lq) with B = {target[0]}; got shape '
+                       f'{jnp.shape(valid_lens)}')
     result = make_length_mask(valid_lens, num_queries, num_keys)
-    _check_broadcast(result, 'valid_lens', target)
   if mask is not None:
     mask = check_mask(mask, target)
     result = mask if result is None else result & mask

@@ -263,17 +263,20 @@ class Trainer:
     self.advance = lambda state: advance(state, train_indices)
     self._eval_chunk = eval_chunk
 
-    @jax.jit
-    def healthy(state):
+    # Indices are an argument, not a closure: in a multi-process run they span
+    # other processes' devices.
+    @functools.partial(jax.jit, out_shardings=replicated)
+    def healthy(state, indices):
       # Finite parameters whose loss on the next step's batch is finite too:
       # a huge but finite update (lr 1e9) passes the first test, not this.
-      batch = generate(state['step'], train_indices)
+      batch = jax.lax.with_sharding_constraint(
+          generate(state['step'], indices), by_example)
       loss, _ = loss_and_sums(state['params'], batch, dropout_key=None,
                               step=None, **parts)
       leaves = [jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(state['params'])]
       return jnp.all(jnp.stack(leaves)) & jnp.isfinite(loss)
 
-    self.healthy = lambda state: bool(healthy(state))
+    self.healthy = lambda state: bool(healthy(state, train_indices))
 
   def model(self, params) -> SequenceModel:
     """A model with these parameters (works inside traced code)."""

@@ -78,15 +78,29 @@ def _damage(step_dir, how):
       shutil.rmtree(path) if path.is_dir() else os.remove(path)
 
 
+def _thirty_steps():
+  from configs import tiny
+  config = tiny.get_config()
+  config.train.num_steps = config.eval.every = 30
+  config.train.checkpoint_every = 10
+  return config
+
+
+@pytest.fixture(scope='module')
+def thirty_step_run(tmp_path_factory):
+  """One finished 30-step run with checkpoints 10, 20, 30 (shared)."""
+  workdir = tmp_path_factory.mktemp('reference')
+  train.train_and_evaluate(_thirty_steps(), str(workdir))
+  return workdir
+
+
 @pytest.mark.parametrize('how', ['truncated', 'no_metadata', 'emptied'])
-def test_damaged_latest_checkpoint_falls_back_to_the_previous(tiny_config,
+def test_damaged_latest_checkpoint_falls_back_to_the_previous(thirty_step_run,
                                                                tmp_path, how):
   """The newest checkpoint that restores is used, with a warning; the run
   then redoes the lost steps and ends with the same parameters."""
-  tiny_config.train.num_steps = tiny_config.eval.every = 30
-  tiny_config.train.checkpoint_every = 10
-  reference = tmp_path / 'reference'
-  train.train_and_evaluate(tiny_config, str(reference))
+  tiny_config = _thirty_steps()
+  reference = thirty_step_run
   # As if killed at step 25: checkpoints 10 and 20, no summary; then damage 20.
   damaged = tmp_path / 'damaged'
   shutil.copytree(reference, damaged)
@@ -97,6 +111,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(tiny_config,
   assert summary['step'] == 30
   for a, b in zip(saved_params(reference), saved_params(damaged), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+  assert os.path.isdir(damaged / 'checkpoints' / '20.damaged')
 
 
 @pytest.mark.parametrize('lr,warmup,every', [(1e30, 0, 1), (3.4e38, 0, 1),

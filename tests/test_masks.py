@@ -50,6 +50,10 @@ def test_float_masks_and_wrong_shapes_raise():
     attn(X, bias=jnp.ones((2, 1, 1, 5), bool))
   with pytest.raises(ValueError, match=r'\(B,\) or \(B, Lq\)'):
     attn(X, valid_lens=jnp.ones((2, 5, 5), jnp.int32))
+  with pytest.raises(ValueError, match='one row per example'):
+    attn(X, valid_lens=jnp.array([3]))          # not silently broadcast
+  with pytest.raises(ValueError, match='must be positive'):
+    selfattn.MultiHeadAttention(16, 0, rngs=nnx.Rngs(0))
 
 
 def test_per_query_valid_lens_are_respected_by_the_encoder():

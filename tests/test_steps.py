@@ -21,10 +21,10 @@ GOLDEN = [
 
 def _pieces(config):
   trainer = steps.Trainer(config)
-  step = lambda state, batch: steps.train_step(
+  step = jax.jit(lambda state, batch: steps.train_step(
       state, batch, graphdef=trainer.graphdef, rest=trainer.rest, tx=trainer.tx,
       schedule=steps.learning_rate_schedule(config.train),
-      dropout_key=steps.dropout_key_for(config.seed))
+      dropout_key=steps.dropout_key_for(config.seed)))
   return trainer, step
 
 

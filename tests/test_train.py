@@ -253,6 +253,7 @@ def test_cli_reports_bad_config_in_one_line(tmp_path):
   assert not (tmp_path / 'run').exists()
 
 
+@pytest.mark.slow
 def test_autoregressive_layout_trains_a_causal_model(tiny_config, tmp_path):
   """--config.task.layout=autoregressive: the model attends causally (the
   logits at a position ignore every later token) and learns teacher-forced
