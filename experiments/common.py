@@ -28,6 +28,8 @@ WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory: one '
                               'TensorBoard subdirectory per run, results.md, PNGs.')
 SEEDS = flags.DEFINE_integer('seeds', 3, 'Seeds per setting.')
 QUICK = flags.DEFINE_bool('quick', False, 'A one-minute version (for tests).')
+QUICK_BANNER = ('> **QUICK MODE: a smoke test of the pipeline (few steps, small '
+                'model, one seed). These numbers are not results.**')
 
 
 def base_config(**task) -> ml_collections.ConfigDict:
@@ -133,8 +135,14 @@ def plot_accuracy_vs_length(results: dict[str, list[dict]], lengths: list[int],
 
 def write_results(workdir: str, title: str, sections: list[tuple[str, str]],
                   data: Any = None) -> str:
-  """workdir/results.md (and results.json with `data`); returns the markdown."""
-  text = f'# {title}\n\n' + '\n\n'.join(f'## {h}\n\n{body}' for h, body in sections) + '\n'
+  """workdir/results.md (and results.json with `data`); returns the markdown.
+  Under --quick both say, in the file itself, that they are a smoke test."""
+  quick = flags.FLAGS.is_parsed() and QUICK.value
+  banner = (QUICK_BANNER + '\n\n') if quick else ''
+  text = (f'# {title}\n\n' + banner
+          + '\n\n'.join(f'## {h}\n\n{body}' for h, body in sections) + '\n')
+  if quick and isinstance(data, dict):
+    data = {'quick_mode_smoke_test': True, **data}
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, 'results.md'), 'w') as f:
     f.write(text)

@@ -8,6 +8,7 @@ Multi-host: pass --coordinator_address, --num_processes and --process_id (or
 """
 
 import ast
+import os
 import sys
 
 import jax
@@ -58,9 +59,47 @@ _DISTRIBUTED = flags.DEFINE_bool(
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
+def config_file_problem(argv: list[str]) -> str | None:
+  """What is wrong with the --config file, checked before absl loads it (its
+  loader reports a missing file or a syntax error as a traceback)."""
+  values = [a.split('=', 1)[1] for a in argv if a.startswith('--config=')]
+  if not values:
+    return None
+  path = values[-1].split(':', 1)[0]
+  if not os.path.isfile(path):
+    return f'--config={path}: no such file'
+  try:
+    with open(path) as f:
+      tree = ast.parse(f.read(), filename=path)
+  except SyntaxError as e:
+    return f'--config={path}: syntax error on line {e.lineno}: {e.msg}'
+  if not any(isinstance(node, ast.FunctionDef) and node.name == 'get_config'
+             for node in tree.body):
+    return f'--config={path}: defines no get_config() function'
+  return None
+
+
+def workdir_problem(workdir: str) -> str | None:
+  """A workdir that cannot hold a run, said in one line."""
+  if not workdir:
+    return '--workdir is empty'
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    return f'--workdir={workdir} is a file, not a directory'
+  parent = workdir
+  while not os.path.exists(parent):
+    parent = os.path.dirname(os.path.abspath(parent))
+  if not os.access(parent, os.W_OK | os.X_OK):
+    return f'--workdir={workdir}: {parent} is not writable'
+  return None
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  problem = workdir_problem(_WORKDIR.value)
+  if problem:
+    print(f'error: {problem}', file=sys.stderr)
+    sys.exit(2)
   configure_logging()
   if _COORDINATOR.value is not None:
     jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
@@ -87,4 +126,8 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _problem = config_file_problem(sys.argv[1:])
+  if _problem:
+    print(f'error: {_problem}', file=sys.stderr)
+    sys.exit(2)
   app.run(main)

@@ -19,8 +19,12 @@ def run_driver(name, workdir, *flags):
        '--quick', *flags], cwd=ROOT, capture_output=True, text=True, timeout=900,
       env={**os.environ, 'PYTHONPATH': ROOT})
   assert result.returncode == 0, result.stderr[-3000:]
-  assert (workdir / 'results.md').read_text().startswith('# ')
-  return json.loads((workdir / 'results.json').read_text())
+  text = (workdir / 'results.md').read_text()
+  assert text.startswith('# ') and 'QUICK MODE: a smoke test' in text
+  data = json.loads((workdir / 'results.json').read_text())
+  if isinstance(data, dict):
+    assert data.pop('quick_mode_smoke_test') is True
+  return data
 
 
 def token_acc(evals, length):

@@ -244,6 +244,33 @@ def test_cli_overrides_list_fields(tmp_path):
   assert 'Traceback' not in bad.stderr
 
 
+@pytest.mark.slow
+def test_cli_mistakes_get_one_line_not_a_traceback(tmp_path):
+  """A missing, broken or get_config-less config file, and a workdir that is
+  a file or not writable: one line, exit 2."""
+  (tmp_path / 'broken.py').write_text('def get_config(:\n')
+  (tmp_path / 'noget.py').write_text('x = 1\n')
+  (tmp_path / 'afile').write_text('')
+  readonly = tmp_path / 'readonly'
+  readonly.mkdir()
+  os.chmod(readonly, 0o500)
+  cases = [
+      (dict(config=str(tmp_path / 'nope.py')), 'no such file'),
+      (dict(config=str(tmp_path / 'broken.py')), 'syntax error on line 1'),
+      (dict(config=str(tmp_path / 'noget.py')), 'defines no get_config'),
+      (dict(workdir=tmp_path / 'afile'), 'is a file, not a directory'),
+  ]
+  if os.geteuid() != 0:         # root ignores permissions
+    cases.append((dict(workdir=readonly / 'run'), 'is not writable'))
+  for kwargs, message in cases:
+    result = cli(kwargs.get('workdir', tmp_path / 'run'),
+                 config=kwargs.get('config', 'configs/tiny.py'))
+    assert result.returncode == 2, (kwargs, result.stderr[-1500:])
+    assert 'Traceback' not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
 def test_cli_reports_bad_config_in_one_line(tmp_path):
   result = cli(tmp_path / 'run', '--config.model.position=xpos')
   assert result.returncode == 2
