@@ -185,8 +185,12 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
 
   Call as `enc(inputs, valid_lens=None, *, mask=None, bias=None,
   causal=False, positions=None, deterministic=None, return_hidden=False)`:
-    inputs: tokens (B, L) int, or features (B, L, num_hiddens) float (already
-      embedded: they skip the embedding, not the absolute encoding).
+    inputs: tokens (B, L) int in [0, vocab_size), or features (B, L,
+      num_hiddens) float (already embedded: they skip the embedding, not the
+      absolute encoding). Token ids are not range-checked (a data-dependent
+      check cannot run under jit): as with nnx.Embed, an id outside the range
+      gives NaN or another row. selfattn's own batches are in range
+      (tests/test_tasks.py); check yours upstream.
     valid_lens (B,) or (B, L) (one length per query), mask (boolean, four axes
       broadcastable to (B, H, L, L); `masks.make_padding_mask(valid)` for left
       padding), bias (float, same), causal: see masks.py.

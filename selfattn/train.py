@@ -151,6 +151,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
     logging.info('Training %s on %s (%s) for %d steps on %d device(s)',
                  config.model.position, task.name, task.description,
                  num_steps, mesh.size)
+  note = table_reach_note(config, task)
+  if is_main and note:
+    logging.warning(note)
 
   for step in range(start, num_steps):
     state, metrics = advance(state)
@@ -246,6 +249,20 @@ def _stop_non_finite(mngr, writer, workdir: str, what: str) -> None:
            if last is not None else f'no checkpoint was saved in {workdir}')
   raise NonFiniteError(f'{what}; {where}. Lower config.train.learning_rate '
                        f'(or raise warmup_steps) in a new --workdir')
+
+
+def table_reach_note(config: ml_collections.ConfigDict,
+                     task: tasks_lib.Task) -> str | None:
+  """huang and xl keep one row per offset within +-(max_len - 1); longer
+  evaluations reuse the edge rows (as shaw's clipping does by design). Say
+  so, instead of silently (learned, which cannot, is rejected in validation)."""
+  position = config.model.position
+  longest = task.seq_len(max(list(config.eval.lengths) + [config.task.max_len]))
+  if position in ('huang', 'xl') and longest > config.model.max_len:
+    return (f'{position}: evaluation reaches sequence length {longest} > '
+            f'config.model.max_len={config.model.max_len}; offsets beyond '
+            f'+-{config.model.max_len - 1} share the edge rows of the table')
+  return None
 
 
 def generalization_score(results: dict[int, dict[str, float]],

@@ -179,6 +179,9 @@ def test_batches_are_a_function_of_seed_step_and_example_index(name):
     np.testing.assert_array_equal(x, np.asarray(y)[4:])
   w = np.asarray(a.weights) > 0
   assert w.any() and np.all(np.asarray(a.targets)[w] < task.num_classes)
+  # The model's contract (TransformerEncoder): ids in [0, input_vocab_size).
+  inputs = np.asarray(a.inputs)
+  assert inputs.min() >= 0 and inputs.max() < task.input_vocab_size
 
 
 def test_training_lengths_cover_the_range():

@@ -221,6 +221,16 @@ def test_eval_length_beyond_learned_table_is_rejected(tiny_config, tmp_path):
     train.train_and_evaluate(tiny_config, str(tmp_path / 'run'))
 
 
+def test_table_reach_is_stated_for_huang_and_xl_beyond_max_len(tiny_config):
+  from selfattn.config_checks import task_from_config
+  tiny_config.model.position = 'huang'
+  tiny_config.eval.lengths = [8, 100]
+  note = train.table_reach_note(tiny_config, task_from_config(tiny_config))
+  assert 'sequence length 100 > config.model.max_len=64' in note
+  tiny_config.eval.lengths = [8, 12]
+  assert train.table_reach_note(tiny_config, task_from_config(tiny_config)) is None
+
+
 def test_resume_with_different_model_is_refused(tiny_config, tmp_path):
   tiny_config.train.num_steps = 10
   train.train_and_evaluate(tiny_config, str(tmp_path))
