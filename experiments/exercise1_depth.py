@@ -253,7 +253,7 @@ def exercise1(workdir: str, seeds: int, quick: bool) -> str:
   norms, depths = ('post', 'pre', 'none'), (2, 6, 12, 24)
   warmups, steps = (0, 100), 400
   if quick:
-    norms, depths, warmups, steps = ('post', 'pre'), (2, 6), (0,), 150
+    norms, depths, warmups, steps = ('post', 'pre'), (6,), (0,), 150
   table, grad_curves, train_data = trainability(
       workdir, 1 if quick else seeds, norms, depths, warmups, steps)
   plot_grad_norms(grad_curves, depths[-1], os.path.join(workdir, 'grad_norms.png'))
