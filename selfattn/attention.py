@@ -146,6 +146,57 @@ def dot_product_attention(
   return out, weights
 
 
+IMPLEMENTATIONS = ('plain', 'fused')
+
+
+def can_fuse(relative: RelativeTerms | None) -> bool:
+  """Whether jax.nn.dot_product_attention can compute this encoding: every
+  term but Shaw's value term is a rotation or a logit bias."""
+  return getattr(relative, 'fusable', True)
+
+
+def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
+                    v_BxHxLkxD: jax.Array, *, mask: jax.Array | None = None,
+                    bias: jax.Array | None = None, causal: bool = False,
+                    relative: RelativeTerms | None = None,
+                    q_positions: jax.Array | None = None,
+                    k_positions: jax.Array | None = None) -> jax.Array:
+  """The same attention through `jax.nn.dot_product_attention`, which picks
+  cuDNN's fused kernel on GPUs where it applies (XLA elsewhere). The
+  encoding's rotation is applied first and its logit term goes in as a bias;
+  no weights are returned and there is no dropout on them (callers fall back
+  to dot_product_attention for those, and for Shaw's value term).
+
+  Returns (B, H, Lq, D). A query row with no allowed key differs from
+  dot_product_attention's (which returns zeros there).
+  """
+  q, k, v = q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD
+  if not can_fuse(relative):
+    raise ValueError('this encoding has a value term; use dot_product_attention')
+  target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+  mask = masks.attention_mask(target, mask=mask, causal=causal)
+  terms = []
+  if relative is not None:
+    q, k = relative.rotate(q, k, q_positions, k_positions)
+    scaled = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+    extra = relative.logits(scaled, k, q_positions, k_positions)
+    if extra is not None:
+      terms.append(extra)
+  if bias is not None:
+    terms.append(masks.check_bias(bias, target))
+  total = None
+  for term in terms:
+    total = term.astype(q.dtype) if total is None else total + term.astype(q.dtype)
+  if total is not None:
+    total = jnp.broadcast_to(total, target)
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, target)
+  out = jax.nn.dot_product_attention(
+      q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+      bias=total, mask=mask)
+  return out.transpose(0, 2, 1, 3)
+
+
 def _keep_last(_previous, new):
   return new
 
@@ -206,6 +257,10 @@ class MultiHeadAttention(nnx.Module):
     kv_features: width of keys and values (default in_features).
     out_features: width of the output (default num_hiddens).
     relative: a relative positional encoding's hooks, or None.
+    attention_impl: 'plain' (dot_product_attention) or 'fused'
+      (jax.nn.dot_product_attention: cuDNN's kernel on GPUs where it applies).
+      'fused' falls back to 'plain' while weights are captured, while dropout
+      is active, and for Shaw's value term.
     dtype, param_dtype: computation and parameter dtypes.
     rngs: needs a 'params' stream (and 'dropout' when dropout > 0).
   """
@@ -213,8 +268,12 @@ class MultiHeadAttention(nnx.Module):
   def __init__(self, num_hiddens: int, num_heads: int, dropout: float = 0.0, *,
                use_bias: bool = False, in_features: int | None = None,
                kv_features: int | None = None, out_features: int | None = None,
-               relative: RelativeTerms | None = None, dtype=None,
+               relative: RelativeTerms | None = None,
+               attention_impl: str = 'plain', dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
+    if attention_impl not in IMPLEMENTATIONS:
+      raise ValueError(f'attention_impl={attention_impl!r} is unknown; valid: '
+                       f'{", ".join(IMPLEMENTATIONS)}')
     if num_heads < 1 or num_hiddens < 1:
       raise ValueError(f'num_hiddens={num_hiddens} and num_heads={num_heads} '
                        f'must be positive')
@@ -238,6 +297,7 @@ class MultiHeadAttention(nnx.Module):
     self.W_o = linear(num_hiddens, out_features)
     self.dropout = dropout_layer(dropout, rngs)
     self.relative = relative
+    self.attention_impl = attention_impl
     self.cache: nnx.Dict | None = nnx.data(None)   # init_cache fills it
 
   def _split_heads(self, x_BxLxF: jax.Array) -> jax.Array:
@@ -313,6 +373,14 @@ class MultiHeadAttention(nnx.Module):
     target = (q.shape[0], self.num_heads, q.shape[2], k.shape[2])
     mask = masks.attention_mask(target, valid_lens=valid_lens, mask=mask,
                                 causal=causal)
+    dropping = (self.dropout.rate > 0 and not (
+        self.dropout.deterministic if deterministic is None else deterministic))
+    if (self.attention_impl == 'fused' and can_fuse(self.relative)
+        and not dropping and not capturing(self)):
+      out = fused_attention(q, k, v, mask=mask, bias=bias,
+                            relative=self.relative, q_positions=positions,
+                            k_positions=key_positions)
+      return self._merge_heads(out)
     out, weights = dot_product_attention(
         q, k, v, mask=mask, bias=bias, relative=self.relative,
         q_positions=positions, k_positions=key_positions,
@@ -320,5 +388,9 @@ class MultiHeadAttention(nnx.Module):
     if capturing(self):
       self.sow(nnx.Intermediate, 'attention_weights', weights,
                reduce_fn=_keep_last)
-    b, _, lq, _ = out.shape
-    return self.W_o(out.transpose(0, 2, 1, 3).reshape(b, lq, self.num_hiddens))
+    return self._merge_heads(out)
+
+  def _merge_heads(self, out_BxHxLqxD: jax.Array) -> jax.Array:
+    b, _, lq, _ = out_BxHxLqxD.shape
+    return self.W_o(out_BxHxLqxD.transpose(0, 2, 1, 3).reshape(
+        b, lq, self.num_hiddens))

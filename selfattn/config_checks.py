@@ -95,6 +95,10 @@ def validate_config(config: ml_collections.ConfigDict,
   if m.norm not in NORMS:
     raise ConfigError(f'config.model.norm={m.norm!r} is unknown; valid: '
                       f'{", ".join(NORMS)}')
+  from selfattn.attention import IMPLEMENTATIONS
+  if m.get('attention_impl', 'plain') not in IMPLEMENTATIONS:
+    raise ConfigError(f'config.model.attention_impl={m.attention_impl!r} is '
+                      f'unknown; valid: {", ".join(IMPLEMENTATIONS)}')
   if m.dtype not in DTYPES:
     raise ConfigError(f'config.model.dtype={m.dtype!r} is unknown; valid: '
                       f'{", ".join(DTYPES)}')

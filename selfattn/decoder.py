@@ -42,10 +42,10 @@ class TransformerDecoderBlock(nnx.Module):
   def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
                dropout: float, *, norm: str = 'post', residual: bool = True,
                cross_attention: bool = False, relative=None,
-               use_bias: bool = False, dtype=None, param_dtype=jnp.float32,
-               rngs: nnx.Rngs):
-    attention = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
-                     rngs=rngs)
+               use_bias: bool = False, attention_impl: str = 'plain',
+               dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    attention = dict(use_bias=use_bias, attention_impl=attention_impl,
+                     dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     addnorm = dict(norm=norm, residual=residual, dtype=dtype,
                    param_dtype=param_dtype, rngs=rngs)
     self.self_attention = MultiHeadAttention(
@@ -95,7 +95,8 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
 
   Args: as TransformerEncoder (vocab_size, num_hiddens, ffn_num_hiddens,
   num_heads, num_layers, dropout, position, max_len, norm, residual, use_bias,
-  dtype, param_dtype, rngs, **position_options), plus cross_attention.
+  attention_impl, dtype, param_dtype, rngs, **position_options), plus
+  cross_attention.
   """
 
   def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int,
@@ -103,8 +104,8 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
                position: str = 'sinusoidal', max_len: int = 1024,
                norm: str = 'pre', residual: bool = True,
                cross_attention: bool = False, use_bias: bool = False,
-               dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
-               **position_options):
+               attention_impl: str = 'plain', dtype=None,
+               param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
     check_position_options(type(self).__name__, position, position_options)
     if norm not in NORMS:
       raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
@@ -128,7 +129,8 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
         TransformerDecoderBlock(
             num_hiddens, ffn_num_hiddens, num_heads, dropout, norm=norm,
             residual=residual, cross_attention=cross_attention,
-            relative=relative, use_bias=use_bias, dtype=dtype,
+            relative=relative, use_bias=use_bias,
+            attention_impl=attention_impl, dtype=dtype,
             param_dtype=param_dtype, rngs=rngs)
         for relative in relatives])
     self.final_ln = (nnx.LayerNorm(num_hiddens, dtype=dtype,

@@ -77,16 +77,19 @@ class TransformerEncoderBlock(nnx.Module):
 
   Args: num_hiddens, ffn_num_hiddens, num_heads, dropout; norm ('post', 'pre',
   'none'), residual; relative: this layer's own relative-position module (or
-  None); use_bias in the attention projections; dtype / param_dtype; rngs.
+  None); use_bias in the attention projections; attention_impl ('plain' or
+  'fused', see MultiHeadAttention); dtype / param_dtype; rngs.
   """
 
   def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
                dropout: float, *, norm: str = 'post', residual: bool = True,
-               relative=None, use_bias: bool = False, dtype=None,
+               relative=None, use_bias: bool = False,
+               attention_impl: str = 'plain', dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
     self.attention = MultiHeadAttention(
         num_hiddens, num_heads, dropout, use_bias=use_bias, relative=relative,
-        dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        attention_impl=attention_impl, dtype=dtype, param_dtype=param_dtype,
+        rngs=rngs)
     self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens, num_hiddens,
                                dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     addnorm = dict(norm=norm, residual=residual, dtype=dtype,
@@ -214,6 +217,8 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
     causal: build for causal use (Huang's causal skew); calls still pass
       causal=True (TransformerDecoder does both).
     use_bias: biases in the attention projections.
+    attention_impl: 'plain' or 'fused' (jax.nn.dot_product_attention, cuDNN's
+      kernel on GPUs where it applies; see MultiHeadAttention).
     dtype, param_dtype: computation and parameter dtypes.
     rngs: a 'params' stream, and 'dropout' when dropout > 0.
     **position_options: the encoding's options (e.g. clip_distance=8 for
@@ -224,7 +229,8 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
                ffn_num_hiddens: int, num_heads: int, num_layers: int,
                dropout: float = 0.0, *, position: str = 'sinusoidal',
                max_len: int = 1024, norm: str = 'post', residual: bool = True,
-               causal: bool = False, use_bias: bool = False, dtype=None,
+               causal: bool = False, use_bias: bool = False,
+               attention_impl: str = 'plain', dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
     check_position_options(type(self).__name__, position, position_options)
     if norm not in NORMS:
@@ -250,7 +256,8 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
         TransformerEncoderBlock(
             num_hiddens, ffn_num_hiddens, num_heads, dropout, norm=norm,
             residual=residual, relative=relative, use_bias=use_bias,
-            dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+            attention_impl=attention_impl, dtype=dtype,
+            param_dtype=param_dtype, rngs=rngs)
         for relative in relatives
     ])
     self.final_ln = (nnx.LayerNorm(num_hiddens, dtype=dtype,

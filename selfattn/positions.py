@@ -323,6 +323,11 @@ class ShawRelative(RelativePosition):
     table = self.a_K[...]
     return table.reshape(-1, table.shape[-1])
 
+  @property
+  def fusable(self) -> bool:
+    """The value term a^V needs the weights themselves: no fused kernel."""
+    return self.a_V is None
+
   def _against_table(self, x: jax.Array, table: jax.Array) -> jax.Array:
     # (B, H, L, D) x table -> (B, H, L, 2k+1)
     table = table.astype(x.dtype)

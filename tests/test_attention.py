@@ -132,3 +132,43 @@ def test_dot_product_attention_without_relative_matches_jax_nn():
                                         k.transpose(0, 2, 1, 3),
                                         v.transpose(0, 2, 1, 3), mask=keep)
   np.testing.assert_allclose(ours, theirs.transpose(0, 2, 1, 3), atol=1e-5)
+
+
+@pytest.mark.parametrize('position', selfattn.POSITION_NAMES)
+def test_fused_path_equals_the_plain_path(position):
+  """attention_impl='fused' (jax.nn.dot_product_attention; XLA on this CPU)
+  gives the plain path's outputs and gradients for every encoding, with
+  padding; Shaw's value term falls back to the plain path."""
+  def build(impl):
+    return selfattn.TransformerEncoder(12, 16, 32, 2, 2, position=position,
+                                       max_len=16, attention_impl=impl,
+                                       rngs=nnx.Rngs(0))
+  plain, fused = build('plain'), build('fused')
+  x = jax.random.randint(jax.random.key(0), (2, 9), 0, 12)
+  lens = jnp.array([9, 5])
+  np.testing.assert_allclose(fused(x, lens), plain(x, lens), atol=2e-5)
+  np.testing.assert_allclose(fused(x, causal=True), plain(x, causal=True),
+                             atol=2e-5)
+  loss = lambda m: (m(x, lens) ** 2).sum()
+  for g_fused, g_plain in zip(jax.tree.leaves(nnx.grad(loss)(fused)),
+                              jax.tree.leaves(nnx.grad(loss)(plain))):
+    np.testing.assert_allclose(g_fused, g_plain, atol=2e-4, rtol=1e-4)
+
+
+def test_fused_path_is_really_taken_and_refuses_unknown_names(monkeypatch):
+  attn = selfattn.MultiHeadAttention(16, 2, attention_impl='fused',
+                                     rngs=nnx.Rngs(0))
+  X = jax.random.normal(jax.random.key(0), (1, 3, 16))
+  calls = []
+  real = jax.nn.dot_product_attention
+  monkeypatch.setattr(jax.nn, 'dot_product_attention',
+                      lambda *a, **k: calls.append(1) or real(*a, **k))
+  fused_out = attn(X)
+  assert len(calls) == 1
+  # No weights exist on the fused path; capture falls back to plain and
+  # returns them, with the same output.
+  out, (weights,) = selfattn.attention_weights(attn, X)
+  assert len(calls) == 1 and weights.shape == (1, 2, 3, 3)
+  np.testing.assert_allclose(out, fused_out, atol=1e-6)
+  with pytest.raises(ValueError, match="attention_impl='flash'.*valid: plain"):
+    selfattn.MultiHeadAttention(16, 2, attention_impl='flash', rngs=nnx.Rngs(0))

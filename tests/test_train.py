@@ -173,6 +173,8 @@ def test_bfloat16_activations_train_with_float32_parameters(tiny_config, tmp_pat
     ('model.norm', 'sandwich', 'config.model.norm.*valid: post, pre, none'),
     ('model.clip_distance', 4, 'clip_distance is an option of shaw, not of'),
     ('task.vocab_size', 3, None),
+    ('model.attention_impl', 'flash',
+     'config.model.attention_impl.*valid: plain, fused'),
 ])
 def test_invalid_configs_fail_before_any_work(tiny_config, tmp_path, field,
                                               value, message):
