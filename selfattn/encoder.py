@@ -12,6 +12,7 @@ from flax import nnx
 
 from selfattn import masks
 from selfattn.attention import MultiHeadAttention
+from selfattn.attention import capturing
 from selfattn.attention import dropout_layer
 from selfattn.positions import HuangRelative, NoEncoding, POSITIONS, get_position
 
@@ -219,6 +220,9 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
     use_bias: biases in the attention projections.
     attention_impl: 'plain' or 'fused' (jax.nn.dot_product_attention, cuDNN's
       kernel on GPUs where it applies; see MultiHeadAttention).
+    remat: rematerialise each block in the backward pass (nnx.remat): less
+      activation memory, one more forward per block. Off while capturing
+      attention weights.
     dtype, param_dtype: computation and parameter dtypes.
     rngs: a 'params' stream, and 'dropout' when dropout > 0.
     **position_options: the encoding's options (e.g. clip_distance=8 for
@@ -230,7 +234,7 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
                dropout: float = 0.0, *, position: str = 'sinusoidal',
                max_len: int = 1024, norm: str = 'post', residual: bool = True,
                causal: bool = False, use_bias: bool = False,
-               attention_impl: str = 'plain', dtype=None,
+               attention_impl: str = 'plain', remat: bool = False, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
     check_position_options(type(self).__name__, position, position_options)
     if norm not in NORMS:
@@ -245,6 +249,7 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
     self.num_heads = num_heads
     self.position = position
     self.dtype = dtype
+    self.remat = remat
     self._init_embedding(vocab_size, num_hiddens, dropout, kind=kind,
                          options=options, max_len=max_len, dtype=dtype,
                          param_dtype=param_dtype, rngs=rngs)
@@ -276,9 +281,17 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
                                      causal=causal)
     X = self.embed(inputs, positions=positions, deterministic=deterministic)
     hidden = [X]
+
+    def run(blk, X, attn_mask, bias, positions):
+      return blk(X, attn_mask, bias=bias, positions=positions,
+                 deterministic=deterministic)
+
+    if self.remat and not capturing(self):
+      # Recompute each block's activations in the backward pass instead of
+      # storing them (memory for compute); outputs and gradients are equal.
+      run = nnx.remat(run)
     for blk in self.blks:
-      X = blk(X, attn_mask, bias=bias, positions=positions,
-              deterministic=deterministic)
+      X = run(blk, X, attn_mask, bias, positions)
       hidden.append(X)
     if self.final_ln is not None:
       X = self.final_ln(X)

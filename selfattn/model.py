@@ -45,6 +45,7 @@ def build_model(config: ml_collections.ConfigDict, task: Task,
       m.num_layers, m.dropout, position=m.position, max_len=m.max_len,
       norm=m.norm, residual=m.residual, causal=task.causal,
       attention_impl=m.get('attention_impl', 'plain'),
+      remat=bool(m.get('remat', False)),
       dtype=jnp.dtype(m.dtype), rngs=rngs, **position_options(m))
   return SequenceModel(encoder, task.num_classes, causal=task.causal,
                        rngs=rngs)
