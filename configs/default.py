@@ -50,6 +50,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.dtype = 'float32'        # activations: float32 or bfloat16 (params stay float32)
   config.model.attention_impl = 'plain'  # or fused: jax.nn.dot_product_attention (cuDNN on GPUs)
   config.model.remat = False            # recompute block activations in the backward pass
+  config.model.scan_layers = False      # stacked blocks run by nnx.scan (no attention images)
   # Randomized positional encodings (Ruoss et al. 2023): positions are a sorted
   # random subset of [0, max_random_len), drawn per example in training and eval.
   config.model.randomize_positions = False

@@ -223,6 +223,10 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
     remat: rematerialise each block in the backward pass (nnx.remat): less
       activation memory, one more forward per block. Off while capturing
       attention weights.
+    scan_layers: stack the blocks' parameters on a leading layer axis and run
+      them with nnx.scan (compile time independent of depth). `blks` is then
+      one stacked block, not a list: per-layer attention weights are not
+      captured.
     dtype, param_dtype: computation and parameter dtypes.
     rngs: a 'params' stream, and 'dropout' when dropout > 0.
     **position_options: the encoding's options (e.g. clip_distance=8 for
@@ -234,7 +238,8 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
                dropout: float = 0.0, *, position: str = 'sinusoidal',
                max_len: int = 1024, norm: str = 'post', residual: bool = True,
                causal: bool = False, use_bias: bool = False,
-               attention_impl: str = 'plain', remat: bool = False, dtype=None,
+               attention_impl: str = 'plain', remat: bool = False,
+               scan_layers: bool = False, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
     check_position_options(type(self).__name__, position, position_options)
     if norm not in NORMS:
@@ -250,21 +255,36 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
     self.position = position
     self.dtype = dtype
     self.remat = remat
+    self.scan_layers = scan_layers
     self._init_embedding(vocab_size, num_hiddens, dropout, kind=kind,
                          options=options, max_len=max_len, dtype=dtype,
                          param_dtype=param_dtype, rngs=rngs)
-    relatives = relative_layers(kind, options, num_layers, num_heads=num_heads,
-                                head_dim=num_hiddens // num_heads,
-                                max_len=max_len, causal=causal,
-                                param_dtype=param_dtype, rngs=rngs)
-    self.blks = nnx.List([
-        TransformerEncoderBlock(
-            num_hiddens, ffn_num_hiddens, num_heads, dropout, norm=norm,
-            residual=residual, relative=relative, use_bias=use_bias,
-            attention_impl=attention_impl, dtype=dtype,
-            param_dtype=param_dtype, rngs=rngs)
-        for relative in relatives
-    ])
+
+    def block(relative, rngs):
+      return TransformerEncoderBlock(
+          num_hiddens, ffn_num_hiddens, num_heads, dropout, norm=norm,
+          residual=residual, relative=relative, use_bias=use_bias,
+          attention_impl=attention_impl, dtype=dtype, param_dtype=param_dtype,
+          rngs=rngs)
+
+    def relatives(count, rngs):
+      return relative_layers(kind, options, count, num_heads=num_heads,
+                             head_dim=num_hiddens // num_heads,
+                             max_len=max_len, causal=causal,
+                             param_dtype=param_dtype, rngs=rngs)
+
+    if scan_layers:
+      # One block whose parameters carry a leading layer axis (each layer,
+      # its relative module included, still has its own values), run by
+      # nnx.scan: one compiled block instead of num_layers.
+      @nnx.split_rngs(splits=num_layers)
+      @nnx.vmap(in_axes=(0,), out_axes=0)
+      def stacked(rngs):
+        return block(relatives(1, rngs)[0], rngs)
+      self.blks = stacked(rngs)
+    else:
+      self.blks = nnx.List([block(relative, rngs)
+                            for relative in relatives(num_layers, rngs)])
     self.final_ln = (nnx.LayerNorm(num_hiddens, dtype=dtype,
                                    param_dtype=param_dtype, rngs=rngs)
                      if norm == 'pre' else None)
@@ -290,9 +310,18 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
       # Recompute each block's activations in the backward pass instead of
       # storing them (memory for compute); outputs and gradients are equal.
       run = nnx.remat(run)
-    for blk in self.blks:
-      X = run(blk, X, attn_mask, bias, positions)
-      hidden.append(X)
+    if self.scan_layers:
+      def step(blk, X, attn_mask, bias, positions):
+        X = run(blk, X, attn_mask, bias, positions)
+        return X, X
+      scanned = nnx.scan(step, in_axes=(0, nnx.Carry, None, None, None),
+                         out_axes=(nnx.Carry, 0))
+      X, per_layer = scanned(self.blks, X, attn_mask, bias, positions)
+      hidden += list(per_layer)
+    else:
+      for blk in self.blks:
+        X = run(blk, X, attn_mask, bias, positions)
+        hidden.append(X)
     if self.final_ln is not None:
       X = self.final_ln(X)
     return (X, hidden) if return_hidden else X

@@ -46,6 +46,7 @@ def build_model(config: ml_collections.ConfigDict, task: Task,
       norm=m.norm, residual=m.residual, causal=task.causal,
       attention_impl=m.get('attention_impl', 'plain'),
       remat=bool(m.get('remat', False)),
+      scan_layers=bool(m.get('scan_layers', False)),
       dtype=jnp.dtype(m.dtype), rngs=rngs, **position_options(m))
   return SequenceModel(encoder, task.num_classes, causal=task.causal,
                        rngs=rngs)

@@ -326,6 +326,8 @@ class _AttentionProbe:
     @jax.jit
     def attention(params):
       model = trainer.model(params)
+      if model.encoder.scan_layers:
+        return []        # nnx.scan's stacked block has no per-layer capture
       _, inter = nnx.capture(model, nnx.Intermediate)(batch.inputs,
                                                       batch.valid_lens)
       return [inter['encoder']['blks'][i]['attention']['attention_weights'][...][0]
@@ -341,6 +343,12 @@ class _AttentionProbe:
     """The encoding's own 2-D picture (absolute encodings', or layer 0's
     relative module's `picture()`), and whether it can change in training."""
     enc = self._trainer.model(params).encoder
+    if enc.scan_layers:
+      # The stacked block's relative tables carry a layer axis: draw the
+      # absolute table only.
+      picture = enc.pos_encoding.picture()
+      return (None if picture is None else np.asarray(picture),
+              enc.pos_encoding.trainable)
     rel = enc.blks[0].attention.relative
     encoding = rel if rel is not None else enc.pos_encoding
     picture = encoding.picture()

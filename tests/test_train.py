@@ -336,3 +336,25 @@ def test_suite_task_trains_under_reference_layout_with_randomized_positions(
   # A rerun of the finished run changes nothing and says so.
   again = train.train_and_evaluate(config, str(tmp_path))
   assert again == summary
+
+
+@pytest.mark.slow
+def test_scanned_layers_train_and_resume_exactly(tiny_config, tmp_path):
+  """config.model.scan_layers: a run trains, writes its summary, and a
+  resume from its step-10 checkpoint ends with the same parameters."""
+  tiny_config.model.scan_layers = True
+  tiny_config.model.num_layers = 2
+  tiny_config.model.position = 'shaw'
+  straight = tmp_path / 'straight'
+  summary = train.train_and_evaluate(tiny_config, str(straight))
+  assert summary['step'] == 20
+  assert all(np.isfinite(m['loss']) for m in summary['eval'].values())
+  resumed = tmp_path / 'resumed'
+  os.makedirs(resumed / 'checkpoints')
+  shutil.copy(straight / 'config.json', resumed / 'config.json')
+  shutil.copytree(straight / 'checkpoints' / '10', resumed / 'checkpoints' / '10')
+  train.train_and_evaluate(tiny_config, str(resumed))
+  for a, b in zip(saved_params(straight), saved_params(resumed), strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+  # Stacked: one array per parameter with a leading layer axis of 2.
+  assert any(p.ndim >= 2 and p.shape[0] == 2 for p in saved_params(straight))
