@@ -19,11 +19,9 @@ from selfattn import masks
 from selfattn.attention import MultiHeadAttention
 from selfattn.encoder import AddNorm
 from selfattn.encoder import EmbeddingMixin
-from selfattn.encoder import NORMS
 from selfattn.encoder import PositionWiseFFN
-from selfattn.encoder import check_position_options
+from selfattn.encoder import check_stack
 from selfattn.encoder import relative_layers
-from selfattn.positions import get_position
 
 
 class TransformerDecoderBlock(nnx.Module):
@@ -106,16 +104,9 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
                cross_attention: bool = False, use_bias: bool = False,
                attention_impl: str = 'plain', dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
-    check_position_options(type(self).__name__, position, position_options)
-    if norm not in NORMS:
-      raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
-    if num_heads < 1 or num_hiddens < 1 or num_layers < 0:
-      raise ValueError(f'num_hiddens={num_hiddens}, num_heads={num_heads} '
-                       f'must be positive, num_layers={num_layers} >= 0')
-    if num_hiddens % num_heads:
-      raise ValueError(f'num_hiddens={num_hiddens} is not divisible by '
-                       f'num_heads={num_heads}')
-    kind, options = get_position(position, position_options)
+    kind, options = check_stack(
+        type(self).__name__, position, position_options, norm=norm,
+        num_hiddens=num_hiddens, num_heads=num_heads, num_layers=num_layers)
     self.num_heads = num_heads
     self.dtype = dtype
     self._init_embedding(vocab_size, num_hiddens, dropout, kind=kind,

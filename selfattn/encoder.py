@@ -124,6 +124,21 @@ def check_position_options(owner: str, position: str,
                     f'are passed as keywords: {", ".join(sorted(known))})')
 
 
+def check_stack(owner: str, position: str, position_options: dict, *,
+                norm: str, num_hiddens: int, num_heads: int, num_layers: int):
+  """The checks every stack's constructor makes; returns (kind, options)."""
+  check_position_options(owner, position, position_options)
+  if norm not in NORMS:
+    raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
+  if num_heads < 1 or num_hiddens < 1 or num_layers < 0:
+    raise ValueError(f'num_hiddens={num_hiddens}, num_heads={num_heads} '
+                     f'must be positive, num_layers={num_layers} >= 0')
+  if num_hiddens % num_heads:
+    raise ValueError(f'num_hiddens={num_hiddens} is not divisible by '
+                     f'num_heads={num_heads}')
+  return get_position(position, position_options)
+
+
 class EmbeddingMixin:
   """Tokens or features to the first layer's input, with the absolute
   encoding; shared by TransformerEncoder and TransformerDecoder (the modules
@@ -241,16 +256,9 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
                attention_impl: str = 'plain', remat: bool = False,
                scan_layers: bool = False, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
-    check_position_options(type(self).__name__, position, position_options)
-    if norm not in NORMS:
-      raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
-    if num_heads < 1 or num_hiddens < 1 or num_layers < 0:
-      raise ValueError(f'num_hiddens={num_hiddens}, num_heads={num_heads} '
-                       f'must be positive, num_layers={num_layers} >= 0')
-    if num_hiddens % num_heads:
-      raise ValueError(f'num_hiddens={num_hiddens} is not divisible by '
-                       f'num_heads={num_heads}')
-    kind, options = get_position(position, position_options)
+    kind, options = check_stack(
+        type(self).__name__, position, position_options, norm=norm,
+        num_hiddens=num_hiddens, num_heads=num_heads, num_layers=num_layers)
     self.num_heads = num_heads
     self.position = position
     self.dtype = dtype
