@@ -138,8 +138,11 @@ def _lay_out_in_place(task_spec: TaskSpec, raw, S: int):
   return sample
 
 
-def _lay_out_placeholders(task_spec: TaskSpec, raw, S: int):
-  pad, placeholder = S, S + 1
+def _lay_out_after_input(task_spec: TaskSpec, raw, S: int, output_token):
+  """The input, then one token per output symbol, outputs read there.
+  output_token(ex, first, j) is the token at output position j (first: j == 0):
+  a placeholder, or (autoregressive) the separator then the previous output."""
+  pad = S
 
   def sample(key, length, max_length):
     ex = _sized(raw(key, length, max_length), task_spec, max_length)
@@ -149,31 +152,26 @@ def _lay_out_placeholders(task_spec: TaskSpec, raw, S: int):
     is_input, is_output = t < n, (t >= n) & (t < n + m)
     j = jnp.clip(t - n, 0, m_max - 1)          # output index at position t
     inputs = jnp.where(is_input, ex.inputs[jnp.clip(t, 0, n_max - 1)],
-                       jnp.where(is_output, placeholder, pad))
+                       jnp.where(is_output, output_token(ex, t == n, j), pad))
     counted = is_output & ex.output_mask[j]
     targets = jnp.where(counted, ex.outputs[j], 0)
     return inputs, targets, counted.astype(jnp.float32), n + m
   return sample
+
+
+def _lay_out_placeholders(task_spec: TaskSpec, raw, S: int):
+  placeholder = S + 1
+  return _lay_out_after_input(task_spec, raw, S,
+                              lambda ex, first, j: placeholder)
 
 
 def _lay_out_autoregressive(task_spec: TaskSpec, raw, S: int):
-  pad, separator, first_output = S, S + 1, S + 2
+  separator, first_output = S + 1, S + 2
 
-  def sample(key, length, max_length):
-    ex = _sized(raw(key, length, max_length), task_spec, max_length)
-    n_max, m_max = ex.inputs.shape[0], ex.outputs.shape[0]
-    t = jnp.arange(n_max + m_max)
-    n, m = ex.num_inputs, ex.num_outputs
-    is_input, is_output = t < n, (t >= n) & (t < n + m)
-    j = jnp.clip(t - n, 0, m_max - 1)          # output predicted at position t
-    previous = first_output + ex.outputs[jnp.clip(j - 1, 0, m_max - 1)]
-    inputs = jnp.where(is_input, ex.inputs[jnp.clip(t, 0, n_max - 1)],
-                       jnp.where(is_output, jnp.where(t == n, separator,
-                                                      previous), pad))
-    counted = is_output & ex.output_mask[j]
-    targets = jnp.where(counted, ex.outputs[j], 0)
-    return inputs, targets, counted.astype(jnp.float32), n + m
-  return sample
+  def token(ex, first, j):
+    previous = ex.outputs[jnp.clip(j - 1, 0, ex.outputs.shape[0] - 1)]
+    return jnp.where(first, separator, first_output + previous)
+  return _lay_out_after_input(task_spec, raw, S, token)
 
 
 _LAYOUT_BUILDERS = {'in_place': _lay_out_in_place,
