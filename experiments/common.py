@@ -78,17 +78,23 @@ def sweep(settings: Iterable[tuple[str, ml_collections.ConfigDict]],
           for name, _ in settings}
 
 
+def finite(values: list[float]) -> list[float]:
+  """The values that are not NaN (NaN marks a diverged run)."""
+  return [v for v in values if not math.isnan(v)]
+
+
 def mean_std(values: list[float]) -> str:
   """'mean ± std' over seeds; NaN values (diverged runs) are left out and
   counted."""
-  finite = [v for v in values if not math.isnan(v)]
-  lost = len(values) - len(finite)
+  finite_values = finite(values)
+  lost = len(values) - len(finite_values)
   note = f' ({lost} of {len(values)} diverged)' if lost else ''
-  if not finite:
+  if not finite_values:
     return f'all {lost} diverged'
-  if len(finite) == 1:
-    return f'{finite[0]:.3f}' + note
-  return f'{statistics.mean(finite):.3f} ± {statistics.stdev(finite):.3f}' + note
+  if len(finite_values) == 1:
+    return f'{finite_values[0]:.3f}' + note
+  return (f'{statistics.mean(finite_values):.3f} ± '
+          f'{statistics.stdev(finite_values):.3f}' + note)
 
 
 def accuracy(summary: dict, length: int, metric: str = 'token_accuracy') -> float:

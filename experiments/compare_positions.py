@@ -7,7 +7,6 @@ Trains each encoding with configs/default.py (lengths 1-16) and evaluates at
 8, 16, 32 and 64. --quick: a small model, four encodings, one seed.
 """
 
-import math
 import os
 
 from absl import app
@@ -41,8 +40,7 @@ def compare(workdir: str, seeds: int, quick: bool, task: str = None) -> str:
   lengths = list(base.eval.lengths)
   inside = max(n for n in lengths if n <= base.task.max_len)
   def mean_inside(runs):   # diverged runs left out; all diverged ranks last
-    values = [a for a in (common.accuracy(s, inside) for s in runs)
-              if not math.isnan(a)]
+    values = common.finite([common.accuracy(s, inside) for s in runs])
     return sum(values) / len(values) if values else -1.0
 
   ranked = sorted(results.items(), key=lambda kv: -mean_inside(kv[1]))
