@@ -8,10 +8,11 @@
 # Each study's wall time on this machine is printed and appended to
 # <root>/timings.txt. `scripts/run_experiments.sh experiments/results`
 # regenerates the committed results in place. Expect most of a day on a
-# 2-core CPU. Measured there at five seeds (experiments/results/timings.txt):
-# exercise2 23 min, compare 20 min; estimated: exercise1 and exercise3 about
-# 1.5 h each, length_generalization 4-5 h (390 runs of 35-90 s; EXPERIMENTS.md
-# section 5). `--shard=i/n` on length_generalization splits it over machines.
+# 2-core CPU. Measured there at five seeds
+# (experiments/results/timings.txt): compare 19 min, exercise1 82 min,
+# exercise2 23 min, exercise3 53 min; length_generalization about 6.5 h
+# (390 runs at about 62 s each; EXPERIMENTS.md section 5). `--shard=i/n` on
+# length_generalization splits it over machines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="${1:-runs}"
