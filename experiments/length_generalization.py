@@ -26,6 +26,7 @@ import statistics
 import numpy as np
 from absl import app
 from absl import flags
+import scipy.stats
 
 from configs import chomsky
 from experiments import common
@@ -112,18 +113,13 @@ def per_seed_differences(by_cell: dict, tasks, positions) -> dict[int, list[floa
   return out
 
 
-# Two-sided 95% quantiles of Student's t by degrees of freedom (seeds - 1).
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447,
-        7: 2.365, 8: 2.306, 9: 2.262}
-
-
 def seed_interval(means: list[float]) -> tuple[float, float]:
   """95% t-interval of the mean of per-seed means: the seed, not the pair,
   as the unit of replication (pairs of one seed share its data stream)."""
   k = len(means)
   if k < 2:
     raise ValueError('an interval across seeds needs at least two seeds')
-  t = _T95.get(k - 1, 1.96)
+  t = scipy.stats.t.ppf(0.975, df=k - 1)
   half = t * statistics.stdev(means) / np.sqrt(k)
   centre = statistics.mean(means)
   return float(centre - half), float(centre + half)

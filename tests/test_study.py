@@ -91,7 +91,7 @@ def test_the_interval_across_seeds_is_students_t_on_per_seed_means():
   assert {s: [round(d, 6) for d in v] for s, v in by_seed.items()} == {
       0: [0.1, 0.1], 1: [0.2, 0.2], 2: [0.3]}
   lo, hi = lengthgen.seed_interval([0.1, 0.2, 0.3])
-  half = 4.303 * 0.1 / 3 ** 0.5          # t(0.975, df=2) * sd / sqrt(k)
+  half = 4.302653 * 0.1 / 3 ** 0.5       # t(0.975, df=2) * sd / sqrt(k)
   assert (lo, hi) == pytest.approx((0.2 - half, 0.2 + half))
   with pytest.raises(ValueError):
     lengthgen.seed_interval([0.1])
