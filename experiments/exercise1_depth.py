@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
+import optax
 from absl import app
 from absl import flags
 from flax import nnx
@@ -119,25 +120,29 @@ def depth_config(norm: str, depth: int, warmup: int, steps: int):
   return config
 
 
-def layer_grad_norms(config) -> list[float]:
-  """Gradient norm of each block's parameters at initialisation (step 0)."""
-  trainer = Trainer(config)
-  params = trainer.init_state()['params']
-  batch = trainer.train_batch(0)
+def layer_grad_norms(config, seeds: int) -> list[list[float]]:
+  """Gradient norm of each block's parameters at initialisation (step 0),
+  per seed: [seed][layer]. The seed sets both the initial parameters and the
+  first batch; one compiled gradient serves every seed."""
+  trainers = []
+  for seed in range(seeds):
+    seeded = config.copy_and_resolve_references()
+    seeded.seed = seed
+    trainers.append(Trainer(seeded))
+  model_of = trainers[0].model    # the same architecture for every seed
 
   @jax.jit
-  def grads(params):
+  def block_norms(params, batch):
     def loss(params):
-      model = trainer.model(params)
-      sums = metric_sums(model(batch.inputs, batch.valid_lens), batch)
+      sums = metric_sums(model_of(params)(batch.inputs, batch.valid_lens), batch)
       return sums['nll'] / jnp.maximum(sums['weight'], 1.0)
-    return jax.grad(loss)(params)
+    blocks = jax.grad(loss)(params)['encoder']['blks']
+    return jnp.stack([optax.global_norm(blocks[i])
+                      for i in range(config.model.num_layers)])
 
-  g = grads(params)
-  blocks = g['encoder']['blks']
-  return [float(jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in
-                             jax.tree.leaves(blocks[i]))))
-          for i in range(config.model.num_layers)]
+  return [[float(x) for x in block_norms(t.init_state()['params'],
+                                          t.train_batch(0))]
+          for t in trainers]
 
 
 def trainability_settings(norms, depths, warmups, steps, sweep):
@@ -169,9 +174,22 @@ def trainability(workdir, seeds, settings):
   return rows, data
 
 
-def grad_norms_at_init(norms, depths) -> dict[tuple[str, int], list[float]]:
-  return {(n, d): layer_grad_norms(depth_config(n, d, 0, 1))
+def grad_norms_at_init(norms, depths, seeds
+                       ) -> dict[tuple[str, int], list[list[float]]]:
+  """{(norm, depth): per-layer gradient norms at step 0, [seed][layer]}."""
+  return {(n, d): layer_grad_norms(depth_config(n, d, 0, 1), seeds)
           for n in norms for d in depths}
+
+
+def _first_last(per_seed: list[list[float]]) -> str:
+  """Geometric mean over seeds of the first and the last block's norm (they
+  span orders of magnitude), with the range over seeds."""
+  def one(values):
+    centre = float(np.exp(np.mean(np.log(values))))
+    return (f'{centre:.3g}' if len(values) == 1 else
+            f'{centre:.3g} ({min(values):.2g}-{max(values):.2g})')
+  return (f'{one([g[0] for g in per_seed])} / '
+          f'{one([g[-1] for g in per_seed])}')
 
 
 def trainability_table(settings, rows, grad_norms) -> str:
@@ -183,9 +201,8 @@ def trainability_table(settings, rows, grad_norms) -> str:
     if not name.startswith('trainability/'):
       continue
     norm, depth = config.model.norm, config.model.num_layers
-    g = grad_norms[(norm, depth)]
     body.append([norm, depth, config.train.warmup_steps] + rows[name]
-                + [f'{g[0]:.3g} / {g[-1]:.3g}'])
+                + [_first_last(grad_norms[(norm, depth)])])
   return common.markdown_table(header, body)
 
 
@@ -200,13 +217,21 @@ def warmup_sweep_table(settings, rows) -> str:
 
 def plot_grad_norms(grad_curves, depth, path):
   fig, ax = plt.subplots(figsize=(6, 4))
-  for (norm, d), values in grad_curves.items():
+  for i, ((norm, d), per_seed) in enumerate(grad_curves.items()):
     if d == depth:
-      ax.plot(range(1, d + 1), values, marker='.', label=f'{norm}-LN' if norm != 'none' else 'no LN')
+      values = np.asarray(per_seed)           # (seeds, layers)
+      layers = range(1, d + 1)
+      color = plt.get_cmap('tab10').colors[i % 10]
+      ax.plot(layers, np.exp(np.log(values).mean(0)), marker='.', color=color,
+              label=(f'{norm}-LN' if norm != 'none' else 'no LN')
+              + f' (n={len(values)})')
+      ax.fill_between(layers, values.min(0), values.max(0), color=color,
+                      alpha=0.15, lw=0)
   ax.set_yscale('log')
   ax.set_xlabel('layer')
   ax.set_ylabel('gradient norm at step 0')
-  ax.set_title(f'Per-layer gradient norm at initialisation, depth {depth}')
+  ax.set_title(f'Per-layer gradient norm at initialisation, depth {depth}\n'
+               '(line: geometric mean; band: min-max over seeds)', fontsize=10)
   ax.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=110)
@@ -328,7 +353,7 @@ def exercise1(workdir: str, seeds: int, quick: bool) -> str:
     sweep = ([('post', 4, 50)], 150)
   settings = trainability_settings(norms, depths, warmups, steps, sweep)
   rows, train_data = trainability(workdir, seeds, settings)
-  grad_curves = grad_norms_at_init(norms, depths)
+  grad_curves = grad_norms_at_init(norms, depths, seeds)
   plot_grad_norms(grad_curves, depths[-1], os.path.join(workdir, 'grad_norms.png'))
 
   encodings = ('sinusoidal', 'shaw') if quick else ('sinusoidal', 'learned', 'shaw')
@@ -348,7 +373,8 @@ def exercise1(workdir: str, seeds: int, quick: bool) -> str:
         f'Task `precedes` (chance 0.5), width 32, lengths 4-16, {steps} steps '
         f'at peak learning rate 3e-3 (AdamW, cosine); accuracy at length 16, '
         f'mean ± std over {seeds} seed(s) (a diverged run counts as 0.5). '
-        f'Gradient norms at step 0, seed 0.\n\n'
+        f'Gradient norms at step 0: geometric mean (range) over the same '
+        f'{seeds} seed(s).\n\n'
         f'{trainability_table(settings, rows, grad_curves)}\n\n'
         f'![gradient norms](grad_norms.png)'),
        ('Warmup sweep',

@@ -72,7 +72,9 @@ def test_exercise1_quick(tmp_path):
   cells = data['trainability']
   assert min(cells['trainability/norm=pre,depth=4,warmup=0']['accuracy']) > 0.9
   assert 'warmup_sweep/norm=post,depth=4,warmup=50,steps=150' in cells
-  assert len(data['grad_norms_step0']['post,4']) == 4
+  grads = data['grad_norms_step0']['post,4']            # [seed][layer]
+  assert len(grads) == 1 and len(grads[0]) == 4
+  assert all(0 < g < 1e3 for g in grads[0])            # post-LN: no blow-up
   probe = data['probe']                                # per seed
   assert probe['sinusoidal'][0]['init'][0] > 0.9       # P is linearly decodable
   assert probe['shaw'][0]['init'][0] < 0.2             # no absolute position
@@ -113,6 +115,12 @@ def test_length_generalization_quick_survives_a_kill_and_shards(tmp_path):
   assert len(data['runs']) == 2                      # rope, rope random
   text = (whole / 'results.md').read_text()
   assert 'QUICK MODE' in text and '2 of 6 runs finished' in text
+  # one (task, encoding, seed) pair: scored, fitted in distribution, and its
+  # max over the one seed
+  assert len(data['paired_differences']) == 1
+  assert len(data['in_distribution_differences']) == 1
+  assert list(data['max_over_seeds_differences']) == ['parity_check/rope']
+  assert '## In distribution' in text
 
   killed = tmp_path / 'killed'
   cmd = [sys.executable, '-m', 'experiments.length_generalization',
