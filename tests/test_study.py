@@ -95,3 +95,18 @@ def test_the_interval_across_seeds_is_students_t_on_per_seed_means():
   assert (lo, hi) == pytest.approx((0.2 - half, 0.2 + half))
   with pytest.raises(ValueError):
     lengthgen.seed_interval([0.1])
+
+
+def test_the_max_over_seeds_comparison_waits_for_matching_seeds():
+  from experiments import length_generalization as lengthgen
+  by_cell = {('t', 'rope', False): {0: 0.5, 1: 0.7, 2: 0.6},
+             ('t', 'rope', True): {0: 0.9, 1: 0.6, 2: 0.8},
+             # the randomized column is a seed behind: no max comparison yet
+             ('t', 'alibi', False): {0: 0.5, 1: 0.5},
+             ('t', 'alibi', True): {0: 0.6},
+             ('u', 'rope', False): {0: 0.8},
+             ('u', 'rope', True): {0: 0.7}}
+  best = lengthgen.max_over_seeds_differences(by_cell, ['t', 'u'],
+                                              ['none', 'rope', 'alibi'])
+  assert best == pytest.approx({('t', 'rope'): 0.9 - 0.7,
+                                ('u', 'rope'): 0.7 - 0.8})
