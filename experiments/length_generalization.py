@@ -86,17 +86,22 @@ def _cell(scores: list[float]) -> str:
   return f'{text} (max {max(scores):.3f}, n={len(scores)})'
 
 
+def _columns(by_cell: dict, tasks, positions):
+  """(task, encoding, {seed: fixed score}, {seed: randomized score}) of every
+  encoding that has a randomized counterpart ('none' has not)."""
+  for task in tasks:
+    for position in positions:
+      if position != 'none':
+        yield (task, position, by_cell.get((task, position, False), {}),
+               by_cell.get((task, position, True), {}))
+
+
 def _pairs(by_cell: dict, tasks, positions):
   """(seed, randomized minus fixed score) of every finished pair, in the
   order task, encoding, seed."""
-  for task in tasks:
-    for position in positions:
-      if position == 'none':
-        continue
-      fixed = by_cell.get((task, position, False), {})
-      rand = by_cell.get((task, position, True), {})
-      for seed in sorted(set(fixed) & set(rand)):
-        yield seed, rand[seed] - fixed[seed]
+  for _, _, fixed, rand in _columns(by_cell, tasks, positions):
+    for seed in sorted(set(fixed) & set(rand)):
+      yield seed, rand[seed] - fixed[seed]
 
 
 def paired_differences(by_cell: dict, tasks, positions) -> list[float]:
@@ -122,16 +127,9 @@ def max_over_seeds_differences(by_cell: dict, tasks, positions
   the same seeds finished: a max over five seeds against a max over four
   would favour the fuller column.
   """
-  out = {}
-  for task in tasks:
-    for position in positions:
-      if position == 'none':
-        continue
-      fixed = by_cell.get((task, position, False), {})
-      rand = by_cell.get((task, position, True), {})
-      if fixed and set(fixed) == set(rand):
-        out[(task, position)] = max(rand.values()) - max(fixed.values())
-  return out
+  return {(task, position): max(rand.values()) - max(fixed.values())
+          for task, position, fixed, rand in _columns(by_cell, tasks, positions)
+          if fixed and set(fixed) == set(rand)}
 
 
 def seed_interval(means: list[float]) -> tuple[float, float]:
