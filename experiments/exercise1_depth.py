@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 import optax
+import scipy.stats
 from absl import app
 from absl import flags
 from flax import nnx
@@ -185,7 +186,7 @@ def _first_last(per_seed: list[list[float]]) -> str:
   """Geometric mean over seeds of the first and the last block's norm (they
   span orders of magnitude), with the range over seeds."""
   def one(values):
-    centre = float(np.exp(np.mean(np.log(values))))
+    centre = float(scipy.stats.gmean(values))
     return (f'{centre:.3g}' if len(values) == 1 else
             f'{centre:.3g} ({min(values):.2g}-{max(values):.2g})')
   return (f'{one([g[0] for g in per_seed])} / '
@@ -222,7 +223,7 @@ def plot_grad_norms(grad_curves, depth, path):
       values = np.asarray(per_seed)           # (seeds, layers)
       layers = range(1, d + 1)
       color = plt.get_cmap('tab10').colors[i % 10]
-      ax.plot(layers, np.exp(np.log(values).mean(0)), marker='.', color=color,
+      ax.plot(layers, scipy.stats.gmean(values, axis=0), marker='.', color=color,
               label=(f'{norm}-LN' if norm != 'none' else 'no LN')
               + f' (n={len(values)})')
       ax.fill_between(layers, values.min(0), values.max(0), color=color,

@@ -24,9 +24,9 @@ import os
 import statistics
 
 import numpy as np
+import scipy.stats
 from absl import app
 from absl import flags
-import scipy.stats
 
 from configs import chomsky
 from experiments import common
