@@ -97,25 +97,51 @@ def _columns(by_cell: dict, tasks, positions):
 
 
 def _pairs(by_cell: dict, tasks, positions):
-  """(seed, randomized minus fixed score) of every finished pair, in the
-  order task, encoding, seed."""
-  for _, _, fixed, rand in _columns(by_cell, tasks, positions):
+  """(task, encoding, seed, randomized minus fixed score) of every finished
+  pair, in the order task, encoding, seed."""
+  for task, position, fixed, rand in _columns(by_cell, tasks, positions):
     for seed in sorted(set(fixed) & set(rand)):
-      yield seed, rand[seed] - fixed[seed]
+      yield task, position, seed, rand[seed] - fixed[seed]
 
 
 def paired_differences(by_cell: dict, tasks, positions) -> list[float]:
   """Randomized minus fixed score, paired by (task, encoding, seed)."""
-  return [diff for _, diff in _pairs(by_cell, tasks, positions)]
+  return [diff for *_, diff in _pairs(by_cell, tasks, positions)]
 
 
 def per_seed_differences(by_cell: dict, tasks, positions) -> dict[int, list[float]]:
   """{seed: randomized minus fixed score of every (task, encoding) pair that
   seed has finished}."""
   out: dict[int, list[float]] = {}
-  for seed, diff in _pairs(by_cell, tasks, positions):
+  for _, _, seed, diff in _pairs(by_cell, tasks, positions):
     out.setdefault(seed, []).append(diff)
   return out
+
+
+def breakdown(by_cell: dict, tasks, positions) -> str:
+  """The paired differences by task and by encoding: mean and how many of
+  them are positive (randomized higher)."""
+  groups: dict[str, dict[str, list[float]]] = {'task': {}, 'encoding': {}}
+  for task, position, _, diff in _pairs(by_cell, tasks, positions):
+    groups['task'].setdefault(task, []).append(diff)
+    groups['encoding'].setdefault(position, []).append(diff)
+  return ' '.join(
+      f'Per {kind}: ' + '; '.join(
+          f'{name} {statistics.mean(v):+.3f} ({sum(d > 0 for d in v)} of '
+          f'{len(v)} positive)' for name, v in by_name.items()) + '.'
+      for kind, by_name in groups.items() if by_name)
+
+
+def per_seed_table(by_cell: dict, tasks, positions) -> str:
+  """Markdown table task x encoding of every seed's difference, seed order."""
+  cells: dict = {}
+  for task, position, _, diff in _pairs(by_cell, tasks, positions):
+    cells.setdefault((task, position), []).append(f'{diff:+.3f}')
+  encodings = [p for p in positions if p != 'none']
+  return common.markdown_table(
+      ['task'] + encodings,
+      [[t] + [' '.join(cells.get((t, p), ['–'])) for p in encodings]
+       for t in tasks])
 
 
 def max_over_seeds_differences(by_cell: dict, tasks, positions
@@ -229,7 +255,8 @@ def report(workdir: str, runs: list[study.Run], summaries: dict[str, dict],
     fit += (f'\n\nRandomized minus fixed at length {trained}, paired by '
             f'(task, encoding, seed) over {len(in_diffs)} pairs: mean '
             f'{statistics.mean(in_diffs):+.4f}; randomized is lower in '
-            f'{sum(d < 0 for d in in_diffs)} of them.')
+            f'{sum(d < 0 for d in in_diffs)} of them. '
+            f'{breakdown(in_distribution, tasks, positions)}')
   diffs = paired_differences(by_cell, tasks, positions)
   if len(diffs) >= 2:
     lo, hi = bootstrap_ci(diffs)
@@ -257,6 +284,10 @@ def report(workdir: str, runs: list[study.Run], summaries: dict[str, dict],
                f'encoding) cells with the same seeds finished): '
                f'{statistics.mean(best.values()):+.4f}; randomized is higher in '
                f'{sum(d > 0 for d in best.values())} of {len(best)} cells.')
+  if diffs:
+    paired += (f' {breakdown(by_cell, tasks, positions)}\n\n'
+               f'Every pair\'s difference (randomized minus fixed score), '
+               f'seeds in order:\n\n{per_seed_table(by_cell, tasks, positions)}')
   done = len(summaries) + len(diverged)
   protocol = (
       f'scale={scale}: layout {base.task.layout}, one length per batch uniform '

@@ -110,3 +110,16 @@ def test_the_max_over_seeds_comparison_waits_for_matching_seeds():
                                               ['none', 'rope', 'alibi'])
   assert best == pytest.approx({('t', 'rope'): 0.9 - 0.7,
                                 ('u', 'rope'): 0.7 - 0.8})
+
+
+def test_the_breakdown_groups_pairs_by_task_and_by_encoding():
+  from experiments import length_generalization as lengthgen
+  by_cell = {('t', 'rope', False): {0: 0.5, 1: 0.5},
+             ('t', 'rope', True): {0: 0.7, 1: 0.4},
+             ('u', 'rope', False): {0: 0.5},
+             ('u', 'rope', True): {0: 0.6}}
+  text = lengthgen.breakdown(by_cell, ['t', 'u'], ['none', 'rope'])
+  assert text == ('Per task: t +0.050 (1 of 2 positive); u +0.100 (1 of 1 '
+                  'positive). Per encoding: rope +0.067 (2 of 3 positive).')
+  table = lengthgen.per_seed_table(by_cell, ['t', 'u'], ['none', 'rope'])
+  assert '| t | +0.200 -0.100 |' in table and '| u | +0.100 |' in table
