@@ -19,9 +19,11 @@ Every encoding works because its hooks (positions.RelativePosition) compute
 their terms from explicit query and key positions: each block passes the
 positions of its own queries and keys (0..L-1 when the caller gave none).
 Rotations (RoPE) are applied once to the whole q and k, which costs O(L D).
-One consequence: Transformer-XL's default path uses unbounded offsets, while
-with positions (here) offsets beyond +-(max_len - 1) share the edge row, as
-Huang's table always does; the two agree whenever L <= max_len.
+An encoding whose default path (no positions) differs from its positions
+path supplies its own per-block term (RelativePosition.blockwise_logits):
+Transformer-XL's default offsets are unbounded, while with positions they
+clip at +-(max_len - 1), so the chunked path reads XL's unbounded table per
+block and matches the plain path at every length.
 
 Dropout drops each block's weights with a key folded from the block's
 indices, so its random pattern differs from dot_product_attention's (same
@@ -178,6 +180,9 @@ def chunked_attention(
 
   k_blocks, v_blocks = blocks(k, kc), blocks(v, kc)
   reach = getattr(relative, 'reach', None)
+  own_block_logits = None
+  if relative is not None and q_positions is None and k_positions is None:
+    own_block_logits = relative.blockwise_logits(lq, lk, lq_pad, lk_pad)
   kpos_blocks = jnp.moveaxis(k_pos.reshape(k_pos.shape[0], nk, kc), 1, 0)
 
   def key_step(i, q_blk, qpos_blk, carry, xs):
@@ -187,8 +192,11 @@ def chunked_attention(
                    preferred_element_type=jnp.float32)
     side = _far_side(reach, qpos_blk, kpos_blk)
     if relative is not None:
-      extra = _term(side, lambda: relative.logits(q_blk, k_blk, qpos_blk,
-                                                  kpos_blk),
+      if own_block_logits is not None:
+        near = lambda: own_block_logits(q_blk, k_blk, i * qc, j * kc)
+      else:
+        near = lambda: relative.logits(q_blk, k_blk, qpos_blk, kpos_blk)
+      extra = _term(side, near,
                     lambda: relative.logits(q_blk, k_blk[:, :, :1],
                                             *_edge_positions(side, reach)),
                     (b, h, qc, kc))

@@ -286,6 +286,20 @@ class RelativePosition(nnx.Module):
              k_pos: jax.Array | None = None) -> jax.Array | None:
     return None
 
+  def blockwise_logits(self, num_queries: int, num_keys: int,
+                       padded_queries: int, padded_keys: int):
+    """The logit term per block for the chunked path on default positions.
+
+    Called once per attention call when no positions are given (queries at
+    0..Lq-1, keys at 0..Lk-1; the blocks pad them to padded_queries and
+    padded_keys, continuing the count). Returns None to have each block call
+    `logits` with its own positions, which is exact for every encoding whose
+    default path equals its positions path; or a function
+    (q_blk, k_blk, q_start, k_start) -> (B, H, qc, kc) for an encoding whose
+    default path cannot be written with positions (XL's unbounded offsets).
+    """
+    return None
+
 
 def _table_init(stddev: float = 0.5):
   # Relative tables start clearly non-zero so position information exists at
@@ -575,13 +589,43 @@ class TransformerXLRelative(RelativePosition):
     phi = xl_sinusoid(offsets, self.num_heads * self.head_dim)
     return self.W_r(phi).reshape(-1, self.num_heads, self.head_dim)
 
-  def logits(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
-             k_pos: jax.Array | None = None) -> jax.Array:
-    scale = 1.0 / math.sqrt(self.head_dim)   # q arrives already scaled
+  def _content_bias_and_query(self, q: jax.Array, k: jax.Array):
+    """u . k_s as (B, H, 1, Lk), and q + v (B, H, Lq, D); q arrives scaled
+    by 1/sqrt(D), so u and v are scaled alike."""
+    scale = 1.0 / math.sqrt(self.head_dim)
     u = (self.u[...] * scale).astype(q.dtype)
     v = (self.v[...] * scale).astype(q.dtype)
     content_bias = jnp.einsum('hd,bhkd->bhk', u, k)[:, :, None, :]
-    qv = q + v[None, :, None, :]
+    return content_bias, q + v[None, :, None, :]
+
+  def blockwise_logits(self, num_queries: int, num_keys: int,
+                       padded_queries: int, padded_keys: int):
+    """The default path's unbounded offsets, per block: R for every offset
+    the padded blocks can meet is projected once (O(L) rows, as the default
+    path does), and a block of queries from q_start and keys from k_start
+    reads its qc + kc - 1 consecutive rows and skews them to (qc, kc). Lq !=
+    Lk returns None: the default path clips there, like the positions path."""
+    if num_queries != num_keys:
+      return None
+    first = -(padded_queries - 1)
+    table = self.embeddings(jnp.arange(first, padded_keys))
+
+    def term(q, k, q_start, k_start):
+      qc, kc = q.shape[2], k.shape[2]
+      content_bias, qv = self._content_bias_and_query(q, k)
+      # Row r holds offset (k_start - q_start - (qc - 1)) + r, so query a
+      # and key b (offset k_start + b - q_start - a) read row b - a + qc - 1.
+      rows = jax.lax.dynamic_slice_in_dim(
+          table, k_start - q_start - (qc - 1) - first, qc + kc - 1, axis=0)
+      by_offset = jnp.einsum('bhqd,rhd->bhqr', qv, rows.astype(q.dtype))
+      index = jnp.arange(kc)[None, :] - jnp.arange(qc)[:, None] + qc - 1
+      return content_bias + gather_offsets(by_offset, index[None])
+
+    return term
+
+  def logits(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
+             k_pos: jax.Array | None = None) -> jax.Array:
+    content_bias, qv = self._content_bias_and_query(q, k)
     lq, lk = q.shape[2], k.shape[2]
     if q_pos is None and k_pos is None and lq == lk:
       table = self.embeddings(jnp.arange(-(lq - 1), lq)).astype(q.dtype)

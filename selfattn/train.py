@@ -274,12 +274,15 @@ def _stop_non_finite(mngr, writer, workdir: str, what: str) -> None:
 
 def table_reach_note(config: ml_collections.ConfigDict,
                      task: tasks_lib.Task) -> str | None:
-  """huang and xl keep one row per offset within +-(max_len - 1); longer
+  """huang keeps one learned row per offset within +-(max_len - 1); longer
   evaluations reuse the edge rows (as shaw's clipping does by design). Say
-  so, instead of silently (learned, which cannot, is rejected in validation)."""
+  so, instead of silently (learned, which cannot, is rejected in validation).
+  xl needs no note: without randomized positions its offsets are unbounded on
+  every attention path, and with them validation asks max_len to cover
+  every position drawn."""
   position = config.model.position
   longest = task.seq_len(max(list(config.eval.lengths) + [config.task.max_len]))
-  if position in ('huang', 'xl') and longest > config.model.max_len:
+  if position == 'huang' and longest > config.model.max_len:
     return (f'{position}: evaluation reaches sequence length {longest} > '
             f'config.model.max_len={config.model.max_len}; offsets beyond '
             f'+-{config.model.max_len - 1} share the edge rows of the table')

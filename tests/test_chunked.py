@@ -80,6 +80,39 @@ def test_chunked_equals_plain_with_explicit_positions_and_cross_lengths(name):
   np.testing.assert_allclose(ours, plain, atol=2e-6)
 
 
+@pytest.mark.parametrize('causal', [False, True])
+def test_xl_is_unbounded_in_blocks_as_on_the_plain_path(causal):
+  """Transformer-XL's default path (no positions) uses every offset of the
+  sequence, unclipped; its positions path clips at +-(max_len - 1). With
+  max_len 4 at length 19 the two differ, and the chunked path (blocks of 4
+  queries x 5 keys, both lengths padded) must follow the default path:
+  outputs and gradients, the XL projection and biases included."""
+  relative = _relative('xl', max_len=4)
+  q, k, v = _qkv()
+
+  def loss(impl, q, k, v, relative):
+    if impl == 'plain':
+      out = attention.dot_product_attention(q, k, v, causal=causal,
+                                            relative=relative)[0]
+    else:
+      out = chunked.chunked_attention(q, k, v, causal=causal,
+                                      relative=relative, query_chunk=4,
+                                      key_chunk=5)
+    return (out ** 2).sum(), out
+
+  clipped = attention.dot_product_attention(
+      q, k, v, causal=causal, relative=relative,
+      q_positions=jnp.arange(19)[None], k_positions=jnp.arange(19)[None])[0]
+  _, plain = loss('plain', q, k, v, relative)
+  assert float(jnp.abs(clipped - plain).max()) > 1e-3   # the test can tell
+  grad = nnx.grad(loss, argnums=(1, 2, 3, 4), has_aux=True)
+  (want, plain), (got, ours) = (grad('plain', q, k, v, relative),
+                                grad('chunked', q, k, v, relative))
+  np.testing.assert_allclose(ours, plain, atol=2e-6)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, atol=2e-5, rtol=1e-5)
+
+
 def test_a_query_with_no_allowed_key_gets_zeros_and_finite_gradients():
   q, k, v = _qkv(lq=6, lk=6)
   keep = jnp.ones((2, 1, 6, 6), bool).at[0, :, 2, :].set(False)
