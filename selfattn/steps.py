@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from selfattn import tasks as tasks_lib
+from selfattn.free_running import free_running_logits
 from selfattn.config_checks import task_from_config
 from selfattn.model import SequenceModel
 from selfattn.model import build_model
@@ -48,11 +49,18 @@ def metrics_from_sums(s: dict[str, Any]) -> dict[str, float]:
   """token_accuracy: correct over counted positions, pooled over examples.
   This is the reference suite's accuracy (it pools per sub-batch of 64 and
   averages the sub-batches, which differs only when examples count different
-  numbers of positions: the masked binary and stack tasks)."""
+  numbers of positions: the masked binary and stack tasks). With free-running
+  sums (the autoregressive layout's evaluation), also the accuracies of the
+  model's own greedy outputs: free_running_token/sequence_accuracy."""
   weight, count = max(float(s['weight']), 1.0), max(float(s['seq_count']), 1.0)
-  return {'loss': float(s['nll']) / weight,
-          'token_accuracy': float(s['correct']) / weight,
-          'sequence_accuracy': float(s['seq_correct']) / count}
+  metrics = {'loss': float(s['nll']) / weight,
+             'token_accuracy': float(s['correct']) / weight,
+             'sequence_accuracy': float(s['seq_correct']) / count}
+  if 'free_correct' in s:
+    metrics['free_running_token_accuracy'] = float(s['free_correct']) / weight
+    metrics['free_running_sequence_accuracy'] = (float(s['free_seq_correct'])
+                                                 / count)
+  return metrics
 
 
 # --------------------------------------------------------------------------
@@ -256,7 +264,15 @@ class Trainer:
       batch = tasks_lib.make_eval_batch(task, seed, length, indices,
                                         padded_length=padded,
                                         max_random_len=random_len)
-      return metric_sums(forward(params=params, batch=batch, **parts), batch)
+      logits_of = lambda b: forward(params=params, batch=b, **parts)
+      sums = metric_sums(logits_of(batch), batch)
+      if task.causal:      # the autoregressive layout: also free-running
+        free = metric_sums(free_running_logits(
+            logits_of, batch, first_output_token=task.first_output_token,
+            max_rounds=task.spec.output_length(padded) - 1), batch)
+        sums['free_correct'] = free['correct']
+        sums['free_seq_correct'] = free['seq_correct']
+      return sums
 
     generate = batch_generator(config, task)
     by_example = self.by_example

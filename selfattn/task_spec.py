@@ -15,7 +15,10 @@ padded to a static size with its true length alongside. A *layout*
                 outputs shifted right (teacher forcing); the separator and
                 each output symbol predict the next output symbol, and the
                 model attends causally (model.py). Scored like placeholders,
-                at the same positions; accuracy is teacher-forced.
+                at the same positions. token/sequence_accuracy are
+                teacher-forced; evaluation adds free_running_* accuracies,
+                with the model's own greedy outputs fed back
+                (free_running.py).
 
 Token ids of the model input: the task's input symbols 0..S-1 (its alphabet,
 including any operator or separator symbols it uses), then PAD = S, then the

@@ -90,6 +90,12 @@ class Task:
     return self.input_symbols + 1
 
   @property
+  def first_output_token(self) -> int:
+    """The input id of output class 0 in the autoregressive layout (class o
+    is fed back as first_output_token + o)."""
+    return self.input_symbols + 2
+
+  @property
   def causal(self) -> bool:
     """Whether the model must attend causally (the autoregressive layout)."""
     return self.layout == 'autoregressive'

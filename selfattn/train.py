@@ -311,15 +311,24 @@ def finished_summary(workdir: str, num_steps: int) -> dict[str, Any] | None:
 def results_table(summary: dict[str, Any]) -> str:
   """Markdown table of the evaluation per length; marks trained lengths."""
   lo, hi = summary['train_lengths']
+  # The autoregressive layout's accuracies are teacher-forced; its
+  # free-running ones (own outputs fed back) get their own columns.
+  free_header = free_rule = ''
+  if any('free_running_token_accuracy' in m for m in summary['eval'].values()):
+    free_header = ' free-running token acc | free-running sequence acc |'
+    free_rule = '---:|---:|'
   lines = [f'{summary["position"]} on {summary["task"]} after step '
            f'{summary["step"]} (chance {summary["chance"]:.3f}, trained on '
            f'lengths {lo}-{hi})', '',
-           '| length | in training range | token acc | sequence acc | loss |',
-           '|---:|:---:|---:|---:|---:|']
+           '| length | in training range | token acc | sequence acc | loss |'
+           + free_header, '|---:|:---:|---:|---:|---:|' + free_rule]
   for length, m in summary['eval'].items():
     inside = 'yes' if lo <= int(length) <= hi else 'no'
+    free = (f' {m["free_running_token_accuracy"]:.4f} | '
+            f'{m["free_running_sequence_accuracy"]:.4f} |'
+            if free_header else '')
     lines.append(f'| {length} | {inside} | {m["token_accuracy"]:.4f} | '
-                 f'{m["sequence_accuracy"]:.4f} | {m["loss"]:.4f} |')
+                 f'{m["sequence_accuracy"]:.4f} | {m["loss"]:.4f} |' + free)
   if summary.get('score') is not None:
     lines += ['', f'score (token accuracy averaged over the evaluated '
               f'lengths above {hi}): {summary["score"]:.4f}']

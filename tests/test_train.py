@@ -363,6 +363,11 @@ def test_autoregressive_layout_trains_a_causal_model(tiny_config, tmp_path):
   summary = train.train_and_evaluate(config, str(tmp_path))
   assert summary['layout'] == 'autoregressive'
   assert summary['eval']['4']['token_accuracy'] > 0.5     # chance 1/8
+  # Free-running accuracy (own outputs fed back) is reported beside it; a
+  # wholly right example is wholly right either way.
+  at4 = summary['eval']['4']
+  assert at4['free_running_sequence_accuracy'] == at4['sequence_accuracy']
+  assert 'free-running token acc' in train.results_table(summary)
 
 
 def test_suite_task_trains_under_reference_layout_with_randomized_positions(
