@@ -17,11 +17,13 @@ from flax import nnx
 
 from selfattn import masks
 from selfattn.attention import MultiHeadAttention
+from selfattn.attention import capturing
 from selfattn.encoder import AddNorm
 from selfattn.encoder import EmbeddingMixin
 from selfattn.encoder import PositionWiseFFN
 from selfattn.encoder import check_stack
 from selfattn.encoder import relative_layers
+from selfattn.encoder import stacked_blocks
 
 
 class TransformerDecoderBlock(nnx.Module):
@@ -93,8 +95,10 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
 
   Args: as TransformerEncoder (vocab_size, num_hiddens, ffn_num_hiddens,
   num_heads, num_layers, dropout, position, max_len, norm, residual, use_bias,
-  attention_impl, dtype, param_dtype, rngs, **position_options), plus
-  cross_attention.
+  attention_impl, remat, scan_layers, dtype, param_dtype, rngs,
+  **position_options), plus cross_attention. With scan_layers the caches
+  too carry the layer axis, and cached decoding runs through nnx.scan; remat
+  applies to full (training) passes, not to decode=True steps.
   """
 
   def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int,
@@ -102,28 +106,40 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
                position: str = 'sinusoidal', max_len: int = 1024,
                norm: str = 'pre', residual: bool = True,
                cross_attention: bool = False, use_bias: bool = False,
-               attention_impl: str = 'plain', dtype=None,
+               attention_impl: str = 'plain', remat: bool = False,
+               scan_layers: bool = False, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
     kind, options = check_stack(
         type(self).__name__, position, position_options, norm=norm,
         num_hiddens=num_hiddens, num_heads=num_heads, num_layers=num_layers)
     self.num_heads = num_heads
     self.dtype = dtype
+    self.remat = remat
+    self.scan_layers = scan_layers
     self._init_embedding(vocab_size, num_hiddens, dropout, kind=kind,
                          options=options, max_len=max_len, dtype=dtype,
                          param_dtype=param_dtype, rngs=rngs)
-    relatives = relative_layers(kind, options, num_layers, num_heads=num_heads,
-                                head_dim=num_hiddens // num_heads,
-                                max_len=max_len, causal=True,
-                                param_dtype=param_dtype, rngs=rngs)
-    self.blks = nnx.List([
-        TransformerDecoderBlock(
-            num_hiddens, ffn_num_hiddens, num_heads, dropout, norm=norm,
-            residual=residual, cross_attention=cross_attention,
-            relative=relative, use_bias=use_bias,
-            attention_impl=attention_impl, dtype=dtype,
-            param_dtype=param_dtype, rngs=rngs)
-        for relative in relatives])
+
+    def block(relative, rngs):
+      return TransformerDecoderBlock(
+          num_hiddens, ffn_num_hiddens, num_heads, dropout, norm=norm,
+          residual=residual, cross_attention=cross_attention,
+          relative=relative, use_bias=use_bias,
+          attention_impl=attention_impl, dtype=dtype,
+          param_dtype=param_dtype, rngs=rngs)
+
+    def relatives(count, rngs):
+      return relative_layers(kind, options, count, num_heads=num_heads,
+                             head_dim=num_hiddens // num_heads,
+                             max_len=max_len, causal=True,
+                             param_dtype=param_dtype, rngs=rngs)
+
+    if scan_layers:
+      self.blks = stacked_blocks(
+          lambda rngs: block(relatives(1, rngs)[0], rngs), num_layers, rngs)
+    else:
+      self.blks = nnx.List([block(relative, rngs)
+                            for relative in relatives(num_layers, rngs)])
     self.final_ln = (nnx.LayerNorm(num_hiddens, dtype=dtype,
                                    param_dtype=param_dtype, rngs=rngs)
                      if norm == 'pre' else None)
@@ -134,8 +150,13 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
   def init_cache(self, batch_size: int, max_length: int, dtype=None) -> None:
     """Empty caches for decode=True: every layer's keys and values, and the
     next position."""
-    for blk in self.blks:
+    def init(blk):
       blk.self_attention.init_cache(batch_size, max_length, dtype)
+    if self.scan_layers:
+      nnx.vmap(init, in_axes=0, out_axes=0)(self.blks)   # one per layer
+    else:
+      for blk in self.blks:
+        init(blk)
     self.next_position = nnx.Cache(jnp.zeros((), jnp.int32))
 
   def __call__(self, tokens: jax.Array, enc_outputs: jax.Array | None = None,
@@ -158,9 +179,21 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
       enc_mask = masks.make_length_mask(enc_valid_lens, length,
                                         enc_outputs.shape[1])
     X = self.embed(tokens, positions=positions, deterministic=deterministic)
-    for blk in self.blks:
-      X = blk(X, enc_outputs, enc_mask, mask=mask, positions=positions,
-              deterministic=deterministic, decode=decode)
+
+    def run(blk, X, enc_outputs, enc_mask, mask, positions):
+      return blk(X, enc_outputs, enc_mask, mask=mask, positions=positions,
+                 deterministic=deterministic, decode=decode)
+
+    if self.remat and not decode and not capturing(self):
+      run = nnx.remat(run)
+    if self.scan_layers:
+      scanned = nnx.scan(lambda *args: (run(*args), None),
+                         in_axes=(0, nnx.Carry, None, None, None, None),
+                         out_axes=(nnx.Carry, 0))
+      X, _ = scanned(self.blks, X, enc_outputs, enc_mask, mask, positions)
+    else:
+      for blk in self.blks:
+        X = run(blk, X, enc_outputs, enc_mask, mask, positions)
     if self.final_ln is not None:
       X = self.final_ln(X)
     return self.dense(X).astype(jnp.float32)

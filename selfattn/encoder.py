@@ -199,6 +199,19 @@ def relative_layers(kind, options: dict, num_layers: int, *, num_heads: int,
   return layers
 
 
+def stacked_blocks(make_block: Callable[[nnx.Rngs], nnx.Module],
+                   num_layers: int, rngs: nnx.Rngs) -> nnx.Module:
+  """One block whose variables carry a leading layer axis of num_layers, for
+  nnx.scan: one compiled block instead of num_layers. make_block(rngs) builds
+  a block with its own relative module, so each layer still has its own
+  values of everything."""
+  @nnx.split_rngs(splits=num_layers)
+  @nnx.vmap(in_axes=(0,), out_axes=0)
+  def stacked(rngs):
+    return make_block(rngs)
+  return stacked(rngs)
+
+
 class TransformerEncoder(EmbeddingMixin, nnx.Module):
   """The chapter's encoder with any positional encoding.
 
@@ -283,14 +296,8 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
                              param_dtype=param_dtype, rngs=rngs)
 
     if scan_layers:
-      # One block whose parameters carry a leading layer axis (each layer,
-      # its relative module included, still has its own values), run by
-      # nnx.scan: one compiled block instead of num_layers.
-      @nnx.split_rngs(splits=num_layers)
-      @nnx.vmap(in_axes=(0,), out_axes=0)
-      def stacked(rngs):
-        return block(relatives(1, rngs)[0], rngs)
-      self.blks = stacked(rngs)
+      self.blks = stacked_blocks(
+          lambda rngs: block(relatives(1, rngs)[0], rngs), num_layers, rngs)
     else:
       self.blks = nnx.List([block(relative, rngs)
                             for relative in relatives(num_layers, rngs)])

@@ -77,3 +77,33 @@ def assert_encoders_agree(ours, plain, tokens, lens, *, atol=2e-5,
                        jax.tree.leaves(nnx.grad(loss)(plain))):
     np.testing.assert_allclose(got, want, atol=grad_atol, rtol=1e-4)
 
+
+
+def stack_loop_into_scan(loop, scanned):
+  """Copies a loop stack's parameters into a scanned one (layer i of the
+  stacked arrays = block i of `loop.blks`)."""
+  import jax.numpy as jnp
+  from flax import nnx
+  flat = dict(nnx.to_flat_state(nnx.state(loop, nnx.Param)))
+  new = {}
+  for path, value in nnx.to_flat_state(nnx.state(scanned, nnx.Param)):
+    if path[0] == 'blks':
+      layers = [flat[('blks', i) + path[1:]][...] for i in range(len(loop.blks))]
+      new[path] = value.replace(jnp.stack(layers))
+    else:
+      new[path] = value.replace(flat[path][...])
+  nnx.update(scanned, nnx.from_flat_state(new))
+
+
+def assert_scanned_grads_match(loss, loop, scanned, *, atol=1e-4):
+  """nnx.grad(loss) of a scanned stack equals the loop's, layer by layer."""
+  import jax.numpy as jnp
+  from flax import nnx
+  g_loop = dict(nnx.to_flat_state(nnx.grad(loss)(loop)))
+  for path, g in nnx.to_flat_state(nnx.grad(loss)(scanned)):
+    if path[0] == 'blks':
+      want = jnp.stack([g_loop[('blks', i) + path[1:]][...]
+                        for i in range(len(loop.blks))])
+    else:
+      want = g_loop[path][...]
+    np.testing.assert_allclose(g[...], want, atol=atol, rtol=atol)

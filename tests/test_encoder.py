@@ -10,6 +10,8 @@ from flax.nnx import bridge
 from flax.traverse_util import flatten_dict
 
 import selfattn
+from reference import assert_scanned_grads_match
+from reference import stack_loop_into_scan
 
 ALL = selfattn.POSITION_NAMES
 ABSOLUTE = ('sinusoidal', 'learned')
@@ -190,20 +192,6 @@ def test_remat_gives_the_same_outputs_and_gradients(position):
   assert 'remat' not in jaxpr and 'checkpoint' not in jaxpr
 
 
-def _stack_loop_into_scan(loop, scanned):
-  """Copies a loop encoder's parameters into a scanned one (layer i of the
-  stacked arrays = block i)."""
-  flat = dict(nnx.to_flat_state(nnx.state(loop, nnx.Param)))
-  new = {}
-  for path, value in nnx.to_flat_state(nnx.state(scanned, nnx.Param)):
-    if path[0] == 'blks':
-      layers = [flat[('blks', i) + path[1:]][...] for i in range(len(loop.blks))]
-      new[path] = value.replace(jnp.stack(layers))
-    else:
-      new[path] = value.replace(flat[path][...])
-  nnx.update(scanned, nnx.from_flat_state(new))
-
-
 @pytest.mark.parametrize('position', ['sinusoidal', 'shaw', 't5', 'rope'])
 def test_scanned_layers_equal_the_loop_with_the_same_parameters(position):
   def build(scan):
@@ -211,18 +199,11 @@ def test_scanned_layers_equal_the_loop_with_the_same_parameters(position):
                                        max_len=16, norm='pre',
                                        scan_layers=scan, rngs=nnx.Rngs(0))
   loop, scanned = build(False), build(True)
-  _stack_loop_into_scan(loop, scanned)
+  stack_loop_into_scan(loop, scanned)
   x, lens = tokens((2, 7)), jnp.array([7, 4])
   np.testing.assert_allclose(scanned(x, lens), loop(x, lens), atol=1e-5)
   _, hidden = scanned(x, lens, return_hidden=True)
   _, want = loop(x, lens, return_hidden=True)
   assert len(hidden) == len(want) == 4
   np.testing.assert_allclose(hidden[2], want[2], atol=1e-5)
-  loss = lambda m: (m(x, lens) ** 2).sum()
-  g_loop = dict(nnx.to_flat_state(nnx.grad(loss)(loop)))
-  for path, g in nnx.to_flat_state(nnx.grad(loss)(scanned)):
-    if path[0] == 'blks':
-      want_g = jnp.stack([g_loop[('blks', i) + path[1:]][...] for i in range(3)])
-    else:
-      want_g = g_loop[path][...]
-    np.testing.assert_allclose(g[...], want_g, atol=1e-4, rtol=1e-4)
+  assert_scanned_grads_match(lambda m: (m(x, lens) ** 2).sum(), loop, scanned)
