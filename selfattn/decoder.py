@@ -21,9 +21,8 @@ from selfattn.attention import capturing
 from selfattn.encoder import AddNorm
 from selfattn.encoder import EmbeddingMixin
 from selfattn.encoder import PositionWiseFFN
+from selfattn.encoder import build_blocks
 from selfattn.encoder import check_stack
-from selfattn.encoder import relative_layers
-from selfattn.encoder import stacked_blocks
 
 
 class TransformerDecoderBlock(nnx.Module):
@@ -128,18 +127,11 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
           attention_impl=attention_impl, dtype=dtype,
           param_dtype=param_dtype, rngs=rngs)
 
-    def relatives(count, rngs):
-      return relative_layers(kind, options, count, num_heads=num_heads,
-                             head_dim=num_hiddens // num_heads,
-                             max_len=max_len, causal=True,
-                             param_dtype=param_dtype, rngs=rngs)
-
-    if scan_layers:
-      self.blks = stacked_blocks(
-          lambda rngs: block(relatives(1, rngs)[0], rngs), num_layers, rngs)
-    else:
-      self.blks = nnx.List([block(relative, rngs)
-                            for relative in relatives(num_layers, rngs)])
+    self.blks = build_blocks(
+        block, num_layers, scan_layers=scan_layers, kind=kind,
+        options=options, num_heads=num_heads,
+        head_dim=num_hiddens // num_heads, max_len=max_len, causal=True,
+        param_dtype=param_dtype, rngs=rngs)
     self.final_ln = (nnx.LayerNorm(num_hiddens, dtype=dtype,
                                    param_dtype=param_dtype, rngs=rngs)
                      if norm == 'pre' else None)

@@ -199,17 +199,32 @@ def relative_layers(kind, options: dict, num_layers: int, *, num_heads: int,
   return layers
 
 
-def stacked_blocks(make_block: Callable[[nnx.Rngs], nnx.Module],
-                   num_layers: int, rngs: nnx.Rngs) -> nnx.Module:
-  """One block whose variables carry a leading layer axis of num_layers, for
-  nnx.scan: one compiled block instead of num_layers. make_block(rngs) builds
-  a block with its own relative module, so each layer still has its own
-  values of everything."""
-  @nnx.split_rngs(splits=num_layers)
-  @nnx.vmap(in_axes=(0,), out_axes=0)
-  def stacked(rngs):
-    return make_block(rngs)
-  return stacked(rngs)
+def build_blocks(make_block: Callable[[object, nnx.Rngs], nnx.Module],
+                 num_layers: int, *, scan_layers: bool, kind, options: dict,
+                 num_heads: int, head_dim: int, max_len: int, causal: bool,
+                 param_dtype, rngs: nnx.Rngs) -> nnx.Module:
+  """num_layers blocks, each make_block(relative, rngs) with its own relative
+  module (None for absolute encodings).
+
+  Without scan_layers: an nnx.List, every relative module drawn before the
+  blocks (the order, hence the initial values, of every earlier run). With
+  it: one block whose variables carry a leading layer axis, for nnx.scan (one
+  compiled block instead of num_layers); each layer still has its own values
+  of everything.
+  """
+  def relatives(count, rngs):
+    return relative_layers(kind, options, count, num_heads=num_heads,
+                           head_dim=head_dim, max_len=max_len, causal=causal,
+                           param_dtype=param_dtype, rngs=rngs)
+
+  if scan_layers:
+    @nnx.split_rngs(splits=num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def stacked(rngs):
+      return make_block(relatives(1, rngs)[0], rngs)
+    return stacked(rngs)
+  return nnx.List([make_block(relative, rngs)
+                   for relative in relatives(num_layers, rngs)])
 
 
 class TransformerEncoder(EmbeddingMixin, nnx.Module):
@@ -289,18 +304,11 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
           attention_impl=attention_impl, dtype=dtype, param_dtype=param_dtype,
           rngs=rngs)
 
-    def relatives(count, rngs):
-      return relative_layers(kind, options, count, num_heads=num_heads,
-                             head_dim=num_hiddens // num_heads,
-                             max_len=max_len, causal=causal,
-                             param_dtype=param_dtype, rngs=rngs)
-
-    if scan_layers:
-      self.blks = stacked_blocks(
-          lambda rngs: block(relatives(1, rngs)[0], rngs), num_layers, rngs)
-    else:
-      self.blks = nnx.List([block(relative, rngs)
-                            for relative in relatives(num_layers, rngs)])
+    self.blks = build_blocks(
+        block, num_layers, scan_layers=scan_layers, kind=kind,
+        options=options, num_heads=num_heads,
+        head_dim=num_hiddens // num_heads, max_len=max_len, causal=causal,
+        param_dtype=param_dtype, rngs=rngs)
     self.final_ln = (nnx.LayerNorm(num_hiddens, dtype=dtype,
                                    param_dtype=param_dtype, rngs=rngs)
                      if norm == 'pre' else None)
