@@ -13,7 +13,7 @@ from selfattn.free_running import free_running_logits
 from selfattn.model import build_model
 
 
-def _model_and_batch(length=6, padded=8, examples=4):
+def _model_and_batch(length=6, padded=8, examples=2):
   config = tiny.get_config()
   config.task.layout = 'autoregressive'
   config.model.position = 'rope'
@@ -45,7 +45,7 @@ def test_free_running_equals_greedy_decoding_one_slot_at_a_time():
   padding included."""
   task, model, batch = _model_and_batch()
   decoded, want = _greedy_reference(model, task, batch)
-  assert (decoded != np.asarray(batch.inputs)).sum() > 5   # the test can tell
+  assert (decoded != np.asarray(batch.inputs)).sum() > 3   # the test can tell
   logits_of = lambda b: model(b.inputs, b.valid_lens)
   got = jax.jit(lambda b: free_running_logits(
       logits_of, b, first_output_token=task.first_output_token,
