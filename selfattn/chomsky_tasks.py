@@ -294,9 +294,8 @@ def _host(fn, input_length, output_length, masked=False):
     def sample(key, length, max_length):
       N, M = input_length(max_length), output_length(max_length)
 
-      def host(key_data, length):
-        length = int(length)
-        x, y = fn(_host_rng(key_data), length)
+      def one(key_data, length):
+        x, y = fn(_host_rng(key_data), int(length))
         inputs = np.zeros(N, np.int32)
         inputs[:len(x)] = x
         outputs = np.zeros(M, np.int32)
@@ -306,6 +305,21 @@ def _host(fn, input_length, output_length, masked=False):
           mask &= np.arange(M) <= y.index(END)
         return (inputs, np.int32(len(x)), outputs, np.int32(len(y)), mask)
 
+      def host(key_data, length):
+        # Under vmap ('expand_dims') a whole batch arrives in one call, with
+        # any leading axes (size 1 where an argument is not batched): one
+        # host round trip per batch instead of per example, which cost ~0.3
+        # ms each, 15x the sampling itself. Each example still draws from
+        # its own key, so the data are the same as one call per example.
+        key_data, length = np.asarray(key_data), np.asarray(length)
+        lead = np.broadcast_shapes(key_data.shape[:-1], length.shape)
+        keys = np.broadcast_to(key_data, lead + key_data.shape[-1:])
+        keys = keys.reshape(-1, key_data.shape[-1])
+        lengths = np.broadcast_to(length, lead).reshape(-1)
+        examples = [one(k, n) for k, n in zip(keys, lengths)]
+        return tuple(np.stack(field).reshape(lead + field[0].shape)
+                     for field in zip(*examples))
+
       shapes = (jax.ShapeDtypeStruct((N,), jnp.int32),
                 jax.ShapeDtypeStruct((), jnp.int32),
                 jax.ShapeDtypeStruct((M,), jnp.int32),
@@ -313,7 +327,7 @@ def _host(fn, input_length, output_length, masked=False):
                 jax.ShapeDtypeStruct((M,), jnp.bool_))
       return Example(*jax.pure_callback(
           host, shapes, jax.random.key_data(key), length,
-          vmap_method='sequential'))
+          vmap_method='expand_dims'))
     return sample
   return make_sampler
 

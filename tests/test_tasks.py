@@ -214,6 +214,32 @@ def test_host_sampled_tasks_are_deterministic_and_shard_consistently():
   assert not np.array_equal(a.inputs, c.inputs)
 
 
+@pytest.mark.parametrize('name', ['stack_manipulation', 'solve_equation'])
+def test_host_sampled_batch_equals_one_call_per_example(name):
+  """The host tasks sample a whole vmapped batch in one callback: the same
+  examples as calling the sampler once per key, unbatched, also under a
+  nested vmap (a (2, 3) grid of keys with one length per row) and with an
+  unbatched length (broadcast to every key)."""
+  import jax
+  task = tasks.get_task(name, layout='placeholders')
+  keys = jax.random.split(jax.random.key(7), 6).reshape(2, 3)
+  lengths = jnp.array([3, 9])
+  grid = jax.vmap(lambda ks, n: jax.vmap(
+      lambda k: task.sample(k, n, 12))(ks))(keys, lengths)
+  same = jax.vmap(lambda k: task.sample(k, jnp.int32(5), 12))(keys[0])
+  for r in range(2):
+    for c in range(3):
+      one = task.sample(keys[r, c], lengths[r], 12)
+      for got, want in zip(grid, one):
+        np.testing.assert_array_equal(np.asarray(got)[r, c], want)
+    assert not np.array_equal(np.asarray(grid[0])[r, 0],
+                              np.asarray(grid[0])[r, 1])
+  for c in range(3):
+    one = task.sample(keys[0, c], jnp.int32(5), 12)
+    for got, want in zip(same, one):
+      np.testing.assert_array_equal(np.asarray(got)[c], want)
+
+
 def test_eval_batches_have_exact_length_and_differ_from_training():
   task = tasks.get_task('precedes', 4)
   ev = tasks.make_eval_batch(task, 0, 11, jnp.arange(6))
