@@ -95,6 +95,13 @@ def thirty_step_run(tmp_path_factory):
   return workdir
 
 
+# Reading the truncated array fails inside tensorstore, whose late callback
+# then finds orbax's event loop closed: the RuntimeError that the command line
+# drops (log_setup, tested below) surfaces here through pytest's own
+# unraisable hook. Only that exact error is ignored.
+@pytest.mark.filterwarnings(
+    r'ignore:(?s)Exception ignored in.*Event loop is closed'
+    r':pytest.PytestUnraisableExceptionWarning')
 @pytest.mark.parametrize('how', ['truncated', 'no_metadata', 'emptied'])
 def test_damaged_latest_checkpoint_falls_back_to_the_previous(thirty_step_run,
                                                                tmp_path, how):
