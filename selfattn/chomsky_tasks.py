@@ -31,6 +31,10 @@ from selfattn.task_spec import TaskSpec
 
 MODULUS = 5
 END = 2     # end-of-output token of stack_manipulation and the binary tasks
+# How a vmapped batch reaches the host samplers: 'expand_dims' sends the whole
+# batch in one callback; 'sequential' (one callback per example) is the peer
+# scripts/host_tasks_speed.py measures it against. Read when tracing.
+HOST_VMAP_METHOD = 'expand_dims'
 
 
 def _bits(key, max_length):
@@ -308,9 +312,9 @@ def _host(fn, input_length, output_length, masked=False):
       def host(key_data, length):
         # Under vmap ('expand_dims') a whole batch arrives in one call, with
         # any leading axes (size 1 where an argument is not batched): one
-        # host round trip per batch instead of per example, which cost ~0.3
-        # ms each, 15x the sampling itself. Each example still draws from
-        # its own key, so the data are the same as one call per example.
+        # host round trip per batch instead of per example, whose round trips
+        # cost far more than the sampling (scripts/host_tasks_speed.py). Each
+        # example still draws from its own key: the same data either way.
         key_data, length = np.asarray(key_data), np.asarray(length)
         lead = np.broadcast_shapes(key_data.shape[:-1], length.shape)
         keys = np.broadcast_to(key_data, lead + key_data.shape[-1:])
@@ -327,7 +331,7 @@ def _host(fn, input_length, output_length, masked=False):
                 jax.ShapeDtypeStruct((M,), jnp.bool_))
       return Example(*jax.pure_callback(
           host, shapes, jax.random.key_data(key), length,
-          vmap_method='expand_dims'))
+          vmap_method=HOST_VMAP_METHOD))
     return sample
   return make_sampler
 
