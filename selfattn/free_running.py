@@ -11,9 +11,10 @@ prediction at position t depends only on tokens 0..t. Starting from the
 teacher-forced sequence, one round (a full forward pass, then writing each
 position's argmax into the next fed-back slot) makes the first fed-back slot
 final; round r makes the first r slots final. After at most M - 1 rounds (M
-output slots) the sequence is a fixed point and equals greedy decoding; the
-loop stops as soon as a round changes nothing, so a model that is already
-right everywhere costs two forward passes.
+output slots) the sequence is a fixed point and equals greedy decoding. The
+teacher-forced pass is round 0's input, and the loop stops as soon as a round
+would change nothing, so a model that is already right everywhere costs no
+forward pass beyond the teacher-forced one.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from selfattn.tasks import Batch
 
 
 def free_running_logits(logits_fn: Callable[[Batch], jax.Array], batch: Batch,
-                        *, first_output_token: int, max_rounds: int
+                        *, first_output_token: int, max_rounds: int,
+                        teacher_forced_logits: jax.Array | None = None
                         ) -> jax.Array:
   """Logits (B, T, C) with every fed-back output replaced by the model's own.
 
@@ -39,6 +41,8 @@ def free_running_logits(logits_fn: Callable[[Batch], jax.Array], batch: Batch,
       the class.
     max_rounds: an upper bound on the rounds, the output slots minus one (the
       loop usually ends earlier, when nothing changes).
+    teacher_forced_logits: logits_fn(batch), when the caller has them already
+      (evaluation does): they are where the rounds start.
 
   Returns:
     The logits of the greedy-decoded sequence: position t's logits given the
@@ -51,15 +55,18 @@ def free_running_logits(logits_fn: Callable[[Batch], jax.Array], batch: Batch,
     previous = jnp.concatenate([predicted[:, :1], predicted[:, :-1]], axis=1)
     return jnp.where(fed_back, first_output_token + previous, batch.inputs)
 
+  # Carry: (rounds, inputs, their logits, the inputs those logits feed back).
   def more(carry):
-    rounds, _, changed = carry
-    return changed & (rounds < max_rounds)
+    rounds, inputs, _, following = carry
+    return jnp.any(following != inputs) & (rounds < max_rounds)
 
   def round_(carry):
-    rounds, inputs, _ = carry
-    new = feed_back(logits_fn(batch._replace(inputs=inputs)))
-    return rounds + 1, new, jnp.any(new != inputs)
+    rounds, _, _, inputs = carry
+    logits = logits_fn(batch._replace(inputs=inputs))
+    return rounds + 1, inputs, logits, feed_back(logits)
 
-  _, inputs, _ = jax.lax.while_loop(
-      more, round_, (jnp.zeros((), jnp.int32), batch.inputs, jnp.array(True)))
-  return logits_fn(batch._replace(inputs=inputs))
+  if teacher_forced_logits is None:
+    teacher_forced_logits = logits_fn(batch)
+  start = (jnp.zeros((), jnp.int32), batch.inputs, teacher_forced_logits,
+           feed_back(teacher_forced_logits))
+  return jax.lax.while_loop(more, round_, start)[2]

@@ -265,11 +265,13 @@ class Trainer:
                                         padded_length=padded,
                                         max_random_len=random_len)
       logits_of = lambda b: forward(params=params, batch=b, **parts)
-      sums = metric_sums(logits_of(batch), batch)
+      logits = logits_of(batch)
+      sums = metric_sums(logits, batch)
       if task.causal:      # the autoregressive layout: also free-running
         free = metric_sums(free_running_logits(
             logits_of, batch, first_output_token=task.first_output_token,
-            max_rounds=task.spec.output_length(padded) - 1), batch)
+            max_rounds=task.spec.output_length(padded) - 1,
+            teacher_forced_logits=logits), batch)
         sums['free_correct'] = free['correct']
         sums['free_seq_correct'] = free['seq_correct']
       return sums
