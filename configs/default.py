@@ -32,13 +32,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.task.min_len = 1              # training lengths, uniform in [min_len, max_len]
   config.task.max_len = 16
   config.task.per_batch_length = False  # True: one length per batch, as the reference does
-  # Task options (shift: k of `shift`; window: w of `window_sum`), from
+  # Task options (shift: k of `shift`; window: w of `window_sum`; max_shift:
+  # the largest |shift| of `indirect_indexing`), from
   # selfattn.tasks.DEFAULT_OPTIONS, the one list.
   for name, default in tasks.DEFAULT_OPTIONS.items():
     config.task[name] = default
 
   config.model = ml_collections.ConfigDict()
-  config.model.position = 'sinusoidal'  # none, sinusoidal, learned, shaw, huang, rope, alibi, t5, xl
+  config.model.position = 'sinusoidal'  # none, sinusoidal, learned, shaw, huang, rope, pope, alibi, t5, xl
   config.model.num_layers = 2
   config.model.num_hiddens = 64
   config.model.num_heads = 4

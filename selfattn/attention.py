@@ -123,10 +123,13 @@ def dot_product_attention(
   q, k, v = q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD
   target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
   mask = masks.attention_mask(target, mask=mask, causal=causal)
+  # The scale is the projected head's, taken before `rotate` (PoPE widens q
+  # and k to 2D features but keeps 1/sqrt(D), as its reference code does).
+  scale = 1.0 / math.sqrt(q.shape[-1])
   if relative is not None:
     q, k = relative.rotate(q, k, q_positions, k_positions)
   # Scale the queries once; relative logit terms computed from q share the scale.
-  q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+  q = q * jnp.asarray(scale, q.dtype)
   logits = jnp.einsum('bhqd,bhkd->bhqk', q, k,
                       preferred_element_type=jnp.float32)
   if relative is not None:
@@ -180,9 +183,10 @@ def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
   mask = masks.attention_mask(target, mask=mask, causal=causal)
   terms = []
+  scale = 1.0 / math.sqrt(q.shape[-1])     # of the head before `rotate`
   if relative is not None:
     q, k = relative.rotate(q, k, q_positions, k_positions)
-    scaled = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+    scaled = q * jnp.asarray(scale, q.dtype)
     extra = relative.logits(scaled, k, q_positions, k_positions)
     if extra is not None:
       terms.append(extra)
@@ -195,10 +199,16 @@ def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
     total = jnp.broadcast_to(total, target)
   if mask is not None:
     mask = jnp.broadcast_to(mask, target)
+  width = v.shape[-1]
+  if q.shape[-1] != width:
+    # jax.nn.dot_product_attention wants one head width for q, k and v; an
+    # encoding that widens q and k (PoPE) gets v padded with zero columns,
+    # which leaves the first `width` output columns exact.
+    v = jnp.pad(v, [(0, 0)] * 3 + [(0, q.shape[-1] - width)])
   out = jax.nn.dot_product_attention(
       q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-      bias=total, mask=mask)
-  return out.transpose(0, 2, 1, 3)
+      bias=total, mask=mask, scale=scale)
+  return out.transpose(0, 2, 1, 3)[..., :width]
 
 
 def _dropout_key(dropout: nnx.Dropout) -> jax.Array:

@@ -21,6 +21,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from selfattn import bounded
 from selfattn import tasks as tasks_lib
 from selfattn.free_running import free_running_logits
 from selfattn.config_checks import task_from_config
@@ -199,7 +200,9 @@ def train_step(state: dict[str, Any], batch: tasks_lib.Batch, *,
       dropout_key=dropout_key, step=state['step'])
   updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
   new_state = {'step': state['step'] + 1,
-               'params': optax.apply_updates(state['params'], updates),
+               # Bounded parameters (PoPE's phase bias) go back into range.
+               'params': bounded.project(
+                   optax.apply_updates(state['params'], updates)),
                'opt_state': opt_state}
   metrics = {'loss': loss,
              'token_accuracy': sums['correct'] / jnp.maximum(sums['weight'], 1),

@@ -163,7 +163,7 @@ def test_every_encoding_describes_its_own_picture(position):
   else:
     assert picture.ndim == 2 and np.all(np.isfinite(np.asarray(picture)))
   assert module.trainable == (position in ('learned', 'shaw', 'huang', 'xl',
-                                           't5'))
+                                           't5', 'pope'))
 
 
 def test_t5_buckets_match_hand_computed_ids():
