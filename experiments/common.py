@@ -17,6 +17,8 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+import scipy.stats  # noqa: E402
 from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
 
@@ -110,6 +112,18 @@ def steps_to(summary: dict, length: int, threshold: float = 0.99) -> int | None:
     if entry['eval'][str(length)]['token_accuracy'] >= threshold:
       return entry['step']
   return None
+
+
+def seed_interval(means: list[float]) -> tuple[float, float]:
+  """95% t-interval of the mean of per-seed means: the seed, not the pair,
+  as the unit of replication (pairs of one seed share its data stream)."""
+  k = len(means)
+  if k < 2:
+    raise ValueError('an interval across seeds needs at least two seeds')
+  t = scipy.stats.t.ppf(0.975, df=k - 1)
+  half = t * statistics.stdev(means) / np.sqrt(k)
+  centre = statistics.mean(means)
+  return float(centre - half), float(centre + half)
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:

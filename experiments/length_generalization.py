@@ -43,7 +43,8 @@ _COLLECT_ONLY = flags.DEFINE_bool('collect_only', False,
 
 TASKS = ('even_pairs', 'parity_check', 'reverse_string', 'bucket_sort',
          'missing_duplicate_string', 'duplicate_string')
-POSITIONS = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 'xl', 'shaw')
+POSITIONS = ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 'xl', 'shaw',
+             'pope')
 QUICK_TASKS, QUICK_POSITIONS = ('reverse_string', 'parity_check'), ('none', 'rope')
 
 
@@ -158,18 +159,6 @@ def max_over_seeds_differences(by_cell: dict, tasks, positions
           if fixed and set(fixed) == set(rand)}
 
 
-def seed_interval(means: list[float]) -> tuple[float, float]:
-  """95% t-interval of the mean of per-seed means: the seed, not the pair,
-  as the unit of replication (pairs of one seed share its data stream)."""
-  k = len(means)
-  if k < 2:
-    raise ValueError('an interval across seeds needs at least two seeds')
-  t = scipy.stats.t.ppf(0.975, df=k - 1)
-  half = t * statistics.stdev(means) / np.sqrt(k)
-  centre = statistics.mean(means)
-  return float(centre - half), float(centre + half)
-
-
 def bootstrap_ci(values: list[float], level: float = 0.95,
                  draws: int = 10000) -> tuple[float, float]:
   """Percentile bootstrap interval of the mean (fixed seed: reproducible)."""
@@ -271,7 +260,7 @@ def report(workdir: str, runs: list[study.Run], summaries: dict[str, dict],
   by_seed = per_seed_differences(by_cell, tasks, positions)
   if len(by_seed) >= 2:
     means = [statistics.mean(v) for _, v in sorted(by_seed.items())]
-    lo, hi = seed_interval(means)
+    lo, hi = common.seed_interval(means)
     paired += (' Per seed: ' + ', '.join(
         f'seed {seed} {statistics.mean(v):+.4f} ({len(v)} pairs)'
         for seed, v in sorted(by_seed.items()))

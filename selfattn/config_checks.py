@@ -72,6 +72,10 @@ def validate_config(config: ml_collections.ConfigDict,
                       f'(positions before the shift count for nothing)')
   if task.name == 'window_sum' and window < 0:
     raise ConfigError(f'config.task.window must be >= 0; got {window}')
+  max_shift = config.task.get('max_shift', 15)
+  if task.name == 'indirect_indexing' and not 1 <= max_shift <= 99:
+    raise ConfigError(f'config.task.max_shift must be between 1 and 99 (one '
+                      f'or two digit tokens); got {max_shift}')
 
   # Model.
   m = config.model
@@ -133,6 +137,14 @@ def validate_config(config: ml_collections.ConfigDict,
                         for n in lengths):
     raise ConfigError(f'config.eval.lengths must be a non-empty list of '
                       f'integers >= {task.min_length}; got {lengths}')
+  if task.spec.max_length is not None:
+    allowed = task.spec.max_length(task.vocab_size)
+    if max(lengths + [config.task.max_len]) > allowed:
+      raise ConfigError(
+          f'task {task.name!r} with task.vocab_size={task.vocab_size} allows '
+          f'lengths up to {allowed}; config.task.max_len='
+          f'{config.task.max_len} and config.eval.lengths={lengths} go '
+          f'beyond: shorten them or raise task.vocab_size')
   longest = task.seq_len(max(lengths + [config.task.max_len]))
   if m.get('randomize_positions'):
     random_len = m.get('max_random_len')

@@ -89,6 +89,9 @@ class TaskSpec:
   fixed_vocab: int | None = None  # reference tasks: V is not configurable
   default_vocab: int = 8
   min_length: int = 1
+  # The longest task length the alphabet allows (None: any), e.g. strings of
+  # distinct letters; config validation checks training and eval lengths.
+  max_length: Callable[[int], int] | None = None
   chance: Callable[[int], float] | None = None   # None: 1 / num_classes
 
   def __post_init__(self):

@@ -9,7 +9,8 @@ Two families (see README's task table):
   * the 15 tasks of the length-generalization suite of Deletang et al. (2023)
     and Ruoss et al. (2023), defined by their reference code (chomsky_tasks.py);
   * selfattn's own order tasks (order_tasks.py): reverse, sort, shift,
-    window_sum, precedes.
+    window_sum, precedes;
+  * indirect_indexing, the PoPE paper's task (indirect_indexing.py).
 
 A laid-out example holds `inputs` (T,) int32, `targets` (T,) int32 and
 `weights` (T,) float32 (the positions that count); see task_spec.py for the
@@ -29,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from selfattn.chomsky_tasks import CHOMSKY_TASKS
+from selfattn.indirect_indexing import INDIRECT_TASKS
 from selfattn.order_tasks import ORDER_TASKS
 from selfattn.task_spec import Example
 from selfattn.task_spec import TaskSpec
@@ -37,13 +39,14 @@ _TRAIN_STREAM, _EVAL_STREAM = 0, 1   # training and evaluation never share a key
 _POSITIONS_STREAM = 2                # randomized positions, per example
 
 LAYOUTS = ('in_place', 'placeholders', 'autoregressive')
-TASKS: dict[str, TaskSpec] = {**CHOMSKY_TASKS, **ORDER_TASKS}
+TASKS: dict[str, TaskSpec] = {**CHOMSKY_TASKS, **ORDER_TASKS, **INDIRECT_TASKS}
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
 SUITE_NAMES: tuple[str, ...] = tuple(CHOMSKY_TASKS)
 # Options of selfattn's own tasks, with defaults: shift = k of `shift`
-# (output i = input i-k), window = w of `window_sum` (sum over i-w..i+w).
+# (output i = input i-k), window = w of `window_sum` (sum over i-w..i+w),
+# max_shift = the largest |shift| of `indirect_indexing`.
 # configs/default.py and config validation read this, the one list.
-DEFAULT_OPTIONS = {'shift': 1, 'window': 1}
+DEFAULT_OPTIONS = {'shift': 1, 'window': 1, 'max_shift': 15}
 
 
 class Batch(NamedTuple):
@@ -192,7 +195,7 @@ def get_task(name: str, vocab_size: int | None = None, *,
   vocab_size: data symbols of selfattn's own tasks (default 8); reference
     tasks have a fixed alphabet (None, or that size).
   layout: 'in_place', 'placeholders' or 'autoregressive' (task_spec.py).
-  options: task options (shift, window); others are ignored.
+  options: task options (shift, window, max_shift); others are ignored.
   """
   if name not in TASKS:
     raise ValueError(f'unknown task {name!r}; valid: {", ".join(TASK_NAMES)}')

@@ -148,3 +148,20 @@ def test_length_generalization_quick_survives_a_kill_and_shards(tmp_path):
   before = sorted(p.name for p in shard.iterdir())
   run_driver('length_generalization', shard, *flags, '--collect_only')
   assert sorted(p.name for p in shard.iterdir()) == before
+
+
+def test_indirect_indexing_quick(tmp_path):
+  """The PoPE paper's task through the study runner: PoPE and RoPE runs,
+  accuracies per length (trained 20-40, beyond to 52), the paper's numbers
+  beside them, and a rerun that trains nothing."""
+  data = run_driver('indirect_indexing', tmp_path)
+  assert set(data['runs']) == {'position=pope,seed=0', 'position=rope,seed=0'}
+  for run in data['runs'].values():
+    assert set(run['accuracy']) == {'20', '40', '52'}
+    assert all(0 <= a <= 1 for a in run['accuracy'].values())
+  text = (tmp_path / 'results.md').read_text()
+  assert '11.16 ± 2.45' in text and '2 of 2 runs finished' in text
+  assert (tmp_path / 'accuracy_vs_length.png').stat().st_size > 0
+  before = (tmp_path / 'position=pope,seed=0' / 'summary.json').stat().st_mtime
+  run_driver('indirect_indexing', tmp_path)
+  assert (tmp_path / 'position=pope,seed=0' / 'summary.json').stat().st_mtime == before

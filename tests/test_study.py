@@ -90,11 +90,11 @@ def test_the_interval_across_seeds_is_students_t_on_per_seed_means():
   by_seed = lengthgen.per_seed_differences(by_cell, ['t'], ['none', 'rope', 'alibi'])
   assert {s: [round(d, 6) for d in v] for s, v in by_seed.items()} == {
       0: [0.1, 0.1], 1: [0.2, 0.2], 2: [0.3]}
-  lo, hi = lengthgen.seed_interval([0.1, 0.2, 0.3])
+  lo, hi = common.seed_interval([0.1, 0.2, 0.3])
   half = 4.302653 * 0.1 / 3 ** 0.5       # t(0.975, df=2) * sd / sqrt(k)
   assert (lo, hi) == pytest.approx((0.2 - half, 0.2 + half))
   with pytest.raises(ValueError):
-    lengthgen.seed_interval([0.1])
+    common.seed_interval([0.1])
 
 
 def test_the_max_over_seeds_comparison_waits_for_matching_seeds():

@@ -1,0 +1,221 @@
+"""Indirect indexing (the PoPE paper's task) over encodings and seeds.
+
+  python -m experiments.indirect_indexing --workdir=experiments/results/indirect_indexing
+  python -m experiments.indirect_indexing --workdir=... --scale=paper     # accelerators
+  python -m experiments.indirect_indexing --workdir=... --quick           # a smoke test
+
+Resumable like every study (experiments/study.py): rerunning the command
+skips finished runs, resumes the unfinished one from its checkpoint and
+rewrites results.md, results.json and the plot from every finished run.
+--positions and --seeds select part of the study; --collect_only trains
+nothing. The protocol of each scale is configs/indirect_indexing.py's.
+
+A run's numbers: target-token accuracy on fresh strings at the trained
+lengths (20, 30, 40: "in distribution", what the paper's Table 1 reports)
+and on longer strings (44, 48, 52: extrapolation). Cells give mean ± std
+over seeds; comparisons pair encodings by seed (the seed sets the data
+stream and the initialisation), with a t-interval across seeds.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+
+import numpy as np
+from absl import app
+from absl import flags
+
+from configs import indirect_indexing as ii_config
+from experiments import common
+from experiments import study
+
+_SCALE = flags.DEFINE_enum('scale', 'small', list(ii_config.SCALES),
+                           'small: the CPU study; paper: the paper\'s scale; '
+                           'quick: a smoke test.')
+_POSITIONS = flags.DEFINE_list('positions', None, 'Only these encodings '
+                               '(labels of ENCODINGS).')
+_COLLECT_ONLY = flags.DEFINE_bool('collect_only', False,
+                                  'Train nothing; re-collect the results.')
+
+# Study label -> (config.model.position, encoding options).
+ENCODINGS = {
+    'pope': ('pope', {'pope_delta_init': 'zero'}),
+    'pope_uniform': ('pope', {'pope_delta_init': 'uniform'}),
+    'rope': ('rope', {}),
+    'sinusoidal': ('sinusoidal', {}),
+    'learned': ('learned', {}),
+    'alibi': ('alibi', {}),
+    'shaw': ('shaw', {}),
+    't5': ('t5', {}),
+    'xl': ('xl', {}),
+    'none': ('none', {}),
+}
+QUICK_ENCODINGS = ('pope', 'rope')
+IN_DISTRIBUTION = (20, 30, 40)
+BEYOND = (44, 48, 52)
+# The paper's Table 1 / Table 9 (test accuracy in %, mean ± std over 3 seeds,
+# 8 layers of width 512, 100k steps): the rows that match an encoding here.
+PUBLISHED = {'rope': '11.16 ± 2.45', 'pope_uniform': '94.82 ± 2.91',
+             'learned': '10.08 ± 0.19', 'sinusoidal': '1.90 ± 0.04'}
+PUBLISHED_OTHER = ('ALiBi on half the heads 27.35 ± 10.77; RoPE on half the '
+                   'channels 28.50 ± 6.10 (variants not run here)')
+
+
+def run_name(label: str, seed: int) -> str:
+  return f'position={label},seed={seed}'
+
+
+def study_runs(scale: str, seeds: int, labels=tuple(ENCODINGS)
+               ) -> list[study.Run]:
+  """Seed-major, so a partial study has every encoding at a few seeds."""
+  base = ii_config.get_config(scale)
+  runs = []
+  for seed in range(seeds):
+    for label in labels:
+      position, options = ENCODINGS[label]
+      config = copy.deepcopy(base)
+      config.seed = seed
+      config.model.position = position
+      for name, value in options.items():
+        config.model[name] = value
+      runs.append(study.Run(run_name(label, seed), config,
+                            {'position': label, 'seed': seed}))
+  return runs
+
+
+def _mean_accuracy(summary: dict, lengths) -> float:
+  return float(np.mean([summary['eval'][str(n)]['token_accuracy']
+                        for n in lengths if str(n) in summary['eval']]))
+
+
+def _pct(values: list[float]) -> str:
+  if not values:
+    return '–'
+  return common.mean_std([100 * v for v in values]) + f' (n={len(values)})'
+
+
+def paired(by_label: dict, a: str, b: str) -> str:
+  """a minus b, paired by seed, with a t-interval across seeds."""
+  seeds = sorted(set(by_label.get(a, {})) & set(by_label.get(b, {})))
+  if len(seeds) < 2:
+    return f'{a} vs {b}: fewer than two paired seeds.'
+  diffs = [100 * (by_label[a][s] - by_label[b][s]) for s in seeds]
+  lo, hi = common.seed_interval(diffs)
+  return (f'{a} minus {b}: {statistics.mean(diffs):+.2f} points over '
+          f'{len(seeds)} seeds (95% t-interval across seeds [{lo:+.2f}, '
+          f'{hi:+.2f}]; per seed ' + ', '.join(f'{d:+.1f}' for d in diffs)
+          + ')')
+
+
+def plot(summaries: dict, labels, path: str, chance: float) -> None:
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(7.5, 4.2))
+  colors = plt.get_cmap('tab10').colors
+  for i, label in enumerate(labels):
+    runs = [s for s in summaries.values() if s['label'] == label]
+    if not runs:
+      continue
+    lengths = sorted(int(n) for n in runs[0]['eval'])
+    acc = np.array([[r['eval'][str(n)]['token_accuracy'] for n in lengths]
+                    for r in runs])
+    ax.plot(lengths, acc.mean(0), color=colors[i % 10], marker='o', ms=3,
+            label=f'{label} (n={len(runs)})')
+    ax.fill_between(lengths, acc.min(0), acc.max(0), color=colors[i % 10],
+                    alpha=0.12, lw=0)
+  ax.axvline(max(IN_DISTRIBUTION), color='gray', ls='--', lw=1)
+  ax.axhline(chance, color='gray', ls=':', lw=1)
+  ax.set_xlabel('string length (dashed: longest trained; band: min-max '
+                'over seeds)')
+  ax.set_ylabel('target accuracy')
+  ax.set_title('Indirect indexing')
+  ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def report(workdir: str, runs: list[study.Run], summaries: dict, scale: str
+           ) -> str:
+  labels = list(dict.fromkeys(r.tags['position'] for r in runs))
+  diverged = sorted(n for n, s in summaries.items() if study.diverged(s))
+  finished = {}
+  for run in runs:
+    s = summaries.get(run.name)
+    if s is not None and not study.diverged(s):
+      finished[run.name] = {**s, 'label': run.tags['position'],
+                            'seed': run.tags['seed']}
+  inside: dict = {}
+  beyond: dict = {}
+  for s in finished.values():
+    inside.setdefault(s['label'], {})[s['seed']] = _mean_accuracy(
+        s, IN_DISTRIBUTION)
+    beyond.setdefault(s['label'], {})[s['seed']] = _mean_accuracy(s, BEYOND)
+  rows = [[label, _pct(list(inside.get(label, {}).values())),
+           _pct(list(beyond.get(label, {}).values())),
+           PUBLISHED.get(label, '–')] for label in labels]
+  table = common.markdown_table(
+      ['encoding', 'accuracy % at lengths 20-40', 'accuracy % at 44-52',
+       'paper (Table 1/9), %'], rows)
+  comparisons = [paired(inside, 'pope_uniform', 'rope'),
+                 paired(inside, 'pope', 'rope'),
+                 paired(beyond, 'pope', 'pope_uniform'),
+                 paired(inside, 'rope', 'none')]
+  base = ii_config.get_config(scale)
+  m, t = base.model, base.train
+  protocol = (
+      f'scale={scale}: a causal decoder (layout {base.task.layout}) of '
+      f'{m.num_layers} layers, width {m.num_hiddens}, {m.num_heads} heads, '
+      f'FFN {m.ffn_num_hiddens}, norm {m.norm}, dropout {m.dropout}; strings '
+      f'of {base.task.min_len}-{base.task.max_len} distinct letters from '
+      f'{base.task.vocab_size}, shifts within ±{base.task.max_shift}; '
+      f'{t.num_steps} steps of batch {t.batch_size}, AdamW lr '
+      f'{t.learning_rate} ({t.warmup_steps} warmup, {t.schedule}), weight '
+      f'decay {t.weight_decay}, clip {t.grad_clip}. Evaluated on '
+      f'{base.eval.num_examples} fresh examples per length at '
+      f'{", ".join(map(str, base.eval.lengths))}. Chance: 1/52 = 1.9% '
+      f'(guessing a letter of the string: about 1/length).')
+  chance = next((s['chance'] for s in finished.values()), 1 / 52)
+  sections = [
+      ('Status', f'{len(finished) + len(diverged)} of {len(runs)} runs '
+       f'finished.' + (f' Diverged (left out): {", ".join(diverged)}.'
+                       if diverged else '')),
+      ('Protocol', protocol),
+      ('Accuracy', table + f'\n\nAlso in the paper: {PUBLISHED_OTHER}.'),
+      ('Paired by seed', '\n'.join(f'- {c}' for c in comparisons)),
+      ('Plot', '![accuracy by length](accuracy_vs_length.png)'),
+  ]
+  if finished:
+    plot(finished, labels, f'{workdir}/accuracy_vs_length.png', chance)
+  data = {'scale': scale, 'protocol': protocol, 'diverged': diverged,
+          'runs': {name: {'encoding': s['label'], 'seed': s['seed'],
+                          'train_seconds': s.get('train_seconds'),
+                          'accuracy': {n: e['token_accuracy']
+                                       for n, e in s['eval'].items()}}
+                   for name, s in finished.items()}}
+  return common.write_results(workdir, 'Indirect indexing', sections, data)
+
+
+def main(argv):
+  del argv
+  common.configure_logging()
+  workdir = common.WORKDIR.value
+  if not workdir:
+    raise SystemExit('error: --workdir is required')
+  scale = 'quick' if common.QUICK.value else _SCALE.value
+  labels = QUICK_ENCODINGS if scale == 'quick' else tuple(ENCODINGS)
+  unknown = sorted(set(_POSITIONS.value or ()) - set(ENCODINGS))
+  if unknown:
+    raise SystemExit(f'error: --positions: unknown {", ".join(unknown)}; '
+                     f'valid: {", ".join(ENCODINGS)}')
+  seeds = (common.SEEDS.value if flags.FLAGS['seeds'].present
+           else 1 if scale == 'quick' else 5)
+  runs = study_runs(scale, seeds, labels)
+  chosen = study.select(runs, positions=_POSITIONS.value)
+  if not _COLLECT_ONLY.value:
+    study.execute(chosen, workdir)
+  print(report(workdir, runs, study.collect(runs, workdir), scale))
+
+
+if __name__ == '__main__':
+  app.run(main)
