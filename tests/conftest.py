@@ -15,6 +15,13 @@ if FAST_COMPILE not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = ' '.join(
       filter(None, [os.environ.get('XLA_FLAGS'), FAST_COMPILE]))
 
+# Real-data tests (JSB Chorales) read SELFATTN_DATA_DIR; default to the
+# checkout's sibling shared/data when it exists. Tests without it skip.
+_SHARED_DATA = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), '..', 'shared', 'data')
+if 'SELFATTN_DATA_DIR' not in os.environ and os.path.isdir(_SHARED_DATA):
+  os.environ['SELFATTN_DATA_DIR'] = os.path.normpath(_SHARED_DATA)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 # Tests import their helpers (reference.py) and the configs package by name.
