@@ -7,6 +7,7 @@ from typing import Any
 
 import ml_collections
 
+from selfattn import jsb
 from selfattn import positions
 from selfattn import tasks
 from selfattn.encoder import NORMS
@@ -57,7 +58,7 @@ def validate_config(config: ml_collections.ConfigDict,
   _positive(config, 'task.min_len', 'task.max_len')
   try:
     task = task_from_config(config)
-  except ValueError as e:
+  except (ValueError, jsb.DataError) as e:    # a task's data may be missing
     raise ConfigError(str(e)) from None
   if config.task.min_len < task.min_length:
     raise ConfigError(f'config.task.min_len must be >= {task.min_length} for '
@@ -73,6 +74,9 @@ def validate_config(config: ml_collections.ConfigDict,
   if task.name == 'window_sum' and window < 0:
     raise ConfigError(f'config.task.window must be >= 0; got {window}')
   max_shift = config.task.get('max_shift', 15)
+  if task.name == 'jsb_chorales' and not 0 <= config.task.get('transpose', 0) <= 12:
+    raise ConfigError(f'config.task.transpose must be between 0 and 12 '
+                      f'semitones; got {config.task.transpose}')
   if task.name == 'indirect_indexing' and not 1 <= max_shift <= 99:
     raise ConfigError(f'config.task.max_shift must be between 1 and 99 (one '
                       f'or two digit tokens); got {max_shift}')
@@ -130,6 +134,12 @@ def validate_config(config: ml_collections.ConfigDict,
   if not config.train.grad_clip > 0:
     raise ConfigError(f'config.train.grad_clip must be > 0 (the global-norm '
                       f'bound); got {config.train.grad_clip}')
+  if not 0.0 <= config.train.get('final_lr_fraction', 0.0) <= 1.0:
+    raise ConfigError(f'config.train.final_lr_fraction must be in [0, 1]; got '
+                      f'{config.train.final_lr_fraction}')
+  if not 0.0 < config.train.get('b2', 0.999) < 1.0:
+    raise ConfigError(f'config.train.b2 must be in (0, 1); got '
+                      f'{config.train.b2}')
   if config.train.warmup_steps < 0:
     raise ConfigError('config.train.warmup_steps must be >= 0')
   lengths = list(config.eval.lengths)

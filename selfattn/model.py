@@ -1,4 +1,5 @@
-"""The trained model: TransformerEncoder plus a linear head over classes."""
+"""The trained model: TransformerEncoder plus a linear head over classes, or
+(language-model tasks) a causal TransformerDecoder."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import ml_collections
 from flax import nnx
 
 from selfattn.config_checks import position_options
+from selfattn.decoder import TransformerDecoder
 from selfattn.encoder import TransformerEncoder
 from selfattn.tasks import Task
 
@@ -29,6 +31,10 @@ class SequenceModel(nnx.Module):
     self.head = nnx.Linear(encoder.num_hiddens, num_classes,
                            dtype=encoder.dtype, rngs=rngs)
 
+  @property
+  def stack(self) -> TransformerEncoder:
+    return self.encoder
+
   def __call__(self, tokens: jax.Array, valid_lens: jax.Array | None = None, *,
                positions: jax.Array | None = None,
                deterministic: bool | None = None) -> jax.Array:
@@ -37,9 +43,49 @@ class SequenceModel(nnx.Module):
     return self.head(hidden).astype(jnp.float32)
 
 
+class LanguageModel(nnx.Module):
+  """A causal TransformerDecoder over the task's input tokens, read out over
+  its classes: tokens (B, T) -> logits (B, T, num_classes) float32, the
+  prediction of the next token at every position.
+
+  Right padding needs no mask: under causal attention a padded key comes
+  after every valid query. `decode=True` runs one step against the key/value
+  caches (`decoder.init_cache`), for sampling (selfattn/sampling.py).
+  """
+
+  def __init__(self, decoder: TransformerDecoder, num_classes: int):
+    self.decoder = decoder
+    self.num_classes = num_classes
+
+  causal = True
+
+  @property
+  def stack(self) -> TransformerDecoder:
+    return self.decoder
+
+  def __call__(self, tokens: jax.Array, valid_lens: jax.Array | None = None, *,
+               positions: jax.Array | None = None,
+               deterministic: bool | None = None,
+               decode: bool = False) -> jax.Array:
+    del valid_lens
+    logits = self.decoder(tokens, positions=positions,
+                          deterministic=deterministic, decode=decode)
+    return logits[..., :self.num_classes]
+
+
 def build_model(config: ml_collections.ConfigDict, task: Task,
-                rngs: nnx.Rngs) -> SequenceModel:
+                rngs: nnx.Rngs) -> SequenceModel | LanguageModel:
   m = config.model
+  if task.spec.language_model:
+    decoder = TransformerDecoder(
+        task.input_vocab_size, m.num_hiddens, m.ffn_num_hiddens, m.num_heads,
+        m.num_layers, m.dropout, position=m.position, max_len=m.max_len,
+        norm=m.norm, residual=m.residual,
+        attention_impl=m.get('attention_impl', 'plain'),
+        remat=bool(m.get('remat', False)),
+        scan_layers=bool(m.get('scan_layers', False)),
+        dtype=jnp.dtype(m.dtype), rngs=rngs, **position_options(m))
+    return LanguageModel(decoder, task.num_classes)
   encoder = TransformerEncoder(
       task.input_vocab_size, m.num_hiddens, m.ffn_num_hiddens, m.num_heads,
       m.num_layers, m.dropout, position=m.position, max_len=m.max_len,

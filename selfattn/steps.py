@@ -72,8 +72,9 @@ SCHEDULES = ('cosine', 'constant')
 
 
 def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warmup, then cosine decay to 0 at num_steps ('cosine', the
-  default) or the peak rate to the end ('constant', the reference suite's)."""
+  """Linear warmup, then cosine decay to final_lr_fraction of the peak (0
+  by default) at num_steps ('cosine', the default) or the peak rate to the
+  end ('constant', the reference suite's)."""
   warmup = min(train.warmup_steps, train.num_steps - 1)
   if train.get('schedule', 'cosine') == 'constant':
     if not warmup:
@@ -82,14 +83,16 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0 if warmup else train.learning_rate,
       peak_value=train.learning_rate, warmup_steps=warmup,
-      decay_steps=train.num_steps, end_value=0.0)
+      decay_steps=train.num_steps,
+      end_value=train.learning_rate * train.get('final_lr_fraction', 0.0))
 
 
 def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """Global-norm clipping, then AdamW (decay on matrices only)."""
   return optax.chain(
       optax.clip_by_global_norm(train.grad_clip),
-      optax.adamw(learning_rate_schedule(train), weight_decay=train.weight_decay,
+      optax.adamw(learning_rate_schedule(train), b2=train.get('b2', 0.999),
+                  weight_decay=train.weight_decay,
                   mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params)))
 
 
@@ -270,7 +273,7 @@ class Trainer:
       logits_of = lambda b: forward(params=params, batch=b, **parts)
       logits = logits_of(batch)
       sums = metric_sums(logits, batch)
-      if task.causal:      # the autoregressive layout: also free-running
+      if task.layout == 'autoregressive':      # also free-running
         free = metric_sums(free_running_logits(
             logits_of, batch, first_output_token=task.first_output_token,
             max_rounds=task.spec.output_length(padded) - 1,

@@ -82,6 +82,8 @@ class TaskSpec:
   classification: bool = False    # one output symbol per example
   aligned: bool = False           # output i belongs to input i (in_place OK)
   order_sensitive: bool = True    # unsolvable without position information
+  # A causal language model: next-token targets in place (layout in_place).
+  language_model: bool = False
   input_symbols: Callable[[int], int] = _same   # S from V
   num_classes: Callable[[int], int] = _same     # output alphabet from V
   input_length: Callable[[int], int] = _same
@@ -101,6 +103,8 @@ class TaskSpec:
   @property
   def layouts(self) -> tuple[str, ...]:
     """The layouts this task can use."""
+    if self.language_model:
+      return ('in_place',)
     if self.aligned or self.classification:
       return ('in_place', 'placeholders', 'autoregressive')
     return ('placeholders', 'autoregressive')

@@ -10,7 +10,8 @@ Two families (see README's task table):
     and Ruoss et al. (2023), defined by their reference code (chomsky_tasks.py);
   * selfattn's own order tasks (order_tasks.py): reverse, sort, shift,
     window_sum, precedes;
-  * indirect_indexing, the PoPE paper's task (indirect_indexing.py).
+  * indirect_indexing, the PoPE paper's task (indirect_indexing.py);
+  * jsb_chorales, next-token prediction on real music (jsb_task.py).
 
 A laid-out example holds `inputs` (T,) int32, `targets` (T,) int32 and
 `weights` (T,) float32 (the positions that count); see task_spec.py for the
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 
 from selfattn.chomsky_tasks import CHOMSKY_TASKS
 from selfattn.indirect_indexing import INDIRECT_TASKS
+from selfattn.jsb_task import JSB_TASKS
 from selfattn.order_tasks import ORDER_TASKS
 from selfattn.task_spec import Example
 from selfattn.task_spec import TaskSpec
@@ -39,14 +41,16 @@ _TRAIN_STREAM, _EVAL_STREAM = 0, 1   # training and evaluation never share a key
 _POSITIONS_STREAM = 2                # randomized positions, per example
 
 LAYOUTS = ('in_place', 'placeholders', 'autoregressive')
-TASKS: dict[str, TaskSpec] = {**CHOMSKY_TASKS, **ORDER_TASKS, **INDIRECT_TASKS}
+TASKS: dict[str, TaskSpec] = {**CHOMSKY_TASKS, **ORDER_TASKS, **INDIRECT_TASKS,
+                              **JSB_TASKS}
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
 SUITE_NAMES: tuple[str, ...] = tuple(CHOMSKY_TASKS)
 # Options of selfattn's own tasks, with defaults: shift = k of `shift`
 # (output i = input i-k), window = w of `window_sum` (sum over i-w..i+w),
-# max_shift = the largest |shift| of `indirect_indexing`.
+# max_shift = the largest |shift| of `indirect_indexing`, transpose = r of
+# `jsb_chorales` (crops shifted by -r..r semitones; 0: off).
 # configs/default.py and config validation read this, the one list.
-DEFAULT_OPTIONS = {'shift': 1, 'window': 1, 'max_shift': 15}
+DEFAULT_OPTIONS = {'shift': 1, 'window': 1, 'max_shift': 15, 'transpose': 0}
 
 
 class Batch(NamedTuple):
@@ -100,8 +104,9 @@ class Task:
 
   @property
   def causal(self) -> bool:
-    """Whether the model must attend causally (the autoregressive layout)."""
-    return self.layout == 'autoregressive'
+    """Whether the model must attend causally (the autoregressive layout,
+    or a language model's in-place next-token targets)."""
+    return self.layout == 'autoregressive' or self.spec.language_model
 
   @property
   def input_vocab_size(self) -> int:
@@ -195,7 +200,8 @@ def get_task(name: str, vocab_size: int | None = None, *,
   vocab_size: data symbols of selfattn's own tasks (default 8); reference
     tasks have a fixed alphabet (None, or that size).
   layout: 'in_place', 'placeholders' or 'autoregressive' (task_spec.py).
-  options: task options (shift, window, max_shift); others are ignored.
+  options: task options (shift, window, max_shift, transpose); others are
+    ignored.
   """
   if name not in TASKS:
     raise ValueError(f'unknown task {name!r}; valid: {", ".join(TASK_NAMES)}')

@@ -344,6 +344,17 @@ def _short(results: dict[int, dict[str, float]]) -> str:
   return ', '.join(f'len {n}: {m["token_accuracy"]:.3f}' for n, m in results.items())
 
 
+def _self_attention(block: nnx.Module) -> nnx.Module:
+  """An encoder block's `attention` or a decoder block's `self_attention`."""
+  return getattr(block, 'attention', None) or block.self_attention
+
+
+def _attribute(parent: nnx.Module, child: nnx.Module) -> str:
+  """The attribute name under which `parent` holds `child` (the key of its
+  sown intermediates)."""
+  return next(name for name, value in vars(parent).items() if value is child)
+
+
 class _AttentionProbe:
   """Attention maps on one fixed evaluation example, and the position table,
   for TensorBoard images."""
@@ -359,12 +370,15 @@ class _AttentionProbe:
     @jax.jit
     def attention(params):
       model = trainer.model(params)
-      if model.encoder.scan_layers:
+      if model.stack.scan_layers:
         return []        # nnx.scan's stacked block has no per-layer capture
       _, inter = nnx.capture(model, nnx.Intermediate)(batch.inputs,
                                                       batch.valid_lens)
-      return [inter['encoder']['blks'][i]['attention']['attention_weights'][...][0]
-              for i in range(len(model.encoder.blks))]
+      # Sown under the stack's attribute name and each block's attention's.
+      blocks = inter[_attribute(model, model.stack)]['blks']
+      return [blocks[i][_attribute(blk, _self_attention(blk))][
+          'attention_weights'][...][0]
+              for i, blk in enumerate(model.stack.blks)]
 
     self._attention = attention
 
@@ -375,14 +389,14 @@ class _AttentionProbe:
   def position_table(self, params) -> tuple[np.ndarray | None, bool]:
     """The encoding's own 2-D picture (absolute encodings', or layer 0's
     relative module's `picture()`), and whether it can change in training."""
-    enc = self._trainer.model(params).encoder
+    enc = self._trainer.model(params).stack
     if enc.scan_layers:
       # The stacked block's relative tables carry a layer axis: draw the
       # absolute table only.
       picture = enc.pos_encoding.picture()
       return (None if picture is None else np.asarray(picture),
               enc.pos_encoding.trainable)
-    rel = enc.blks[0].attention.relative
+    rel = _self_attention(enc.blks[0]).relative
     encoding = rel if rel is not None else enc.pos_encoding
     picture = encoding.picture()
     return (None if picture is None else np.asarray(picture),

@@ -165,3 +165,27 @@ def test_indirect_indexing_quick(tmp_path):
   before = (tmp_path / 'position=pope,seed=0' / 'summary.json').stat().st_mtime
   run_driver('indirect_indexing', tmp_path)
   assert (tmp_path / 'position=pope,seed=0' / 'summary.json').stat().st_mtime == before
+
+
+@pytest.mark.skipif(not os.environ.get('SELFATTN_DATA_DIR'),
+                    reason='JSB data not found (set SELFATTN_DATA_DIR)')
+def test_music_quick(tmp_path):
+  """JSB Chorales end to end in about a minute: training, whole-piece NLL
+  on valid and test, NLL by position, samples as MIDI and piano rolls,
+  the n-gram floors, and a rerun that neither retrains nor rescores."""
+  data = run_driver('music', tmp_path)
+  assert set(data['runs']) == {'position=sinusoidal,seed=0',
+                               'position=shaw,seed=0'}
+  for run in data['runs'].values():
+    # 60 steps: better than the unigram floor, far from the n-gram one.
+    assert data['floors']['ngram']['test'] < run['test_nll'] < \
+        data['floors']['unigram']['test']
+    assert len(run['test_nll_by_position']) == 4 * 64
+  assert 0.85 < data['floors']['ngram']['valid'] < 0.95
+  run_dir = tmp_path / 'position=shaw,seed=0'
+  assert (run_dir / 'samples' / 'sample_0.png').stat().st_size > 0
+  assert (run_dir / 'samples' / 'sample_0.mid').stat().st_size > 0
+  assert (tmp_path / 'nll_by_position.png').stat().st_size > 0
+  before = (run_dir / 'music.json').stat().st_mtime
+  run_driver('music', tmp_path)
+  assert (run_dir / 'music.json').stat().st_mtime == before

@@ -1,0 +1,83 @@
+"""JSB Chorales language model: exercise 3 on real music.
+
+A causal TransformerDecoder predicts the next token of the Music
+Transformer's serialization (S, A, T, B per sixteenth note) on random crops
+of the training pieces (selfattn/jsb_task.py). Needs the data (see
+selfattn/jsb.py: $SELFATTN_DATA_DIR, the user cache, or a checked download).
+
+Run one encoding:
+  python -m selfattn.main --config=configs/music.py --workdir=runs/jsb_rope \
+      --config.model.position=rope
+The study (every encoding, seeds, whole-piece NLL, samples):
+  python -m experiments.music --workdir=experiments/results/music
+
+Scales (`--config=configs/music.py:SCALE`):
+  cpu    (default) the CPU study's model, EXPERIMENTS.md section 6 justifies
+         it: windows of 256 tokens (64 sixteenths, four bars), 3 layers of
+         width 128, 4 heads, dropout 0.1, batch 32, 1500 steps.
+  paper  PoPE's JSB recipe (arXiv 2509.10534, Tables 6-7): 6 layers, width
+         256, 8 heads, dropout 0.2, batch 4 x 2048 tokens, AdamW lr 6e-4
+         with 10 warmup steps, cosine to 6e-5, weight decay 0.01, clip 1.0,
+         beta2 0.99, 3000 steps. Difference kept: LayerNorm (pre) where the
+         paper uses RMSNorm. For a GPU.
+  quick  a smoke test for the tests.
+"""
+
+import ml_collections
+
+from configs import default
+
+SCALES = ('cpu', 'paper', 'quick')
+
+
+def get_config(scale: str | None = None) -> ml_collections.ConfigDict:
+  scale = scale or 'cpu'
+  if scale not in SCALES:
+    raise ValueError(f'configs/music.py:{scale}: valid scales are '
+                     f'{", ".join(SCALES)}')
+  config = default.get_config()
+  t = config.task
+  t.name = 'jsb_chorales'
+  t.layout = 'in_place'          # next-token targets at every position
+  t.transpose = 0                # the main table: no augmentation
+
+  m = config.model
+  m.position = 'rope'
+  m.norm = 'pre'
+  tr = config.train
+  tr.schedule = 'cosine'
+  tr.weight_decay = 0.01
+  tr.grad_clip = 1.0
+
+  if scale == 'paper':
+    t.min_len = t.max_len = 2048
+    m.num_layers, m.num_hiddens, m.num_heads, m.ffn_num_hiddens = 6, 256, 8, 1024
+    m.dropout = 0.2
+    m.max_len = 4 * 2048 + 1
+    tr.num_steps, tr.batch_size, tr.learning_rate = 3000, 4, 6e-4
+    tr.warmup_steps, tr.final_lr_fraction, tr.b2 = 10, 0.1, 0.99
+    tr.log_every, tr.checkpoint_every = 100, 500
+    config.eval.every = 500
+    config.eval.num_examples = 16
+  elif scale == 'cpu':
+    t.min_len = t.max_len = 256
+    m.num_layers, m.num_hiddens, m.num_heads, m.ffn_num_hiddens = 3, 128, 4, 512
+    m.dropout = 0.1
+    m.max_len = 4 * 256 + 1            # NLL by position out to 4x the window
+    tr.num_steps, tr.batch_size, tr.learning_rate = 1500, 32, 1e-3
+    tr.warmup_steps, tr.final_lr_fraction, tr.b2 = 100, 0.1, 0.99
+    tr.log_every, tr.checkpoint_every = 250, 500
+    config.eval.every = 500
+    config.eval.num_examples = 64
+  else:
+    t.min_len = t.max_len = 64
+    m.num_layers, m.num_hiddens, m.num_heads, m.ffn_num_hiddens = 1, 32, 2, 64
+    m.dropout = 0.0
+    m.max_len = 4 * 64 + 1
+    tr.num_steps, tr.batch_size, tr.learning_rate = 60, 16, 3e-3
+    tr.warmup_steps = 6
+    tr.log_every, tr.checkpoint_every = 30, 30
+    config.eval.every = 60
+    config.eval.num_examples = 16
+  config.eval.lengths = [t.max_len]
+  return config

@@ -1,0 +1,311 @@
+"""Exercise 3 on real music: JSB Chorales language models, every encoding.
+
+  python -m experiments.music --workdir=experiments/results/music
+  python -m experiments.music --workdir=... --scale=paper     # PoPE's recipe, a GPU
+  python -m experiments.music --workdir=... --quick           # about a minute
+
+Each run trains a causal TransformerDecoder on random crops of N tokens
+(configs/music.py), then is scored once, into the run's music.json:
+  * per-token NLL in nats over whole valid and test pieces ([START] + the
+    serialized piece, every token scored once), pieces longer than N in
+    strided windows of N tokens (stride N/2: each token sees at least N/2 of
+    context; selfattn/lm_eval.py, tested equal to one pass where it fits);
+  * NLL by position on whole test pieces scored in one pass of up to 4N
+    tokens: does NLL stay flat past the trained window?
+  * samples: continuations of test-piece prompts through the key/value cache
+    (temperature 1.0, top-k 20), as MIDI, piano rolls and TensorBoard
+    image/audio, with descriptive statistics beside the data's.
+Resumable like every study: finished runs are not retrained or rescored.
+The driver also computes unigram and n-gram floors on the same pieces.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import statistics
+import sys
+
+import numpy as np
+from absl import app
+from absl import flags
+
+from configs import music as music_config
+from experiments import common
+from experiments import music_baselines
+from experiments import music_samples
+from experiments import study
+from selfattn import jsb
+from selfattn import lm_eval
+
+_SCALE = flags.DEFINE_enum('scale', 'cpu', list(music_config.SCALES),
+                           'cpu: the CPU study; paper: PoPE\'s JSB recipe; '
+                           'quick: a smoke test.')
+_POSITIONS = flags.DEFINE_list('positions', None, 'Only these encodings '
+                               '(labels of ENCODINGS).')
+_COLLECT_ONLY = flags.DEFINE_bool('collect_only', False,
+                                  'Train nothing; re-collect the results.')
+
+# Study label -> (position, encoding options, task options).
+ENCODINGS = {
+    'none': ('none', {}, {}),
+    'sinusoidal': ('sinusoidal', {}, {}),
+    'learned': ('learned', {}, {}),
+    'shaw': ('shaw', {}, {}),
+    'huang': ('huang', {}, {}),
+    'rope': ('rope', {}, {}),
+    'pope': ('pope', {}, {}),
+    'alibi': ('alibi', {}, {}),
+    't5': ('t5', {}, {}),
+    'xl': ('xl', {}, {}),
+    'rope +transpose': ('rope', {}, {'transpose': 3}),
+}
+ABSOLUTE = ('sinusoidal', 'learned')
+RELATIVE = ('shaw', 'huang', 'rope', 'pope', 'alibi', 't5', 'xl')
+QUICK_ENCODINGS = ('sinusoidal', 'shaw')
+PUBLISHED = {'rope': 0.5081, 'pope': 0.4889}   # PoPE Table 2, test NLL
+SAMPLE_STEPS = 64                               # sixteenths after the prompt
+NUM_SAMPLES = 4
+
+
+def run_name(label: str, seed: int) -> str:
+  return f'position={label.replace(" +", "+")},seed={seed}'
+
+
+def study_runs(scale: str, seeds: int, labels=tuple(ENCODINGS)
+               ) -> list[study.Run]:
+  """Seed-major, so a partial study has every encoding at a few seeds."""
+  base = music_config.get_config(scale)
+  runs = []
+  for seed in range(seeds):
+    for label in labels:
+      position, options, task_options = ENCODINGS[label]
+      config = copy.deepcopy(base)
+      config.seed = seed
+      config.model.position = position
+      for name, value in {**options}.items():
+        config.model[name] = value
+      for name, value in task_options.items():
+        config.task[name] = value
+      runs.append(study.Run(run_name(label, seed), config,
+                            {'position': label, 'seed': seed}))
+  return runs
+
+
+def sequences(grids: list[np.ndarray]) -> list[np.ndarray]:
+  return [np.concatenate([[jsb.START], jsb.serialize(g)]).astype(np.int32)
+          for g in grids]
+
+
+def evaluate_run(run: study.Run, path: str, data: dict) -> dict:
+  """The run's music.json: NLLs, NLL by position, samples (computed once)."""
+  target = os.path.join(path, 'music.json')
+  if os.path.exists(target):
+    with open(target) as f:
+      return json.load(f)
+  window = run.config.task.max_len
+  model = common.trained_model(run.config, path)
+  result = {}
+  for split in ('valid', 'test'):
+    total, count = lm_eval.score(model, sequences(data[split]), window)
+    result[f'{split}_nll'] = total / count
+    result[f'{split}_tokens'] = count
+  totals, counts = lm_eval.nll_by_position(model, sequences(data['test']),
+                                           4 * window)
+  result['test_nll_by_position'] = (totals / np.maximum(counts, 1)).tolist()
+  result['test_count_by_position'] = counts.tolist()
+  beyond = slice(window, 4 * window)
+  result['test_nll_beyond_window'] = float(totals[beyond].sum()
+                                           / counts[beyond].sum())
+  result['test_nll_within_window'] = float(totals[:window].sum()
+                                           / counts[:window].sum())
+  grids = music_samples.continue_pieces(
+      model, data['test'][:NUM_SAMPLES], SAMPLE_STEPS, run.config.seed)
+  result['sample_statistics'] = music_samples.describe(grids, data['train'])
+  from tensorboardX import SummaryWriter
+  writer = SummaryWriter(logdir=path)
+  for split in ('valid', 'test'):
+    writer.add_scalar(f'music/{split}_nll', result[f'{split}_nll'],
+                      run.config.train.num_steps)
+  music_samples.save(grids, os.path.join(path, 'samples'), writer,
+                     run.config.train.num_steps)
+  writer.close()
+  with open(target + '.tmp', 'w') as f:
+    json.dump(result, f, indent=1)
+  os.replace(target + '.tmp', target)
+  return result
+
+
+def _cell(values: list[float]) -> str:
+  return common.mean_std(values) if values else '–'
+
+
+def paired_by_seed(by_label: dict, a: tuple[str, ...], b: tuple[str, ...],
+                   name: str) -> str:
+  """Mean over group a minus mean over group b, per seed (seeds that have
+  every member of both), with a t-interval across seeds."""
+  seeds = sorted(set.intersection(*[set(by_label.get(x, {})) for x in a + b]))
+  if len(seeds) < 2:
+    return f'{name}: fewer than two seeds with every encoding finished.'
+  diffs = [statistics.mean(by_label[x][s] for x in a)
+           - statistics.mean(by_label[x][s] for x in b) for s in seeds]
+  lo, hi = common.seed_interval(diffs)
+  return (f'{name}: {statistics.mean(diffs):+.4f} nats over {len(seeds)} '
+          f'seeds (95% t-interval across seeds [{lo:+.4f}, {hi:+.4f}]; per '
+          f'seed ' + ', '.join(f'{d:+.4f}' for d in diffs) + ')')
+
+
+def plot_by_position(results: dict, labels, window: int, path: str) -> None:
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(8, 4.5))
+  colors = plt.get_cmap('tab20').colors
+  bucket = max(window // 8, 4)
+  for i, label in enumerate(labels):
+    curves = [np.asarray(r['test_nll_by_position']) for r in results.values()
+              if r['label'] == label]
+    if not curves:
+      continue
+    n = len(curves[0]) // bucket * bucket
+    pooled = np.array([c[:n].reshape(-1, bucket).mean(1) for c in curves])
+    x = (np.arange(pooled.shape[1]) + 0.5) * bucket
+    ax.plot(x, pooled.mean(0), color=colors[i % 20], lw=1.3,
+            label=f'{label} (n={len(curves)})')
+    ax.fill_between(x, pooled.min(0), pooled.max(0), color=colors[i % 20],
+                    alpha=0.12, lw=0)
+  ax.axvline(window, color='gray', ls='--', lw=1)
+  ax.set_xlabel(f'token position in the test piece (dashed: the trained '
+                f'window {window}; band: min-max over seeds; {bucket}-token '
+                f'buckets)')
+  ax.set_ylabel('NLL (nats per token)')
+  ax.set_title('JSB Chorales: NLL by position, one pass per test piece')
+  ax.legend(fontsize=7, ncol=3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
+           floors: dict, reference: dict) -> str:
+  """results.md, results.json and the NLL-by-position plot. reference: the
+  sample statistics of real test excerpts of the samples' length."""
+  labels = list(dict.fromkeys(r.tags['position'] for r in runs))
+  by = {key: {} for key in ('valid_nll', 'test_nll', 'test_nll_beyond_window',
+                            'test_nll_within_window')}
+  for r in results.values():
+    for key in by:
+      by[key].setdefault(r['label'], {})[r['seed']] = r[key]
+  rows = []
+  for label in labels:
+    rows.append([label] + [_cell(list(by[k].get(label, {}).values()))
+                           for k in by]
+                + [f'{PUBLISHED[label]:.4f}' if label in PUBLISHED else '–'])
+  for name, row in floors.items():
+    rows.append([f'{name} (floor)', f'{row["valid"]:.4f}',
+                 f'{row["test"]:.4f}', '', '', ''])
+  base = music_config.get_config(scale)
+  n = base.task.max_len
+  table = common.markdown_table(
+      ['encoding', 'valid NLL', 'test NLL', f'test NLL at positions {n}-{4 * n}',
+       f'test NLL at positions 0-{n}', 'PoPE paper test NLL'], rows)
+  samples = common.markdown_table(
+      ['encoding', 'out of range', 'pitch-class distance', 'parallels rate',
+       'repeat fraction'],
+      [[label] + [_cell([r['sample_statistics'][k] for r in results.values()
+                         if r['label'] == label])
+                  for k in ('out_of_range', 'pitch_class_distance',
+                            'parallels_rate', 'repeat_fraction')]
+       for label in labels]
+      + [['data (test excerpts)'] + [f'{reference[k]:.3f}' for k in (
+          'out_of_range', 'pitch_class_distance', 'parallels_rate',
+          'repeat_fraction')]])
+  comparisons = [
+      paired_by_seed(by['test_nll'], RELATIVE, ABSOLUTE,
+                     'test NLL, mean of the relative encodings minus mean of '
+                     'the absolute ones'),
+      paired_by_seed(by['test_nll'], ('shaw',), ('sinusoidal',),
+                     'test NLL, shaw minus sinusoidal'),
+      paired_by_seed(by['test_nll'], ('pope',), ('rope',),
+                     'test NLL, pope minus rope'),
+      paired_by_seed(by['test_nll_beyond_window'], RELATIVE, ABSOLUTE,
+                     f'NLL beyond {n}, relative minus absolute'),
+  ]
+  m, t = base.model, base.train
+  protocol = (
+      f'scale={scale}: JSB Chorales (Jsb16thSeparated.json, 229/76/77 '
+      f'pieces), the Music Transformer serialization (S, A, T, B per '
+      f'sixteenth; vocabulary {jsb.VOCAB_SIZE}: 88 pitches, silence, start, '
+      f'pad). A causal decoder of {m.num_layers} layers, width '
+      f'{m.num_hiddens}, {m.num_heads} heads, FFN {m.ffn_num_hiddens}, norm '
+      f'{m.norm}, dropout {m.dropout}; random crops of {n} tokens, batch '
+      f'{t.batch_size}, {t.num_steps} steps, AdamW lr {t.learning_rate} '
+      f'({t.warmup_steps} warmup, cosine to {t.final_lr_fraction} of the '
+      f'peak), beta2 {t.b2}, weight decay {t.weight_decay}, clip '
+      f'{t.grad_clip}. Scored on whole pieces, windows of {n} with stride '
+      f'{max(4, n // 2 // 4 * 4)}. Cells: mean ± std over seeds.')
+  sections = [
+      ('Status', f'{len(results)} of {len(runs)} runs finished and scored.'),
+      ('Protocol', protocol),
+      ('NLL (nats per token)', table),
+      ('Paired by seed', '\n'.join(f'- {c}' for c in comparisons)),
+      ('NLL by position', '![NLL by position](nll_by_position.png)'),
+      ('Samples', f'{NUM_SAMPLES} continuations of {SAMPLE_STEPS} sixteenths '
+       f'after a one-bar prompt of a test piece, per run (temperature '
+       f'{music_samples.TEMPERATURE}, top-k {music_samples.TOP_K}); MIDI and '
+       f'piano rolls in each run\'s samples/, images and audio in '
+       f'TensorBoard. Statistics of the sampled part, mean ± std over '
+       f'seeds:\n\n{samples}'),
+  ]
+  if results:
+    plot_by_position(results, labels, n,
+                     os.path.join(workdir, 'nll_by_position.png'))
+  data = {'scale': scale, 'protocol': protocol, 'floors': floors,
+          'data_sample_statistics': reference, 'runs': results}
+  return common.write_results(workdir, 'JSB Chorales', sections, data)
+
+
+def main(argv):
+  del argv
+  common.configure_logging()
+  workdir = common.WORKDIR.value
+  if not workdir:
+    raise SystemExit('error: --workdir is required')
+  try:
+    data = jsb.load()
+  except jsb.DataError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+  scale = 'quick' if common.QUICK.value else _SCALE.value
+  labels = QUICK_ENCODINGS if scale == 'quick' else tuple(ENCODINGS)
+  unknown = sorted(set(_POSITIONS.value or ()) - set(ENCODINGS))
+  if unknown:
+    raise SystemExit(f'error: --positions: unknown {", ".join(unknown)}; '
+                     f'valid: {", ".join(ENCODINGS)}')
+  seeds = (common.SEEDS.value if flags.FLAGS['seeds'].present
+           else 1 if scale == 'quick' else 5)
+  floors = music_baselines.baselines(data)
+  print('floors: ' + ', '.join(f'{k} valid {v["valid"]:.4f} test '
+                               f'{v["test"]:.4f}' for k, v in floors.items()))
+  runs = study_runs(scale, seeds, labels)
+  chosen = study.select(runs, positions=_POSITIONS.value)
+  if not _COLLECT_ONLY.value:
+    study.execute(chosen, workdir)
+  results = {}
+  for run in runs:
+    summary = study.finished_summary(run, workdir)
+    if summary is None or study.diverged(summary):
+      continue
+    path = os.path.join(workdir, run.name)
+    if _COLLECT_ONLY.value and not os.path.exists(
+        os.path.join(path, 'music.json')):
+      continue
+    result = evaluate_run(run, path, data)
+    results[run.name] = {**result, 'label': run.tags['position'],
+                         'seed': run.tags['seed']}
+  reference = music_samples.data_statistics(data['test'], data['train'],
+                                            SAMPLE_STEPS)
+  print(report(workdir, runs, results, scale, floors, reference))
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,83 @@
+"""The jsb_chorales training task: crops of real pieces, next-token targets."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from selfattn import config_checks, jsb, tasks
+from selfattn.jsb_task import training_corpus
+
+pytestmark = pytest.mark.skipif(
+    not __import__('os').environ.get('SELFATTN_DATA_DIR'),
+    reason='JSB data not found (set SELFATTN_DATA_DIR; see selfattn/jsb.py)')
+
+
+def _batch(window=64, n=32, seed=0, step=0, transpose=0):
+  task = tasks.get_task('jsb_chorales', transpose=transpose)
+  return task, tasks.make_batch(task, seed, step, jnp.arange(n), window,
+                                window)
+
+
+def _find(crop, sequences):
+  """(piece, start) of every place the crop occurs in a training sequence."""
+  hits = []
+  for i, seq in enumerate(sequences):
+    for s in range(0, len(seq) - len(crop) + 1):
+      if np.array_equal(seq[s:s + len(crop)], crop):
+        hits.append((i, s))
+  return hits
+
+
+def test_crops_are_aligned_pieces_of_the_training_split_with_next_token_targets():
+  task, batch = _batch()
+  table, lengths = training_corpus()
+  sequences = [table[i, :n] for i, n in enumerate(lengths)]
+  assert task.causal and task.num_classes == 89 and task.pad == jsb.PAD
+  assert task.input_vocab_size == jsb.VOCAB_SIZE
+  for x, y, w in zip(np.asarray(batch.inputs), np.asarray(batch.targets),
+                     np.asarray(batch.weights)):
+    n = int(w.sum())
+    assert np.all(w[:n] == 1) and np.all(w[n:] == 0)
+    np.testing.assert_array_equal(y[:n - 1], x[1:n])      # next tokens
+    hits = _find(np.append(x[:n], y[n - 1]), sequences)
+    assert hits and any(s % 4 == 0 for _, s in hits)      # on a time step
+    assert np.all(y[:n] < jsb.NUM_TARGETS)                # never START/PAD
+
+
+def test_crops_are_a_function_of_seed_and_step():
+  _, a = _batch(seed=1, step=3)
+  _, b = _batch(seed=1, step=3)
+  _, c = _batch(seed=1, step=4)
+  np.testing.assert_array_equal(a.inputs, b.inputs)
+  assert np.any(np.asarray(a.inputs) != np.asarray(c.inputs))
+
+
+def test_transposition_shifts_whole_crops_within_the_range():
+  _, plain = _batch(window=128, seed=2)
+  _, moved = _batch(window=128, seed=2, transpose=3)
+  shifts = set()
+  for x0, x1 in zip(np.asarray(plain.inputs), np.asarray(moved.inputs)):
+    pitch = x0 < jsb.NUM_PITCHES
+    np.testing.assert_array_equal(x1[~pitch], x0[~pitch])   # silence, START
+    delta = set((x1[pitch] - x0[pitch]).tolist())
+    assert len(delta) == 1                                  # one shift a crop
+    shifts |= delta
+  assert shifts <= set(range(-3, 4)) and len(shifts) > 3
+
+
+def test_pieces_shorter_than_the_window_come_whole_and_padded():
+  _, batch = _batch(window=2600, n=8)
+  counts = np.asarray(batch.weights).sum(1)
+  _, lengths = training_corpus()
+  assert set(counts.astype(int)) <= set((lengths - 1).tolist())
+  x = np.asarray(batch.inputs)
+  assert np.all(x[:, 0] == jsb.START)
+
+
+def test_config_rejects_a_bad_transposition(tiny_config):
+  from configs import music
+  config = music.get_config('quick')
+  config_checks.validate_config(config)
+  config.task.transpose = 13
+  with pytest.raises(config_checks.ConfigError, match='transpose'):
+    config_checks.validate_config(config)
