@@ -15,6 +15,8 @@ Sections:
   relative   Shaw (k=16, keys and values) and a naive Shaw that builds the
              (L, L, d_head) tensors, over plain attention: time and memory;
              Huang (skew) and naive Huang memory; every encoding's time ratio.
+  pope       PoPE vs RoPE: time, temporary memory and the extra q.k^T FLOPs
+             of one attention layer (scripts/bench_pope.py).
   train      the default config: loop vs compiled step on pre-generated
              batches (overhead), tokens/s, bfloat16 vs float32, peak RSS.
   chunked    attention_impl='chunked' vs 'plain': temporary memory and time of
@@ -46,6 +48,7 @@ from flax import nnx  # noqa: E402
 
 import selfattn  # noqa: E402
 import bench_long  # noqa: E402
+import bench_pope  # noqa: E402
 from measure import compare_times, grad_fn, temp_bytes  # noqa: E402
 from selfattn.positions import RelativePosition  # noqa: E402
 from selfattn.positions import relative_offsets  # noqa: E402
@@ -420,6 +423,10 @@ def main(argv):
   print(f'## Time over plain attention at length {enc_length}\n')
   print(table(list(encodings), [list(encodings.values())]) + '\n')
 
+  pope = bench_pope.bench_pope(lengths, tokens, repeats)
+  print('## PoPE over RoPE, one layer forward+backward (scripts/bench_pope.py)\n')
+  print(bench_pope.markdown(pope) + '\n')
+
   training = bench_training(config_name, 60 if quick else 500, repeats)
   training['peak_rss_mb'] = rss
   print(f'## Training loop, configs/{config_name}.py\n')
@@ -440,6 +447,7 @@ def main(argv):
       'huang_memory_ratio': huang['huang_memory_ratio'],
       'huang': huang,
       'encoding_time_ratio': encodings,
+      'pope_over_rope': {str(n): r for n, r in pope.items()},
       **training,
       **long,
       'seconds': time.perf_counter() - started,

@@ -11,7 +11,9 @@
 # 2-core CPU. Measured there at five seeds
 # (experiments/results/timings.txt): compare 19 min, exercise1 82 min,
 # exercise2 23 min, exercise3 53 min; length_generalization about 6.5 h
-# (390 runs at about 62 s each; EXPERIMENTS.md section 5). `--shard=i/n` on
+# (390 runs at about 62 s each; EXPERIMENTS.md section 5; PoPE adds 60),
+# indirect_indexing about 2.5 h (50 runs), music needs the JSB data file
+# (selfattn/jsb.py). `--shard=i/n` on
 # length_generalization splits it over machines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,3 +36,5 @@ run exercise1 experiments.exercise1_depth --workdir="$root/exercise1" --seeds=5
 run exercise2 experiments.exercise2_learned --workdir="$root/exercise2" --seeds=5
 run exercise3 experiments.exercise3_relative --workdir="$root/exercise3" --seeds=5
 run lengthgen experiments.length_generalization --workdir="$root/lengthgen"
+run indirect_indexing experiments.indirect_indexing --workdir="$root/indirect_indexing"
+run music experiments.music --workdir="$root/music"

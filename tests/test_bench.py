@@ -39,3 +39,8 @@ def test_quick_benchmark_writes_every_key(tmp_path):
   # temporaries; the chunked path keeps one block of them.
   assert data['chunked_memory_ratio'] < 0.75
   assert data['compile_seconds']['loop_2'] > 0
+  # PoPE's q.k^T is over 2d features: more temporary memory than RoPE's,
+  # and the extra forward FLOPs are 2 B H L^2 d (d = 32, L = 128, B = 8).
+  pope = data['pope_over_rope']['128']
+  assert pope['pope_memory_ratio'] > 1 and pope['pope_time_ratio'] > 0
+  assert pope['extra_qk_gflop'] == pytest.approx(2 * 8 * 8 * 128 ** 2 * 32 / 1e9)
