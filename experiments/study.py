@@ -29,6 +29,7 @@ import ml_collections
 from absl import logging
 
 from selfattn import train
+from selfattn.config_checks import ConfigError
 from selfattn.train import NonFiniteError
 from selfattn.train import TrainingInterrupted
 from selfattn.train import train_and_evaluate
@@ -152,6 +153,11 @@ def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True
       # The run saved a checkpoint; rerunning the study resumes it.
       print(f'[study] stopped: {e}', file=sys.stderr)
       sys.exit(128 + e.signum)
+    except ConfigError as e:
+      # A run refused before it trained (its workdir locked by another live
+      # study, an invalid config): one line, as the training CLI says it.
+      print(f'error: {run.name}: {e}', file=sys.stderr)
+      sys.exit(2)
     except NonFiniteError as e:
       summaries[run.name] = {'diverged': str(e)}
       with open(os.path.join(workdir, run.name, DIVERGED_FILE), 'w') as f:

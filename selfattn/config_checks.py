@@ -45,7 +45,22 @@ def _positive(config, *fields):
 
 def validate_config(config: ml_collections.ConfigDict,
                     num_devices: int | None = None) -> None:
-  """Raises ConfigError for the first problem found in `config`."""
+  """Raises ConfigError for the first problem found in `config`, also for a
+  field the config lacks (a hand-made config, or one from an older
+  version: configs/default.py has every field)."""
+  try:
+    _validate(config, num_devices)
+  except (AttributeError, KeyError) as e:
+    # ml_collections' message: "'name'" then a did-you-mean line that
+    # suggests an existing field; the missing name is what matters.
+    missing = str(e.args[0] if e.args else e).split('\n')[0].strip('"\' ')
+    raise ConfigError(f'the config lacks the field {missing!r} that the run '
+                      f'needs; start from configs/default.py, which has '
+                      f'every field') from None
+
+
+def _validate(config: ml_collections.ConfigDict,
+              num_devices: int | None = None) -> None:
   # Task.
   if config.task.name not in tasks.TASK_NAMES:
     raise ConfigError(f'config.task.name={config.task.name!r} is unknown; '

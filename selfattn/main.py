@@ -59,6 +59,62 @@ def config_file_problem(argv: list[str]) -> str | None:
   return None
 
 
+def _load_config(spec: str):
+  """Runs the config file's get_config(arg) as absl will, outside absl, so a
+  failure is one line rather than a traceback from inside flag parsing.
+  Returns (config, None) or (None, problem)."""
+  path, _, arg = spec.partition(':')
+  import importlib.util
+  sys.path.insert(0, os.getcwd())      # config files import `configs.*`
+  try:
+    module_spec = importlib.util.spec_from_file_location('_selfattn_config',
+                                                         path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+  except Exception as e:  # noqa: BLE001 - any failure of user code, one line
+    return None, (f'--config={spec}: get_config raised '
+                  f'{type(e).__name__}: {_one_line(e)}')
+  finally:
+    sys.path.pop(0)
+  return config, None
+
+
+def _one_line(error: BaseException) -> str:
+  text = error.args[0] if len(error.args) == 1 and isinstance(
+      error.args[0], str) else str(error)
+  return ' '.join(str(text).split())
+
+
+def override_problem(argv: list[str]) -> str | None:
+  """A `--config.a.b=value` naming a field or section the config does not
+  have, said in one line with the fields that exist there (absl would raise
+  a KeyError or AttributeError traceback from inside flag parsing)."""
+  specs = [a.split('=', 1)[1] for a in argv if a.startswith('--config=')]
+  if not specs:
+    return None
+  config, problem = _load_config(specs[-1])
+  if problem:
+    return problem
+  for arg in argv:
+    if not arg.startswith('--config.'):
+      continue
+    dotted = arg[len('--config.'):].split('=', 1)[0]
+    node, walked = config, 'config'
+    for name in dotted.split('.'):
+      fields = list(node.keys()) if hasattr(node, 'keys') else None
+      if fields is None:
+        return (f'--config.{dotted}: {walked} is a value, not a section')
+      if name not in fields:
+        import difflib
+        close = difflib.get_close_matches(name, fields, n=1)
+        hint = f'; did you mean {walked}.{close[0]}?' if close else ''
+        return (f'--config.{dotted}: {walked} has no field {name!r}{hint} '
+                f'(its fields: {", ".join(sorted(fields))})')
+      node, walked = node[name], f'{walked}.{name}'
+  return None
+
+
 def workdir_problem(workdir: str) -> str | None:
   """A workdir that cannot hold a run, said in one line."""
   if not workdir:
@@ -117,7 +173,8 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  _problem = config_file_problem(sys.argv[1:])
+  _problem = (config_file_problem(sys.argv[1:])
+              or override_problem(sys.argv[1:]))
   if _problem:
     print(f'error: {_problem}', file=sys.stderr)
     sys.exit(2)

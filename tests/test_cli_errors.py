@@ -1,0 +1,87 @@
+"""A user's mistake on the command line is one line and exit status 2, before
+anything is written (issue: one line for every user mistake)."""
+
+import os
+import textwrap
+
+import pytest
+
+from runs import cli
+
+pytestmark = pytest.mark.slow
+
+
+def _config_file(tmp_path, body):
+  path = tmp_path / 'user_config.py'
+  path.write_text(textwrap.dedent(body))
+  return str(path)
+
+
+def _refused(result, workdir, *expected):
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert len(lines) == 1 and lines[0].startswith('error: '), result.stderr
+  for text in expected:
+    assert text in lines[0], lines[0]
+  assert not os.path.exists(workdir)          # nothing left behind
+  return lines[0]
+
+
+def test_misspelt_field_and_section(tmp_path):
+  workdir = tmp_path / 'run'
+  line = _refused(cli(workdir, '--config.model.postion=shaw'), workdir,
+                  "config.model has no field 'postion'",
+                  'did you mean config.model.position?')
+  assert 'num_hiddens' in line                # the fields that exist
+  _refused(cli(workdir, '--config.modle.position=shaw'), workdir,
+           "config has no field 'modle'", 'did you mean config.model?')
+  _refused(cli(workdir, '--config.model.num_layers.depth=3'), workdir,
+           'config.model.num_layers is a value, not a section')
+
+
+def test_config_files_that_fail(tmp_path):
+  workdir = tmp_path / 'run'
+  _refused(cli(workdir, config='configs/chomsky.py:bogus'), workdir,
+           'get_config raised ValueError', 'valid scales are full, small, quick')
+  missing_module = _config_file(tmp_path, """
+      import not_a_module_anywhere
+      def get_config():
+        return None
+      """)
+  _refused(cli(workdir, config=missing_module), workdir,
+           "ModuleNotFoundError: No module named 'not_a_module_anywhere'")
+  raising = _config_file(tmp_path, """
+      def get_config():
+        raise RuntimeError('broken on purpose')
+      """)
+  _refused(cli(workdir, config=raising), workdir,
+           'get_config raised RuntimeError: broken on purpose')
+
+
+def test_a_config_missing_a_field(tmp_path):
+  workdir = tmp_path / 'run'
+  lacking = _config_file(tmp_path, """
+      from configs import tiny
+      def get_config():
+        config = tiny.get_config()
+        del config.model['num_layers']
+        return config
+      """)
+  _refused(cli(workdir, config=lacking), workdir,
+           "the config lacks the field 'num_layers'", 'configs/default.py')
+
+
+def test_a_second_study_runner_on_a_locked_run_is_one_line(tmp_path, capsys,
+                                                          tiny_config):
+  """study.execute reports a run whose workdir another live process holds
+  as one line and exit 2, not a traceback."""
+  from experiments import study
+  from selfattn import checkpoints
+  run = study.Run('position=sinusoidal,seed=0', tiny_config, {})
+  with checkpoints.workdir_lock(str(tmp_path / run.name)):
+    with pytest.raises(SystemExit) as stop:
+      study.execute([run], str(tmp_path), verbose=False)
+  assert stop.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith('error: position=sinusoidal,seed=0: workdir ')
+  assert 'in use by another live run' in err[-1]
