@@ -11,27 +11,16 @@ from selfattn import jsb
 from selfattn import positions
 from selfattn import tasks
 from selfattn.encoder import NORMS
+# Re-exported: their home is beside build_model, which reads them.
+from selfattn.model import position_options  # noqa: F401
+from selfattn.model import task_from_config
+from selfattn.steps import SCHEDULES
 
 DTYPES = ('float32', 'bfloat16')
 
 
 class ConfigError(ValueError):
   """An invalid config; the message names the field."""
-
-
-def position_options(model: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The encoding options set in config.model (None fields left out). The
-  option names come from the registry (positions.POSITIONS), never a list here."""
-  return {name: model[name] for name in positions.option_types()
-          if name in model and model[name] is not None}
-
-
-def task_from_config(config: ml_collections.ConfigDict) -> tasks.Task:
-  t = config.task
-  options = {name: t.get(name, default)
-             for name, default in tasks.DEFAULT_OPTIONS.items()}
-  return tasks.get_task(t.name, t.get('vocab_size'),
-                        layout=t.get('layout', 'in_place'), **options)
 
 
 def _positive(config, *fields):
@@ -142,7 +131,6 @@ def _validate(config: ml_collections.ConfigDict,
   if not config.train.learning_rate > 0:
     raise ConfigError(f'config.train.learning_rate must be > 0; got '
                       f'{config.train.learning_rate}')
-  from selfattn.steps import SCHEDULES    # steps imports this module
   if config.train.get('schedule', 'cosine') not in SCHEDULES:
     raise ConfigError(f'config.train.schedule={config.train.schedule!r} is '
                       f'unknown; valid: {", ".join(SCHEDULES)}')

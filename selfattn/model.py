@@ -3,15 +3,34 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from selfattn.config_checks import position_options
+from selfattn import positions
+from selfattn import tasks
 from selfattn.decoder import TransformerDecoder
 from selfattn.encoder import TransformerEncoder
 from selfattn.tasks import Task
+
+
+def position_options(model: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The encoding options set in config.model (None fields left out). The
+  option names come from the registry (positions.POSITIONS), never a list here."""
+  return {name: model[name] for name in positions.option_types()
+          if name in model and model[name] is not None}
+
+
+def task_from_config(config: ml_collections.ConfigDict) -> tasks.Task:
+  """The config's task (name, alphabet, layout, options)."""
+  t = config.task
+  options = {name: t.get(name, default)
+             for name, default in tasks.DEFAULT_OPTIONS.items()}
+  return tasks.get_task(t.name, t.get('vocab_size'),
+                        layout=t.get('layout', 'in_place'), **options)
 
 
 class SequenceModel(nnx.Module):

@@ -24,9 +24,9 @@ from jax.sharding import PartitionSpec as P
 from selfattn import bounded
 from selfattn import tasks as tasks_lib
 from selfattn.free_running import free_running_logits
-from selfattn.config_checks import task_from_config
 from selfattn.model import SequenceModel
 from selfattn.model import build_model
+from selfattn.model import task_from_config
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""The package's import graph has no circle: every selfattn module imports
+only modules below it, in function bodies too, so any of them can be
+imported first and the layers stay readable."""
+
+import ast
+import glob
+import importlib
+import os
+
+from runs import ROOT
+
+PACKAGE = os.path.join(ROOT, 'selfattn')
+
+
+def _imports(path: str) -> set[str]:
+  """The selfattn modules a file imports, anywhere in it."""
+  found = set()
+  for node in ast.walk(ast.parse(open(path).read())):
+    if isinstance(node, ast.ImportFrom) and node.module:
+      if node.module == 'selfattn':
+        found |= {f'selfattn.{a.name}' for a in node.names}
+      elif node.module.startswith('selfattn.'):
+        found.add(node.module)
+    elif isinstance(node, ast.Import):
+      found |= {a.name for a in node.names if a.name.startswith('selfattn.')}
+  return found
+
+
+def _graph() -> dict[str, set[str]]:
+  modules = {f'selfattn.{os.path.basename(p)[:-3]}'
+             for p in glob.glob(os.path.join(PACKAGE, '*.py'))}
+  graph = {}
+  for module in modules:
+    if module == 'selfattn.__init__':
+      continue
+    path = os.path.join(PACKAGE, module.split('.')[1] + '.py')
+    graph[module] = {m for m in _imports(path) if m in modules} - {module}
+  return graph
+
+
+def _layer_order(graph):
+  """Modules such that each imports only earlier ones (Kahn's algorithm);
+  raises naming the modules left on a circle."""
+  order, done = [], set()
+  while len(order) < len(graph):
+    ready = sorted(m for m in graph if m not in done and graph[m] <= done)
+    if not ready:
+      raise AssertionError(f'import circle among '
+                           f'{sorted(set(graph) - done)}')
+    order += ready
+    done |= set(ready)
+  return order
+
+
+def test_no_import_circle_and_every_module_imports_in_layer_order():
+  order = _layer_order(_graph())
+  assert order.index('selfattn.masks') < order.index('selfattn.attention')
+  assert order.index('selfattn.model') < order.index('selfattn.config_checks')
+  for module in order:
+    importlib.import_module(module)
+
+
+def test_a_circle_is_caught():
+  graph = {'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': set()}
+  try:
+    _layer_order(graph)
+  except AssertionError as e:
+    assert "['a', 'b', 'c']" in str(e)
+  else:
+    raise AssertionError('the circle went unnoticed')
