@@ -210,9 +210,8 @@ def trained_model(config: ml_collections.ConfigDict, path: str):
   from selfattn import checkpoints
   from selfattn.steps import Trainer
   trainer = Trainer(config)
-  mngr = checkpoints.manager(path, config.train.keep_checkpoints)
-  restored = checkpoints.restore_latest(mngr, trainer.init_state())
-  mngr.close()
+  # Read only: collecting results never moves a run's checkpoints.
+  restored = checkpoints.restore_latest_read_only(path, trainer.init_state())
   if restored is None:
     raise FileNotFoundError(f'no checkpoint in {path}')
   return trainer.model(restored[0]['params'])

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 from typing import Any, Iterator
 
 import jax
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -42,13 +44,20 @@ def manager(workdir: str, keep: int) -> ocp.CheckpointManager:
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any) -> None:
-  """Starts saving `state` as checkpoint `step`; raises CheckpointError
-  at once when the directory cannot be written.
+  """Starts saving `state` as checkpoint `step`, with a checksum of its
+  arrays in the step's metadata; raises CheckpointError at once when the
+  directory cannot be written.
 
   Orbax starts background threads that wait for each other's signals; when
   its first write fails they wait out a 300 s barrier (and keep the process
   alive at exit). A probe write first turns the common failures (read-only
   or missing permission) into an immediate error before any thread starts.
+
+  The checksum (state_checksum: SHA-256 of each array's bytes, computed here
+  on the host from the state being saved) goes into orbax's own step
+  metadata (`<step>/_CHECKPOINT_METADATA`, key CHECKSUM_KEY), which orbax
+  commits with the checkpoint: a step directory holds both or neither.
+  Restoring verifies it (restore_latest).
   """
   directory = str(mngr.directory)
   probe = os.path.join(directory, f'.write-probe-{os.getpid()}')
@@ -59,9 +68,12 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any) -> None:
   except OSError as e:
     raise CheckpointError(f'cannot write checkpoint step {step} to '
                           f'{directory}: {e.strerror or e}') from None
+  checksum = state_checksum(state)
+  metadata = {} if checksum is None else {CHECKSUM_KEY: checksum}
   with _failures_as_checkpoint_error(f'saving checkpoints to {directory} '
                                      f'(at step {step})'):
-    mngr.save(step, args=ocp.args.StandardSave(state))
+    mngr.save(step, args=ocp.args.StandardSave(state),
+              custom_metadata=metadata)
 
 
 def wait(mngr: ocp.CheckpointManager) -> None:
@@ -88,41 +100,189 @@ def _failures_as_checkpoint_error(what: str):
     raise CheckpointError(f'{what} failed: {reason}') from None
 
 
+# --------------------------------------------------------------------------
+# Checksums.
+# --------------------------------------------------------------------------
+
+CHECKSUM_KEY = 'selfattn_checksum'
+_STEP_METADATA = '_CHECKPOINT_METADATA'     # orbax's per-step metadata file
+
+
+def state_checksum(state: Any) -> dict[str, Any] | None:
+  """{'algorithm': 'sha256', 'leaves': {tree path: hex digest}}: a SHA-256 of
+  each array's dtype, shape and bytes, on the host. Independent of the
+  mesh (a checkpoint saved on 8 devices verifies when restored on 1). None
+  when some array is sharded over other processes, so that this process
+  cannot read it whole (then nothing is recorded or verified)."""
+  flat = jax.tree_util.tree_flatten_with_path(state)[0]
+  values = []
+  for _, leaf in flat:
+    if isinstance(leaf, jax.Array):
+      if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        leaf = jax.random.key_data(leaf)
+      if not leaf.is_fully_addressable:
+        if not leaf.sharding.is_fully_replicated:
+          return None
+        leaf = leaf.addressable_data(0)
+    values.append(leaf)
+  values = jax.device_get(values)        # one transfer for the whole state
+  leaves = {}
+  for (path, _), value in zip(flat, values):
+    value = np.ascontiguousarray(value)
+    digest = hashlib.sha256(f'{value.dtype.str}{value.shape}'.encode())
+    digest.update(value.tobytes())
+    leaves[jax.tree_util.keystr(path)] = digest.hexdigest()
+  return {'algorithm': 'sha256', 'leaves': leaves}
+
+
+class _Damaged(Exception):
+  """A checkpoint that restores but is not what was saved."""
+
+
+def _stored_checksum(path: str) -> dict[str, Any] | None:
+  """The checksum recorded in step directory `path`; None for a checkpoint
+  saved before checksums were recorded. _Damaged when orbax's step metadata
+  is missing or unreadable (orbax writes it with every checkpoint)."""
+  try:
+    with open(os.path.join(path, _STEP_METADATA)) as f:
+      metadata = json.load(f)
+  except (OSError, ValueError) as e:
+    raise _Damaged(f'its {_STEP_METADATA} is missing or unreadable '
+                   f'({type(e).__name__})') from None
+  if not isinstance(metadata, dict):
+    raise _Damaged(f'its {_STEP_METADATA} is not a JSON object')
+  return (metadata.get('custom_metadata') or {}).get(CHECKSUM_KEY)
+
+
+def _verify(stored: dict[str, Any], restored: Any) -> None:
+  """Raises _Damaged naming the arrays whose bytes differ from the saved ones."""
+  actual = state_checksum(restored)
+  if actual is None:
+    return
+  if stored.get('algorithm') != actual['algorithm']:
+    raise _Damaged(f'unknown checksum algorithm {stored.get("algorithm")!r}')
+  expected = stored.get('leaves') or {}
+  bad = sorted(k for k in set(expected) | set(actual['leaves'])
+               if expected.get(k) != actual['leaves'].get(k))
+  if bad:
+    more = f' and {len(bad) - 1} more' if len(bad) > 1 else ''
+    raise _Damaged(f'checksum mismatch: {len(bad)} of {len(expected)} arrays '
+                   f'differ from the saved ones ({bad[0]}{more})')
+
+
+def _restore_verified(path: str, target: Any, step: int) -> Any:
+  """The state in step directory `path`, laid out like `target`, verified
+  against its stored checksum; raises on any damage."""
+  stored = _stored_checksum(path)
+  # A standalone checkpointer: a failed restore leaves no state behind in a
+  # manager that the next attempt could trip over.
+  restored = ocp.StandardCheckpointer().restore(
+      os.path.join(path, 'default'), target)
+  if stored is None:
+    logging.warning('checkpoint at step %d in %s was saved without a checksum '
+                    '(by an older selfattn): restored unverified', step,
+                    os.path.dirname(path))
+  else:
+    _verify(stored, restored)
+  return restored
+
+
+def _reason(e: Exception) -> str:
+  if isinstance(e, _Damaged):
+    return str(e)
+  first = str(e).splitlines()[0][:200] if str(e) else ''
+  return f'{type(e).__name__}: {first}'
+
+
+# --------------------------------------------------------------------------
+# Restoring.
+# --------------------------------------------------------------------------
+
 def restore_latest(mngr: ocp.CheckpointManager, state: Any
                    ) -> tuple[Any, int] | None:
-  """(state, step) from the newest checkpoint that restores, laid out like
-  `state`; None when there is no checkpoint.
+  """(state, step) from the newest checkpoint that restores and matches its
+  checksum, laid out like `state`; None when there is no checkpoint.
 
   A checkpoint that fails to restore (truncated file, missing metadata, an
-  emptied step directory) is skipped with a warning naming it and why, and
-  moved aside to `<step>.damaged` (kept for inspection; the run will write
-  that step again); the next older one is tried: at most the steps since it
-  are lost. Raises CheckpointError when checkpoints exist but none restores.
+  emptied step directory) or restores other bytes than were saved (a
+  checksum mismatch) is skipped with a one-line warning naming it and why,
+  and moved aside to `<step>.damaged` (kept for inspection; the run will
+  write that step again); the next older one is tried: at most the steps
+  since it are lost. Raises CheckpointError when checkpoints exist but none
+  restores. For a workdir that is not this run's, use restore_latest_read_only.
   """
-  steps = sorted(mngr.all_steps(), reverse=True)
+  directory = str(mngr.directory)
+
+  def move_aside(step: int, reason: str) -> None:
+    path = os.path.join(directory, str(step))
+    # The same step may be damaged again after it was rewritten: keep both.
+    aside, n = f'{path}.damaged', 1
+    while os.path.exists(aside):
+      aside, n = f'{path}.damaged.{n}', n + 1
+    logging.warning('skipping checkpoint at step %d, which does not '
+                    'restore (%s); moved to %s', step, reason, aside)
+    if jax.process_index() == 0:
+      os.replace(path, aside)
+    mngr.reload()
+
+  return _newest_that_restores(directory, mngr.all_steps(), state, move_aside)
+
+
+def restore_latest_read_only(workdir: str, state: Any
+                             ) -> tuple[Any, int] | None:
+  """restore_latest for another run's workdir (config.train.init_from),
+  which it never modifies: no checkpoint manager is opened on it (orbax's
+  creates and cleans up directories) and damaged checkpoints are skipped
+  with a warning but left in place."""
+  directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
+  names = os.listdir(directory) if os.path.isdir(directory) else []
+  # Finished steps only: orbax writes into `<step>.orbax-checkpoint-tmp-*`
+  # and renames it when the checkpoint is complete.
+  steps = [int(name) for name in names if name.isdigit()
+           and os.path.isdir(os.path.join(directory, name))]
+
+  def leave(step: int, reason: str) -> None:
+    logging.warning('skipping checkpoint at step %d of %s, which does not '
+                    'restore (%s); left in place', step, workdir, reason)
+
+  return _newest_that_restores(directory, steps, state, leave)
+
+
+def _newest_that_restores(directory: str, steps, state: Any, on_damaged
+                          ) -> tuple[Any, int] | None:
   target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
   problems = []
-  for step in steps:
-    path = os.path.join(str(mngr.directory), str(step))
+  for step in sorted(steps, reverse=True):
     try:
-      # A standalone checkpointer: a failed restore leaves no state behind in
-      # the manager that the next attempt could trip over.
-      restored = ocp.StandardCheckpointer().restore(
-          os.path.join(path, 'default'), target)
-      return restored, step
+      return _restore_verified(os.path.join(directory, str(step)), target,
+                               step), step
     except Exception as e:     # orbax raises many types for damaged files
-      first = str(e).splitlines()[0][:200] if str(e) else ''
-      reason = f'{type(e).__name__}: {first}'
-      logging.warning('skipping checkpoint at step %d, which does not '
-                      'restore (%s); moved to %s.damaged', step, reason, path)
+      reason = _reason(e)
+      on_damaged(step, reason)
       problems.append(f'step {step} ({reason})')
-      if jax.process_index() == 0:
-        os.replace(path, f'{path}.damaged')
-      mngr.reload()
   if problems:
     raise CheckpointError(
-        f'no checkpoint in {mngr.directory} restores: {"; ".join(problems)}')
+        f'no checkpoint in {directory} restores: {"; ".join(problems)}')
   return None
+
+
+def write_json(path: str, value: Any, sort_keys: bool = False) -> None:
+  """Writes `value` to `path` atomically: another process (or the next run
+  after a crash or a full disk) sees the old file or the whole new one,
+  never a part. The temp file is removed when the write fails."""
+  directory = os.path.dirname(path) or '.'
+  os.makedirs(directory, exist_ok=True)
+  temp = f'{path}.tmp-{os.getpid()}'
+  try:
+    with open(temp, 'w') as f:
+      json.dump(value, f, indent=2, sort_keys=sort_keys)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(temp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(temp)
+    raise
 
 
 class CheckpointError(RuntimeError):
@@ -255,9 +415,16 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
         f'cannot be checked against this config; put its {CONFIG_FILE} back or '
         f'use a new --workdir (--config.train.init_from=DIR starts from '
         f'another run\'s parameters)')
-  if write:
-    # Atomic, so another process reading it sees no file or the whole file.
-    os.makedirs(workdir, exist_ok=True)
-    with open(path + '.tmp', 'w') as f:
-      json.dump(current, f, indent=2, sort_keys=True)
-    os.replace(path + '.tmp', path)
+  if write and _read_text(path) != json.dumps(current, indent=2,
+                                             sort_keys=True):
+    # Atomic, so another process reading it sees no file or the whole file;
+    # left alone when it already holds this config (its mtime included).
+    write_json(path, current, sort_keys=True)
+
+
+def _read_text(path: str) -> str | None:
+  try:
+    with open(path) as f:
+      return f.read()
+  except OSError:
+    return None

@@ -1,10 +1,31 @@
 """TensorBoard output through tensorboardX (no TensorFlow needed).
 
 Tags: train/* and eval/* scalars, eval/<metric>/len_NNNN per evaluation length
-(one chart group per metric), attention/layer_N images (heads side by side),
+(one chart group per metric), the run's generalisation score as `Score` (and
+`Score/training_lengths`), attention/layer_N images (heads side by side),
 positions/table, the config as text, and the HParams plugin's session so runs
 with different encodings can be filtered and compared (tests/test_tensorboard.py
-checks it against a real TensorBoard server).
+checks it against a real TensorBoard server and in headless Chromium).
+
+What TensorBoard 2.21's HParams tab shows in a fresh browser, and why the
+headline names below are capitalised:
+- The server (plugins/hparams/backend_context.py,
+  `_sort_and_reduce_to_hparams_limit`) orders the hparams by (not differs,
+  name): those whose values differ across the runs first, then by name, as
+  Python compares strings (upper case before lower case).
+- The dashboard (tf-hparams-query-pane's `_computeHParams`, in webfiles.zip)
+  keeps that order, sorts differing ones first again, and ticks only the
+  first 5; `_computeMetrics` ticks the first 5 metrics in the server's order,
+  which `_compute_metric_names` sorts by (tag, group): every scalar tag of a
+  run is a metric, so eval/loss/* came before every accuracy.
+- A `display_name` is only read from an experiment summary
+  (`_hparams_/experiment`), which selfattn must not write (see
+  Writer.hparams): the names are the column headers.
+So the fields a researcher compares are logged under capitalised names
+(HEADLINE_HPARAMS), which sort before every lower-case `model.*`, `task.*`,
+`train.*` name, and the score under `Score`, which sorts before `eval/*` and
+`train/*`. Unset (None) fields are left out rather than logged as a string, so
+a numeric hparam stays numeric across runs.
 """
 
 from __future__ import annotations
@@ -73,15 +94,34 @@ def tile_heads(weights_HxLxL: np.ndarray, scale: int = 4) -> np.ndarray:
   return _colour(np.clip(canvas, 0, 1), scale)
 
 
+# Config field -> the name (the column header) it is logged under in the
+# HParams tab; capitalised so that these columns come first (see above).
+HEADLINE_HPARAMS = {
+    'model.position': 'Encoding',
+    'model.randomize_positions': 'Encoding randomized',
+    'task.name': 'Task',
+    'task.layout': 'Task layout',
+}
+# The generalisation score (train.generalization_score: token accuracy
+# averaged over the evaluated lengths above the training range), and the same
+# average over the evaluated lengths inside the training range. Tags allow no
+# spaces; upper case sorts them before eval/* and train/* in the HParams tab.
+SCORE_TAG = 'Score'
+TRAINING_LENGTHS_SCORE_TAG = 'Score/training_lengths'
+
+
 def flatten_config(config: Mapping[str, Any], prefix: str = '') -> dict:
-  """Nested config -> {'model.position': 'shaw', ...} with TensorBoard-safe values."""
+  """Nested config -> {'model.position': 'shaw', ...} with TensorBoard-safe
+  values: bools, ints, floats and strings as they are, lists as JSON. Unset
+  fields (None, or '' as in train.init_from) are left out: logged as a string
+  they would turn a numeric hparam into a string one in the HParams tab."""
   flat = {}
   for key, value in config.items():
     name = f'{prefix}{key}'
     if isinstance(value, Mapping):
       flat.update(flatten_config(value, name + '.'))
-    elif value is None:
-      flat[name] = 'default'
+    elif value is None or value == '':
+      continue
     elif isinstance(value, (bool, int, float, str)):
       flat[name] = value
     else:
@@ -90,9 +130,29 @@ def flatten_config(config: Mapping[str, Any], prefix: str = '') -> dict:
 
 
 def researcher_hparams(config: Mapping[str, Any]) -> dict:
-  """The config fields a researcher varies, flattened for the HParams tab."""
-  return {name: value for name, value in flatten_config(config).items()
+  """The config fields a researcher varies, flattened for the HParams tab:
+  the headline fields first under their HEADLINE_HPARAMS names, then the rest
+  under their dotted config names."""
+  flat = {name: value for name, value in flatten_config(config).items()
           if not name.startswith(NOT_HPARAMS)}
+  headline = {HEADLINE_HPARAMS[name]: flat.pop(name)
+              for name in HEADLINE_HPARAMS if name in flat}
+  return {**headline, **flat}
+
+
+def score_scalars(summary: Mapping[str, Any]) -> dict[str, float]:
+  """The scalars a run's HParams row is sorted by, from train's summary
+  (its 'score', 'eval' and 'train_lengths'); a score that cannot be computed
+  (no evaluated length beyond, or inside, the training range) is left out."""
+  values = {}
+  if summary.get('score') is not None:
+    values[SCORE_TAG] = float(summary['score'])
+  lo, hi = summary['train_lengths']
+  inside = [m['token_accuracy'] for n, m in summary['eval'].items()
+            if lo <= int(n) <= hi]
+  if inside:
+    values[TRAINING_LENGTHS_SCORE_TAG] = float(sum(inside) / len(inside))
+  return values
 
 
 class Writer:

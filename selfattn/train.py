@@ -26,6 +26,7 @@ from selfattn import summaries
 from selfattn import tasks as tasks_lib
 from selfattn.config_checks import ConfigError
 from selfattn.config_checks import validate_config
+from selfattn import steps
 from selfattn.steps import Trainer
 from selfattn.timing import StepTimer
 
@@ -98,13 +99,15 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
   problem = checkpoints.init_from_problem(config)
   if problem:
     raise ConfigError(problem)
-  checkpoints.check_or_store_config(workdir, config, write=is_main)
+  checkpoints.check_or_store_config(workdir, config, write=False)
   finished = finished_summary(workdir, config.train.num_steps)
   if finished is not None:
-    # Rerunning a finished run changes nothing (no retraining, no new events).
+    # Rerunning a finished run changes nothing (no retraining, no new events,
+    # and its config.json stays the one its summary came from).
     print(f'{workdir} already finished at step {finished["step"]}; its '
           f'summary is {os.path.join(workdir, SUMMARY_FILE)}')
     return finished
+  checkpoints.check_or_store_config(workdir, config, write=is_main)
 
   # ---- Model, optimiser, compiled steps, state. ----
   trainer = Trainer(config)
@@ -114,8 +117,12 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
   mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
   restored = checkpoints.restore_latest(mngr, state)
   start = 0
+  # The newest checkpoint of this workdir known to be good: restored and
+  # matching its checksum, or saved by this loop after a health check.
+  last_checkpoint: int | None = None
   if restored is not None:
     state, start = restored
+    last_checkpoint = start
     logging.info('Resumed from checkpoint at step %d in %s', start, workdir)
   elif config.train.get('init_from'):
     state = _parameters_from(config.train.init_from, config, state)
@@ -180,7 +187,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
         _stop_non_finite(
             mngr, writer, workdir,
             f'non-finite loss ({fetched["loss"][i]}) or gradient norm '
-            f'({fetched["grad_norm"][i]}) at step {done - len(bad) + 1 + i}')
+            f'({fetched["grad_norm"][i]}) at step {done - len(bad) + 1 + i}',
+            last_checkpoint)
       timer.stop(segment_steps)
       segment_steps = 0
       if done % log_every == 0 or is_last:
@@ -199,10 +207,11 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
         # parameters themselves, so a saved checkpoint is always usable.
         if not trainer.healthy(state):
           _stop_non_finite(mngr, writer, workdir, f'the parameters after step '
-                           f'{done} are non-finite or give a non-finite loss')
+                           f'{done} are non-finite or give a non-finite loss',
+                           last_checkpoint)
         checkpoints.save(mngr, done, state)
         writer.flush()       # events up to the checkpoint survive a kill
-        last_good = done
+        last_good = last_checkpoint = done
       if stopping:
         checkpoints.wait(mngr)
         writer.close()
@@ -238,9 +247,11 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
       'config': json.loads(config.to_json_best_effort()),
   }
   if is_main:
-    with open(os.path.join(workdir, SUMMARY_FILE), 'w') as f:
-      json.dump(summary, f, indent=2)
+    # Atomic: a crash or a full disk mid-write leaves no truncated summary,
+    # which the next run would read as this one's.
+    checkpoints.write_json(os.path.join(workdir, SUMMARY_FILE), summary)
     print(results_table(summary))
+  writer.scalars(summary['step'], summaries.score_scalars(summary))
   writer.close()
   mngr.close()
   return summary
@@ -248,11 +259,16 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
 
 def _parameters_from(source: str, config: ml_collections.ConfigDict,
                      state: dict[str, Any]) -> dict[str, Any]:
-  """`state` with the parameters of `source`'s latest checkpoint; the
-  optimiser state and the step stay fresh (a new schedule from step 0)."""
-  mngr = checkpoints.manager(source, config.train.keep_checkpoints)
-  restored = checkpoints.restore_latest(mngr, state)
-  mngr.close()
+  """`state` with the parameters of `source`'s newest checkpoint that
+  restores and matches its checksum; the optimiser state and the step stay
+  fresh (a new schedule from step 0). `source` is another run's workdir:
+  it is only read (a damaged checkpoint there is skipped, not moved)."""
+  del config
+  try:
+    restored = checkpoints.restore_latest_read_only(source, state)
+  except checkpoints.CheckpointError as e:
+    raise checkpoints.CheckpointError(
+        f'config.train.init_from={source!r}: {e}') from None
   if restored is None:
     raise ConfigError(f'config.train.init_from={source!r} has no checkpoint '
                       f'that restores')
@@ -261,11 +277,13 @@ def _parameters_from(source: str, config: ml_collections.ConfigDict,
   return {**state, 'params': restored[0]['params']}
 
 
-def _stop_non_finite(mngr, writer, workdir: str, what: str) -> None:
-  """Raises NonFiniteError naming the checkpoint to go back to."""
+def _stop_non_finite(mngr, writer, workdir: str, what: str,
+                     last: int | None) -> None:
+  """Raises NonFiniteError naming the checkpoint to go back to: `last`, the
+  newest one this run restored (checksum verified) or saved (after a health
+  check), not merely the newest step directory on disk."""
   checkpoints.wait(mngr)
   writer.flush()
-  last = mngr.latest_step()
   where = (f'the last good checkpoint is step {last} in {workdir}'
            if last is not None else f'no checkpoint was saved in {workdir}')
   raise NonFiniteError(f'{what}; {where}. Lower config.train.learning_rate '
@@ -363,17 +381,19 @@ class _AttentionProbe:
     config = trainer.config
     self._trainer = trainer
     length = min(config.task.max_len, 32)
-    # Host constants, identical on every process.
+    # Host constants, identical on every process. A randomized run is drawn
+    # at the positions it evaluates with, not at 0..T-1.
     batch = jax.device_get(tasks_lib.make_eval_batch(
-        trainer.task, config.seed, length, jnp.arange(1)))
+        trainer.task, config.seed, length, jnp.arange(1),
+        max_random_len=steps.max_random_len(config)))
 
     @jax.jit
     def attention(params):
       model = trainer.model(params)
       if model.stack.scan_layers:
         return []        # nnx.scan's stacked block has no per-layer capture
-      _, inter = nnx.capture(model, nnx.Intermediate)(batch.inputs,
-                                                      batch.valid_lens)
+      _, inter = nnx.capture(model, nnx.Intermediate)(
+          batch.inputs, batch.valid_lens, positions=batch.positions)
       # Sown under the stack's attribute name and each block's attention's.
       blocks = inter[_attribute(model, model.stack)]['blks']
       return [blocks[i][_attribute(blk, _self_attention(blk))][

@@ -58,7 +58,7 @@ def test_tensorboard_events_read_back_with_tags_images_and_hparams(tiny_run):
   content = acc.PluginTagToContent('hparams')
   start = plugin_data_pb2.HParamsPluginData.FromString(
       content['_hparams_/session_start_info']).session_start_info
-  assert start.hparams['model.position'].string_value == 'sinusoidal'
+  assert start.hparams['Encoding'].string_value == 'sinusoidal'   # model.position
   assert start.hparams['model.num_hiddens'].number_value == 16
   assert 'mesh.data' not in start.hparams
   assert 'model.attention_impl' not in start.hparams

@@ -1,0 +1,291 @@
+"""Checkpoints that detect corruption, a source workdir that init_from never
+touches, and the run's JSON files written whole or not at all."""
+
+import hashlib
+import json
+import logging as std_logging
+import os
+import pathlib
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+
+from selfattn import checkpoints
+from selfattn import train
+from selfattn.steps import Trainer
+from runs import saved_params
+
+# A probe that makes tensorstore's reading fail (below) can leave a late
+# callback into orbax's closed event loop, as in test_faults: only that
+# exact error is ignored.
+pytestmark = pytest.mark.filterwarnings(
+    r'ignore:(?s)Exception ignored in.*Event loop is closed'
+    r':pytest.PytestUnraisableExceptionWarning')
+
+
+def _thirty_steps():
+  from configs import tiny
+  config = tiny.get_config()
+  config.train.num_steps = config.eval.every = 30
+  config.train.checkpoint_every = 10
+  return config
+
+
+@pytest.fixture(scope='module')
+def finished_run(tmp_path_factory):
+  """One finished 30-step run with checkpoints 10, 20, 30 (shared, read only)."""
+  workdir = tmp_path_factory.mktemp('finished')
+  train.train_and_evaluate(_thirty_steps(), str(workdir))
+  return workdir
+
+
+@pytest.fixture(scope='module')
+def template():
+  """A fresh state laid out like the run's, to restore into."""
+  return Trainer(_thirty_steps()).init_state()
+
+
+def _data_files(step_dir):
+  """The array data files of a checkpoint (tensorstore's ocdbt layout:
+  default/ocdbt.process_N/d/<hash>), largest first."""
+  files = [os.path.join(d, f) for d, _, names in os.walk(step_dir / 'default')
+           for f in names if os.path.basename(d) == 'd' and 'ocdbt' in d]
+  assert files, f'no array data under {step_dir}'
+  return sorted(files, key=os.path.getsize, reverse=True)
+
+
+def _flip(path, offset):
+  with open(path, 'r+b') as f:
+    f.seek(offset)
+    byte = f.read(1)
+    f.seek(offset)
+    f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _restore_unverified(step_dir, template):
+  """What orbax alone restores from a step directory (no checksum check)."""
+  import jax
+  import orbax.checkpoint as ocp
+  target = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+  restored = ocp.StandardCheckpointer().restore(str(step_dir / 'default'),
+                                                target)
+  return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(restored))]
+
+
+def _flip_a_byte(step_dir, template, scratch):
+  """Inverts one byte of the checkpoint's array data: the first byte, in a
+  scan of the data files, that orbax restores without an error but with
+  other values (much of a data file is never read back, and some bytes make
+  tensorstore's decompression fail, which was caught before checksums).
+  Each candidate is tried on a fresh copy under `scratch`, then flipped in
+  `step_dir`."""
+  scratch = pathlib.Path(tempfile.mkdtemp(dir=scratch))
+  original = _restore_unverified(step_dir, template)
+  for data in _data_files(step_dir):
+    relative = os.path.relpath(data, step_dir)
+    size = os.path.getsize(data)
+    for offset in range(size // 32, size, max(1, size // 32)):
+      probe = scratch / 'probe'
+      shutil.rmtree(probe, ignore_errors=True)
+      shutil.copytree(step_dir, probe)
+      _flip(probe / relative, offset)
+      try:
+        restored = _restore_unverified(probe, template)
+      except Exception:      # noqa: BLE001 - damage orbax already notices
+        continue
+      if any(not np.array_equal(a, b) for a, b in zip(original, restored)):
+        _flip(data, offset)
+        return
+  pytest.fail(f'no byte of {step_dir} changes what orbax restores')
+
+
+def _copy(finished_run, tmp_path, keep):
+  """A copy of the finished run as if stopped after the last step in `keep`."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(finished_run, workdir)
+  os.remove(workdir / train.SUMMARY_FILE)
+  for step in (10, 20, 30):
+    if step not in keep:
+      shutil.rmtree(workdir / 'checkpoints' / str(step))
+  return workdir
+
+
+def _tree_digest(root):
+  """Every path under root with its bytes' hash (directories included)."""
+  out = {}
+  for d, dirs, files in os.walk(root):
+    for name in dirs:
+      out[os.path.relpath(os.path.join(d, name), root)] = 'dir'
+    for name in files:
+      path = os.path.join(d, name)
+      with open(path, 'rb') as f:
+        out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+def test_each_checkpoint_stores_a_checksum_of_its_arrays(finished_run):
+  with open(finished_run / 'checkpoints' / '30' / '_CHECKPOINT_METADATA') as f:
+    stored = json.load(f)['custom_metadata'][checkpoints.CHECKSUM_KEY]
+  assert stored['algorithm'] == 'sha256'
+  assert any('params' in leaf for leaf in stored['leaves'])
+  assert all(len(h) == 64 for h in stored['leaves'].values())
+
+
+def test_a_flipped_byte_falls_back_to_the_previous_checkpoint(
+    finished_run, template, tmp_path, caplog):
+  """One flipped byte in the newest checkpoint's array data used to restore
+  silently (one leaf wrong); now that step is rejected with a one-line
+  warning naming it and the reason, moved aside, and the previous one
+  restored exactly."""
+  workdir = _copy(finished_run, tmp_path, keep=(10, 20))
+  _flip_a_byte(workdir / 'checkpoints' / '20', template, tmp_path)
+  # Step 20 was already set aside once (damaged, then written again).
+  (workdir / 'checkpoints' / '20.damaged').mkdir()
+  mngr = checkpoints.manager(str(workdir), 5)
+  with caplog.at_level(std_logging.WARNING):
+    state, step = checkpoints.restore_latest(mngr, template)
+  mngr.close()
+  assert step == 10
+  import jax
+  for a, b in zip(saved_params(finished_run, 10),
+                  jax.tree.leaves(jax.device_get(state['params'])), strict=True):
+    np.testing.assert_array_equal(a, b)
+  warnings = [r.getMessage() for r in caplog.records
+              if r.levelno >= std_logging.WARNING and 'step 20' in r.getMessage()]
+  assert len(warnings) == 1 and 'checksum' in warnings[0], warnings
+  assert '\n' not in warnings[0]
+  assert os.path.isdir(workdir / 'checkpoints' / '20.damaged')
+  assert os.path.isdir(workdir / 'checkpoints' / '20.damaged.1' / 'default')
+
+
+def test_a_flipped_byte_in_the_only_checkpoint_is_a_clear_error(
+    finished_run, template, tmp_path):
+  workdir = _copy(finished_run, tmp_path, keep=(10,))
+  _flip_a_byte(workdir / 'checkpoints' / '10', template, tmp_path)
+  mngr = checkpoints.manager(str(workdir), 5)
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=r'no checkpoint .* restores: step 10 \(.*checksum'):
+    checkpoints.restore_latest(mngr, template)
+  mngr.close()
+
+
+def test_divergence_after_a_rejected_checkpoint_names_the_restored_one(
+    finished_run, template, tmp_path, monkeypatch):
+  """The non-finite guard names the checkpoint to go back to: the one this
+  run restored and verified, never a corrupted one (which used to be
+  restored silently and then named as 'the last good checkpoint')."""
+  workdir = _copy(finished_run, tmp_path, keep=(10, 20))
+  _flip_a_byte(workdir / 'checkpoints' / '20', template, tmp_path)
+  # Divergence, as the loop sees it at its next checkpoint.
+  class Diverging(Trainer):
+    def __init__(self, config):
+      super().__init__(config)
+      self.healthy = lambda state: False
+
+  monkeypatch.setattr(train, 'Trainer', Diverging)
+  with pytest.raises(train.NonFiniteError,
+                     match=r'the last good checkpoint is step 10 in '):
+    train.train_and_evaluate(_thirty_steps(), str(workdir))
+
+
+def test_a_checkpoint_saved_without_a_checksum_still_restores(
+    finished_run, template, tmp_path, caplog):
+  """Checkpoints written before checksums existed restore as before, with a
+  warning that they were not verified."""
+  workdir = _copy(finished_run, tmp_path, keep=(10,))
+  path = workdir / 'checkpoints' / '10' / '_CHECKPOINT_METADATA'
+  metadata = json.loads(path.read_text())
+  del metadata['custom_metadata'][checkpoints.CHECKSUM_KEY]
+  path.write_text(json.dumps(metadata))
+  mngr = checkpoints.manager(str(workdir), 5)
+  with caplog.at_level(std_logging.WARNING):
+    _, step = checkpoints.restore_latest(mngr, template)
+  mngr.close()
+  assert step == 10
+  assert any('without a checksum' in r.getMessage() for r in caplog.records)
+
+
+def test_init_from_never_modifies_the_source_workdir(finished_run, template,
+                                                     tmp_path, caplog):
+  """Damaged checkpoints in the source used to be renamed to .damaged (an
+  emptied one) or restored silently (a flipped byte): the source is another
+  run's workdir and must stay byte for byte as it was. The new run starts
+  from the source's newest good checkpoint; a source whose checkpoints are
+  all damaged stops the run with one clear error."""
+  source = tmp_path / 'source'
+  shutil.copytree(finished_run, source)
+  for entry in (source / 'checkpoints' / '30').iterdir():
+    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+  _flip_a_byte(source / 'checkpoints' / '20', template, tmp_path)
+  before = _tree_digest(source)
+  config = _thirty_steps()
+  config.train.init_from = str(source)
+  config.train.num_steps = config.eval.every = config.train.checkpoint_every = 10
+  with caplog.at_level(std_logging.INFO):
+    summary = train.train_and_evaluate(config, str(tmp_path / 'new'))
+  assert _tree_digest(source) == before
+  assert summary['step'] == 10
+  messages = [r.getMessage() for r in caplog.records]
+  assert any(f'parameters of {source} (its step 10)' in m for m in messages)
+  skipped = [m for m in messages if m.startswith('skipping checkpoint')]
+  assert len(skipped) == 2 and all('left in place' in m for m in skipped)
+  assert 'step 30' in skipped[0]
+  assert 'step 20' in skipped[1] and 'checksum' in skipped[1]
+
+  only = tmp_path / 'only'
+  shutil.copytree(finished_run, only)
+  for step in (10, 20):
+    shutil.rmtree(only / 'checkpoints' / str(step))
+  _flip_a_byte(only / 'checkpoints' / '30', template, tmp_path)
+  before = _tree_digest(only)
+  config.train.init_from = str(only)
+  with pytest.raises(checkpoints.CheckpointError,
+                     match=f'config.train.init_from={str(only)!r}: no '
+                     r'checkpoint .* restores: step 30 \(.*checksum'):
+    train.train_and_evaluate(config, str(tmp_path / 'new2'))
+  assert _tree_digest(only) == before
+
+
+def test_an_interrupted_summary_write_leaves_no_partial_file(
+    finished_run, tmp_path, monkeypatch):
+  """summary.json is replaced whole (temp file + os.replace): a write that
+  fails half way (a full disk) leaves no truncated summary behind, which the
+  next run would read as the finished run's."""
+  workdir = _copy(finished_run, tmp_path, keep=(30,))
+  real_dump = json.dump
+  failed = []
+
+  def half_then_fail(obj, f, *args, **kwargs):
+    if isinstance(obj, dict) and 'score' in obj and 'history' in obj:
+      text = json.dumps(obj, *args, **kwargs)
+      f.write(text[:len(text) // 2])
+      f.flush()
+      failed.append(True)
+      raise OSError(28, 'No space left on device')
+    return real_dump(obj, f, *args, **kwargs)
+
+  monkeypatch.setattr(json, 'dump', half_then_fail)
+  with pytest.raises(OSError, match='No space left'):
+    train.train_and_evaluate(_thirty_steps(), str(workdir))
+  assert failed
+  assert not (workdir / train.SUMMARY_FILE).exists()
+  assert not [n for n in os.listdir(workdir) if 'tmp' in n]
+
+
+def test_rerunning_a_finished_run_does_not_rewrite_its_config(finished_run,
+                                                              tmp_path):
+  """The stored config is the one the summary came from: a rerun (even with
+  other evaluation lengths, which a resumed run may change) leaves it as it
+  was, contents and modification time."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(finished_run, workdir)
+  path = workdir / checkpoints.CONFIG_FILE
+  contents, mtime = path.read_bytes(), path.stat().st_mtime_ns
+  config = _thirty_steps()
+  assert train.train_and_evaluate(config, str(workdir))['step'] == 30
+  config.eval.lengths = [4, 8]
+  assert train.train_and_evaluate(config, str(workdir))['step'] == 30
+  assert path.read_bytes() == contents
+  assert path.stat().st_mtime_ns == mtime
