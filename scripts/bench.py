@@ -23,7 +23,8 @@ Sections:
              one layer's forward+backward per encoding and length (plot
              BENCHMARKS_chunked.png with --plot), the longest trainable length
              of a 4-layer shaw encoder within 16 GiB, compile time vs depth
-             with and without scan_layers (scripts/bench_long.py).
+             with and without scan_layers (scripts/bench_long.py); causal
+             over bidirectional chunked attention (skipped key blocks).
 """
 
 from __future__ import annotations
@@ -317,6 +318,33 @@ def table(header, rows):
   return '\n'.join(lines)
 
 
+def bench_causal_chunked(length: int, repeats: int) -> dict:
+  """Causal over bidirectional chunked attention (selfattn.chunked, blocks
+  of 256), one call on (1, 8, L, 32) q, k, v, forward and forward+backward,
+  measured in alternation. Key blocks wholly above the causal diagonal are
+  skipped, so the ideal ratio tends to about one half as L grows."""
+  from selfattn import chunked
+  keys = jax.random.split(jax.random.key(0), 3)
+  q, k, v = (jax.random.normal(key, (1, 8, length, 32)) for key in keys)
+  out = {}
+  for what in ('forward', 'forward+backward'):
+    fns = {}
+    for causal in (False, True):
+      call = lambda q, k, v, causal=causal: chunked.chunked_attention(
+          q, k, v, causal=causal)
+      if what == 'forward':
+        fns[causal] = jax.jit(call)
+      else:
+        fns[causal] = jax.jit(jax.grad(
+            lambda q, k, v, call=call: jnp.sum(call(q, k, v) ** 2),
+            argnums=(0, 1, 2)))
+    t = compare_times({'full': fns[False], 'causal': fns[True]},
+                      {'full': (q, k, v), 'causal': (q, k, v)}, repeats)
+    out[what] = {'full_ms': 1e3 * t['full'], 'causal_ms': 1e3 * t['causal'],
+                 'ratio': t['causal'] / t['full']}
+  return out
+
+
 def bench_chunked(quick: bool, repeats: int) -> dict:
   """The long-sequence section; returns its JSON keys."""
   target = 1024 if quick else 8192        # the memory target's length
@@ -353,6 +381,13 @@ def bench_chunked(quick: bool, repeats: int) -> dict:
   print(table(['attention', 'longest length within 16 GiB'],
               [[k, v['max_length']] for k, v in lengths.items()]) + '\n')
   print(table(list(compiles), [list(compiles.values())]) + '\n')
+  causal_length = 1024 if quick else 4096
+  causal = bench_causal_chunked(causal_length, repeats)
+  print(f'Causal over bidirectional chunked attention at length '
+        f'{causal_length} (blocks above the diagonal skipped):\n')
+  print(table(['pass', 'full ms', 'causal ms', 'ratio'],
+              [[k, r['full_ms'], r['causal_ms'], r['ratio']]
+               for k, r in causal.items()]) + '\n')
   out = {
       'chunked_memory_ratio': max(memory[n][str(target)]['ratio']
                                   for n in targeted),
@@ -366,6 +401,8 @@ def bench_chunked(quick: bool, repeats: int) -> dict:
       'train_step_gib': lengths,
       'compile_seconds': compiles,
       'scan_compile_ratio': compiles[f'scan_{depths[-1]}'] / compiles['scan_2'],
+      'chunked_causal_time_ratio': causal['forward+backward']['ratio'],
+      'chunked_causal': causal,
   }
   if not quick:
     out['chunked_time_ratio_long'] = times_at[8192]['none']['ratio']

@@ -3,7 +3,8 @@
 Public names (a contract; import them from `selfattn`):
   masked_softmax, dot_product_attention, MultiHeadAttention,
   SinusoidalEncoding, LearnedEncoding, NoEncoding, ShawRelative, HuangRelative,
-  RotaryEncoding, ALiBi, T5RelativeBias, TransformerXLRelative,
+  RotaryEncoding, PolarEncoding, ALiBi, T5RelativeBias,
+  TransformerXLRelative,
   sinusoidal_table, t5_bucket,
   get_position, POSITION_NAMES, RELATIVE_NAMES,
   PositionWiseFFN, AddNorm, TransformerEncoderBlock, TransformerEncoder,
@@ -34,6 +35,7 @@ from selfattn.positions import HuangRelative
 from selfattn.positions import LearnedEncoding
 from selfattn.positions import NoEncoding
 from selfattn.positions import POSITION_NAMES
+from selfattn.positions import PolarEncoding
 from selfattn.positions import RELATIVE_NAMES
 from selfattn.positions import RotaryEncoding
 from selfattn.positions import ShawRelative
@@ -45,3 +47,39 @@ from selfattn.positions import sinusoidal_table
 from selfattn.positions import t5_bucket
 
 __version__ = '0.1.0'
+
+# The public names, for `from selfattn import *` and for type checkers
+# (mypy --no-implicit-reexport, pyright) that read a py.typed package's
+# imports as private unless listed here. tests/test_typing.py checks it.
+__all__ = [
+    'ALiBi',
+    'AddNorm',
+    'HuangRelative',
+    'LearnedEncoding',
+    'MultiHeadAttention',
+    'NoEncoding',
+    'POSITION_NAMES',
+    'PolarEncoding',
+    'PositionWiseFFN',
+    'RELATIVE_NAMES',
+    'RotaryEncoding',
+    'ShawRelative',
+    'SinusoidalEncoding',
+    'T5RelativeBias',
+    'TransformerDecoder',
+    'TransformerDecoderBlock',
+    'TransformerEncoder',
+    'TransformerEncoderBlock',
+    'TransformerXLRelative',
+    '__version__',
+    'attention_weights',
+    'dot_product_attention',
+    'get_position',
+    'greedy_decode',
+    'make_causal_mask',
+    'make_length_mask',
+    'make_padding_mask',
+    'masked_softmax',
+    'sinusoidal_table',
+    't5_bucket',
+]

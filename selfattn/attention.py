@@ -123,6 +123,7 @@ def dot_product_attention(
   q, k, v = q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD
   target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
   mask = masks.attention_mask(target, mask=mask, causal=causal)
+  k, v = masks.clear_unused_keys(k, v, mask)    # padding holding NaN / inf
   # The scale is the projected head's, taken before `rotate` (PoPE widens q
   # and k to 2D features but keeps 1/sqrt(D), as its reference code does).
   scale = 1.0 / math.sqrt(q.shape[-1])
@@ -174,14 +175,16 @@ def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   no weights are returned and there is no dropout on them (callers fall back
   to dot_product_attention for those, and for Shaw's value term).
 
-  Returns (B, H, Lq, D). A query row with no allowed key differs from
-  dot_product_attention's (which returns zeros there).
+  Returns (B, H, Lq, D). A query row with no allowed key gets zeros, as in
+  dot_product_attention and chunked_attention; keys that no query may attend
+  to are zeroed first, so NaN or inf in padding never reaches valid outputs.
   """
   q, k, v = q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD
   if not can_fuse(relative):
     raise ValueError('this encoding has a value term; use dot_product_attention')
   target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
   mask = masks.attention_mask(target, mask=mask, causal=causal)
+  k, v = masks.clear_unused_keys(k, v, mask)
   terms = []
   scale = 1.0 / math.sqrt(q.shape[-1])     # of the head before `rotate`
   if relative is not None:
@@ -208,7 +211,13 @@ def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   out = jax.nn.dot_product_attention(
       q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
       bias=total, mask=mask, scale=scale)
-  return out.transpose(0, 2, 1, 3)[..., :width]
+  out = out.transpose(0, 2, 1, 3)[..., :width]
+  if mask is not None:
+    # jax.nn's softmax spreads a row with no allowed key uniformly; the other
+    # paths return zeros there.
+    out = jnp.where(jnp.any(mask, axis=-1, keepdims=True), out,
+                    jnp.zeros((), out.dtype))
+  return out
 
 
 def _dropout_key(dropout: nnx.Dropout) -> jax.Array:
@@ -248,6 +257,20 @@ def dropout_layer(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
                      rngs=rngs if rate > 0 and has_stream else None)
 
 
+def cache_overflow_message(start: int, num_new: int, max_length: int) -> str:
+  return (f'decode=True past the end of the cache: {start} tokens are cached '
+          f'and {num_new} more do not fit in max_length={max_length}; call '
+          f'init_cache with a larger max_length')
+
+
+def poison(overflow: jax.Array, out: jax.Array) -> jax.Array:
+  """out, or NaN everywhere when `overflow` (a traced bool) is set: under
+  jit a decode step past the cache's end cannot raise, and its numbers would
+  be wrong (writes past the end are clamped onto the last slots), so they
+  are made impossible to miss instead."""
+  return jnp.where(overflow, jnp.asarray(jnp.nan, out.dtype), out)
+
+
 class MultiHeadAttention(nnx.Module):
   """d2l's multi-head attention: W_q, W_k, W_v of width num_hiddens, W_o.
 
@@ -257,7 +280,10 @@ class MultiHeadAttention(nnx.Module):
     queries (B, Lq, in_features); keys (B, Lk, kv_features), default the
     queries; values (B, Lk, kv_features), default the keys.
     valid_lens (B,) or (B, Lq), mask (boolean, four axes broadcastable to
-    (B, H, Lq, Lk)), bias (float, same), causal: see masks.py.
+    (B, H, Lq, Lk)), bias (float, same), causal: see masks.py. Padding never
+    changes valid outputs, whatever it holds: keys that no query may attend
+    to are zeroed before use on every path, so NaN or inf there stays out
+    (the projections' parameter gradients still see the raw inputs).
     positions (B, Lq), key_positions (B, Lk, default `positions`): the
     positions a relative encoding sees (None: 0..L-1).
     deterministic: None uses the module's mode (`model.train()` /
@@ -266,6 +292,12 @@ class MultiHeadAttention(nnx.Module):
     queries are the next Lq tokens; their keys and values join the cache,
     they attend causally to every cached position, and their positions
     continue from the cache (or are `positions`, for randomized encodings).
+    The cache holds `max_length` tokens: a step that would run past it
+    raises ValueError when the fill index is concrete (eager calls); under
+    jit (nnx.jit, nnx.scan), where it cannot raise, that step's outputs and
+    every later one's are NaN (`poison`), never silently wrong numbers. A
+    batch size other than init_cache's, or more new tokens than max_length,
+    raises ValueError always.
   Returns (B, Lq, out_features).
 
   Attention weights (B, H, Lq, Lk), float32, are returned only on request:
@@ -349,13 +381,26 @@ class MultiHeadAttention(nnx.Module):
 
   def _decode_step(self, q, k, v, positions):
     """Writes k, v (B, H, Lq, D) into the cache; returns every cached key,
-    value, the query and key positions and the causal mask over the cache."""
+    value, the query and key positions, the causal mask over the cache and
+    `overflow` (a bool scalar: the step ran past the cache's end)."""
     if self.cache is None:
       raise ValueError('decode=True needs a cache: call init_cache(batch_size, '
                        'max_length) first')
     cache = self.cache
     b, _, lq, _ = q.shape
+    cache_batch, _, max_length, _ = cache['key'].shape
+    if b != cache_batch:
+      raise ValueError(f'decode=True with a batch of {b} but the cache was '
+                       f'made by init_cache(batch_size={cache_batch}, ...): '
+                       f'call init_cache with batch_size={b}')
+    if lq > max_length:
+      raise ValueError(f'decode=True with {lq} tokens at once but the cache '
+                       f'holds max_length={max_length}: call init_cache with '
+                       f'a larger max_length')
     start = cache['index'][...]
+    overflow = start + lq > max_length
+    if not isinstance(start, jax.core.Tracer) and bool(overflow):
+      raise ValueError(cache_overflow_message(int(start), lq, max_length))
     if positions is None:
       positions = jnp.broadcast_to(start + jnp.arange(lq, dtype=jnp.int32),
                                    (b, lq))
@@ -368,11 +413,10 @@ class MultiHeadAttention(nnx.Module):
     cache['positions'][...] = jax.lax.dynamic_update_slice(
         cache['positions'][...], positions, (zero, start))
     cache['index'][...] = start + lq
-    max_length = cache['key'].shape[2]
     query_index = start + jnp.arange(lq)
     causal = jnp.arange(max_length)[None, :] <= query_index[:, None]
     return (cache['key'][...], cache['value'][...], positions,
-            cache['positions'][...], causal[None, None])
+            cache['positions'][...], causal[None, None], overflow)
 
   def __call__(self, queries: jax.Array, keys: jax.Array | None = None,
                values: jax.Array | None = None,
@@ -399,10 +443,22 @@ class MultiHeadAttention(nnx.Module):
       if keys is not queries:
         raise ValueError('decode=True is for self-attention: pass the new '
                          'tokens as queries only')
-      k, v, positions, key_positions, step_mask = self._decode_step(
+      k, v, positions, key_positions, step_mask, overflow = self._decode_step(
           q, k, v, positions)
       mask = step_mask if mask is None else mask & step_mask
       causal = False                 # step_mask is the causal mask over the cache
+      return poison(overflow, self._attend(
+          q, k, v, valid_lens, mask=mask, bias=bias, causal=causal,
+          positions=positions, key_positions=key_positions,
+          deterministic=deterministic))
+    return self._attend(q, k, v, valid_lens, mask=mask, bias=bias,
+                        causal=causal, positions=positions,
+                        key_positions=key_positions,
+                        deterministic=deterministic)
+
+  def _attend(self, q, k, v, valid_lens, *, mask, bias, causal, positions,
+              key_positions, deterministic) -> jax.Array:
+    """Per-head q, k, v -> (B, Lq, out_features) by the chosen path."""
     target = (q.shape[0], self.num_heads, q.shape[2], k.shape[2])
     dropping = (self.dropout.rate > 0 and not (
         self.dropout.deterministic if deterministic is None else deterministic))

@@ -130,7 +130,10 @@ def chunked_attention(
     q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD: per-head queries, keys, values.
     mask, bias, causal, relative, q_positions, k_positions: as in
       attention.dot_product_attention. Pass causal=True rather than a causal
-      mask: it is computed per block, never as an (Lq, Lk) array.
+      mask: it is computed per block, never as an (Lq, Lk) array, and key
+      blocks wholly above the diagonal are skipped (lax.cond), about half
+      the work at Lq == Lk. Keys no query may attend to (by `mask`) are
+      zeroed first, so NaN or inf in padding never reaches valid outputs.
     dropout_rate, dropout_rng: dropout on the attention weights (off when the
       rate is 0 or the key is None).
     query_chunk, key_chunk: block sizes (default QUERY_CHUNK, KEY_CHUNK;
@@ -147,6 +150,7 @@ def chunked_attention(
   target = (b, h, lq, lk)
   if mask is not None:
     mask = masks.check_mask(mask, target)
+    k, v = masks.clear_unused_keys(k, v, mask)    # padding holding NaN / inf
   if bias is not None:
     bias = masks.check_bias(bias, target)
   if relative is not None:
@@ -186,6 +190,17 @@ def chunked_attention(
   kpos_blocks = jnp.moveaxis(k_pos.reshape(k_pos.shape[0], nk, kc), 1, 0)
 
   def key_step(i, q_blk, qpos_blk, carry, xs):
+    if not causal:
+      return attend_block(i, q_blk, qpos_blk, carry, xs)
+    # A key block wholly above the causal diagonal (its first key is later
+    # than the block's last query may see) would add p = 0 everywhere and
+    # leave the carry exactly as it is: skip its work.
+    above = xs[0] * kc > i * qc + (qc - 1) + (lk - lq)
+    return jax.lax.cond(above, lambda c, _: (c, None),
+                        lambda c, x: attend_block(i, q_blk, qpos_blk, c, x),
+                        carry, xs)
+
+  def attend_block(i, q_blk, qpos_blk, carry, xs):
     acc, m, l = carry
     j, k_blk, v_blk, kpos_blk = xs
     s = jnp.einsum('bhqd,bhkd->bhqk', q_blk, k_blk,

@@ -13,16 +13,25 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from selfattn import masks
 from selfattn.attention import MultiHeadAttention
+from selfattn.attention import cache_overflow_message
+from selfattn.attention import poison
 from selfattn.attention import capturing
 from selfattn.encoder import AddNorm
 from selfattn.encoder import EmbeddingMixin
 from selfattn.encoder import PositionWiseFFN
 from selfattn.encoder import build_blocks
+from selfattn.encoder import check_tokens
 from selfattn.encoder import check_stack
+
+
+NO_CROSS_ATTENTION = ('{0} was passed but this decoder was built without '
+                      'cross_attention=True, so it would be ignored: build it '
+                      'with cross_attention=True or do not pass {0}')
 
 
 class TransformerDecoderBlock(nnx.Module):
@@ -32,7 +41,8 @@ class TransformerDecoderBlock(nnx.Module):
   None, enc_mask=None, *, mask=None, positions=None, deterministic=None,
   decode=False)`: enc_outputs (B, Lk, num_hiddens), enc_mask a mask over
   them (four axes, see masks.py), mask an extra mask on the self-attention
-  (the causal one is always applied).
+  (the causal one is always applied). enc_outputs or enc_mask given to a
+  block built without cross_attention raise ValueError.
 
   Args: as TransformerEncoderBlock, plus cross_attention (build the
   encoder-decoder attention).
@@ -71,7 +81,11 @@ class TransformerDecoderBlock(nnx.Module):
             Z, mask=mask, causal=not decode, positions=positions,
             deterministic=deterministic, decode=decode),
         deterministic=deterministic)
-    if self.cross_attention is not None:
+    if self.cross_attention is None:
+      if enc_outputs is not None or enc_mask is not None:
+        raise ValueError(NO_CROSS_ATTENTION.format(
+            'enc_outputs' if enc_outputs is not None else 'enc_mask'))
+    else:
       if enc_outputs is None:
         raise ValueError('this decoder has cross-attention: pass enc_outputs')
       X = self.addnorm2(
@@ -91,6 +105,14 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
   enc_valid_lens (B,) when built with cross_attention. Returns logits
   (B, L, vocab_size) in float32. decode=True: one step against the caches
   made by `init_cache` (positions continue from the cache).
+
+  The caches hold init_cache's `max_length` tokens. A decode step that would
+  run past them raises ValueError when the position is concrete (eager
+  calls); under jit it cannot raise, so its logits, and every later step's,
+  are NaN (documented poisoning, see attention.poison) instead of the wrong
+  numbers clamped writes would give. A prompt longer than max_length, a
+  batch other than init_cache's batch_size, or enc_outputs / enc_valid_lens
+  passed to a decoder built without cross_attention raise ValueError.
 
   Args: as TransformerEncoder (vocab_size, num_hiddens, ffn_num_hiddens,
   num_heads, num_layers, dropout, position, max_len, norm, residual, use_bias,
@@ -112,6 +134,7 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
         type(self).__name__, position, position_options, norm=norm,
         num_hiddens=num_hiddens, num_heads=num_heads, num_layers=num_layers)
     self.num_heads = num_heads
+    self.has_cross_attention = cross_attention
     self.dtype = dtype
     self.remat = remat
     self.scan_layers = scan_layers
@@ -138,6 +161,7 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
     self.dense = nnx.Linear(num_hiddens, vocab_size, dtype=dtype,
                             param_dtype=param_dtype, rngs=rngs)
     self.next_position: nnx.Cache | None = nnx.data(None)
+    self.cache_shape: nnx.Cache | None = nnx.data(None)
 
   def init_cache(self, batch_size: int, max_length: int, dtype=None) -> None:
     """Empty caches for decode=True: every layer's keys and values, and the
@@ -150,6 +174,9 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
       for blk in self.blks:
         init(blk)
     self.next_position = nnx.Cache(jnp.zeros((), jnp.int32))
+    # (batch_size, max_length) as the shape of a placeholder: shapes, unlike
+    # plain int attributes, travel through nnx.jit as state.
+    self.cache_shape = nnx.Cache(jnp.zeros((batch_size, max_length), bool))
 
   def __call__(self, tokens: jax.Array, enc_outputs: jax.Array | None = None,
                enc_valid_lens: jax.Array | None = None, *,
@@ -157,11 +184,33 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
                positions: jax.Array | None = None,
                deterministic: bool | None = None,
                decode: bool = False) -> jax.Array:
+    check_tokens(tokens)
     b, length = tokens.shape[:2]
+    if not self.has_cross_attention:
+      for name, value in (('enc_outputs', enc_outputs),
+                          ('enc_valid_lens', enc_valid_lens)):
+        if value is not None:
+          raise ValueError(NO_CROSS_ATTENTION.format(name))
+    elif enc_valid_lens is not None and enc_outputs is None:
+      raise ValueError('enc_valid_lens was passed without enc_outputs')
+    overflow = None
     if decode:
       if self.next_position is None:
         raise ValueError('decode=True needs caches: call init_cache first')
+      cache_batch, max_length = self.cache_shape.shape
+      if b != cache_batch:
+        raise ValueError(f'decode=True with a batch of {b} but the caches '
+                         f'were made by init_cache(batch_size={cache_batch}, '
+                         f'...): call init_cache with batch_size={b}')
+      if length > max_length:
+        raise ValueError(f'decode=True with a prompt of {length} tokens but '
+                         f'the caches hold max_length={max_length}: call '
+                         f'init_cache with a larger max_length')
       start = self.next_position[...]
+      overflow = start + length > max_length
+      if not isinstance(start, jax.core.Tracer) and bool(overflow):
+        raise ValueError(cache_overflow_message(int(start), length,
+                                                max_length))
       if positions is None:
         positions = jnp.broadcast_to(
             start + jnp.arange(length, dtype=jnp.int32), (b, length))
@@ -188,7 +237,8 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
         X = run(blk, X, enc_outputs, enc_mask, mask, positions)
     if self.final_ln is not None:
       X = self.final_ln(X)
-    return self.dense(X).astype(jnp.float32)
+    logits = self.dense(X).astype(jnp.float32)
+    return logits if overflow is None else poison(overflow, logits)
 
 
 def greedy_decode(decoder: TransformerDecoder, prompt: jax.Array,
@@ -197,9 +247,17 @@ def greedy_decode(decoder: TransformerDecoder, prompt: jax.Array,
   """Greedy generation with the key/value cache.
 
   prompt (B, P) int -> (B, P + num_steps): the prompt fills the caches in one
-  call, then each step feeds the argmax token back. Jit-able (nnx.jit) with
-  static num_steps; the caches are re-initialised on every call.
+  call, then each step feeds the argmax token back (num_steps=0 returns the
+  prompt). Jit-able (nnx.jit) with static num_steps; the caches are
+  re-initialised on every call.
   """
+  if prompt.ndim != 2 or not jnp.issubdtype(prompt.dtype, jnp.integer):
+    raise ValueError(f'prompt must be (B, P) int token ids; got shape '
+                     f'{tuple(prompt.shape)} and dtype {prompt.dtype}')
+  if not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
+    raise ValueError(f'num_steps must be an int >= 0; got {num_steps!r}')
+  if num_steps == 0:
+    return prompt
   b, p = prompt.shape
   decoder.init_cache(b, p + num_steps)
   logits = decoder(prompt, enc_outputs, enc_valid_lens, decode=True,

@@ -4,7 +4,7 @@ skip connections as switches (exercise 1 studies what they do)."""
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Literal, overload
 
 import jax
 import jax.numpy as jnp
@@ -139,6 +139,17 @@ def check_stack(owner: str, position: str, position_options: dict, *,
   return get_position(position, position_options)
 
 
+def check_tokens(tokens: jax.Array, name: str = 'tokens') -> None:
+  """ValueError naming `name` unless tokens are (B, L) int ids or (B, L, F)
+  float features (a rank-1 array would fail later with an IndexError)."""
+  shape = jnp.shape(tokens)
+  integer = jnp.issubdtype(jnp.result_type(tokens), jnp.integer)
+  if len(shape) != (2 if integer else 3):
+    want = '(B, L) int token ids' if integer else '(B, L, num_hiddens) features'
+    raise ValueError(f'{name} must be {want}; got shape {tuple(shape)} (a '
+                     f'single sequence needs a batch axis: {name}[None])')
+
+
 class EmbeddingMixin:
   """Tokens or features to the first layer's input, with the absolute
   encoding; shared by TransformerEncoder and TransformerDecoder (the modules
@@ -231,7 +242,7 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
   """The chapter's encoder with any positional encoding.
 
   Call as `enc(inputs, valid_lens=None, *, mask=None, bias=None,
-  causal=False, positions=None, deterministic=None, return_hidden=False)`:
+  causal=None, positions=None, deterministic=None, return_hidden=False)`:
     inputs: tokens (B, L) int in [0, vocab_size), or features (B, L,
       num_hiddens) float (already embedded: they skip the embedding, not the
       absolute encoding). Token ids are not range-checked (a data-dependent
@@ -240,12 +251,15 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
       (tests/test_tasks.py); check yours upstream.
     valid_lens (B,) or (B, L) (one length per query), mask (boolean, four axes
       broadcastable to (B, H, L, L); `masks.make_padding_mask(valid)` for left
-      padding), bias (float, same), causal: see masks.py.
+      padding), bias (float, same), causal: see masks.py; None (the default)
+      takes the constructor's `causal`. Causality reaches the attention as a
+      flag, so the chunked path never builds an (L, L) mask.
     positions (B, L) int: the positions every encoding sees (randomized
       positional encodings; None: 0..L-1).
     deterministic: None follows model.train() / model.eval() (modules start
       in eval mode).
-  Returns (B, L, num_hiddens), and the per-layer inputs if return_hidden.
+  Returns (B, L, num_hiddens); with return_hidden=True the pair (that, the
+  list of per-layer inputs).
 
   Embedding * sqrt(num_hiddens), then the absolute encoding (with dropout),
   then `num_layers` blocks. Relative encodings get one module per layer. With
@@ -258,8 +272,11 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
     position: one of positions.POSITION_NAMES.
     max_len: table size of the learned / relative tables.
     norm: 'post' (the chapter), 'pre' or 'none'; residual: skip connections.
-    causal: build for causal use (Huang's causal skew); calls still pass
-      causal=True (TransformerDecoder does both).
+    causal: a causal encoder: calls are causal by default (key j attends to
+      query i iff j <= i), and Huang's relative modules use the causal skew.
+      A call's `causal=True` makes any encoder's call causal; `causal=False`
+      on an encoder built causal raises ValueError (its Huang skew is wrong
+      above the diagonal).
     use_bias: biases in the attention projections.
     attention_impl: 'plain', 'fused' (jax.nn.dot_product_attention, cuDNN's
       kernel on GPUs where it applies), 'chunked' (memory O(L), every
@@ -290,6 +307,7 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
         num_hiddens=num_hiddens, num_heads=num_heads, num_layers=num_layers)
     self.num_heads = num_heads
     self.position = position
+    self.causal = causal
     self.dtype = dtype
     self.remat = remat
     self.scan_layers = scan_layers
@@ -313,21 +331,47 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
                                    param_dtype=param_dtype, rngs=rngs)
                      if norm == 'pre' else None)
 
+  @overload
+  def __call__(self, inputs: jax.Array, valid_lens: jax.Array | None = ...,
+               *, mask: jax.Array | None = ..., bias: jax.Array | None = ...,
+               causal: bool | None = ..., positions: jax.Array | None = ...,
+               deterministic: bool | None = ...,
+               return_hidden: Literal[False] = ...) -> jax.Array:
+    ...
+
+  @overload
+  def __call__(self, inputs: jax.Array, valid_lens: jax.Array | None = ...,
+               *, mask: jax.Array | None = ..., bias: jax.Array | None = ...,
+               causal: bool | None = ..., positions: jax.Array | None = ...,
+               deterministic: bool | None = ...,
+               return_hidden: Literal[True]
+               ) -> tuple[jax.Array, list[jax.Array]]:
+    ...
+
   def __call__(self, inputs: jax.Array, valid_lens: jax.Array | None = None,
                *, mask: jax.Array | None = None,
-               bias: jax.Array | None = None, causal: bool = False,
+               bias: jax.Array | None = None, causal: bool | None = None,
                positions: jax.Array | None = None,
                deterministic: bool | None = None,
-               return_hidden: bool = False):
+               return_hidden: bool = False
+               ) -> jax.Array | tuple[jax.Array, list[jax.Array]]:
+    check_tokens(inputs, 'inputs')
+    if causal is None:
+      causal = self.causal
+    elif self.causal and not causal:
+      raise ValueError('causal=False on an encoder built with causal=True: '
+                       'build it with causal=False for bidirectional calls')
+    causal = bool(causal)
     length = inputs.shape[1]
     target = (inputs.shape[0], self.num_heads, length, length)
-    attn_mask = masks.attention_mask(target, valid_lens=valid_lens, mask=mask,
-                                     causal=causal)
+    # causal stays a flag (not an (L, L) mask) down to the attention, so the
+    # chunked path builds it per block.
+    attn_mask = masks.attention_mask(target, valid_lens=valid_lens, mask=mask)
     X = self.embed(inputs, positions=positions, deterministic=deterministic)
     hidden = [X]
 
     def run(blk, X, attn_mask, bias, positions):
-      return blk(X, attn_mask, bias=bias, positions=positions,
+      return blk(X, attn_mask, bias=bias, causal=causal, positions=positions,
                  deterministic=deterministic)
 
     if self.remat and not capturing(self):

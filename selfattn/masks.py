@@ -123,3 +123,30 @@ def attention_mask(target: tuple[int, int, int, int], *,
     tri = make_causal_mask(num_queries, num_keys)
     result = tri if result is None else result & tri
   return result
+
+
+def keys_in_use(mask: jax.Array | None) -> jax.Array | None:
+  """(B|1, H|1, Lk|1, 1) bool: True where some query may attend to the key,
+  from a four-axis mask (None: every key)."""
+  if mask is None:
+    return None
+  return jnp.any(mask, axis=2)[..., None]
+
+
+def clear_unused_keys(k: jax.Array, v: jax.Array, mask: jax.Array | None
+                      ) -> tuple[jax.Array, jax.Array]:
+  """Keys and values that no query may attend to, set to zero.
+
+  A masked key gets weight exactly 0, but 0 * NaN = NaN: a NaN or inf in a
+  padded key or value would otherwise reach the valid outputs (through the
+  weighted sum of values) and the gradients (through the logits' gradient,
+  0 * k). Padding must never change valid outputs, whatever it holds.
+  `jnp.where` selects, so the gradients stay finite too. k, v: (B, H, Lk, D).
+  """
+  if mask is None:
+    return k, v
+  # The barrier keeps XLA from constant-folding the reduction when the mask
+  # is a constant (seconds of compile time at L = 2048).
+  used = keys_in_use(jax.lax.optimization_barrier(mask))
+  return (jnp.where(used, k, jnp.zeros((), k.dtype)),
+          jnp.where(used, v, jnp.zeros((), v.dtype)))

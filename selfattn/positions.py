@@ -143,11 +143,20 @@ class LearnedEncoding(nnx.Module):
 
   def __call__(self, X: jax.Array, *, positions: jax.Array | None = None,
                deterministic: bool | None = None) -> jax.Array:
-    """X (B, L, num_hiddens) + P rows 0..L-1, or P rows at `positions` (B, L)
-    (which must be < max_len; config validation checks max_random_len)."""
+    """X (B, L, num_hiddens) + P rows 0..L-1, or P rows at `positions` (B, L),
+    which must lie in [0, max_len): concrete positions outside raise
+    ValueError; traced ones (under jit, where a data-dependent check cannot
+    raise) are clipped into range, so keep them in range upstream (config
+    validation checks max_random_len)."""
     if positions is None:
       X = X + self.table(X.shape[1]).astype(X.dtype)[None]
     else:
+      if not isinstance(positions, jax.core.Tracer):
+        low, high = int(jnp.min(positions)), int(jnp.max(positions))
+        if low < 0 or high >= self.max_len:
+          raise ValueError(f'positions must lie in [0, max_len={self.max_len}) '
+                           f'for the learned encoding; got values from {low} '
+                           f'to {high}')
       X = X + jnp.take(self.P[0], positions, axis=0, mode='clip').astype(X.dtype)
     return self.dropout(X, deterministic=deterministic)
 
@@ -607,8 +616,21 @@ class PolarEncoding(RelativePosition):
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
-  """Press et al.'s head slopes 2^(-8h/H), h = 1..H."""
-  return 2.0 ** (-8.0 * np.arange(1, num_heads + 1) / num_heads)
+  """Press et al.'s head slopes (`get_slopes` in the ALiBi code, as
+  `_get_alibi_slopes` in the randomized-positional-encodings code).
+
+  H a power of two: 2^(-8h/H), h = 1..H. Otherwise the slopes of the closest
+  smaller power of two n, then every other slope of 2n for the remaining
+  H - n heads (H=3: [1/16, 1/256, 1/4]).
+  """
+  if num_heads < 1:
+    raise ValueError(f'num_heads={num_heads} must be positive')
+  n = 1 << (num_heads.bit_length() - 1)      # the largest power of 2 <= H
+  slopes = 2.0 ** (-8.0 * np.arange(1, n + 1) / n)
+  if n == num_heads:
+    return slopes
+  extra = 2.0 ** (-8.0 * np.arange(1, 2 * n + 1) / (2 * n))
+  return np.concatenate([slopes, extra[0::2][:num_heads - n]])
 
 
 class ALiBi(RelativePosition):
@@ -623,7 +645,7 @@ class ALiBi(RelativePosition):
   solve sort or odds_first); the asymmetric form is the default because the
   published numbers used it.
 
-  Args: num_heads (slopes 2^(-8h/H)), symmetric. No parameters.
+  Args: num_heads (slopes: alibi_slopes), symmetric. No parameters.
   """
 
   def __init__(self, num_heads: int, *, symmetric: bool = False):

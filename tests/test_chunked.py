@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import selfattn
-from selfattn import attention, chunked, positions
+from selfattn import attention, chunked, masks, positions
 from reference import assert_encoders_agree
 
 
@@ -177,10 +177,12 @@ def test_auto_chunks_only_long_sequences(monkeypatch):
   assert calls == [8] and weights.shape == (1, 2, 8, 8)
 
 
-def test_chunked_backward_keeps_no_quadratic_temporaries():
+@pytest.mark.parametrize('causal', [False, True])
+def test_chunked_backward_keeps_no_quadratic_temporaries(causal):
   """XLA's own accounting of the compiled forward+backward: at L = 1024 the
   chunked path's temporaries are a small fraction of plain attention's (which
-  holds (B, H, L, L) weights). Compile-time numbers, not a timing."""
+  holds (B, H, L, L) weights), causal too. Compile-time numbers, not a
+  timing."""
   q, k, v = _qkv(lq=1024, lk=1024, b=1, h=2, d=16)
   relative = _relative('shaw', num_heads=2, head_dim=16)
 
@@ -191,9 +193,10 @@ def test_chunked_backward_keeps_no_quadratic_temporaries():
     return compiled.memory_analysis().temp_size_in_bytes
 
   plain = temp_bytes(lambda q, k, v: attention.dot_product_attention(
-      q, k, v, relative=relative)[0])
+      q, k, v, relative=relative, causal=causal)[0])
   ours = temp_bytes(lambda q, k, v: chunked.chunked_attention(
-      q, k, v, relative=relative, query_chunk=128, key_chunk=128))
+      q, k, v, relative=relative, causal=causal, query_chunk=128,
+      key_chunk=128))
   assert plain > 2 * 1024 * 1024 * 4        # at least two (H, L, L) floats
   assert ours < 0.25 * plain, (ours, plain)
 
@@ -241,3 +244,146 @@ def test_blocks_beyond_the_reach_use_the_edge_term_exactly(name, options,
   np.testing.assert_allclose(got, want, atol=2e-6)
   for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want)):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
+
+
+def _largest_intermediate(fn, *args) -> int:
+  """The most elements of any value in fn's jaxpr, sub-jaxprs included
+  (scan, map, cond, checkpoint bodies)."""
+  largest = 0
+
+  def walk(jaxpr):
+    nonlocal largest
+    for eqn in jaxpr.eqns:
+      for var in eqn.outvars:
+        shape = getattr(var.aval, 'shape', ())
+        largest = max(largest, int(np.prod(shape)) if shape else 1)
+      for param in eqn.params.values():
+        for sub in (param if isinstance(param, (list, tuple)) else [param]):
+          if isinstance(sub, jax.extend.core.ClosedJaxpr):
+            walk(sub.jaxpr)
+          elif isinstance(sub, jax.extend.core.Jaxpr):
+            walk(sub)
+
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return largest
+
+
+def test_causal_encoder_calls_build_no_length_squared_array(monkeypatch):
+  """Issue 26: TransformerEncoder turned causal=True into a dense (1, 1, L, L)
+  mask, so the chunked path paid L^2 memory. The causal flag now reaches the
+  attention: nothing in the forward+backward program of a causal chunked
+  encoder has L^2 / 4 elements (the largest is a (B, H, 64, 64) block).
+
+  Not with scan_layers=True: there the backward of nnx.scan stacks the
+  blocks' residuals (nq, nk, H, 64, 64) whether causal or not (a separate
+  problem, measured in the report of this change)."""
+  stack = {}
+  monkeypatch.setattr(chunked, 'QUERY_CHUNK', 64)
+  monkeypatch.setattr(chunked, 'KEY_CHUNK', 64)
+  length = 512
+  x = jax.random.normal(jax.random.key(0), (1, length, 16))
+
+  def largest(causal_built, **call):
+    enc = selfattn.TransformerEncoder(None, 16, 32, 2, 2, position='shaw',
+                                      attention_impl='chunked',
+                                      causal=causal_built, rngs=nnx.Rngs(0),
+                                      **stack)
+    graphdef, state = nnx.split(enc)
+    loss = lambda state, x: (nnx.merge(graphdef, state)(x, **call) ** 2).sum()
+    return _largest_intermediate(jax.grad(loss), state, x)
+
+  limit = length * length // 4
+  assert largest(False, causal=True) < limit
+  assert largest(True) < limit                 # causal by construction
+  # The test can tell: a causal mask given by hand is (L, L).
+  assert largest(False, mask=masks.make_causal_mask(length)) >= length ** 2
+
+
+@pytest.mark.parametrize('lq,lk', [(7, 13), (13, 7), (6, 20)])
+@pytest.mark.parametrize('name', ['none', 'shaw', 'rope', 'xl'])
+def test_causal_with_different_query_and_key_lengths_aligns_at_the_end(
+    name, lq, lk):
+  """Causal attention with Lq != Lk (the queries are the last Lq of the Lk
+  positions, masks.py): chunked equals dot_product_attention, outputs and
+  gradients, with blocks of 3 queries x 4 keys (so whole key blocks lie above
+  the diagonal and are skipped). A chunked path aligning the triangle at the
+  start instead of the end fails here."""
+  relative = _relative(name)
+  q, k, v = _qkv(lq=lq, lk=lk)
+  tri = masks.make_causal_mask(lq, lk)
+  assert bool(tri[0, 0, -1, -1]) and not bool(tri[0, 0, 0, -1])
+
+  def loss(impl, q, k, v, relative):
+    if impl == 'plain':
+      out = attention.dot_product_attention(q, k, v, causal=True,
+                                            relative=relative)[0]
+    else:
+      out = chunked.chunked_attention(q, k, v, causal=True, relative=relative,
+                                      query_chunk=3, key_chunk=4)
+    return (out ** 2).sum(), out
+
+  grad = nnx.grad(loss, argnums=(1, 2, 3, 4), has_aux=True)
+  (g_want, want), (g_got, got) = (grad('plain', q, k, v, relative),
+                                  grad('chunked', q, k, v, relative))
+  np.testing.assert_allclose(got, want, atol=2e-6)
+  for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want)):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
+  # Independent of the library's causal flag: the hand-made triangle.
+  by_mask, _ = attention.dot_product_attention(q, k, v, mask=tri,
+                                               relative=relative)
+  np.testing.assert_allclose(got, by_mask, atol=2e-6)
+
+
+class _CountingTerms:
+  """A relative encoding with no terms that counts the key blocks whose
+  logits are computed (a debug callback runs only in the branch taken)."""
+
+  def __init__(self):
+    self.blocks = 0
+
+  def _count(self):
+    self.blocks += 1
+
+  def rotate(self, q, k, q_pos=None, k_pos=None):
+    return q, k
+
+  def logits(self, q, k, q_pos=None, k_pos=None):
+    jax.debug.callback(self._count)
+    return None
+
+  def values(self, weights, v, q_pos=None, k_pos=None):
+    return None
+
+  def blockwise_logits(self, *args):
+    return None
+
+
+@pytest.mark.parametrize('lq,lk,computed', [
+    (16, 16, 10),      # 4 x 4 blocks: the 10 on or below the diagonal
+    (8, 16, 7),        # queries are the last 8: blocks (0, 0..2), (1, 0..3)
+    (16, 8, 3),        # queries 0..7 see no key; blocks (2, 0), (3, 0..1)
+])
+def test_causal_skips_key_blocks_above_the_diagonal_and_stays_exact(
+    lq, lk, computed):
+  """Key blocks wholly above the causal diagonal are not computed, and the
+  result is exactly (bit for bit) the causal mask's without skipping."""
+  q, k, v = _qkv(lq=lq, lk=lk)
+  counting = _CountingTerms()
+  skipped = chunked.chunked_attention(q, k, v, causal=True, relative=counting,
+                                      query_chunk=4, key_chunk=4)
+  jax.block_until_ready(skipped)
+  jax.effects_barrier()
+  assert counting.blocks == computed
+  counting.blocks = 0
+  tri = masks.make_causal_mask(lq, lk)
+  full = chunked.chunked_attention(q, k, v, mask=tri, relative=counting,
+                                   query_chunk=4, key_chunk=4)
+  jax.effects_barrier()
+  assert counting.blocks == (lq // 4) * (lk // 4)
+  np.testing.assert_array_equal(skipped, full)
+  grads = [jax.grad(lambda q, k, v: (chunked.chunked_attention(
+      q, k, v, query_chunk=4, key_chunk=4, **kw) ** 2).sum(),
+                    argnums=(0, 1, 2))(q, k, v)
+           for kw in ({'causal': True}, {'mask': tri})]
+  for a, b in zip(*grads):
+    np.testing.assert_array_equal(a, b)

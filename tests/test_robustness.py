@@ -1,0 +1,354 @@
+"""No silent wrong answers from the library (issue 25, section 1): each case
+gave wrong numbers or a deep error without a word, and now either raises a
+ValueError naming the argument, or (under jit, where a data-dependent check
+cannot raise) gives NaN that a caller cannot miss, or the right numbers."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import selfattn
+from selfattn import attention, chunked, positions
+
+
+def make_decoder(position='rope', **kwargs):
+  return selfattn.TransformerDecoder(11, 16, 32, 4, 2, position=position,
+                                     max_len=32, rngs=nnx.Rngs(0), **kwargs)
+
+
+def toks(shape, seed=1):
+  return jax.random.randint(jax.random.key(seed), shape, 0, 11)
+
+
+# --------------------------------------------------------------------------
+# Decoding past the cache.
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize('scan_layers', [False, True], ids=['loop', 'scan'])
+def test_decoding_past_the_cache_raises_eagerly(scan_layers):
+  dec = make_decoder(scan_layers=scan_layers)
+  x = toks((2, 8))
+  full = dec(x)
+  dec.init_cache(2, 4)
+  steps = [dec(x[:, t:t + 1], decode=True) for t in range(4)]
+  np.testing.assert_allclose(jnp.concatenate(steps, 1), full[:, :4],
+                             atol=1e-5)
+  with pytest.raises(ValueError, match='max_length=4'):
+    dec(x[:, 4:5], decode=True)
+  dec.init_cache(2, 4)
+  dec(x[:, :3], decode=True)
+  with pytest.raises(ValueError, match='past the end of the cache'):
+    dec(x[:, 3:5], decode=True)          # 3 + 2 > 4
+
+
+def test_a_prompt_longer_than_the_cache_raises():
+  dec = make_decoder()
+  dec.init_cache(2, 4)
+  with pytest.raises(ValueError, match='max_length=4'):
+    dec(toks((2, 5)), decode=True)
+  attn = selfattn.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
+  attn.init_cache(2, 4)
+  with pytest.raises(ValueError, match='max_length=4'):
+    attn(jnp.ones((2, 5, 16)), decode=True)
+
+
+@pytest.mark.parametrize('scan_layers', [False, True], ids=['loop', 'scan'])
+def test_decoding_past_the_cache_under_jit_gives_nan(scan_layers):
+  """Under nnx.jit the fill index is traced: steps within the cache equal the
+  full causal pass, and every step from the first that does not fit is NaN
+  (before the fix they were finite and 0.6-1.2 off)."""
+  dec = make_decoder(scan_layers=scan_layers)
+  x = toks((2, 8))
+  full = dec(x)
+  dec.init_cache(2, 4)
+  step = nnx.jit(lambda dec, tok: dec(tok, decode=True))
+  outs = [step(dec, x[:, t:t + 1]) for t in range(8)]
+  np.testing.assert_allclose(jnp.concatenate(outs[:4], 1), full[:, :4],
+                             atol=1e-5)
+  for out in outs[4:]:
+    assert np.all(np.isnan(np.asarray(out)))
+
+
+def test_attention_decoding_past_the_cache_raises_or_gives_nan():
+  attn = selfattn.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(0), (1, 6, 16))
+  full = attn(x, causal=True)
+  attn.init_cache(1, 3)
+  for t in range(3):
+    np.testing.assert_allclose(attn(x[:, t:t + 1], decode=True),
+                               full[:, t:t + 1], atol=1e-5)
+  with pytest.raises(ValueError, match='past the end of the cache'):
+    attn(x[:, 3:4], decode=True)
+  attn.init_cache(1, 3)
+  step = nnx.jit(lambda attn, tok: attn(tok, decode=True))
+  outs = [step(attn, x[:, t:t + 1]) for t in range(5)]
+  np.testing.assert_allclose(jnp.concatenate(outs[:3], 1), full[:, :3],
+                             atol=1e-5)
+  assert np.all(np.isnan(np.asarray(outs[3])))
+  assert np.all(np.isnan(np.asarray(outs[4])))
+
+
+def test_init_cache_with_the_wrong_batch_size_names_it():
+  dec = make_decoder()
+  dec.init_cache(3, 8)
+  with pytest.raises(ValueError, match='batch_size=3'):
+    dec(toks((2, 1)), decode=True)
+  attn = selfattn.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
+  attn.init_cache(3, 8)
+  with pytest.raises(ValueError, match='batch_size=3'):
+    attn(jnp.ones((2, 1, 16)), decode=True)
+
+
+# --------------------------------------------------------------------------
+# Encoder outputs given to a decoder without cross-attention.
+# --------------------------------------------------------------------------
+
+def test_encoder_outputs_to_a_decoder_without_cross_attention_raise():
+  dec = make_decoder()
+  y = toks((2, 4))
+  enc_out = jax.random.normal(jax.random.key(2), (2, 5, 16))
+  with pytest.raises(ValueError, match='enc_outputs.*cross_attention=True'):
+    dec(y, enc_out)
+  with pytest.raises(ValueError, match='enc_outputs'):
+    dec(y, enc_out, jnp.array([5, 3]))
+  with pytest.raises(ValueError, match='enc_valid_lens'):
+    dec(y, None, jnp.array([5, 3]))
+  blk = selfattn.TransformerDecoderBlock(16, 32, 4, 0.0, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='enc_outputs'):
+    blk(jnp.ones((2, 4, 16)), enc_out)
+  # A decoder with cross-attention still takes them.
+  assert make_decoder(cross_attention=True)(y, enc_out).shape == (2, 4, 11)
+
+
+# --------------------------------------------------------------------------
+# TransformerEncoder(causal=True).
+# --------------------------------------------------------------------------
+
+def test_an_encoder_built_causal_attends_causally_by_default():
+  """Huang's causal skew is only right below the diagonal: a causal-built
+  encoder called without causal= must not let early positions see later
+  tokens (before the fix it did, with wrong logits for the future keys)."""
+  enc = selfattn.TransformerEncoder(11, 16, 32, 2, 2, position='huang',
+                                    max_len=16, causal=True,
+                                    rngs=nnx.Rngs(0))
+  x = toks((2, 7))
+  changed = x.at[:, 4:].set((x[:, 4:] + 1) % 11)
+  out = enc(x)
+  np.testing.assert_allclose(out[:, :4], enc(changed)[:, :4], atol=1e-6)
+  assert float(jnp.abs(out[:, 4:] - enc(changed)[:, 4:]).max()) > 1e-4
+  np.testing.assert_allclose(out, enc(x, causal=True), atol=0)
+  # The same model with the causal mask built by hand (an independent route).
+  tri = selfattn.make_causal_mask(7)
+  np.testing.assert_allclose(out, enc(x, mask=tri), atol=1e-6)
+  with pytest.raises(ValueError, match='causal=False'):
+    enc(x, causal=False)
+  # A bidirectional encoder can still be called causally.
+  bi = selfattn.TransformerEncoder(11, 16, 32, 2, 1, position='rope',
+                                   rngs=nnx.Rngs(0))
+  np.testing.assert_allclose(bi(x, causal=True)[:, :4],
+                             bi(changed, causal=True)[:, :4], atol=1e-6)
+  assert float(jnp.abs(bi(x)[:, :4] - bi(changed)[:, :4]).max()) > 1e-4
+
+
+# --------------------------------------------------------------------------
+# The three attention paths agree on rows with no allowed key.
+# --------------------------------------------------------------------------
+
+def _qkv(lq=6, lk=6, b=2, h=2, d=8, seed=0):
+  keys = jax.random.split(jax.random.key(seed), 3)
+  return (jax.random.normal(keys[0], (b, h, lq, d)),
+          jax.random.normal(keys[1], (b, h, lk, d)),
+          jax.random.normal(keys[2], (b, h, lk, d)))
+
+
+def _three_paths(q, k, v, **kwargs):
+  plain, _ = attention.dot_product_attention(q, k, v, **kwargs)
+  fused = attention.fused_attention(q, k, v, **kwargs)
+  blocks = chunked.chunked_attention(q, k, v, query_chunk=4, key_chunk=4,
+                                     **kwargs)
+  return plain, fused, blocks
+
+
+def test_rows_with_no_allowed_key_are_zero_on_every_path():
+  q, k, v = _qkv()
+  keep = jnp.ones((2, 1, 6, 6), bool).at[0, :, 2, :].set(False)
+  keep = keep.at[1, :, 5, :].set(False)
+  plain, fused, blocks = _three_paths(q, k, v, mask=keep)
+  assert np.all(np.asarray(fused[0, :, 2]) == 0)
+  assert np.all(np.asarray(fused[1, :, 5]) == 0)
+  np.testing.assert_allclose(fused, plain, atol=2e-6)
+  np.testing.assert_allclose(blocks, plain, atol=2e-6)
+  # Through the module: valid_lens of 0 keeps no key for that example.
+  x = jax.random.normal(jax.random.key(1), (2, 5, 16))
+  outs = {}
+  for impl in ('plain', 'fused', 'chunked'):
+    attn = selfattn.MultiHeadAttention(16, 2, attention_impl=impl,
+                                       rngs=nnx.Rngs(0))
+    outs[impl] = attn(x, valid_lens=jnp.array([0, 3]))
+  for impl in ('fused', 'chunked'):
+    np.testing.assert_allclose(outs[impl], outs['plain'], atol=2e-6)
+
+
+# --------------------------------------------------------------------------
+# NaN or inf in padding never reaches valid outputs or gradients.
+# --------------------------------------------------------------------------
+
+@pytest.mark.parametrize('bad', [np.nan, np.inf, -np.inf])
+def test_nan_or_inf_in_padded_keys_and_values_changes_nothing(bad):
+  """Keys and values past valid_lens hold `bad` (or zeros): the valid
+  outputs, and the gradients for q, k, v, are the same finite numbers on
+  every path (0 * NaN = NaN used to reach them on plain and chunked)."""
+  q, k, v = _qkv(lq=6, lk=7)
+  lens = jnp.array([4, 7])
+  keep = (jnp.arange(7)[None, :] < lens[:, None])[:, None, None, :]
+  pad = ~keep[:, :, 0, :, None]                        # (B, 1, Lk, 1)
+  clean_k, clean_v = jnp.where(pad, 0.0, k), jnp.where(pad, 0.0, v)
+  dirty_k, dirty_v = jnp.where(pad, bad, k), jnp.where(pad, bad, v)
+
+  def loss(fn, q, k, v):
+    return (fn(q, k, v) ** 2).sum()
+
+  paths = {
+      'plain': lambda q, k, v: attention.dot_product_attention(
+          q, k, v, mask=keep)[0],
+      'fused': lambda q, k, v: attention.fused_attention(q, k, v, mask=keep),
+      'chunked': lambda q, k, v: chunked.chunked_attention(
+          q, k, v, mask=keep, query_chunk=4, key_chunk=3),
+      'chunked causal': lambda q, k, v: chunked.chunked_attention(
+          q, k, v, mask=keep, causal=True, query_chunk=4, key_chunk=3),
+  }
+  for name, fn in paths.items():
+    want = fn(q, clean_k, clean_v)
+    got = fn(q, dirty_k, dirty_v)
+    assert np.isfinite(np.asarray(got)).all(), name
+    np.testing.assert_allclose(got, want, atol=2e-6, err_msg=name)
+    grads = jax.grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2))(
+        q, dirty_k, dirty_v)
+    clean = jax.grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2))(
+        q, clean_k, clean_v)
+    for g, c in zip(grads, clean):
+      assert np.isfinite(np.asarray(g)).all(), name
+      np.testing.assert_allclose(g, c, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize('impl', ['plain', 'fused', 'chunked'])
+@pytest.mark.parametrize('position', ['none', 'shaw', 'rope', 'xl'])
+def test_nan_in_padded_inputs_to_attention_changes_no_valid_output(impl,
+                                                                  position):
+  """Through MultiHeadAttention with valid_lens and a relative encoding:
+  NaN keys/values at padded positions give the outputs of zero padding, and
+  the gradients for the inputs stay finite."""
+  relative = None
+  if position != 'none':
+    kind, options = positions.get_position(position, {})
+    relative = kind.build(num_heads=2, head_dim=8, max_len=16,
+                          param_dtype=jnp.float32, rngs=nnx.Rngs(1),
+                          **options)
+  attn = selfattn.MultiHeadAttention(16, 2, relative=relative,
+                                     attention_impl=impl, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(1), (2, 5, 16))
+  mem = jax.random.normal(jax.random.key(2), (2, 6, 16))
+  lens = jnp.array([3, 6])
+  pad = (jnp.arange(6)[None, :] >= lens[:, None])[..., None]
+  clean, dirty = jnp.where(pad, 0.0, mem), jnp.where(pad, jnp.nan, mem)
+  want = attn(x, clean, valid_lens=lens)
+  got = attn(x, dirty, valid_lens=lens)
+  assert np.isfinite(np.asarray(got)).all()
+  np.testing.assert_allclose(got, want, atol=2e-6)
+  # Gradients for the inputs are finite (the padded ones exactly zero). The
+  # projections' own gradients hold x^T dk, where 0 * NaN is NaN again: no
+  # attention can help that; padding that feeds a trained projection must be
+  # finite (selfattn's batches pad with token 0).
+  loss = lambda x, mem: (attn(x, mem, valid_lens=lens) ** 2).sum()
+  g_x, g_mem = jax.grad(loss, argnums=(0, 1))(x, dirty)
+  assert np.isfinite(np.asarray(g_x)).all()
+  assert np.isfinite(np.asarray(g_mem)).all()
+  assert np.all(np.asarray(g_mem)[np.asarray(pad[..., 0])] == 0)
+  np.testing.assert_allclose(g_x, jax.grad(loss)(x, clean), atol=2e-5)
+
+
+# --------------------------------------------------------------------------
+# ALiBi slopes.
+# --------------------------------------------------------------------------
+
+def _reference_slopes(n):
+  """A transcription of `get_slopes` in Press et al.'s ALiBi code (and of
+  `_get_alibi_slopes` in the randomized-positional-encodings code)."""
+  def get_slopes_power_of_2(n):
+    start = 2 ** (-2 ** -(math.log2(n) - 3))
+    ratio = start
+    return [start * ratio ** i for i in range(n)]
+
+  if math.log2(n).is_integer():
+    return get_slopes_power_of_2(n)
+  closest_power_of_2 = 2 ** math.floor(math.log2(n))
+  return (get_slopes_power_of_2(closest_power_of_2)
+          + _reference_slopes(2 * closest_power_of_2)[0::2][
+              :n - closest_power_of_2])
+
+
+@pytest.mark.parametrize('num_heads', range(1, 17))
+def test_alibi_slopes_follow_the_reference_rule(num_heads):
+  np.testing.assert_allclose(positions.alibi_slopes(num_heads),
+                             _reference_slopes(num_heads), rtol=1e-12)
+
+
+def test_alibi_slopes_for_three_heads_and_powers_of_two():
+  np.testing.assert_allclose(positions.alibi_slopes(3),
+                             [1 / 16, 1 / 256, 1 / 4], rtol=1e-12)
+  for h in (1, 2, 4, 8, 16):    # unchanged: 2^(-8i/H)
+    np.testing.assert_allclose(positions.alibi_slopes(h),
+                               2.0 ** (-8.0 * np.arange(1, h + 1) / h))
+  # The module uses them.
+  alibi = positions.ALiBi(3, symmetric=True)
+  q = jnp.zeros((1, 3, 4, 2))
+  bias = alibi.logits(q, q)
+  np.testing.assert_allclose(bias[0, :, 0, 1], -np.array([1 / 16, 1 / 256,
+                                                          1 / 4]), rtol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# Clear errors for user mistakes.
+# --------------------------------------------------------------------------
+
+def test_learned_positions_outside_the_table_name_positions():
+  enc = positions.LearnedEncoding(8, max_len=10, rngs=nnx.Rngs(0))
+  X = jnp.zeros((1, 3, 8))
+  with pytest.raises(ValueError, match='positions'):
+    enc(X, positions=jnp.array([[-1, 0, 1]]))
+  with pytest.raises(ValueError, match='positions'):
+    enc(X, positions=jnp.array([[0, 5, 10]]))
+  np.testing.assert_allclose(enc(X, positions=jnp.array([[0, 9, 2]]))[0],
+                             enc.P[0][jnp.array([0, 9, 2])])
+  model = selfattn.TransformerEncoder(11, 8, 16, 2, 1, position='learned',
+                                      max_len=10, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='positions'):
+    model(toks((1, 3)), positions=jnp.array([[-2, 0, 1]]))
+
+
+def test_greedy_decode_with_zero_steps_returns_the_prompt():
+  dec = make_decoder()
+  prompt = toks((2, 3))
+  out = selfattn.greedy_decode(dec, prompt, 0)
+  assert out.shape == (2, 3)
+  np.testing.assert_array_equal(out, prompt)
+  assert selfattn.greedy_decode(dec, prompt, 2).shape == (2, 5)
+  with pytest.raises(ValueError, match='num_steps'):
+    selfattn.greedy_decode(dec, prompt, -1)
+  with pytest.raises(ValueError, match='prompt'):
+    selfattn.greedy_decode(dec, prompt[0], 2)
+
+
+def test_rank_one_token_arrays_name_the_argument():
+  dec = make_decoder()
+  enc = selfattn.TransformerEncoder(11, 16, 32, 2, 1, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='tokens must be .B, L. int'):
+    dec(toks((5,)))
+  with pytest.raises(ValueError, match='inputs must be .B, L. int'):
+    enc(toks((5,)))
+  with pytest.raises(ValueError, match='inputs must be .B, L, num_hiddens'):
+    enc(jnp.ones((5, 16)))
