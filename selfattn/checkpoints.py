@@ -295,14 +295,22 @@ def workdir_lock(workdir: str, enabled: bool = True) -> Iterator[None]:
 
   A second live process gets a ConfigError naming the holder; the kernel
   drops the lock when its holder dies, so a killed run never blocks the next.
-  Only process 0 of a multi-process run takes it.
+  Only process 0 of a multi-process run takes it. A run refused with a
+  ConfigError leaves no trace in a workdir that did not exist: the lock
+  and the directories made for it are removed again.
   """
   if not enabled:
     yield
     return
+  made = _missing_directories(workdir)
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, LOCK_FILE)
-  handle = open(path, 'a+')
+  try:
+    handle = open(path, 'a+')
+  except OSError as e:
+    raise ConfigError(f'cannot open the lock file {path}: {e.strerror}; '
+                      f'remove it (no live run holds a lock that is not a '
+                      f'file) or use another --workdir') from None
   try:
     try:
       fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -316,9 +324,26 @@ def workdir_lock(workdir: str, enabled: bool = True) -> Iterator[None]:
     handle.truncate()
     handle.write(str(os.getpid()))
     handle.flush()
-    yield
+    try:
+      yield
+    except ConfigError:
+      if made and os.listdir(workdir) == [LOCK_FILE]:
+        os.remove(path)
+        for directory in made:          # deepest first; only if still empty
+          if not os.listdir(directory):
+            os.rmdir(directory)
+      raise
   finally:
     handle.close()         # releases the lock
+
+
+def _missing_directories(workdir: str) -> list[str]:
+  """The directories os.makedirs(workdir) would create, deepest first."""
+  missing, path = [], os.path.abspath(workdir)
+  while not os.path.exists(path):
+    missing.append(path)
+    path = os.path.dirname(path)
+  return missing
 
 
 def _lookup(config: dict, dotted: str):
@@ -389,8 +414,7 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
   path = os.path.join(workdir, CONFIG_FILE)
   current = json.loads(config.to_json_best_effort())
   if os.path.exists(path):
-    with open(path) as f:
-      stored = _with_added_fields(json.load(f))
+    stored = _with_added_fields(read_json_object(path, 'the stored config'))
     problems = []
     for field in _MUST_MATCH:
       a, b = _lookup(stored, field), _lookup(current, field)
@@ -420,6 +444,25 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
     # Atomic, so another process reading it sees no file or the whole file;
     # left alone when it already holds this config (its mtime included).
     write_json(path, current, sort_keys=True)
+
+
+def read_json_object(path: str, what: str) -> dict:
+  """A JSON object from `path`, or a ConfigError in one line naming the
+  file and what to do (empty, truncated, not JSON, not an object, a
+  directory, unreadable)."""
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else (
+        ' '.join(str(e).split()))
+    raise ConfigError(f'{path} ({what}) cannot be read: {reason}; fix or '
+                      f'delete it, or use a new --workdir') from None
+  if not isinstance(value, dict):
+    raise ConfigError(f'{path} ({what}) holds a JSON {type(value).__name__}, '
+                      f'not an object; fix or delete it, or use a new '
+                      f'--workdir')
+  return value
 
 
 def _read_text(path: str) -> str | None:

@@ -321,8 +321,8 @@ def finished_summary(workdir: str, num_steps: int) -> dict[str, Any] | None:
   path = os.path.join(workdir, SUMMARY_FILE)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    summary = json.load(f)
+  summary = checkpoints.read_json_object(path, 'the summary of a finished '
+                                         'run')
   return summary if summary.get('step') == num_steps else None
 
 

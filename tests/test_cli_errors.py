@@ -85,3 +85,47 @@ def test_a_second_study_runner_on_a_locked_run_is_one_line(tmp_path, capsys,
   err = capsys.readouterr().err.strip().splitlines()
   assert err[-1].startswith('error: position=sinusoidal,seed=0: workdir ')
   assert 'in use by another live run' in err[-1]
+
+
+@pytest.mark.parametrize('content,expected', [
+    ('{not json', 'cannot be read: Expecting property name'),
+    ('', 'cannot be read: Expecting value'),
+    ('[1, 2]', 'holds a JSON list, not an object'),
+])
+def test_a_damaged_config_json_in_the_workdir(tmp_path, content, expected):
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  (workdir / 'config.json').write_text(content)
+  result = cli(workdir)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+  assert lines[0].startswith(f'error: {workdir}/config.json (the stored '
+                             f'config) ') and expected in lines[0]
+  assert (workdir / 'config.json').read_text() == content   # left as it was
+
+
+def test_a_truncated_summary_and_a_lock_that_is_a_directory(tmp_path):
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  (workdir / 'summary.json').write_text('{"step": 2')
+  result = cli(workdir)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      f'error: {workdir}/summary.json (the summary of a finished run) cannot '
+      f"be read: Expecting ',' delimiter: line 1 column 11 (char 10); fix or "
+      f'delete it, or use a new --workdir']
+  other = tmp_path / 'other'
+  (other / '.lock').mkdir(parents=True)
+  result = cli(other)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2 and len(lines) == 1
+  assert 'cannot open the lock file' in lines[0] and 'Is a directory' in lines[0]
+
+
+def test_a_run_refused_after_taking_the_lock_leaves_nothing(tmp_path):
+  """init_from is checked inside the lock: the refused run's new workdir
+  (and the parents made for it) disappear again."""
+  workdir = tmp_path / 'new' / 'run'
+  _refused(cli(workdir, '--config.train.init_from=/does/not/exist'), workdir,
+           "config.train.init_from='/does/not/exist'")
+  assert not (tmp_path / 'new').exists()
