@@ -4,10 +4,12 @@ imported first and the layers stay readable."""
 
 import ast
 import glob
-import importlib
 import os
+import subprocess
+import sys
 
 from runs import ROOT
+from runs import subprocess_env
 
 PACKAGE = os.path.join(ROOT, 'selfattn')
 
@@ -56,8 +58,14 @@ def test_no_import_circle_and_every_module_imports_in_layer_order():
   order = _layer_order(_graph())
   assert order.index('selfattn.masks') < order.index('selfattn.attention')
   assert order.index('selfattn.model') < order.index('selfattn.config_checks')
-  for module in order:
-    importlib.import_module(module)
+  # In a fresh interpreter: selfattn.main defines absl flags that other
+  # tests' imports (experiments.common) may already have defined here.
+  code = ('import importlib\n'
+          f'for name in {order!r}:\n  importlib.import_module(name)\n')
+  result = subprocess.run([sys.executable, '-c', code], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env=subprocess_env())
+  assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_a_circle_is_caught():
