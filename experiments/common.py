@@ -80,6 +80,39 @@ def sweep(settings: Iterable[tuple[str, ml_collections.ConfigDict]],
           for name, _ in settings}
 
 
+def encoding_runs(base: ml_collections.ConfigDict, seeds: int,
+                  labels: Iterable[str],
+                  encodings: dict[str, tuple[str, dict, dict]]
+                  ) -> list[study.Run]:
+  """One run per (seed, encoding label) of a study over encodings, seed-major
+  (a partial study has every encoding at a few seeds). encodings: label ->
+  (config.model.position, config.model options, config.task options). Runs
+  are named position=<label without spaces>,seed=<seed>."""
+  runs = []
+  for seed in range(seeds):
+    for label in labels:
+      position, model_options, task_options = encodings[label]
+      config = copy.deepcopy(base)
+      config.seed = seed
+      config.model.position = position
+      for name, value in model_options.items():
+        config.model[name] = value
+      for name, value in task_options.items():
+        config.task[name] = value
+      runs.append(study.Run(f'position={label.replace(" ", "")},seed={seed}',
+                            config, {'position': label, 'seed': seed}))
+  return runs
+
+
+def chosen_labels(requested: list[str] | None, known: Iterable[str]) -> None:
+  """Exits with one line when --positions names an encoding label the study
+  does not have."""
+  unknown = sorted(set(requested or ()) - set(known))
+  if unknown:
+    raise SystemExit(f'error: --positions: unknown {", ".join(unknown)}; '
+                     f'valid: {", ".join(known)}')
+
+
 def finite(values: list[float]) -> list[float]:
   """The values that are not NaN (NaN marks a diverged run)."""
   return [v for v in values if not math.isnan(v)]

@@ -19,7 +19,6 @@ stream and the initialisation), with a t-interval across seeds.
 
 from __future__ import annotations
 
-import copy
 import statistics
 
 import numpy as np
@@ -38,18 +37,18 @@ _POSITIONS = flags.DEFINE_list('positions', None, 'Only these encodings '
 _COLLECT_ONLY = flags.DEFINE_bool('collect_only', False,
                                   'Train nothing; re-collect the results.')
 
-# Study label -> (config.model.position, encoding options).
+# Study label -> (config.model.position, encoding options, task options).
 ENCODINGS = {
-    'pope': ('pope', {'pope_delta_init': 'zero'}),
-    'pope_uniform': ('pope', {'pope_delta_init': 'uniform'}),
-    'rope': ('rope', {}),
-    'sinusoidal': ('sinusoidal', {}),
-    'learned': ('learned', {}),
-    'alibi': ('alibi', {}),
-    'shaw': ('shaw', {}),
-    't5': ('t5', {}),
-    'xl': ('xl', {}),
-    'none': ('none', {}),
+    'pope': ('pope', {'pope_delta_init': 'zero'}, {}),
+    'pope_uniform': ('pope', {'pope_delta_init': 'uniform'}, {}),
+    'rope': ('rope', {}, {}),
+    'sinusoidal': ('sinusoidal', {}, {}),
+    'learned': ('learned', {}, {}),
+    'alibi': ('alibi', {}, {}),
+    'shaw': ('shaw', {}, {}),
+    't5': ('t5', {}, {}),
+    'xl': ('xl', {}, {}),
+    'none': ('none', {}, {}),
 }
 QUICK_ENCODINGS = ('pope', 'rope')
 IN_DISTRIBUTION = (20, 30, 40)
@@ -62,26 +61,10 @@ PUBLISHED_OTHER = ('ALiBi on half the heads 27.35 ± 10.77; RoPE on half the '
                    'channels 28.50 ± 6.10 (variants not run here)')
 
 
-def run_name(label: str, seed: int) -> str:
-  return f'position={label},seed={seed}'
-
-
 def study_runs(scale: str, seeds: int, labels=tuple(ENCODINGS)
                ) -> list[study.Run]:
-  """Seed-major, so a partial study has every encoding at a few seeds."""
-  base = ii_config.get_config(scale)
-  runs = []
-  for seed in range(seeds):
-    for label in labels:
-      position, options = ENCODINGS[label]
-      config = copy.deepcopy(base)
-      config.seed = seed
-      config.model.position = position
-      for name, value in options.items():
-        config.model[name] = value
-      runs.append(study.Run(run_name(label, seed), config,
-                            {'position': label, 'seed': seed}))
-  return runs
+  return common.encoding_runs(ii_config.get_config(scale), seeds, labels,
+                              ENCODINGS)
 
 
 def _mean_accuracy(summary: dict, lengths) -> float:
@@ -204,10 +187,7 @@ def main(argv):
     raise SystemExit('error: --workdir is required')
   scale = 'quick' if common.QUICK.value else _SCALE.value
   labels = QUICK_ENCODINGS if scale == 'quick' else tuple(ENCODINGS)
-  unknown = sorted(set(_POSITIONS.value or ()) - set(ENCODINGS))
-  if unknown:
-    raise SystemExit(f'error: --positions: unknown {", ".join(unknown)}; '
-                     f'valid: {", ".join(ENCODINGS)}')
+  common.chosen_labels(_POSITIONS.value, ENCODINGS)
   seeds = (common.SEEDS.value if flags.FLAGS['seeds'].present
            else 1 if scale == 'quick' else 5)
   runs = study_runs(scale, seeds, labels)

@@ -21,7 +21,6 @@ The driver also computes unigram and n-gram floors on the same pieces.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import statistics
@@ -69,28 +68,10 @@ SAMPLE_STEPS = 64                               # sixteenths after the prompt
 NUM_SAMPLES = 4
 
 
-def run_name(label: str, seed: int) -> str:
-  return f'position={label.replace(" +", "+")},seed={seed}'
-
-
 def study_runs(scale: str, seeds: int, labels=tuple(ENCODINGS)
                ) -> list[study.Run]:
-  """Seed-major, so a partial study has every encoding at a few seeds."""
-  base = music_config.get_config(scale)
-  runs = []
-  for seed in range(seeds):
-    for label in labels:
-      position, options, task_options = ENCODINGS[label]
-      config = copy.deepcopy(base)
-      config.seed = seed
-      config.model.position = position
-      for name, value in {**options}.items():
-        config.model[name] = value
-      for name, value in task_options.items():
-        config.task[name] = value
-      runs.append(study.Run(run_name(label, seed), config,
-                            {'position': label, 'seed': seed}))
-  return runs
+  return common.encoding_runs(music_config.get_config(scale), seeds, labels,
+                              ENCODINGS)
 
 
 def sequences(grids: list[np.ndarray]) -> list[np.ndarray]:
@@ -277,10 +258,7 @@ def main(argv):
     sys.exit(2)
   scale = 'quick' if common.QUICK.value else _SCALE.value
   labels = QUICK_ENCODINGS if scale == 'quick' else tuple(ENCODINGS)
-  unknown = sorted(set(_POSITIONS.value or ()) - set(ENCODINGS))
-  if unknown:
-    raise SystemExit(f'error: --positions: unknown {", ".join(unknown)}; '
-                     f'valid: {", ".join(ENCODINGS)}')
+  common.chosen_labels(_POSITIONS.value, ENCODINGS)
   seeds = (common.SEEDS.value if flags.FLAGS['seeds'].present
            else 1 if scale == 'quick' else 5)
   floors = music_baselines.baselines(data)
