@@ -28,15 +28,21 @@ def _imports(path: str) -> set[str]:
   return found
 
 
+def _module_name(path: str) -> str:
+  """selfattn/x.py -> selfattn.x; selfattn/pkg/__init__.py -> selfattn.pkg."""
+  relative = os.path.relpath(path, ROOT)[:-3].replace(os.sep, '.')
+  return relative.removesuffix('.__init__')
+
+
 def _graph() -> dict[str, set[str]]:
-  modules = {f'selfattn.{os.path.basename(p)[:-3]}'
-             for p in glob.glob(os.path.join(PACKAGE, '*.py'))}
+  paths = {_module_name(p): p for p in glob.glob(
+      os.path.join(PACKAGE, '**', '*.py'), recursive=True)}
+  paths.pop('selfattn')                  # the package's own re-exports
   graph = {}
-  for module in modules:
-    if module == 'selfattn.__init__':
-      continue
-    path = os.path.join(PACKAGE, module.split('.')[1] + '.py')
-    graph[module] = {m for m in _imports(path) if m in modules} - {module}
+  for module, path in paths.items():
+    found = {m if m in paths else m.rsplit('.', 1)[0]
+             for m in _imports(path)}   # `from pkg import name` -> pkg
+    graph[module] = {m for m in found if m in paths} - {module}
   return graph
 
 
