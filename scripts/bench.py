@@ -29,6 +29,8 @@ Sections:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import resource
@@ -278,7 +280,10 @@ def bench_training(config_name: str, steps: int, repeats: int):
   count, loops, compiled = min(steps, 300), [], []
   for _ in range(1 if _QUICK.value else 3):
     compiled += compiled_rate('float32', count)
-    with tempfile.TemporaryDirectory() as workdir:
+    # The run's own results table and orbax's INFO lines are not part of
+    # the benchmark's report.
+    with tempfile.TemporaryDirectory() as workdir, \
+        contextlib.redirect_stdout(io.StringIO()), _quiet_logging():
       loops.append(train_and_evaluate(config, workdir)['steps_per_sec'])
   loop_rate, f32 = statistics.median(loops), statistics.median(compiled)
   bf16 = statistics.median(compiled_rate('bfloat16', count))
@@ -289,6 +294,21 @@ def bench_training(config_name: str, steps: int, repeats: int):
           'compiled_steps_per_sec': f32,
           'train_overhead_fraction': max(0.0, 1.0 - loop_rate / f32),
           'bfloat16_speedup': bf16 / f32}
+
+
+@contextlib.contextmanager
+def _quiet_logging():
+  """absl and Python logging at WARNING for the duration."""
+  import logging as std_logging
+  from absl import logging as absl_logging
+  before = (absl_logging.get_verbosity(), std_logging.getLogger().level)
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  std_logging.getLogger().setLevel(std_logging.WARNING)
+  try:
+    yield
+  finally:
+    absl_logging.set_verbosity(before[0])
+    std_logging.getLogger().setLevel(before[1])
 
 
 def peak_rss_mb(config_name: str) -> float:
