@@ -19,6 +19,7 @@ from flax import nnx
 
 from selfattn import chunked
 from selfattn import masks
+from selfattn.layers import dropout_layer  # noqa: F401  (re-exported)
 
 
 class RelativeTerms(Protocol):
@@ -151,7 +152,7 @@ def dot_product_attention(
   return out, weights
 
 
-IMPLEMENTATIONS = ('plain', 'fused', 'chunked', 'auto')
+IMPLEMENTATIONS = ('plain', 'fused', 'chunked', 'auto', 'pallas')
 # 'auto' attends in blocks from this many keys on: below it the (L, L) weights
 # are small and the plain path is as fast (BENCHMARKS.md, chunked section).
 AUTO_CHUNKED_FROM = 1024
@@ -247,16 +248,6 @@ def capturing(module: nnx.Module) -> bool:
   return hasattr(module, '__captures__')
 
 
-def dropout_layer(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
-  """nnx.Dropout that starts in eval mode (d2l's call default; model.train()
-  turns it on) and takes a 'dropout' (or 'default') rng stream only if rate
-  > 0 and the stream exists: Rngs(params=0), or a Linen init with one key,
-  builds the module; calling it with dropout on then needs rngs."""
-  has_stream = 'dropout' in rngs or 'default' in rngs
-  return nnx.Dropout(rate, deterministic=True,
-                     rngs=rngs if rate > 0 and has_stream else None)
-
-
 def cache_overflow_message(start: int, num_new: int, max_length: int) -> str:
   return (f'decode=True past the end of the cache: {start} tokens are cached '
           f'and {num_new} more do not fit in max_length={max_length}; call '
@@ -319,9 +310,19 @@ class MultiHeadAttention(nnx.Module):
       (jax.nn.dot_product_attention: cuDNN's kernel on GPUs where it applies),
       'chunked' (chunked.chunked_attention: online softmax over key blocks,
       memory O(L) instead of O(L^2), every encoding) or 'auto' (chunked from
-      AUTO_CHUNKED_FROM keys on, plain below). 'fused' falls back to 'plain'
-      while dropout is active and for Shaw's value term; every
-      implementation falls back to 'plain' while weights are captured.
+      AUTO_CHUNKED_FROM keys on, plain below) or 'pallas'
+      (pallas_attention.pallas_attention: a Pallas flash-attention forward
+      kernel that computes ALiBi, T5 and Shaw terms per block from their
+      small tables, with a recomputing backward through chunked_attention;
+      Pallas interpret mode on the CPU, so for correctness there, not
+      speed).
+      'fused' falls back to 'plain' while dropout is active and for Shaw's
+      value term; 'pallas' falls back to 'plain' unless the encoding is none,
+      alibi, t5, shaw or rotation-only (rope, pope), there are no explicit
+      positions, no float bias, no dropout and no decode step, and the masks
+      are key padding only (valid_lens (B,), a mask of shape (B|1, 1, 1,
+      Lk)) plus `causal`; every implementation falls back to 'plain' while
+      weights are captured.
     dtype, param_dtype: computation and parameter dtypes.
     rngs: needs a 'params' stream (and 'dropout' when dropout > 0).
   """
@@ -471,6 +472,13 @@ class MultiHeadAttention(nnx.Module):
           dropout_rate=self.dropout.rate if dropping else 0.0,
           dropout_rng=_dropout_key(self.dropout) if dropping else None)
       return self._merge_heads(out)
+    if (self.attention_impl == 'pallas' and not dropping
+        and not capturing(self)):
+      out = self._pallas(q, k, v, valid_lens, mask=mask, bias=bias,
+                         causal=causal, positions=positions,
+                         key_positions=key_positions)
+      if out is not None:
+        return self._merge_heads(out)
     mask = masks.attention_mask(target, valid_lens=valid_lens, mask=mask,
                                 causal=causal)
     if (self.attention_impl == 'fused' and can_fuse(self.relative)
@@ -487,6 +495,33 @@ class MultiHeadAttention(nnx.Module):
       self.sow(nnx.Intermediate, 'attention_weights', weights,
                reduce_fn=_keep_last)
     return self._merge_heads(out)
+
+  def _pallas(self, q, k, v, valid_lens, *, mask, bias, causal, positions,
+              key_positions) -> jax.Array | None:
+    """pallas_attention's (B, H, Lq, D) output, or None where it does not
+    apply (the caller then takes the plain path)."""
+    from selfattn import pallas_attention   # Pallas loads only when asked for
+    if (not pallas_attention.supports(self.relative) or bias is not None
+        or positions is not None or key_positions is not None):
+      return None
+    b, lk = q.shape[0], k.shape[2]
+    target = (b, self.num_heads, q.shape[2], lk)
+    key_valid = None
+    if valid_lens is not None:
+      valid_lens = jnp.asarray(valid_lens)
+      if valid_lens.ndim != 1:
+        return None                  # one length per query: not key padding
+      key_valid = masks.make_length_mask(valid_lens, q.shape[2], lk)[:, 0, 0]
+    if mask is not None:
+      mask = masks.check_mask(mask, target)
+      if mask.shape[1] != 1 or mask.shape[2] != 1:
+        return None                  # per head or per query: not key padding
+      keys = jnp.broadcast_to(mask[:, 0, 0, :], (b, lk))
+      key_valid = keys if key_valid is None else key_valid & keys
+    if key_valid is not None:
+      key_valid = jnp.broadcast_to(key_valid, (b, lk))
+    return pallas_attention.pallas_attention(
+        q, k, v, relative=self.relative, causal=causal, key_valid=key_valid)
 
   def _chunks(self, num_keys: int) -> bool:
     if capturing(self):

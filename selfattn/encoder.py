@@ -13,7 +13,7 @@ from flax import nnx
 from selfattn import masks
 from selfattn.attention import MultiHeadAttention
 from selfattn.attention import capturing
-from selfattn.attention import dropout_layer
+from selfattn.layers import dropout_layer
 from selfattn.positions import HuangRelative, NoEncoding, POSITIONS, get_position
 
 NORMS = ('post', 'pre', 'none')

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from selfattn.attention import dropout_layer
+from selfattn.layers import dropout_layer
 
 
 def sinusoidal_table(num_steps: int, num_hiddens: int, dtype=jnp.float32

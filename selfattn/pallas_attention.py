@@ -1,0 +1,448 @@
+"""A Pallas flash-attention forward kernel whose relative terms are computed
+inside the kernel from small tables (`attention_impl='pallas'`).
+
+One program per (batch * head, query block) keeps the FlashAttention
+running maximum m, normaliser l and unnormalised output acc in float32 and
+visits the key blocks of its row in a `lax.fori_loop`:
+
+    s   = (q_blk k_blk^T) * scale + term(offsets)     (masked to -inf)
+    m'  = max(m, rowmax(s));  p = exp(s - m');  a = exp(m - m')
+    l'  = a l + rowsum(p);    acc' = a acc + p v_blk;    out = acc / l
+
+The relative term of a block is computed from the block's iota offsets
+(key index - query index), never from an (Lq, Lk) array:
+
+  ALiBi  the head's slope, passed in as an (H,) table: -slope * |o| for the
+         symmetric form, -slope * (|o| - 0.5 [o < 0]) for the default
+         asymmetric one (positions.ALiBi.logits);
+  T5     the (num_buckets, H) bias table: the bucket of each offset with
+         positions.t5_bucket itself (the same arithmetic as the plain
+         path), then a select over the head's num_buckets scalars;
+  Shaw   a^K and a^V, (2k + 1, D) shared or (H, 2k + 1, D) per head: the key
+         term q . a^K[clip(o)] from the row's (bq, 2k + 1) product q a^K^T
+         (once per query block) and a select per clipped offset; the value
+         term sums each block's weights per clipped offset, (bq, 2k + 1),
+         and adds that times a^V to acc. Every block does the 2k + 1
+         selects (no shortcut yet for blocks wholly beyond the clip, which
+         need only the two edge rows);
+  none   no term. Rotation-only encodings (RoPE, PoPE) rotate q and k once
+         outside the kernel (O(L D)) and then use this case.
+
+Causal masking (key j is allowed for query i iff j <= i + Lk - Lq) and a key
+padding mask (B, Lk) are applied per block; with causal=True the key loop
+stops at the last block the query block can see. A query row with no
+allowed key outputs zeros, as the plain path does.
+
+Backward: forward kernel + recomputing backward, not a Pallas backward
+kernel. The `jax.custom_vjp` saves only q, k, v, the key mask and the
+encoding's table (O(L) residuals) and differentiates
+chunked.chunked_attention, which recomputes every block (O(L) memory, XLA
+code). Gradients reach q, k, v and the T5 and Shaw tables.
+
+Supported: positions None (0..L-1) only; key padding only (no general
+(Lq, Lk) mask, no float bias); no dropout on the weights; no Huang or
+Transformer-XL terms. MultiHeadAttention falls back to the plain path for
+everything else (see its attention_impl paragraph).
+
+On CPU the kernel runs in Pallas interpret mode (the default there), which is
+for testing correctness, not speed.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from selfattn import chunked
+from selfattn import positions
+
+BLOCK_Q = 128
+BLOCK_K = 128
+
+
+class _Config(NamedTuple):
+  """Static description of one kernel call (hashable: a nondiff argument)."""
+  kind: str              # 'none', 'alibi', 't5' or 'shaw'
+  symmetric: bool        # ALiBi's symmetric form
+  num_buckets: int       # T5
+  max_distance: int      # T5
+  clip: int              # Shaw's clip distance k (2k + 1 table rows)
+  shaw_values: bool      # Shaw with a value table a^V
+  causal: bool
+  scale: float           # softmax scale, 1/sqrt(D) of the head before rotate
+  block_q: int
+  block_k: int
+  interpret: bool
+
+
+def _is_rotation_only(relative) -> bool:
+  """A RelativePosition that only rotates q and k (RoPE, PoPE)."""
+  base = positions.RelativePosition
+  if not isinstance(relative, base):
+    return False
+  cls = type(relative)
+  return (cls.logits is base.logits and cls.values is base.values
+          and cls.blockwise_logits is base.blockwise_logits)
+
+
+def _describe(relative):
+  """(kind, table, options) of a supported encoding, or None if it is not."""
+  if relative is None:
+    return 'none', None, {}
+  if (isinstance(relative, positions.ALiBi)
+      and type(relative).logits is positions.ALiBi.logits):
+    slopes = jnp.asarray(positions.alibi_slopes(relative.num_heads),
+                         jnp.float32)
+    return 'alibi', slopes, {'symmetric': bool(relative.symmetric)}
+  if (isinstance(relative, positions.T5RelativeBias)
+      and type(relative).logits is positions.T5RelativeBias.logits):
+    return 't5', relative.bias[...], {
+        'num_buckets': int(relative.num_buckets),
+        'max_distance': int(relative.max_distance)}
+  if (isinstance(relative, positions.ShawRelative)
+      and type(relative).logits is positions.ShawRelative.logits
+      and type(relative).values is positions.ShawRelative.values):
+    a_v = None if relative.a_V is None else relative.a_V[...]
+    return 'shaw', (relative.a_K[...], a_v), {
+        'clip': int(relative.clip_distance),
+        'shared_heads': bool(relative.shared_heads)}
+  if _is_rotation_only(relative):
+    return 'none', None, {}
+  return None
+
+
+def supports(relative) -> bool:
+  """Whether pallas_attention computes this encoding: none, ALiBi (both
+  forms), T5, Shaw (key and value terms), and rotation-only encodings (RoPE,
+  PoPE)."""
+  return _describe(relative) is not None
+
+
+def _alibi_distance(offset: jax.Array, symmetric: bool) -> jax.Array:
+  """ALiBi's distance (float32) of offsets key - query; the bias is
+  -slope * distance (positions.ALiBi.logits)."""
+  distance = jnp.abs(offset).astype(jnp.float32)
+  if not symmetric:
+    distance = distance - 0.5 * (offset < 0)
+  return distance
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+# --------------------------------------------------------------------------
+# The forward kernel.
+# --------------------------------------------------------------------------
+
+def _kernel(*refs, cfg: _Config, lq: int, lk: int, num_key_blocks: int,
+            has_valid: bool):
+  q_ref, k_ref, v_ref = refs[:3]
+  rest = list(refs[3:])
+  valid_ref = rest.pop(0) if has_valid else None
+  table_ref = rest.pop(0) if cfg.kind in ('alibi', 't5') else None
+  a_k_ref = rest.pop(0) if cfg.kind == 'shaw' else None
+  a_v_ref = rest.pop(0) if cfg.kind == 'shaw' and cfg.shaw_values else None
+  (o_ref,) = rest
+  bq, bk = cfg.block_q, cfg.block_k
+  i = pl.program_id(1)
+
+  q = q_ref[...].astype(jnp.float32) * cfg.scale             # (bq, Dq)
+  q_idx = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+  num_rows = 2 * cfg.clip + 1
+  if a_k_ref is not None:
+    # Shaw's key term per query and clipped offset: (bq, 2k + 1), once per row.
+    q_dot_a = jax.lax.dot_general(q, a_k_ref[...].astype(jnp.float32),
+                                  (((1,), (1,)), ((), ())),
+                                  preferred_element_type=jnp.float32)
+
+  def body(j, carry):
+    acc, m, l = carry
+    start = pl.multiple_of(j * bk, bk)
+    k_blk = k_ref[pl.ds(start, bk), :].astype(jnp.float32)    # (bk, Dq)
+    v_blk = v_ref[pl.ds(start, bk), :]                       # (bk, Dv)
+    s = jax.lax.dot_general(q, k_blk, (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.float32)
+    k_idx = start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+    offset = k_idx - q_idx
+    if cfg.kind == 'alibi':
+      slope = table_ref[...].astype(jnp.float32)              # (1,) this head's
+      s = s - slope * _alibi_distance(offset, cfg.symmetric)
+    elif cfg.kind == 't5':
+      bucket = positions.t5_bucket(offset, cfg.num_buckets, cfg.max_distance)
+      term = jnp.zeros((bq, bk), jnp.float32)
+      for n in range(cfg.num_buckets):         # a select per bucket: no gather
+        value = table_ref[pl.ds(n, 1)].astype(jnp.float32)   # (1,) this head's
+        term = jnp.where(bucket == n, value, term)
+      s = s + term
+    elif cfg.kind == 'shaw':
+      bucket = jnp.clip(offset, -cfg.clip, cfg.clip) + cfg.clip
+      term = jnp.zeros((bq, bk), jnp.float32)
+      for r in range(num_rows):                # a select per offset: no gather
+        term = jnp.where(bucket == r, q_dot_a[:, r:r + 1], term)
+      s = s + term
+    keep = k_idx < lk
+    if cfg.causal:
+      keep = keep & (k_idx <= q_idx + (lk - lq))
+    if valid_ref is not None:
+      keep = keep & (valid_ref[:, pl.ds(start, bk)] != 0)     # (1, bk)
+    s = jnp.where(keep, s, -jnp.inf)
+    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    p = jnp.exp(s - m_safe)                     # masked: exp(-inf) = 0
+    alpha = jnp.exp(m - m_safe)                 # m = -inf (nothing yet): 0
+    l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
+    pv = jax.lax.dot_general(p.astype(v_blk.dtype), v_blk,
+                             (((1,), (0,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+    if a_v_ref is not None:
+      # Shaw's value term: the block's weights summed per clipped offset,
+      # (bq, 2k + 1), against a^V (2k + 1, Dv).
+      folded = jnp.concatenate(
+          [jnp.sum(jnp.where(bucket == r, p, 0.0), axis=1, keepdims=True)
+           for r in range(num_rows)], axis=1)
+      pv = pv + jax.lax.dot_general(folded, a_v_ref[...].astype(jnp.float32),
+                                    (((1,), (0,)), ((), ())),
+                                    preferred_element_type=jnp.float32)
+    return alpha * acc + pv, m_new, l
+
+  dv = v_ref.shape[-1]
+  carry = (jnp.zeros((bq, dv), jnp.float32),
+           jnp.full((bq, 1), -jnp.inf, jnp.float32),
+           jnp.zeros((bq, 1), jnp.float32))
+  if cfg.causal:
+    # Key blocks wholly above the diagonal add nothing: stop before them.
+    last = i * bq + (bq - 1) + (lk - lq)       # the last key any row may see
+    upper = jnp.clip(jnp.floor_divide(last, bk) + 1, 0, num_key_blocks)
+  else:
+    upper = num_key_blocks
+  acc, _, l = jax.lax.fori_loop(0, upper, body, carry)
+  out = jnp.where(l > 0, acc / jnp.where(l > 0, l, 1.0), 0.0)
+  o_ref[...] = out.astype(o_ref.dtype)
+
+
+def _forward(cfg: _Config, q, k, v, key_valid, table):
+  """The pallas_call: q (B, H, Lq, Dq) rotated, not scaled; k (B, H, Lk, Dq)
+  and v (B, H, Lk, Dv) with invalid keys already zeroed; key_valid (B, Lk)
+  bool or None; table (H,) slopes, (num_buckets, H) T5 biases, Shaw's
+  (a^K, a^V or None) each (H, 2k + 1, D), or None."""
+  b, h, lq, dq = q.shape
+  lk, dv = k.shape[2], v.shape[3]
+  bq, bk = cfg.block_q, cfg.block_k
+  lq_pad, lk_pad = _round_up(lq, bq), _round_up(lk, bk)
+  pad = lambda x, n: jnp.pad(x, [(0, 0), (0, 0), (0, n - x.shape[2]), (0, 0)])
+  q3 = pad(q, lq_pad).reshape(b * h, lq_pad, dq)
+  k3 = pad(k, lk_pad).reshape(b * h, lk_pad, dq)
+  v3 = pad(v, lk_pad).reshape(b * h, lk_pad, dv)
+  inputs = [q3, k3, v3]
+  in_specs = [
+      pl.BlockSpec((None, bq, dq), lambda r, i: (r, i, 0)),
+      pl.BlockSpec((None, lk_pad, dq), lambda r, i: (r, 0, 0)),
+      pl.BlockSpec((None, lk_pad, dv), lambda r, i: (r, 0, 0)),
+  ]
+  if key_valid is not None:
+    valid = jnp.pad(key_valid.astype(jnp.int32), [(0, 0), (0, lk_pad - lk)])
+    inputs.append(valid[:, None, :])                        # (B, 1, Lk_pad)
+    in_specs.append(pl.BlockSpec((None, 1, lk_pad), lambda r, i: (r // h, 0, 0)))
+  if cfg.kind == 'alibi':
+    inputs.append(jnp.asarray(table, jnp.float32).reshape(h, 1))
+    in_specs.append(pl.BlockSpec((None, 1), lambda r, i: (r % h, 0)))
+  elif cfg.kind == 't5':
+    inputs.append(jnp.asarray(table).T)                     # (H, num_buckets)
+    in_specs.append(pl.BlockSpec((None, cfg.num_buckets),
+                                 lambda r, i: (r % h, 0)))
+  elif cfg.kind == 'shaw':
+    for t in table:                                          # (H, 2k + 1, D)
+      if t is not None:
+        inputs.append(t)
+        in_specs.append(pl.BlockSpec((None,) + t.shape[1:],
+                                     lambda r, i: (r % h, 0, 0)))
+  kernel = functools.partial(_kernel, cfg=cfg, lq=lq, lk=lk,
+                             num_key_blocks=lk_pad // bk,
+                             has_valid=key_valid is not None)
+  out = pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((b * h, lq_pad, dv), v.dtype),
+      grid=(b * h, lq_pad // bq),
+      in_specs=in_specs,
+      out_specs=pl.BlockSpec((None, bq, dv), lambda r, i: (r, i, 0)),
+      interpret=cfg.interpret,
+      name='selfattn_flash_relative',
+  )(*inputs)
+  return out.reshape(b, h, lq_pad, dv)[:, :, :lq]
+
+
+# --------------------------------------------------------------------------
+# The recomputing backward.
+# --------------------------------------------------------------------------
+
+class _TableTerms:
+  """The kernel's logit term as RelativePosition hooks over an explicit
+  table (so chunked_attention's VJP reaches the table)."""
+
+  reach = None
+
+  def __init__(self, cfg: _Config, table):
+    self.cfg, self.table = cfg, table
+
+  def rotate(self, q, k, q_pos=None, k_pos=None):
+    return q, k
+
+  def logits(self, q, k, q_pos=None, k_pos=None):
+    offsets = positions.position_offsets(q_pos, k_pos, q.shape[2], k.shape[2])
+    if offsets.ndim == 2:
+      offsets = offsets[None]                                # (B|1, Lq, Lk)
+    if self.cfg.kind == 'alibi':
+      distance = _alibi_distance(offsets, self.cfg.symmetric)
+      return -self.table[None, :, None, None] * distance[:, None]
+    if self.cfg.kind == 'shaw':
+      q_dot_a = jnp.einsum('bhqd,hrd->bhqr', q, self.table[0].astype(q.dtype))
+      return positions.gather_offsets(q_dot_a, self._shaw_bucket(offsets))
+    buckets = positions.t5_bucket(offsets, self.cfg.num_buckets,
+                                  self.cfg.max_distance)
+    return jnp.moveaxis(self.table[buckets], -1, 1)          # (B|1, H, Lq, Lk)
+
+  def _shaw_bucket(self, offsets):
+    clip = self.cfg.clip
+    return jnp.clip(offsets, -clip, clip) + clip
+
+  def values(self, weights, v, q_pos=None, k_pos=None):
+    if self.cfg.kind != 'shaw' or self.table[1] is None:
+      return None
+    offsets = positions.position_offsets(q_pos, k_pos, weights.shape[2],
+                                         weights.shape[3])
+    if offsets.ndim == 2:
+      offsets = offsets[None]
+    folded = positions.fold_by_bucket(weights, self._shaw_bucket(offsets),
+                                      2 * self.cfg.clip + 1)
+    return jnp.einsum('bhqr,hrd->bhqd', folded.astype(v.dtype),
+                      self.table[1].astype(v.dtype))
+
+  def blockwise_logits(self, *args):
+    return None
+
+
+def _recompute(cfg: _Config, q, k, v, key_valid, table):
+  """The same function in XLA code with O(L) memory (chunked_attention)."""
+  factor = cfg.scale * math.sqrt(q.shape[-1])    # chunked scales by 1/sqrt(Dq)
+  if factor != 1.0:
+    q = q * jnp.asarray(factor, q.dtype)
+  mask = None if key_valid is None else key_valid[:, None, None, :]
+  relative = None if cfg.kind == 'none' else _TableTerms(cfg, table)
+  return chunked.chunked_attention(
+      q, k, v, mask=mask, causal=cfg.causal, relative=relative,
+      query_chunk=cfg.block_q, key_chunk=cfg.block_k)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(cfg, q, k, v, key_valid, table):
+  return _forward(cfg, q, k, v, key_valid, table)
+
+
+def _flash_fwd(cfg, q, k, v, key_valid, table):
+  return _forward(cfg, q, k, v, key_valid, table), (q, k, v, key_valid, table)
+
+
+def _flash_bwd(cfg, residuals, g):
+  q, k, v, key_valid, table = residuals
+  _, vjp = jax.vjp(
+      lambda q, k, v, table: _recompute(cfg, q, k, v, key_valid, table),
+      q, k, v, table)
+  dq, dk, dv, dtable = vjp(g)
+  return dq, dk, dv, None, dtable
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# --------------------------------------------------------------------------
+# The public function.
+# --------------------------------------------------------------------------
+
+def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
+                     v_BxHxLkxD: jax.Array, *, relative=None,
+                     causal: bool = False, key_valid: jax.Array | None = None,
+                     block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
+                     interpret: bool | None = None) -> jax.Array:
+  """Flash attention with the relative term computed in the kernel.
+
+  Args:
+    q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD: per-head queries, keys, values.
+    relative: None, positions.ALiBi (either form), positions.T5RelativeBias,
+      positions.ShawRelative (with or without a^V, shared or per-head
+      tables), or a rotation-only encoding (RoPE, PoPE: rotated here, then
+      no term).
+      Anything else raises ValueError (see `supports`). Default positions
+      (0..L-1) only.
+    causal: key j attends to query i iff j <= i + (Lk - Lq).
+    key_valid: (B, Lk) bool, True = a real key, or None. Invalid keys and
+      values are zeroed first, so NaN or inf there never reaches the output.
+    block_q, block_k: block sizes (clipped to the lengths rounded up to 8;
+      lengths that are not multiples are padded and the padding masked).
+    interpret: run Pallas in interpret mode; None: on the CPU backend only.
+
+  Returns:
+    (B, H, Lq, Dv) in v's dtype, equal to dot_product_attention's output; a
+    query with no allowed key gets zeros. Differentiable in q, k, v and the
+    T5 and Shaw tables (forward kernel + recomputing backward through
+    chunked.chunked_attention, not a Pallas backward kernel).
+  """
+  q, k, v = q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD
+  described = _describe(relative)
+  if described is None:
+    raise ValueError(f'pallas_attention does not compute '
+                     f'{type(relative).__name__}; supported: none, alibi, t5, '
+                     f'shaw and rotation-only encodings (rope, pope)')
+  kind, table, options = described
+  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+    raise ValueError(f'q, k, v must be (B, H, L, D); got {q.shape}, '
+                     f'{k.shape}, {v.shape}')
+  b, h, lq, _ = q.shape
+  lk = k.shape[2]
+  if key_valid is not None:
+    key_valid = jnp.asarray(key_valid)
+    if key_valid.dtype != jnp.bool_ or key_valid.shape != (b, lk):
+      raise ValueError(f'key_valid must be bool of shape {(b, lk)}; got '
+                       f'{key_valid.dtype} {key_valid.shape}')
+    used = key_valid[:, None, :, None]
+    k = jnp.where(used, k, jnp.zeros((), k.dtype))
+    v = jnp.where(used, v, jnp.zeros((), v.dtype))
+  if kind == 't5' and table.shape[1] != h:
+    raise ValueError(f'the T5 table has {table.shape[1]} heads; q has {h}')
+  if kind == 'alibi' and table.shape[0] != h:
+    raise ValueError(f'ALiBi has {table.shape[0]} heads; q has {h}')
+  if kind == 'shaw':
+    # One (H, 2k + 1, D) table per term; a shared table is broadcast here,
+    # outside the custom_vjp, so its gradient sums over the heads.
+    def per_head(t):
+      if t is None:
+        return None
+      if options['shared_heads']:
+        return jnp.broadcast_to(t[None], (h,) + t.shape)
+      if t.shape[0] != h:
+        raise ValueError(f'the Shaw table has {t.shape[0]} heads; q has {h}')
+      return t
+    table = tuple(per_head(t) for t in table)
+  scale = 1.0 / math.sqrt(q.shape[-1])       # of the head before `rotate`
+  if relative is not None:
+    q, k = relative.rotate(q, k)
+  if interpret is None:
+    interpret = jax.default_backend() == 'cpu'
+  cfg = _Config(
+      kind=kind, symmetric=options.get('symmetric', False),
+      num_buckets=options.get('num_buckets', 0),
+      max_distance=options.get('max_distance', 0),
+      clip=options.get('clip', 0),
+      shaw_values=kind == 'shaw' and table[1] is not None,
+      causal=bool(causal),
+      scale=scale, block_q=min(block_q, _round_up(lq, 8)),
+      block_k=min(block_k, _round_up(lk, 8)), interpret=bool(interpret))
+  return _flash(cfg, q, k, v, key_valid, table)
+
+
+__all__ = ['BLOCK_Q', 'BLOCK_K', 'pallas_attention', 'supports']

@@ -1,0 +1,261 @@
+"""The Pallas flash-attention kernel (interpret mode on the CPU) against the
+plain path: outputs, gradients, MultiHeadAttention(attention_impl='pallas'),
+its fallbacks, and the absence of any (L, L) array."""
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from selfattn import attention, positions
+from selfattn import pallas_attention as pa
+
+B, H, D = 2, 2, 8
+BLOCKS = dict(block_q=8, block_k=8)
+KINDS = ('none', 'alibi', 'alibi_symmetric', 't5', 'shaw', 'shaw_per_head')
+
+
+def _relative(kind):
+  if kind == 'none':
+    return None
+  if kind == 'alibi':
+    return positions.ALiBi(H)
+  if kind == 'alibi_symmetric':
+    return positions.ALiBi(H, symmetric=True)
+  if kind.startswith('shaw'):
+    # Clip 3 < the 8-blocks: blocks see both clipped and per-offset rows.
+    return positions.ShawRelative(H, D, clip_distance=3,
+                                  shared_heads=kind == 'shaw',
+                                  rngs=nnx.Rngs(4))
+  # Few buckets and a short max_distance so lengths ~20 reach the log-spaced
+  # buckets and the last (clipped) one in both directions.
+  return positions.T5RelativeBias(H, num_buckets=8, max_distance=12,
+                                  rngs=nnx.Rngs(3))
+
+
+def _qkv(lq, lk, seed=0, dtype=jnp.float32):
+  keys = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(keys[0], (B, H, lq, D), dtype)
+  k = jax.random.normal(keys[1], (B, H, lk, D), dtype)
+  v = jax.random.normal(keys[2], (B, H, lk, D), dtype)
+  return q, k, v, jax.random.normal(keys[3], (B, H, lq, D))
+
+
+def _key_valid(lk, lengths):
+  return jnp.arange(lk)[None, :] < jnp.asarray(lengths)[:, None]
+
+
+def _plain(q, k, v, relative, causal, key_valid):
+  mask = None if key_valid is None else key_valid[:, None, None, :]
+  return attention.dot_product_attention(q, k, v, mask=mask, causal=causal,
+                                         relative=relative)[0]
+
+
+@pytest.mark.parametrize('kind', KINDS)
+@pytest.mark.parametrize('causal', [False, True])
+def test_forward_equals_plain(kind, causal):
+  """Lengths 17 x 23 (not multiples of the 8-blocks, Lq != Lk), key padding
+  in one example; the other example's keys are all valid."""
+  relative = _relative(kind)
+  q, k, v, _ = _qkv(17, 23)
+  valid = _key_valid(23, [14, 23])
+  out = pa.pallas_attention(q, k, v, relative=relative, causal=causal,
+                            key_valid=valid, **BLOCKS)
+  want = _plain(q, k, v, relative, causal, valid)
+  assert out.shape == want.shape and out.dtype == want.dtype
+  np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
+  # Without a padding mask too.
+  out = pa.pallas_attention(q, k, v, relative=relative, causal=causal,
+                            **BLOCKS)
+  np.testing.assert_allclose(out, _plain(q, k, v, relative, causal, None),
+                             atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('kind', ['none', 't5'])
+def test_fully_masked_rows_output_zeros(kind):
+  """Example 1 has no valid key at all; causal with Lq > Lk leaves the first
+  Lq - Lk queries of example 0 with none either: zeros, as the plain path,
+  and NaN in padded keys never reaches the output."""
+  relative = _relative(kind)
+  q, k, v, _ = _qkv(21, 16)
+  valid = _key_valid(16, [11, 0])
+  k = k.at[0, :, 12].set(jnp.nan)
+  v = v.at[0, :, 13].set(jnp.inf)
+  out = pa.pallas_attention(q, k, v, relative=relative, causal=True,
+                            key_valid=valid, **BLOCKS)
+  want = _plain(q, k, v, relative, True, valid)
+  assert np.all(np.isfinite(out))
+  np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
+  assert np.all(np.asarray(out[1]) == 0)
+  assert np.all(np.asarray(out[0, :, :21 - 16]) == 0)
+
+
+@pytest.mark.parametrize('kind', ['none', 'alibi', 't5', 'shaw',
+                                  'shaw_per_head'])
+@pytest.mark.parametrize('causal', [False, True])
+def test_gradients_equal_plain(kind, causal):
+  """Gradients for q, k, v and the encoding's tables (T5's bias, Shaw's
+  a^K and a^V, shared or per head), under jit."""
+  relative = _relative(kind)
+  q, k, v, g = _qkv(19, 19, seed=1)
+  valid = _key_valid(19, [19, 12])
+
+  def loss(fn):
+    def f(q, k, v, relative):
+      return jnp.sum(fn(q, k, v, relative) * g)
+    return nnx.jit(nnx.grad(f, argnums=(0, 1, 2, 3)))
+
+  got = loss(lambda q, k, v, r: pa.pallas_attention(
+      q, k, v, relative=r, causal=causal, key_valid=valid, **BLOCKS))(
+          q, k, v, relative)
+  want = loss(lambda q, k, v, r: _plain(q, k, v, r, causal, valid))(
+      q, k, v, relative)
+  got_leaves, want_leaves = jax.tree.leaves(got), jax.tree.leaves(want)
+  tables = {'t5': 1, 'shaw': 2, 'shaw_per_head': 2}.get(kind, 0)
+  assert len(got_leaves) == len(want_leaves) == 3 + tables
+  for a, b in zip(got_leaves, want_leaves):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
+  for table in got_leaves[3:]:
+    assert float(jnp.abs(table).max()) > 0               # the tables learn
+
+
+def test_bfloat16_inputs():
+  q, k, v, _ = _qkv(17, 17, dtype=jnp.bfloat16)
+  relative = _relative('t5')
+  out = pa.pallas_attention(q, k, v, relative=relative, causal=True, **BLOCKS)
+  assert out.dtype == jnp.bfloat16
+  want = _plain(q.astype(jnp.float32), k.astype(jnp.float32),
+                v.astype(jnp.float32), relative, True, None)
+  np.testing.assert_allclose(out.astype(jnp.float32), want, atol=3e-2)
+
+
+def _mha(name, impl, seed=0):
+  rngs = nnx.Rngs(seed)
+  relative = None
+  if name != 'none':
+    options = {'clip_distance': 3} if name == 'shaw' else {}
+    if name == 't5':
+      options = {'num_buckets': 8, 'max_distance': 12}
+    kind, options = positions.get_position(name, options)
+    relative = kind.build(num_heads=H, head_dim=D, max_len=64,
+                          param_dtype=jnp.float32, rngs=nnx.Rngs(5),
+                          **options)
+  return attention.MultiHeadAttention(H * D, H, relative=relative,
+                                      attention_impl=impl, rngs=rngs)
+
+
+@pytest.mark.parametrize('name', ['none', 'alibi', 't5', 'shaw', 'rope',
+                                  'pope'])
+@pytest.mark.parametrize('causal', [False, True])
+def test_multihead_attention_pallas_equals_plain(name, causal, monkeypatch):
+  """End to end with valid_lens: outputs and every parameter's gradient
+  (the projections and, for T5, Shaw and PoPE, the encoding's own) agree, and
+  the kernel is really called."""
+  calls = []
+  real = pa.pallas_attention
+  monkeypatch.setattr(pa, 'pallas_attention',
+                      lambda *a, **kw: calls.append(1) or real(*a, **kw))
+  x = jax.random.normal(jax.random.key(7), (B, 13, H * D))
+  valid_lens = jnp.array([13, 9])
+  models = {impl: _mha(name, impl) for impl in ('plain', 'pallas')}
+
+  def loss(model):
+    return jnp.sum(model(x, valid_lens=valid_lens, causal=causal) ** 2)
+
+  grads = {impl: nnx.grad(loss)(m) for impl, m in models.items()}
+  assert calls
+  np.testing.assert_allclose(models['pallas'](x, valid_lens=valid_lens,
+                                              causal=causal),
+                             models['plain'](x, valid_lens=valid_lens,
+                                             causal=causal),
+                             atol=1e-5, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(grads['pallas']),
+                  jax.tree.leaves(grads['plain'])):
+    np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4)
+
+
+def test_multihead_attention_key_mask():
+  """A (B, 1, 1, Lk) boolean mask is key padding: the kernel takes it."""
+  x = jax.random.normal(jax.random.key(8), (B, 11, H * D))
+  mask = (jnp.arange(11)[None] < jnp.array([[11], [6]]))[:, None, None, :]
+  got = _mha('alibi', 'pallas')(x, mask=mask)
+  want = _mha('alibi', 'plain')(x, mask=mask)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('case', ['huang', 'xl', 'bias', 'query_mask',
+                                  'positions'])
+def test_multihead_attention_falls_back_to_plain(case, monkeypatch):
+  """Unsupported encodings, a float bias, a per-query mask or explicit
+  positions take the plain path (the kernel is never called) and give its
+  outputs."""
+  def fail(*args, **kwargs):
+    raise AssertionError('pallas_attention should not run')
+  monkeypatch.setattr(pa, 'pallas_attention', fail)
+  name = case if case in ('huang', 'xl') else 't5'
+  x = jax.random.normal(jax.random.key(9), (B, 10, H * D))
+  kwargs = {}
+  if case == 'bias':
+    kwargs['bias'] = jax.random.normal(jax.random.key(1), (1, H, 10, 10))
+  if case == 'query_mask':
+    kwargs['mask'] = jnp.tril(jnp.ones((10, 10), bool))[None, None]
+  if case == 'positions':
+    kwargs['positions'] = jnp.broadcast_to(jnp.arange(10) * 2, (B, 10))
+  got = _mha(name, 'pallas')(x, **kwargs)
+  want = _mha(name, 'plain')(x, **kwargs)
+  np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-6)
+
+
+def test_supports_and_errors():
+  assert pa.supports(None) and pa.supports(positions.ALiBi(H))
+  assert pa.supports(positions.RotaryEncoding(D))
+  assert pa.supports(_relative('shaw')) and pa.supports(_relative('t5'))
+  huang = positions.HuangRelative(H, D, max_len=16, rngs=nnx.Rngs(0))
+  assert not pa.supports(huang)
+  q, k, v, _ = _qkv(8, 8)
+  with pytest.raises(ValueError, match='HuangRelative'):
+    pa.pallas_attention(q, k, v, relative=huang)
+  with pytest.raises(ValueError, match='key_valid'):
+    pa.pallas_attention(q, k, v, key_valid=jnp.ones((B, 7), bool))
+  assert 'pallas' in attention.IMPLEMENTATIONS
+
+
+def _shapes(jaxpr):
+  """Every variable's shape in a jaxpr and all its sub-jaxprs (the kernel's
+  body included)."""
+  for eqn in jaxpr.eqns:
+    for var in list(eqn.invars) + list(eqn.outvars):
+      shape = getattr(getattr(var, 'aval', None), 'shape', None)
+      if shape is not None:
+        yield eqn.primitive.name, shape
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      yield from _shapes(sub)
+
+
+@pytest.mark.parametrize('kind', ['none', 't5', 'shaw'])
+def test_no_quadratic_array(kind):
+  """No array with two axes of length >= L, in the forward or in the
+  forward + backward, anywhere (outside or inside the kernel): the largest
+  score tile is one 8 x 8 block."""
+  length = 40
+  relative = _relative(kind)
+  q, k, v, g = _qkv(length, length)
+  valid = _key_valid(length, [length, 30])
+
+  def forward(q, k, v):
+    return pa.pallas_attention(q, k, v, relative=relative, causal=True,
+                               key_valid=valid, **BLOCKS)
+
+  def both(q, k, v):
+    return jax.grad(lambda *a: jnp.sum(forward(*a) * g), argnums=(0, 1, 2))(
+        q, k, v)
+
+  for fn in (forward, both):
+    closed = jax.make_jaxpr(fn)(q, k, v)
+    seen = list(_shapes(closed.jaxpr))
+    assert any(name == 'pallas_call' for name, _ in seen)
+    big = [(name, s) for name, s in seen
+           if sum(dim >= length for dim in s) >= 2]
+    assert not big, big
