@@ -28,13 +28,17 @@ LOCK_FILE = '.lock'
 _MUST_MATCH = ('seed', 'task', 'model', 'train.batch_size', 'train.num_steps',
                'train.learning_rate', 'train.warmup_steps',
                'train.weight_decay', 'train.grad_clip', 'train.schedule',
-               'train.init_from')
+               'train.final_lr_fraction', 'train.b2', 'train.init_from')
 
 # Fields added to the config after runs were already stored, with the value
 # that reproduces what those runs computed: a stored config without the field
 # reads as having it, so upgrading selfattn does not strand a half-finished run.
 _ADDED_FIELDS = {'model.attention_impl': 'plain', 'model.remat': False,
-                 'model.scan_layers': False, 'train.init_from': ''}
+                 'model.scan_layers': False, 'train.init_from': '',
+                 # 2026-11-24: PoPE's task, the music task, the published
+                 # recipes' optimiser settings (defaults = the old behaviour).
+                 'task.max_shift': 15, 'task.transpose': 0,
+                 'train.final_lr_fraction': 0.0, 'train.b2': 0.999}
 
 
 def manager(workdir: str, keep: int) -> ocp.CheckpointManager:

@@ -1,0 +1,26 @@
+"""A workdir made before a config field existed still resumes: the stored
+config.json lacks the field, and the field's default is the old behaviour."""
+
+import json
+
+from configs import tiny
+from selfattn import checkpoints
+
+
+def test_a_config_json_from_before_the_newer_fields_still_matches(tmp_path):
+  config = tiny.get_config()
+  stored = json.loads(config.to_json_best_effort())
+  for section, field in (('task', 'max_shift'), ('task', 'transpose'),
+                         ('train', 'final_lr_fraction'), ('train', 'b2'),
+                         ('model', 'scan_layers'), ('train', 'init_from')):
+    del stored[section][field]
+  (tmp_path / 'config.json').write_text(json.dumps(stored))
+  checkpoints.check_or_store_config(str(tmp_path), config, write=False)
+  # A real difference in one of them is still refused.
+  config.train.b2 = 0.99
+  try:
+    checkpoints.check_or_store_config(str(tmp_path), config, write=False)
+  except checkpoints.ConfigError as e:
+    assert 'config.train.b2' in str(e) or 'train.b2' in str(e)
+  else:
+    raise AssertionError('a changed beta2 resumed silently')
