@@ -263,10 +263,18 @@ def greedy_decode(decoder: TransformerDecoder, prompt: jax.Array,
   logits = decoder(prompt, enc_outputs, enc_valid_lens, decode=True,
                    deterministic=True)
   token = jnp.argmax(logits[:, -1], axis=-1).astype(prompt.dtype)
-  generated = [token]
-  for _ in range(num_steps - 1):
+  out = jnp.concatenate(
+      [prompt, jnp.zeros((b, num_steps), prompt.dtype)], axis=1
+  ).at[:, p].set(token)
+
+  # One traced step, looped by nnx.fori_loop (as lm1b and gemma loop with
+  # lax.while_loop): the program's size does not grow with num_steps.
+  def step(i, carry):
+    decoder, out, token = carry
     logits = decoder(token[:, None], enc_outputs, enc_valid_lens, decode=True,
                      deterministic=True)
     token = jnp.argmax(logits[:, -1], axis=-1).astype(prompt.dtype)
-    generated.append(token)
-  return jnp.concatenate([prompt, jnp.stack(generated, axis=1)], axis=1)
+    return decoder, out.at[:, p + i].set(token), token
+
+  _, out, _ = nnx.fori_loop(1, num_steps, step, (decoder, out, token))
+  return out
