@@ -181,6 +181,17 @@ def _validate(config: ml_collections.ConfigDict,
         f'learned encoding\'s config.model.max_len={m.max_len}: raise '
         f'max_len or drop the longer lengths')
 
+  # Last, the whole model built abstractly (nnx.eval_shape: no memory, no
+  # compilation): whatever its constructors check and the checks above do
+  # not name fails here, before any work, instead of at the first step.
+  from flax import nnx
+  from selfattn.model import build_model
+  try:
+    nnx.eval_shape(lambda: build_model(config, task, nnx.Rngs(0)))
+  except (ValueError, TypeError) as e:
+    raise ConfigError(f'config.model: the model cannot be built: '
+                      f'{" ".join(str(e).split())}') from None
+
   # Devices.
   if num_devices is not None:
     data = config.mesh.data

@@ -24,3 +24,23 @@ def test_a_config_json_from_before_the_newer_fields_still_matches(tmp_path):
     assert 'config.train.b2' in str(e) or 'train.b2' in str(e)
   else:
     raise AssertionError('a changed beta2 resumed silently')
+
+
+def test_validation_builds_the_model_abstractly(monkeypatch, tiny_config):
+  """Whatever a model constructor refuses is a ConfigError at validation,
+  before any work: the model is built with nnx.eval_shape (a constructor
+  made to refuse stands in for a check that only it makes)."""
+  from selfattn import config_checks, encoder
+
+  def refuse(*args, **kwargs):
+    raise ValueError('num_heads=2 is not allowed with this stand-in check')
+
+  config_checks.validate_config(tiny_config)
+  monkeypatch.setattr(encoder.TransformerEncoder, '__init__', refuse)
+  try:
+    config_checks.validate_config(tiny_config)
+  except config_checks.ConfigError as e:
+    assert str(e) == ('config.model: the model cannot be built: num_heads=2 '
+                      'is not allowed with this stand-in check')
+  else:
+    raise AssertionError('the constructor was not consulted')
