@@ -324,11 +324,16 @@ def workdir_lock(workdir: str, enabled: bool = True) -> Iterator[None]:
       raise ConfigError(f'workdir {workdir} is in use by another live run '
                         f'(pid {holder}, lock {path}); wait for it or use '
                         f'another --workdir') from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(str(os.getpid()))
-    handle.flush()
     try:
+      try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+      except OSError as e:    # e.g. a disk already full when the run starts
+        raise ConfigError(f'cannot write the lock file {path}: '
+                          f'{e.strerror or e}; free space or use another '
+                          f'--workdir') from None
       yield
     except ConfigError:
       if made and os.listdir(workdir) == [LOCK_FILE]:
@@ -447,7 +452,11 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
                                              sort_keys=True):
     # Atomic, so another process reading it sees no file or the whole file;
     # left alone when it already holds this config (its mtime included).
-    write_json(path, current, sort_keys=True)
+    try:
+      write_json(path, current, sort_keys=True)
+    except OSError as e:      # e.g. a disk already full when the run starts
+      raise ConfigError(f'cannot write {path}: {e.strerror or e}; free space '
+                        f'or use another --workdir') from None
 
 
 def read_json_object(path: str, what: str) -> dict:

@@ -44,3 +44,26 @@ def test_validation_builds_the_model_abstractly(monkeypatch, tiny_config):
                       'is not allowed with this stand-in check')
   else:
     raise AssertionError('the constructor was not consulted')
+
+
+def test_a_full_disk_at_start_is_one_clear_error_and_leaves_nothing(
+    monkeypatch, tmp_path, tiny_config):
+  """No space for config.json when a run starts: a ConfigError naming the
+  file and the reason (the CLI prints it in one line, exit 2), and the new
+  workdir is removed again."""
+  import errno
+  from selfattn import train
+
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, 'No space left on device')
+
+  monkeypatch.setattr(checkpoints, 'write_json', full)
+  workdir = tmp_path / 'new' / 'run'
+  try:
+    train.train_and_evaluate(tiny_config, str(workdir))
+  except checkpoints.ConfigError as e:
+    assert str(e) == (f'cannot write {workdir}/config.json: No space left on '
+                      f'device; free space or use another --workdir')
+  else:
+    raise AssertionError('a full disk went unnoticed')
+  assert not (tmp_path / 'new').exists()
