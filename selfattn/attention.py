@@ -248,10 +248,27 @@ def capturing(module: nnx.Module) -> bool:
   return hasattr(module, '__captures__')
 
 
-def cache_overflow_message(start: int, num_new: int, max_length: int) -> str:
-  return (f'decode=True past the end of the cache: {start} tokens are cached '
-          f'and {num_new} more do not fit in max_length={max_length}; call '
-          f'init_cache with a larger max_length')
+def check_cache_fit(batch: int, num_new: int, start: jax.Array,
+                    cache_batch: int, max_length: int) -> jax.Array:
+  """The checks of one decode step against a cache of (cache_batch,
+  max_length): a wrong batch or more new tokens than the cache holds raise;
+  running past its end raises when `start` is concrete. Returns `overflow`
+  (a bool scalar) for `poison` under jit, where nothing can be raised."""
+  if batch != cache_batch:
+    raise ValueError(f'decode=True with a batch of {batch} but the cache was '
+                     f'made by init_cache(batch_size={cache_batch}, ...): '
+                     f'call init_cache with batch_size={batch}')
+  if num_new > max_length:
+    raise ValueError(f'decode=True with {num_new} tokens at once but the '
+                     f'cache holds max_length={max_length}: call init_cache '
+                     f'with a larger max_length')
+  overflow = start + num_new > max_length
+  if not isinstance(start, jax.core.Tracer) and bool(overflow):
+    raise ValueError(f'decode=True past the end of the cache: {int(start)} '
+                     f'tokens are cached and {num_new} more do not fit in '
+                     f'max_length={max_length}; call init_cache with a larger '
+                     f'max_length')
+  return overflow
 
 
 def poison(overflow: jax.Array, out: jax.Array) -> jax.Array:
@@ -390,18 +407,8 @@ class MultiHeadAttention(nnx.Module):
     cache = self.cache
     b, _, lq, _ = q.shape
     cache_batch, _, max_length, _ = cache['key'].shape
-    if b != cache_batch:
-      raise ValueError(f'decode=True with a batch of {b} but the cache was '
-                       f'made by init_cache(batch_size={cache_batch}, ...): '
-                       f'call init_cache with batch_size={b}')
-    if lq > max_length:
-      raise ValueError(f'decode=True with {lq} tokens at once but the cache '
-                       f'holds max_length={max_length}: call init_cache with '
-                       f'a larger max_length')
     start = cache['index'][...]
-    overflow = start + lq > max_length
-    if not isinstance(start, jax.core.Tracer) and bool(overflow):
-      raise ValueError(cache_overflow_message(int(start), lq, max_length))
+    overflow = check_cache_fit(b, lq, start, cache_batch, max_length)
     if positions is None:
       positions = jnp.broadcast_to(start + jnp.arange(lq, dtype=jnp.int32),
                                    (b, lq))

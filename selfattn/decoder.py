@@ -18,7 +18,7 @@ from flax import nnx
 
 from selfattn import masks
 from selfattn.attention import MultiHeadAttention
-from selfattn.attention import cache_overflow_message
+from selfattn.attention import check_cache_fit
 from selfattn.attention import poison
 from selfattn.attention import capturing
 from selfattn.encoder import AddNorm
@@ -197,20 +197,8 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
     if decode:
       if self.next_position is None:
         raise ValueError('decode=True needs caches: call init_cache first')
-      cache_batch, max_length = self.cache_shape.shape
-      if b != cache_batch:
-        raise ValueError(f'decode=True with a batch of {b} but the caches '
-                         f'were made by init_cache(batch_size={cache_batch}, '
-                         f'...): call init_cache with batch_size={b}')
-      if length > max_length:
-        raise ValueError(f'decode=True with a prompt of {length} tokens but '
-                         f'the caches hold max_length={max_length}: call '
-                         f'init_cache with a larger max_length')
       start = self.next_position[...]
-      overflow = start + length > max_length
-      if not isinstance(start, jax.core.Tracer) and bool(overflow):
-        raise ValueError(cache_overflow_message(int(start), length,
-                                                max_length))
+      overflow = check_cache_fit(b, length, start, *self.cache_shape.shape)
       if positions is None:
         positions = jnp.broadcast_to(
             start + jnp.arange(length, dtype=jnp.int32), (b, length))

@@ -66,3 +66,12 @@ def cli(workdir, *overrides, config='configs/tiny.py', env=None, wait=True):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
   return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True,
                         text=True, timeout=600)
+
+
+def thirty_steps_config():
+  """configs/tiny.py for 30 steps with checkpoints at 10, 20 and 30."""
+  from configs import tiny
+  config = tiny.get_config()
+  config.train.num_steps = config.eval.every = 30
+  config.train.checkpoint_every = 10
+  return config

@@ -12,6 +12,7 @@ import tempfile
 import numpy as np
 import pytest
 
+from runs import thirty_steps_config
 from selfattn import checkpoints
 from selfattn import train
 from selfattn.steps import Trainer
@@ -25,26 +26,20 @@ pytestmark = pytest.mark.filterwarnings(
     r':pytest.PytestUnraisableExceptionWarning')
 
 
-def _thirty_steps():
-  from configs import tiny
-  config = tiny.get_config()
-  config.train.num_steps = config.eval.every = 30
-  config.train.checkpoint_every = 10
-  return config
 
 
 @pytest.fixture(scope='module')
 def finished_run(tmp_path_factory):
   """One finished 30-step run with checkpoints 10, 20, 30 (shared, read only)."""
   workdir = tmp_path_factory.mktemp('finished')
-  train.train_and_evaluate(_thirty_steps(), str(workdir))
+  train.train_and_evaluate(thirty_steps_config(), str(workdir))
   return workdir
 
 
 @pytest.fixture(scope='module')
 def template():
   """A fresh state laid out like the run's, to restore into."""
-  return Trainer(_thirty_steps()).init_state()
+  return Trainer(thirty_steps_config()).init_state()
 
 
 def _data_files(step_dir):
@@ -187,7 +182,7 @@ def test_divergence_after_a_rejected_checkpoint_names_the_restored_one(
   monkeypatch.setattr(train, 'Trainer', Diverging)
   with pytest.raises(train.NonFiniteError,
                      match=r'the last good checkpoint is step 10 in '):
-    train.train_and_evaluate(_thirty_steps(), str(workdir))
+    train.train_and_evaluate(thirty_steps_config(), str(workdir))
 
 
 def test_a_checkpoint_saved_without_a_checksum_still_restores(
@@ -220,7 +215,7 @@ def test_init_from_never_modifies_the_source_workdir(finished_run, template,
     shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
   _flip_a_byte(source / 'checkpoints' / '20', template, tmp_path)
   before = _tree_digest(source)
-  config = _thirty_steps()
+  config = thirty_steps_config()
   config.train.init_from = str(source)
   config.train.num_steps = config.eval.every = config.train.checkpoint_every = 10
   with caplog.at_level(std_logging.INFO):
@@ -268,7 +263,7 @@ def test_an_interrupted_summary_write_leaves_no_partial_file(
 
   monkeypatch.setattr(json, 'dump', half_then_fail)
   with pytest.raises(OSError, match='No space left'):
-    train.train_and_evaluate(_thirty_steps(), str(workdir))
+    train.train_and_evaluate(thirty_steps_config(), str(workdir))
   assert failed
   assert not (workdir / train.SUMMARY_FILE).exists()
   assert not [n for n in os.listdir(workdir) if 'tmp' in n]
@@ -283,7 +278,7 @@ def test_rerunning_a_finished_run_does_not_rewrite_its_config(finished_run,
   shutil.copytree(finished_run, workdir)
   path = workdir / checkpoints.CONFIG_FILE
   contents, mtime = path.read_bytes(), path.stat().st_mtime_ns
-  config = _thirty_steps()
+  config = thirty_steps_config()
   assert train.train_and_evaluate(config, str(workdir))['step'] == 30
   config.eval.lengths = [4, 8]
   assert train.train_and_evaluate(config, str(workdir))['step'] == 30

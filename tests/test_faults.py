@@ -17,7 +17,7 @@ from selfattn import checkpoints
 from selfattn import log_setup
 from selfattn import train
 from selfattn.config_checks import ConfigError
-from runs import ROOT, cli, saved_params, subprocess_env
+from runs import ROOT, cli, saved_params, subprocess_env, thirty_steps_config
 
 
 @pytest.mark.slow
@@ -79,19 +79,13 @@ def _damage(step_dir, how):
       shutil.rmtree(path) if path.is_dir() else os.remove(path)
 
 
-def _thirty_steps():
-  from configs import tiny
-  config = tiny.get_config()
-  config.train.num_steps = config.eval.every = 30
-  config.train.checkpoint_every = 10
-  return config
 
 
 @pytest.fixture(scope='module')
 def thirty_step_run(tmp_path_factory):
   """One finished 30-step run with checkpoints 10, 20, 30 (shared)."""
   workdir = tmp_path_factory.mktemp('reference')
-  train.train_and_evaluate(_thirty_steps(), str(workdir))
+  train.train_and_evaluate(thirty_steps_config(), str(workdir))
   return workdir
 
 
@@ -107,7 +101,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(thirty_step_run,
                                                                tmp_path, how):
   """The newest checkpoint that restores is used, with a warning; the run
   then redoes the lost steps and ends with the same parameters."""
-  tiny_config = _thirty_steps()
+  tiny_config = thirty_steps_config()
   reference = thirty_step_run
   # As if killed at step 25: checkpoints 10 and 20, no summary; then damage 20.
   damaged = tmp_path / 'damaged'
