@@ -7,6 +7,7 @@ steps.py; this file drives them, checkpoints, logs and summarises.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 from absl import logging
 from flax import nnx
 
@@ -96,6 +98,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
 
 def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
          stop: _StopRequests) -> dict[str, Any]:
+  """train_and_evaluate inside the workdir lock, with stop requests on."""
+  finished = _prepare_workdir(config, workdir, is_main)
+  if finished is not None:
+    return finished
+  trainer = Trainer(config)
+  start = _starting_point(config, trainer, workdir)
+  events = _EventLog(config, trainer, workdir, is_main, start.step)
+  loop = _TrainingLoop(config, trainer, workdir, is_main, stop, start, events)
+  loop.run()
+  checkpoints.wait(start.mngr)
+  results = loop.results
+  if results is None:   # nothing left to train: evaluate the restored state
+    results = trainer.evaluate(loop.state['params'])
+  summary = _summary(config, trainer.task, loop, results)
+  _publish_summary(summary, workdir, is_main, events.writer)
+  events.writer.close()
+  start.mngr.close()
+  return summary
+
+
+# Evaluation results: {length: {metric: value}}.
+_Results = dict[int, dict[str, float]]
+
+
+def _prepare_workdir(config: ml_collections.ConfigDict, workdir: str,
+                     is_main: bool) -> dict[str, Any] | None:
+  """Refuses an unusable init_from and a config that differs from the one
+  the workdir was started with. Returns the summary of a run that already
+  finished; otherwise stores config.json and returns None."""
   problem = checkpoints.init_from_problem(config)
   if problem:
     raise ConfigError(problem)
@@ -108,153 +139,255 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
           f'summary is {os.path.join(workdir, SUMMARY_FILE)}')
     return finished
   checkpoints.check_or_store_config(workdir, config, write=is_main)
+  return None
 
-  # ---- Model, optimiser, compiled steps, state. ----
-  trainer = Trainer(config)
-  task, state = trainer.task, trainer.init_state()
 
-  # ---- Checkpoints: resume from the latest one. ----
-  mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
-  restored = checkpoints.restore_latest(mngr, state)
-  start = 0
+@dataclasses.dataclass
+class _Start:
+  """Where the loop begins: the workdir's checkpoint manager and the state
+  at `step` (restored from the latest checkpoint, or fresh at 0)."""
+  mngr: ocp.CheckpointManager
+  state: dict[str, Any]
+  step: int
   # The newest checkpoint of this workdir known to be good: restored and
   # matching its checksum, or saved by this loop after a health check.
-  last_checkpoint: int | None = None
+  last_checkpoint: int | None
+
+
+def _starting_point(config: ml_collections.ConfigDict, trainer: Trainer,
+                    workdir: str) -> _Start:
+  """Resumes from the latest checkpoint in `workdir` that restores; without
+  one, starts from fresh parameters or those of config.train.init_from."""
+  state = trainer.init_state()
+  mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
+  restored = checkpoints.restore_latest(mngr, state)
   if restored is not None:
-    state, start = restored
-    last_checkpoint = start
-    logging.info('Resumed from checkpoint at step %d in %s', start, workdir)
-  elif config.train.get('init_from'):
+    state, step = restored
+    logging.info('Resumed from checkpoint at step %d in %s', step, workdir)
+    return _Start(mngr, state, step, last_checkpoint=step)
+  if config.train.get('init_from'):
     state = _parameters_from(config.train.init_from, config, state)
-  advance, evaluate, mesh = trainer.advance, trainer.evaluate, trainer.mesh
+  return _Start(mngr, state, 0, last_checkpoint=None)
 
-  # ---- Logging. ----
-  writer = summaries.Writer(workdir, enabled=is_main)
-  if start == 0:
-    writer.text('config', 0, '```\n' + str(config) + '\n```')
-    writer.text('images/help', 0, summaries.ATTENTION_IMAGE_HELP + '\n\n'
-                + summaries.TABLE_IMAGE_HELP)
-  writer.hparams(summaries.researcher_hparams(config.to_dict()))
-  probe = _AttentionProbe(trainer)
-  tables_logged: list[int] = []       # a fixed table is logged once per process
 
-  def write_eval(step: int, params, results) -> None:
+class _EventLog:
+  """The run's TensorBoard events: the config and hyperparameters at the
+  start, and per evaluation its scalars, attention maps and position table.
+  `writer` is also where the loop writes its training scalars."""
+
+  def __init__(self, config: ml_collections.ConfigDict, trainer: Trainer,
+               workdir: str, is_main: bool, start: int):
+    self.writer = summaries.Writer(workdir, enabled=is_main)
+    if start == 0:
+      self.writer.text('config', 0, '```\n' + str(config) + '\n```')
+      self.writer.text('images/help', 0, summaries.ATTENTION_IMAGE_HELP
+                       + '\n\n' + summaries.TABLE_IMAGE_HELP)
+    self.writer.hparams(summaries.researcher_hparams(config.to_dict()))
+    self._probe = _AttentionProbe(trainer)
+    self._tables_logged: list[int] = []   # a fixed table is logged once per process
+
+  def write_eval(self, step: int, params: Any, results: _Results) -> None:
+    writer = self.writer
     for length, m in results.items():
       writer.scalars(step, {summaries.eval_tag(k, length): v for k, v in m.items()})
     # Every process runs the probes (they are computations over global
     # arrays); the writer only writes on process 0.
-    for layer, weights in enumerate(probe.attention(params)):
+    for layer, weights in enumerate(self._probe.attention(params)):
       writer.image(f'attention/layer_{layer}', step, summaries.tile_heads(weights))
-    table, trainable = probe.position_table(params)
-    if table is not None and (trainable or not tables_logged):
+    table, trainable = self._probe.position_table(params)
+    if table is not None and (trainable or not self._tables_logged):
       writer.image('positions/table', step, summaries.heatmap(table, scale=3))
-      tables_logged.append(step)
+      self._tables_logged.append(step)
     writer.flush()
 
-  # ---- Loop. ----
-  num_steps = config.train.num_steps
-  log_every, ckpt_every = config.train.log_every, config.train.checkpoint_every
-  pending: list[dict] = []                # metrics of steps not yet fetched
-  last_good = start
-  timer = StepTimer()
-  segment_steps = 0
-  run_start = time.perf_counter()
-  results, history = None, []
-  if is_main and start < num_steps:
-    logging.info('Training %s on %s (%s) for %d steps on %d device(s)',
-                 config.model.position, task.name, task.description,
-                 num_steps, mesh.size)
-  note = table_reach_note(config, task)
-  if is_main and note:
-    logging.warning(note)
 
-  for step in range(start, num_steps):
-    state, metrics = advance(state)
-    pending.append(metrics)
-    segment_steps += 1
-    done = step + 1
-    stopping = stop.signum is not None
-    is_last = done == num_steps
-    at_eval = done % config.eval.every == 0 and not stopping
-    at_checkpoint = done % ckpt_every == 0 or is_last or stopping
-    if done % log_every == 0 or at_checkpoint or at_eval:
-      # One transfer per metric, not one per metric per step.
-      fetched = jax.device_get(jax.tree.map(lambda *x: jnp.stack(x), *pending))
-      pending = []
-      bad = ~(np.isfinite(fetched['loss']) & np.isfinite(fetched['grad_norm']))
-      if bad.any():
-        i = int(np.argmax(bad))
-        _stop_non_finite(
-            mngr, writer, workdir,
-            f'non-finite loss ({fetched["loss"][i]}) or gradient norm '
-            f'({fetched["grad_norm"][i]}) at step {done - len(bad) + 1 + i}',
-            last_checkpoint)
-      timer.stop(segment_steps)
-      segment_steps = 0
-      if done % log_every == 0 or is_last:
-        mean = {k: float(np.mean(v)) for k, v in fetched.items()}
-        rate = timer.report_rate()
-        mean['steps_per_sec'] = rate
-        writer.scalars(done, {f'train/{k}': v for k, v in mean.items()})
-        if is_main:
-          left = timer.seconds_left(num_steps - done)
-          left = ('(compiling)' if left is None else _duration(left) + ' left')
-          logging.info('step %6d/%d  loss %.4f  token acc %.4f  %.1f steps/s  '
-                       '%s', done, num_steps, mean['loss'],
-                       mean['token_accuracy'], rate, left)
-      if at_checkpoint:
-        # The loss above was computed before this step's update: check the
-        # parameters themselves, so a saved checkpoint is always usable.
-        if not trainer.healthy(state):
-          _stop_non_finite(mngr, writer, workdir, f'the parameters after step '
-                           f'{done} are non-finite or give a non-finite loss',
-                           last_checkpoint)
-        checkpoints.save(mngr, done, state)
-        writer.flush()       # events up to the checkpoint survive a kill
-        last_good = last_checkpoint = done
-      if stopping:
-        checkpoints.wait(mngr)
-        writer.close()
-        mngr.close()
-        name = signal.Signals(stop.signum).name
-        raise TrainingInterrupted(
-            f'{name} received: stopped after step {done} with a checkpoint in '
-            f'{workdir}; rerun the same command to resume', stop.signum)
-      if at_eval or is_last:
-        results = evaluate(state['params'])
-        history.append({'step': done, 'eval': {str(n): m for n, m in results.items()}})
-        write_eval(done, state['params'], results)
-        if is_main:
-          logging.info('eval at step %d: %s', done, _short(results))
-      timer.start()
+@dataclasses.dataclass(frozen=True)
+class _Boundary:
+  """What the loop does after step `done` (counted from 1); any of it
+  fetches the metrics of the steps since the previous boundary."""
+  done: int
+  log: bool           # training scalars and a progress line
+  checkpoint: bool
+  stopping: bool      # SIGINT/SIGTERM: checkpoint, then stop (no evaluation)
+  evaluate: bool
 
-  checkpoints.wait(mngr)
-  if results is None:   # nothing left to train: evaluate the restored state
-    results = evaluate(state['params'])
-  summary = {
+  @property
+  def fetches(self) -> bool:
+    return self.log or self.checkpoint or self.evaluate
+
+
+class _TrainingLoop:
+  """Trains from the starting point to config.train.num_steps. Metrics stay
+  on the devices until a boundary (log, checkpoint, evaluation, stop), which
+  fetches them at once, checks them, then logs, checkpoints, stops or
+  evaluates. A kill loses at most the steps since the last checkpoint.
+  After `run`, the public attributes are what the summary reports."""
+
+  def __init__(self, config: ml_collections.ConfigDict, trainer: Trainer,
+               workdir: str, is_main: bool, stop: _StopRequests,
+               start: _Start, events: _EventLog):
+    self._config = config
+    self._trainer = trainer
+    self._workdir = workdir
+    self._is_main = is_main
+    self._stop = stop
+    self._mngr = start.mngr
+    self._events = events
+    self._writer = events.writer
+    self._num_steps: int = config.train.num_steps
+    self._log_every: int = config.train.log_every
+    self._checkpoint_every: int = config.train.checkpoint_every
+    self._eval_every: int = config.eval.every
+    self.start = start.step
+    self.state = start.state
+    self._last_checkpoint = start.last_checkpoint   # see _Start
+    self.last_good = start.step
+    self._pending: list[dict] = []       # metrics of steps not yet fetched
+    self.timer = StepTimer()
+    self._segment_steps = 0
+    self.run_start = time.perf_counter()
+    self.results: _Results | None = None            # the latest evaluation
+    self.history: list[dict[str, Any]] = []
+
+  def run(self) -> None:
+    config, task = self._config, self._trainer.task
+    if self._is_main and self.start < self._num_steps:
+      logging.info('Training %s on %s (%s) for %d steps on %d device(s)',
+                   config.model.position, task.name, task.description,
+                   self._num_steps, self._trainer.mesh.size)
+    note = table_reach_note(config, task)
+    if self._is_main and note:
+      logging.warning(note)
+    for step in range(self.start, self._num_steps):
+      self.state, metrics = self._trainer.advance(self.state)
+      self._pending.append(metrics)
+      self._segment_steps += 1
+      boundary = self._boundary_after(step + 1,
+                                      stopping=self._stop.signum is not None)
+      if boundary.fetches:
+        self._at_boundary(boundary)
+
+  def _boundary_after(self, done: int, stopping: bool) -> _Boundary:
+    is_last = done == self._num_steps
+    return _Boundary(
+        done=done,
+        log=done % self._log_every == 0 or is_last,
+        checkpoint=done % self._checkpoint_every == 0 or is_last or stopping,
+        stopping=stopping,
+        evaluate=(done % self._eval_every == 0 or is_last) and not stopping)
+
+  def _at_boundary(self, boundary: _Boundary) -> None:
+    done = boundary.done
+    fetched = self._fetch_pending()
+    self._check_finite(fetched, done)
+    self.timer.stop(self._segment_steps)
+    self._segment_steps = 0
+    if boundary.log:
+      self._log_progress(fetched, done)
+    if boundary.checkpoint:
+      self._checkpoint(done)
+    if boundary.stopping:
+      self._raise_interrupted(done)
+    if boundary.evaluate:
+      self._evaluate(done)
+    self.timer.start()
+
+  def _fetch_pending(self) -> dict[str, np.ndarray]:
+    """The pending steps' metrics, each stacked to shape (steps,)."""
+    # One transfer per metric, not one per metric per step.
+    fetched = jax.device_get(jax.tree.map(lambda *x: jnp.stack(x),
+                                          *self._pending))
+    self._pending = []
+    return fetched
+
+  def _check_finite(self, fetched: dict[str, np.ndarray], done: int) -> None:
+    bad = ~(np.isfinite(fetched['loss']) & np.isfinite(fetched['grad_norm']))
+    if bad.any():
+      i = int(np.argmax(bad))
+      self._raise_non_finite(
+          f'non-finite loss ({fetched["loss"][i]}) or gradient norm '
+          f'({fetched["grad_norm"][i]}) at step {done - len(bad) + 1 + i}')
+
+  def _raise_non_finite(self, what: str) -> None:
+    _stop_non_finite(self._mngr, self._writer, self._workdir, what,
+                     self._last_checkpoint)
+
+  def _log_progress(self, fetched: dict[str, np.ndarray], done: int) -> None:
+    mean = {k: float(np.mean(v)) for k, v in fetched.items()}
+    rate = self.timer.report_rate()
+    mean['steps_per_sec'] = rate
+    self._writer.scalars(done, {f'train/{k}': v for k, v in mean.items()})
+    if self._is_main:
+      seconds_left = self.timer.seconds_left(self._num_steps - done)
+      left = ('(compiling)' if seconds_left is None
+              else _duration(seconds_left) + ' left')
+      logging.info('step %6d/%d  loss %.4f  token acc %.4f  %.1f steps/s  '
+                   '%s', done, self._num_steps, mean['loss'],
+                   mean['token_accuracy'], rate, left)
+
+  def _checkpoint(self, done: int) -> None:
+    # The loss checked at this boundary was computed before this step's
+    # update: check the parameters themselves, so a saved checkpoint is
+    # always usable.
+    if not self._trainer.healthy(self.state):
+      self._raise_non_finite(f'the parameters after step {done} are '
+                            f'non-finite or give a non-finite loss')
+    checkpoints.save(self._mngr, done, self.state)
+    self._writer.flush()       # events up to the checkpoint survive a kill
+    self.last_good = self._last_checkpoint = done
+
+  def _raise_interrupted(self, done: int) -> None:
+    """After the boundary's checkpoint: waits for it, closes, stops."""
+    checkpoints.wait(self._mngr)
+    self._writer.close()
+    self._mngr.close()
+    signum = self._stop.signum
+    assert signum is not None       # a stop request is never withdrawn
+    name = signal.Signals(signum).name
+    raise TrainingInterrupted(
+        f'{name} received: stopped after step {done} with a checkpoint in '
+        f'{self._workdir}; rerun the same command to resume', signum)
+
+  def _evaluate(self, done: int) -> None:
+    params = self.state['params']
+    self.results = results = self._trainer.evaluate(params)
+    self.history.append({'step': done,
+                         'eval': {str(n): m for n, m in results.items()}})
+    self._events.write_eval(done, params, results)
+    if self._is_main:
+      logging.info('eval at step %d: %s', done, _short(results))
+
+
+def _summary(config: ml_collections.ConfigDict, task: tasks_lib.Task,
+             loop: _TrainingLoop, results: _Results) -> dict[str, Any]:
+  """What summary.json records and train_and_evaluate returns."""
+  return {
       'task': task.name, 'position': config.model.position,
       'layout': task.layout,
       'randomize_positions': bool(config.model.get('randomize_positions')),
-      'chance': task.chance, 'step': max(last_good, start),
+      'chance': task.chance, 'step': max(loop.last_good, loop.start),
       'train_lengths': [config.task.min_len, config.task.max_len],
       'eval': {str(n): m for n, m in results.items()},
       'score': generalization_score(results, config.task.max_len),
-      'history': history,      # every evaluation of this invocation
-      'train_seconds': timer.train_seconds,
+      'history': loop.history,      # every evaluation of this invocation
+      'train_seconds': loop.timer.train_seconds,
       # Steps per second of the loop after its first segment (which compiles).
-      'steps_per_sec': timer.warm_rate,
-      'wall_seconds': time.perf_counter() - run_start,
+      'steps_per_sec': loop.timer.warm_rate,
+      'wall_seconds': time.perf_counter() - loop.run_start,
       'config': json.loads(config.to_json_best_effort()),
   }
+
+
+def _publish_summary(summary: dict[str, Any], workdir: str, is_main: bool,
+                     writer: summaries.Writer) -> None:
+  """Writes summary.json and prints the results table (process 0), and
+  logs the score scalars."""
   if is_main:
     # Atomic: a crash or a full disk mid-write leaves no truncated summary,
     # which the next run would read as this one's.
     checkpoints.write_json(os.path.join(workdir, SUMMARY_FILE), summary)
     print(results_table(summary))
   writer.scalars(summary['step'], summaries.score_scalars(summary))
-  writer.close()
-  mngr.close()
-  return summary
 
 
 def _parameters_from(source: str, config: ml_collections.ConfigDict,
