@@ -282,31 +282,7 @@ def poison(overflow: jax.Array, out: jax.Array) -> jax.Array:
 class MultiHeadAttention(nnx.Module):
   """d2l's multi-head attention: W_q, W_k, W_v of width num_hiddens, W_o.
 
-  Call as `attn(queries, keys=None, values=None, valid_lens=None, *,
-  mask=None, bias=None, causal=False, positions=None, key_positions=None,
-  deterministic=None, decode=False)`:
-    queries (B, Lq, in_features); keys (B, Lk, kv_features), default the
-    queries; values (B, Lk, kv_features), default the keys.
-    valid_lens (B,) or (B, Lq), mask (boolean, four axes broadcastable to
-    (B, H, Lq, Lk)), bias (float, same), causal: see masks.py. Padding never
-    changes valid outputs, whatever it holds: keys that no query may attend
-    to are zeroed before use on every path, so NaN or inf there stays out
-    (the projections' parameter gradients still see the raw inputs).
-    positions (B, Lq), key_positions (B, Lk, default `positions`): the
-    positions a relative encoding sees (None: 0..L-1).
-    deterministic: None uses the module's mode (`model.train()` /
-    `model.eval()`; modules start in eval mode).
-    decode: one step of cached self-attention (call `init_cache` first): the
-    queries are the next Lq tokens; their keys and values join the cache,
-    they attend causally to every cached position, and their positions
-    continue from the cache (or are `positions`, for randomized encodings).
-    The cache holds `max_length` tokens: a step that would run past it
-    raises ValueError when the fill index is concrete (eager calls); under
-    jit (nnx.jit, nnx.scan), where it cannot raise, that step's outputs and
-    every later one's are NaN (`poison`), never silently wrong numbers. A
-    batch size other than init_cache's, or more new tokens than max_length,
-    raises ValueError always.
-  Returns (B, Lq, out_features).
+  Calls: see `__call__`.
 
   Attention weights (B, H, Lq, Lk), float32, are returned only on request:
   `_, inter = nnx.capture(model, nnx.Intermediate)(...)` gives them under
@@ -436,6 +412,42 @@ class MultiHeadAttention(nnx.Module):
                key_positions: jax.Array | None = None,
                deterministic: bool | None = None,
                decode: bool = False) -> jax.Array:
+    """Attends from the queries to the keys.
+
+    Args:
+      queries: (B, Lq, in_features).
+      keys: (B, Lk, kv_features), default the queries.
+      values: (B, Lk, kv_features), default the keys.
+      valid_lens: (B,) or (B, Lq), or None.
+      mask: boolean, four axes broadcastable to (B, H, Lq, Lk); see masks.py.
+      bias: float, broadcastable like mask, added to the logits.
+      causal: key j attends to query i only if j <= i (aligned at the end
+        when Lq != Lk).
+      positions: (B, Lq), the positions a relative encoding sees (None:
+        0..L-1).
+      key_positions: (B, Lk), default `positions`.
+      deterministic: None uses the module's mode (`model.train()` /
+        `model.eval()`; modules start in eval mode).
+      decode: one step of cached self-attention (call `init_cache` first):
+        the queries are the next Lq tokens; their keys and values join the
+        cache, they attend causally to every cached position, and their
+        positions continue from the cache (or are `positions`, for
+        randomized encodings). The cache holds `max_length` tokens: a step
+        that would run past it raises ValueError when the fill index is
+        concrete (eager calls); under jit (nnx.jit, nnx.scan), where it
+        cannot raise, that step's outputs and every later one's are NaN
+        (`poison`), never silently wrong numbers. A batch size other than
+        init_cache's, or more new tokens than max_length, raises ValueError
+        always.
+
+    Padding never changes valid outputs, whatever it holds: keys that no
+    query may attend to are zeroed before use on every path, so NaN or inf
+    there stays out (the projections' parameter gradients still see the raw
+    inputs).
+
+    Returns:
+      (B, Lq, out_features).
+    """
     keys = queries if keys is None else keys
     values = keys if values is None else values
     if 0 in queries.shape[:2] or 0 in keys.shape[:2]:

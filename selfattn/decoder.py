@@ -99,20 +99,7 @@ class TransformerDecoderBlock(nnx.Module):
 class TransformerDecoder(EmbeddingMixin, nnx.Module):
   """A decoder stack with a dense head over the vocabulary.
 
-  Call as `dec(tokens, enc_outputs=None, enc_valid_lens=None, *, mask=None,
-  positions=None, deterministic=None, decode=False)`: tokens (B, L) int (or
-  features (B, L, num_hiddens)); enc_outputs (B, Lk, num_hiddens) with
-  enc_valid_lens (B,) when built with cross_attention. Returns logits
-  (B, L, vocab_size) in float32. decode=True: one step against the caches
-  made by `init_cache` (positions continue from the cache).
-
-  The caches hold init_cache's `max_length` tokens. A decode step that would
-  run past them raises ValueError when the position is concrete (eager
-  calls); under jit it cannot raise, so its logits, and every later step's,
-  are NaN (documented poisoning, see attention.poison) instead of the wrong
-  numbers clamped writes would give. A prompt longer than max_length, a
-  batch other than init_cache's batch_size, or enc_outputs / enc_valid_lens
-  passed to a decoder built without cross_attention raise ValueError.
+  Calls: see `__call__`.
 
   Args: as TransformerEncoder (vocab_size, num_hiddens, ffn_num_hiddens,
   num_heads, num_layers, dropout, position, max_len, norm, residual, use_bias,
@@ -184,6 +171,29 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
                positions: jax.Array | None = None,
                deterministic: bool | None = None,
                decode: bool = False) -> jax.Array:
+    """Logits of the next token at every position.
+
+    Args:
+      tokens: (B, L) int (or features (B, L, num_hiddens)).
+      enc_outputs: (B, Lk, num_hiddens), only for a decoder built with
+        cross_attention (otherwise ValueError).
+      enc_valid_lens: (B,), valid lengths of enc_outputs.
+      mask: an extra mask on the self-attention (four axes, see masks.py);
+        the causal one is always applied.
+      positions: (B, L) int, explicit positions (randomized encodings).
+      deterministic: None follows model.train() / model.eval().
+      decode: one step against the caches made by `init_cache` (positions
+        continue from the cache). The caches hold init_cache's `max_length`
+        tokens. A decode step that would run past them raises ValueError
+        when the position is concrete (eager calls); under jit it cannot
+        raise, so its logits, and every later step's, are NaN (documented
+        poisoning, see attention.poison) instead of the wrong numbers
+        clamped writes would give. A prompt longer than max_length or a
+        batch other than init_cache's batch_size raise ValueError.
+
+    Returns:
+      logits (B, L, vocab_size), float32.
+    """
     check_tokens(tokens)
     b, length = tokens.shape[:2]
     if not self.has_cross_attention:

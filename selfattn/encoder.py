@@ -241,25 +241,7 @@ def build_blocks(make_block: Callable[[object, nnx.Rngs], nnx.Module],
 class TransformerEncoder(EmbeddingMixin, nnx.Module):
   """The chapter's encoder with any positional encoding.
 
-  Call as `enc(inputs, valid_lens=None, *, mask=None, bias=None,
-  causal=None, positions=None, deterministic=None, return_hidden=False)`:
-    inputs: tokens (B, L) int in [0, vocab_size), or features (B, L,
-      num_hiddens) float (already embedded: they skip the embedding, not the
-      absolute encoding). Token ids are not range-checked (a data-dependent
-      check cannot run under jit): as with nnx.Embed, an id outside the range
-      gives NaN or another row. selfattn's own batches are in range
-      (tests/test_tasks.py); check yours upstream.
-    valid_lens (B,) or (B, L) (one length per query), mask (boolean, four axes
-      broadcastable to (B, H, L, L); `masks.make_padding_mask(valid)` for left
-      padding), bias (float, same), causal: see masks.py; None (the default)
-      takes the constructor's `causal`. Causality reaches the attention as a
-      flag, so the chunked path never builds an (L, L) mask.
-    positions (B, L) int: the positions every encoding sees (randomized
-      positional encodings; None: 0..L-1).
-    deterministic: None follows model.train() / model.eval() (modules start
-      in eval mode).
-  Returns (B, L, num_hiddens); with return_hidden=True the pair (that, the
-  list of per-layer inputs).
+  Calls: see `__call__`.
 
   Embedding * sqrt(num_hiddens), then the absolute encoding (with dropout),
   then `num_layers` blocks. Relative encodings get one module per layer. With
@@ -355,6 +337,32 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
                deterministic: bool | None = None,
                return_hidden: bool = False
                ) -> jax.Array | tuple[jax.Array, list[jax.Array]]:
+    """Encodes a batch.
+
+    Args:
+      inputs: tokens (B, L) int in [0, vocab_size), or features (B, L,
+        num_hiddens) float (already embedded: they skip the embedding, not
+        the absolute encoding). Token ids are not range-checked (a
+        data-dependent check cannot run under jit): as with nnx.Embed, an id
+        outside the range gives NaN or another row. selfattn's own batches
+        are in range (tests/test_tasks.py); check yours upstream.
+      valid_lens: (B,) or (B, L) (one length per query), or None.
+      mask: boolean, four axes broadcastable to (B, H, L, L)
+        (`masks.make_padding_mask(valid)` for left padding); see masks.py.
+      bias: float, broadcastable like mask, added to the logits.
+      causal: None (the default) takes the constructor's `causal`. Causality
+        reaches the attention as a flag, so the chunked path never builds an
+        (L, L) mask.
+      positions: (B, L) int, the positions every encoding sees (randomized
+        positional encodings; None: 0..L-1).
+      deterministic: None follows model.train() / model.eval() (modules
+        start in eval mode).
+      return_hidden: also return the list of per-layer inputs.
+
+    Returns:
+      (B, L, num_hiddens); with return_hidden=True the pair (that, the list
+      of per-layer inputs).
+    """
     check_tokens(inputs, 'inputs')
     if causal is None:
       causal = self.causal
