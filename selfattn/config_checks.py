@@ -10,7 +10,6 @@ import ml_collections
 from selfattn import jsb
 from selfattn import positions
 from selfattn import tasks
-from selfattn.encoder import NORMS
 # Re-exported: their home is beside build_model, which reads them.
 from selfattn.model import position_options  # noqa: F401
 from selfattn.model import task_from_config
@@ -30,6 +29,16 @@ def _positive(config, *fields):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ConfigError(f'config.{field} must be a positive integer; '
                         f'got {value!r}')
+
+
+def _model_problem(model: ml_collections.ConfigDict, message: str) -> str:
+  """A constructor's message as a config error: constructors start theirs
+  with the argument's name (`norm='x'; valid: ...`), which is the field's
+  name under config.model."""
+  name = message.split('=', 1)[0]
+  if '=' in message and name.isidentifier() and name in model:
+    return f'config.model.{message}'
+  return f'config.model: the model cannot be built: {message}'
 
 
 def validate_config(config: ml_collections.ConfigDict,
@@ -101,16 +110,8 @@ def _validate(config: ml_collections.ConfigDict,
           f'{", ".join(valid_options) or "none"}); unset it')
   _positive(config, 'model.num_layers', 'model.num_hiddens', 'model.num_heads',
             'model.ffn_num_hiddens', 'model.max_len')
-  if m.num_hiddens % m.num_heads:
-    raise ConfigError(f'config.model.num_hiddens={m.num_hiddens} is not '
-                      f'divisible by config.model.num_heads={m.num_heads}')
-  if m.norm not in NORMS:
-    raise ConfigError(f'config.model.norm={m.norm!r} is unknown; valid: '
-                      f'{", ".join(NORMS)}')
-  from selfattn.attention import IMPLEMENTATIONS
-  if m.get('attention_impl', 'plain') not in IMPLEMENTATIONS:
-    raise ConfigError(f'config.model.attention_impl={m.attention_impl!r} is '
-                      f'unknown; valid: {", ".join(IMPLEMENTATIONS)}')
+  # num_hiddens % num_heads, norm and attention_impl are checked once, by
+  # the constructors, when the model is built abstractly below.
   if m.dtype not in DTYPES:
     raise ConfigError(f'config.model.dtype={m.dtype!r} is unknown; valid: '
                       f'{", ".join(DTYPES)}')
@@ -189,8 +190,7 @@ def _validate(config: ml_collections.ConfigDict,
   try:
     nnx.eval_shape(lambda: build_model(config, task, nnx.Rngs(0)))
   except (ValueError, TypeError) as e:
-    raise ConfigError(f'config.model: the model cannot be built: '
-                      f'{" ".join(str(e).split())}') from None
+    raise ConfigError(_model_problem(m, " ".join(str(e).split()))) from None
 
   # Devices.
   if num_devices is not None:

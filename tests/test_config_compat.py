@@ -29,21 +29,27 @@ def test_a_config_json_from_before_the_newer_fields_still_matches(tmp_path):
 def test_validation_builds_the_model_abstractly(monkeypatch, tiny_config):
   """Whatever a model constructor refuses is a ConfigError at validation,
   before any work: the model is built with nnx.eval_shape (a constructor
-  made to refuse stands in for a check that only it makes)."""
+  made to refuse stands in for a check that only it makes). A message that
+  starts with a model field's name names it as config.model.<field>."""
   from selfattn import config_checks, encoder
 
-  def refuse(*args, **kwargs):
-    raise ValueError('num_heads=2 is not allowed with this stand-in check')
-
   config_checks.validate_config(tiny_config)
-  monkeypatch.setattr(encoder.TransformerEncoder, '__init__', refuse)
-  try:
-    config_checks.validate_config(tiny_config)
-  except config_checks.ConfigError as e:
-    assert str(e) == ('config.model: the model cannot be built: num_heads=2 '
-                      'is not allowed with this stand-in check')
-  else:
-    raise AssertionError('the constructor was not consulted')
+  for message, expected in (
+      ('num_heads=2 is not allowed with this stand-in check',
+       'config.model.num_heads=2 is not allowed with this stand-in check'),
+      ('heads=2 is not allowed',     # no such field: the generic prefix
+       'config.model: the model cannot be built: heads=2 is not allowed'),
+      ('something is off', 'config.model: the model cannot be built: '
+       'something is off')):
+    def refuse(*args, message=message, **kwargs):
+      raise ValueError(message)
+    monkeypatch.setattr(encoder.TransformerEncoder, '__init__', refuse)
+    try:
+      config_checks.validate_config(tiny_config)
+    except config_checks.ConfigError as e:
+      assert str(e) == expected
+    else:
+      raise AssertionError('the constructor was not consulted')
 
 
 def test_a_full_disk_at_start_is_one_clear_error_and_leaves_nothing(

@@ -170,7 +170,7 @@ def test_bfloat16_activations_train_with_float32_parameters(tiny_config, tmp_pat
     ('model.max_random_len', 10,
      'config.model.max_random_len=10 must be an integer >= 12'),
     ('model.position', 'xpos', 'config.model.position.*valid: none, sinusoidal'),
-    ('model.num_heads', 3, 'num_hiddens=16 is not divisible by config.model.num_heads=3'),
+    ('model.num_heads', 3, 'config.model.num_hiddens=16 is not divisible by num_heads=3'),
     ('model.num_layers', 0, 'config.model.num_layers must be a positive'),
     ('train.batch_size', -4, 'config.train.batch_size must be a positive'),
     ('model.norm', 'sandwich', 'config.model.norm.*valid: post, pre, none'),
