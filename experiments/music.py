@@ -266,20 +266,30 @@ def main(argv):
                                f'{v["test"]:.4f}' for k, v in floors.items()))
   runs = study_runs(scale, seeds, labels)
   chosen = study.select(runs, positions=_POSITIONS.value)
+
+  def scored_runs(score_missing: bool) -> dict:
+    """{name: music.json + tags} of the finished runs; score_missing: score
+    the ones not yet scored (a study stopped between training and
+    scoring), else leave them out."""
+    out = {}
+    for run in runs:
+      summary = study.finished_summary(run, workdir)
+      if summary is None or study.diverged(summary):
+        continue
+      path = os.path.join(workdir, run.name)
+      if not score_missing and not os.path.exists(os.path.join(path, 'music.json')):
+        continue
+      out[run.name] = {**evaluate_run(run, path, data),
+                       'label': run.tags['position'], 'seed': run.tags['seed']}
+    return out
+
   if not _COLLECT_ONLY.value:
-    study.execute(chosen, workdir)
-  results = {}
-  for run in runs:
-    summary = study.finished_summary(run, workdir)
-    if summary is None or study.diverged(summary):
-      continue
-    path = os.path.join(workdir, run.name)
-    if _COLLECT_ONLY.value and not os.path.exists(
-        os.path.join(path, 'music.json')):
-      continue
-    result = evaluate_run(run, path, data)
-    results[run.name] = {**result, 'label': run.tags['position'],
-                         'seed': run.tags['seed']}
+    scored_runs(score_missing=True)         # finished earlier, scored before a stop
+    # Each run is scored as soon as it has trained: a study stopped part way
+    # has its finished runs in the table.
+    study.execute(chosen, workdir, after_each=lambda run, _: evaluate_run(
+        run, os.path.join(workdir, run.name), data))
+  results = scored_runs(score_missing=not _COLLECT_ONLY.value)
   reference = music_samples.data_statistics(data['test'], data['train'],
                                             SAMPLE_STEPS)
   print(report(workdir, runs, results, scale, floors, reference))

@@ -22,7 +22,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import ml_collections
@@ -122,11 +122,15 @@ def _share_compilations(workdir: str) -> None:
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
 
 
-def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True
+def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True,
+            after_each: Callable[[Run, dict[str, Any]], None] | None = None
             ) -> dict[str, dict[str, Any]]:
   """Trains every run that has not finished; returns {name: summary} of all
   finished runs among `runs` (the ones trained now and the ones found done).
 
+  after_each(run, summary), if given, follows each run trained now that did
+  not diverge (a study's per-run scoring), inside the run's time, so that an
+  interrupted study has its finished runs scored, not only trained.
   Prints a progress line per run (i of N, the run's time, the ETA of the rest
   from the mean time of the runs trained in this invocation).
   """
@@ -163,6 +167,9 @@ def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True
       with open(os.path.join(workdir, run.name, DIVERGED_FILE), 'w') as f:
         json.dump(summaries[run.name], f)
       say(f'[study] {run.name} diverged (recorded, not retried): {e}')
+    else:
+      if after_each is not None:
+        after_each(run, summaries[run.name])
     spent.append(time.perf_counter() - start)
     left = len(todo) - i - 1
     eta = sum(spent) / len(spent) * left

@@ -36,15 +36,21 @@ def test_a_diverged_run_is_recorded_once_and_not_retrained(tmp_path,
   (tmp_path / 'a,seed=0').mkdir()
   (tmp_path / 'a,seed=1').mkdir()
 
-  first = study.execute(runs, str(tmp_path), verbose=False)
+  scored = []
+  first = study.execute(runs, str(tmp_path), verbose=False,
+                        after_each=lambda run, summary: scored.append(
+                            (run.name, summary['step'])))
   assert trained == [0, 1]
+  assert scored == [('a,seed=0', 10)]       # the diverged run is not scored
   assert study.diverged(first['a,seed=1'])
   assert 'loss is nan at step 7' in first['a,seed=1']['diverged']
   assert not study.diverged(first['a,seed=0'])
 
   done[str(tmp_path / 'a,seed=0')] = first['a,seed=0']
-  again = study.execute(runs, str(tmp_path), verbose=False)
+  again = study.execute(runs, str(tmp_path), verbose=False,
+                        after_each=lambda run, summary: scored.append(run.name))
   assert trained == [0, 1]                  # neither run trained again
+  assert len(scored) == 1                   # nor scored again
   assert again == first
 
 
