@@ -22,9 +22,11 @@ The relative term of a block is computed from the block's iota offsets
          term q . a^K[clip(o)] from the row's (bq, 2k + 1) product q a^K^T
          (once per query block) and a select per clipped offset; the value
          term sums each block's weights per clipped offset, (bq, 2k + 1),
-         and adds that times a^V to acc. Every block does the 2k + 1
-         selects (no shortcut yet for blocks wholly beyond the clip, which
-         need only the two edge rows);
+         and adds that times a^V to acc. Only key blocks near the diagonal
+         do the 2k + 1 selects: a block wholly at offsets <= -k or >= +k
+         (most of them once L >> k) adds one column of q a^K^T and
+         rowsum(p) times one row of a^V (_shaw_far_blocks splits the key
+         loop into the three ranges);
   none   no term. Rotation-only encodings (RoPE, PoPE) rotate q and k once
          outside the kernel (O(L D)) and then use this case.
 
@@ -161,7 +163,10 @@ def _kernel(*refs, cfg: _Config, lq: int, lk: int, num_key_blocks: int,
                                   (((1,), (1,)), ((), ())),
                                   preferred_element_type=jnp.float32)
 
-  def body(j, carry):
+  def body(j, carry, region='near'):
+    # region (static): 'near' blocks see per-offset rows of the Shaw tables;
+    # 'left' / 'right' blocks lie wholly at offsets <= -k / >= +k, so every
+    # entry uses the one edge row (a column of q_dot_a, one a^V row).
     acc, m, l = carry
     start = pl.multiple_of(j * bk, bk)
     k_blk = k_ref[pl.ds(start, bk), :].astype(jnp.float32)    # (bk, Dq)
@@ -180,6 +185,9 @@ def _kernel(*refs, cfg: _Config, lq: int, lk: int, num_key_blocks: int,
         value = table_ref[pl.ds(n, 1)].astype(jnp.float32)   # (1,) this head's
         term = jnp.where(bucket == n, value, term)
       s = s + term
+    elif cfg.kind == 'shaw' and region != 'near':
+      edge = 0 if region == 'left' else num_rows - 1
+      s = s + q_dot_a[:, edge:edge + 1]
     elif cfg.kind == 'shaw':
       bucket = jnp.clip(offset, -cfg.clip, cfg.clip) + cfg.clip
       term = jnp.zeros((bq, bk), jnp.float32)
@@ -200,7 +208,12 @@ def _kernel(*refs, cfg: _Config, lq: int, lk: int, num_key_blocks: int,
     pv = jax.lax.dot_general(p.astype(v_blk.dtype), v_blk,
                              (((1,), (0,)), ((), ())),
                              preferred_element_type=jnp.float32)
-    if a_v_ref is not None:
+    if a_v_ref is not None and region != 'near':
+      # Every weight of a far block multiplies the same edge row of a^V.
+      edge = 0 if region == 'left' else num_rows - 1
+      pv = pv + (jnp.sum(p, axis=1, keepdims=True)
+                 * a_v_ref[pl.ds(edge, 1), :].astype(jnp.float32))
+    elif a_v_ref is not None:
       # Shaw's value term: the block's weights summed per clipped offset,
       # (bq, 2k + 1), against a^V (2k + 1, Dv).
       folded = jnp.concatenate(
@@ -221,9 +234,36 @@ def _kernel(*refs, cfg: _Config, lq: int, lk: int, num_key_blocks: int,
     upper = jnp.clip(jnp.floor_divide(last, bk) + 1, 0, num_key_blocks)
   else:
     upper = num_key_blocks
-  acc, _, l = jax.lax.fori_loop(0, upper, body, carry)
+  if cfg.kind == 'shaw':
+    left_end, right_start = _shaw_far_blocks(i, bq, bk, cfg.clip, upper)
+    for lo, hi, region in ((0, left_end, 'left'),
+                           (left_end, right_start, 'near'),
+                           (right_start, upper, 'right')):
+      carry = jax.lax.fori_loop(lo, hi, functools.partial(body, region=region),
+                                carry)
+    acc, _, l = carry
+  else:
+    acc, _, l = jax.lax.fori_loop(0, upper, body, carry)
   out = jnp.where(l > 0, acc / jnp.where(l > 0, l, 1.0), 0.0)
   o_ref[...] = out.astype(o_ref.dtype)
+
+
+def _shaw_far_blocks(i, bq: int, bk: int, clip: int, upper):
+  """(left_end, right_start) for query block i: key blocks [0, left_end)
+  hold only offsets (key - query) <= -clip, blocks [right_start, upper)
+  only offsets >= +clip, for every row of the block (padding rows too, so
+  the split is conservative); 0 <= left_end <= right_start <= upper.
+  Python ints or traced int32 scalars alike."""
+  first_q, last_q = i * bq, i * bq + bq - 1
+  # Block j's largest offset is j bk + bk - 1 - first_q <= -clip
+  #   <=> j <= floor((first_q - clip - bk + 1) / bk).
+  left_end = jnp.floor_divide(first_q - clip - bk + 1, bk) + 1
+  # Block j's smallest offset is j bk - last_q >= clip
+  #   <=> j >= ceil((last_q + clip) / bk).
+  right_start = -jnp.floor_divide(-(last_q + clip), bk)
+  left_end = jnp.clip(left_end, 0, upper)
+  right_start = jnp.clip(right_start, left_end, upper)
+  return left_end, right_start
 
 
 def _forward(cfg: _Config, q, k, v, key_valid, table):

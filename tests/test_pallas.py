@@ -2,6 +2,8 @@
 plain path: outputs, gradients, MultiHeadAttention(attention_impl='pallas'),
 its fallbacks, and the absence of any (L, L) array."""
 
+import functools
+
 import jax
 import jax.extend
 import jax.numpy as jnp
@@ -71,6 +73,60 @@ def test_forward_equals_plain(kind, causal):
                             **BLOCKS)
   np.testing.assert_allclose(out, _plain(q, k, v, relative, causal, None),
                              atol=1e-5, rtol=1e-5)
+
+
+def test_shaw_far_blocks_match_a_brute_force_split():
+  """_shaw_far_blocks' ranges against every block's offsets in NumPy: the
+  'left' blocks hold only offsets <= -k, the 'right' ones only >= +k, and
+  every block that holds only such offsets on one side is classified so
+  (the shortcut is taken wherever it applies)."""
+  for bq, bk, clip, lq, lk in ((8, 8, 3, 40, 40), (8, 16, 2, 24, 64),
+                               (16, 8, 5, 48, 33), (8, 8, 1, 8, 64)):
+    nq, nk = -(-lq // bq), -(-lk // bk)
+    for upper in (nk, max(nk - 2, 0)):
+      for i in range(nq):
+        left_end, right_start = map(int, pa._shaw_far_blocks(
+            i, bq, bk, clip, upper))
+        assert 0 <= left_end <= right_start <= upper
+        rows = np.arange(i * bq, i * bq + bq)
+        for j in range(upper):
+          offsets = np.arange(j * bk, j * bk + bk)[None, :] - rows[:, None]
+          is_left, is_right = offsets.max() <= -clip, offsets.min() >= clip
+          assert (j < left_end) == is_left, (bq, bk, clip, i, j)
+          assert (j >= right_start) == is_right, (bq, bk, clip, i, j)
+
+
+@pytest.mark.parametrize('per_head', [False, True])
+@pytest.mark.parametrize('causal', [False, True])
+def test_shaw_far_blocks_forward_and_gradients_equal_plain(per_head, causal):
+  """Lengths where most key blocks lie beyond the clip on either side
+  (40 x 56, 8-blocks, k = 2): the edge-row shortcut gives the plain path's
+  outputs and gradients (q, k, v and both tables)."""
+  relative = positions.ShawRelative(H, D, clip_distance=2,
+                                    shared_heads=not per_head,
+                                    rngs=nnx.Rngs(5))
+  q, k, v, g = _qkv(40, 56, seed=3)
+  valid = _key_valid(56, [56, 37])
+  graphdef, tables = nnx.split(relative)
+
+  def loss(fn, tables, q, k, v):
+    return jnp.sum(fn(q, k, v, nnx.merge(graphdef, tables)) * g)
+
+  def kernel(q, k, v, rel):
+    return pa.pallas_attention(q, k, v, relative=rel, causal=causal,
+                               key_valid=valid, **BLOCKS)
+
+  def plain(q, k, v, rel):
+    return _plain(q, k, v, rel, causal, valid)
+
+  np.testing.assert_allclose(kernel(q, k, v, relative),
+                             plain(q, k, v, relative), atol=1e-5, rtol=1e-5)
+  got = jax.grad(functools.partial(loss, kernel), argnums=(0, 1, 2, 3))(
+      tables, q, k, v)
+  want = jax.grad(functools.partial(loss, plain), argnums=(0, 1, 2, 3))(
+      tables, q, k, v)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, atol=2e-4, rtol=2e-4)
 
 
 @pytest.mark.parametrize('kind', ['none', 't5'])
