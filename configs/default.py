@@ -49,7 +49,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.residual = True          # False removes the skip connections
   config.model.max_len = 256            # rows of learned/huang tables; >= longest eval sequence
   config.model.dtype = 'float32'        # activations: float32 or bfloat16 (params stay float32)
-  config.model.attention_impl = 'plain'  # fused (cuDNN on GPUs), chunked (O(L) memory) or auto
+  config.model.attention_impl = 'plain'  # fused (cuDNN on GPUs in bfloat16), chunked (O(L) memory) or auto
   config.model.remat = False            # recompute block activations in the backward pass
   config.model.scan_layers = False      # stacked blocks run by nnx.scan (no attention images)
   # Randomized positional encodings (Ruoss et al. 2023): positions are a sorted

@@ -164,17 +164,37 @@ def can_fuse(relative: RelativeTerms | None) -> bool:
   return getattr(relative, 'fusable', True)
 
 
+def fused_implementation(dtype, head_dim: int) -> str:
+  """'cudnn' where jax.nn.dot_product_attention's cuDNN path can take the
+  call (a GPU backend, bfloat16 or float16, head width a multiple of 8 up
+  to 128), else 'xla'."""
+  if jax.default_backend() != 'gpu':
+    return 'xla'
+  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return 'xla'
+  if head_dim % 8 or head_dim > 128:
+    return 'xla'
+  return 'cudnn'
+
+
 def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
                     v_BxHxLkxD: jax.Array, *, mask: jax.Array | None = None,
                     bias: jax.Array | None = None, causal: bool = False,
                     relative: RelativeTerms | None = None,
                     q_positions: jax.Array | None = None,
                     k_positions: jax.Array | None = None) -> jax.Array:
-  """The same attention through `jax.nn.dot_product_attention`, which picks
-  cuDNN's fused kernel on GPUs where it applies (XLA elsewhere). The
+  """The same attention through `jax.nn.dot_product_attention`. The
   encoding's rotation is applied first and its logit term goes in as a bias;
   no weights are returned and there is no dropout on them (callers fall back
   to dot_product_attention for those, and for Shaw's value term).
+
+  The implementation is chosen here (`fused_implementation`), not left to
+  jax.nn: its default (implementation=None) is XLA on every backend in JAX
+  0.10, so cuDNN would never run. On a GPU with bfloat16 or float16 inputs
+  and a head width cuDNN takes, cuDNN's fused kernel is asked for; if it
+  refuses the call while tracing (a shape, a mask or a GPU it does not
+  support), XLA's runs instead. Masks and logit terms reach cuDNN as an
+  (B, H, Lq, Lk) bias: fused, but not O(L) memory.
 
   Returns (B, H, Lq, D). A query row with no allowed key gets zeros, as in
   dot_product_attention and chunked_attention; keys that no query may attend
@@ -209,9 +229,18 @@ def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
     # encoding that widens q and k (PoPE) gets v padded with zero columns,
     # which leaves the first `width` output columns exact.
     v = jnp.pad(v, [(0, 0)] * 3 + [(0, q.shape[-1] - width)])
-  out = jax.nn.dot_product_attention(
-      q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-      bias=total, mask=mask, scale=scale)
+  args = (q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3),
+          v.transpose(0, 2, 1, 3))
+  implementation = fused_implementation(q.dtype, q.shape[-1])
+  try:
+    out = jax.nn.dot_product_attention(*args, bias=total, mask=mask,
+                                       scale=scale,
+                                       implementation=implementation)
+  except (ValueError, NotImplementedError, RuntimeError):
+    if implementation != 'cudnn':
+      raise
+    out = jax.nn.dot_product_attention(*args, bias=total, mask=mask,
+                                       scale=scale, implementation='xla')
   out = out.transpose(0, 2, 1, 3)[..., :width]
   if mask is not None:
     # jax.nn's softmax spreads a row with no allowed key uniformly; the other
@@ -300,7 +329,9 @@ class MultiHeadAttention(nnx.Module):
     out_features: width of the output (default num_hiddens).
     relative: a relative positional encoding's hooks, or None.
     attention_impl: 'plain' (dot_product_attention), 'fused'
-      (jax.nn.dot_product_attention: cuDNN's kernel on GPUs where it applies),
+      (jax.nn.dot_product_attention: cuDNN's fused kernel on a GPU for
+      bfloat16/float16 heads of width <= 128, XLA otherwise; see
+      fused_attention),
       'chunked' (chunked.chunked_attention: online softmax over key blocks,
       memory O(L) instead of O(L^2), every encoding) or 'auto' (chunked from
       AUTO_CHUNKED_FROM keys on, plain below) or 'pallas'

@@ -260,8 +260,8 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
       on an encoder built causal raises ValueError (its Huang skew is wrong
       above the diagonal).
     use_bias: biases in the attention projections.
-    attention_impl: 'plain', 'fused' (jax.nn.dot_product_attention, cuDNN's
-      kernel on GPUs where it applies), 'chunked' (memory O(L), every
+    attention_impl: 'plain', 'fused' (jax.nn.dot_product_attention; cuDNN's
+      kernel on a GPU for bfloat16 heads), 'chunked' (memory O(L), every
       encoding) or 'auto' (chunked for long sequences); see MultiHeadAttention.
     remat: rematerialise each block in the backward pass (nnx.remat): less
       activation memory, one more forward per block. Off while capturing

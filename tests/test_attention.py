@@ -147,6 +147,42 @@ def test_fused_path_equals_the_plain_path(position):
   assert_encoders_agree(build('fused'), build('plain'), x, jnp.array([9, 5]))
 
 
+def test_fused_path_asks_for_cudnn_where_it_applies(monkeypatch):
+  """jax.nn's default implementation is XLA everywhere, so 'fused' names
+  one: cuDNN on a GPU for bfloat16/float16 heads of width <= 128 (a
+  multiple of 8), XLA otherwise; a call cuDNN refuses while tracing runs on
+  XLA instead, with the same numbers. The GPU backend is simulated: this
+  checks the choice, not cuDNN (scripts/bench_gpu.py does, on a GPU)."""
+  from selfattn import attention
+  bf16, f32 = jnp.bfloat16, jnp.float32
+  assert attention.fused_implementation(bf16, 64) == 'xla'      # the CPU
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  assert attention.fused_implementation(bf16, 64) == 'cudnn'
+  assert attention.fused_implementation(jnp.float16, 128) == 'cudnn'
+  assert attention.fused_implementation(f32, 64) == 'xla'
+  assert attention.fused_implementation(bf16, 12) == 'xla'
+  assert attention.fused_implementation(bf16, 256) == 'xla'
+
+  asked = []
+  real = jax.nn.dot_product_attention
+
+  def refusing_cudnn(*args, implementation=None, **kwargs):
+    asked.append(implementation)
+    if implementation == 'cudnn':
+      raise NotImplementedError('stand-in for a call cuDNN cannot take')
+    return real(*args, implementation=implementation, **kwargs)
+
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', refusing_cudnn)
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 2, 5, 8), bf16)
+             for i in range(3))
+  keep = jnp.array([5, 3])[:, None, None, None] > jnp.arange(5)
+  out = attention.fused_attention(q, k, v, mask=keep, causal=True)
+  assert asked == ['cudnn', 'xla']
+  want, _ = attention.dot_product_attention(q, k, v, mask=keep, causal=True)
+  np.testing.assert_allclose(np.asarray(out, np.float32),
+                             np.asarray(want, np.float32), atol=2e-2)
+
+
 def test_fused_path_is_really_taken_and_refuses_unknown_names(monkeypatch):
   attn = selfattn.MultiHeadAttention(16, 2, attention_impl='fused',
                                      rngs=nnx.Rngs(0))
