@@ -1,0 +1,754 @@
+"""GPU benchmark: attention forward+backward in bfloat16, selfattn's
+`attention_impl` paths against Flax, cuDNN and JAX's Pallas flash attention.
+
+  python scripts/bench_gpu.py --out DIR          # on a GPU (default DIR: $OUT)
+  python scripts/bench_gpu.py --smoke            # tiny, on the CPU, < 1 min
+  scripts/gpu_session.sh bench                   # what a lent GPU session runs
+
+One row = one attention core (no projections) on per-head q, k, v of
+(B, H, L, D), differentiated w.r.t. q, k, v and the encoding's parameters
+(the loss is sum(out * g) for a fixed random g), jitted and compiled ahead of
+time. Rows:
+
+  selfattn:IMPL   selfattn.MultiHeadAttention's own routing (`_attend`, the
+                  code `attention_impl=IMPL` runs) for IMPL in plain, chunked,
+                  fused, pallas, per encoding (none, rope, alibi, t5, shaw,
+                  xl). The `path` column says what actually ran: 'fused'
+                  falls back to plain for Shaw's value term and 'pallas' for
+                  encodings its kernel does not compute (xl); such rows
+                  repeat the plain row's numbers instead of timing it again.
+  flax            flax.nnx.dot_product_attention (no encoding), the Flax peer
+                  of the `x flax` column.
+  cudnn           jax.nn.dot_product_attention(implementation='cudnn'), no
+                  bias: the `x cudnn` column's denominator.
+  cudnn+bias      the same with a materialized (1, H, L, L) bias (ALiBi's,
+                  not differentiated): what a logit-term encoding costs when
+                  it is handed to cuDNN as a bias.
+  pallas_mha      jax.experimental.pallas.ops.gpu.attention.mha (Triton),
+                  JAX's Pallas flash attention, forward and backward kernels.
+  pallas_mgpu     jax.experimental.pallas.ops.gpu.attention_mgpu (Mosaic GPU,
+                  Hopper only, head width a multiple of 64, no causal
+                  backward), where the installed JAX has it.
+
+Columns: median ms over --repeats runs after --warmup (each run ends in
+block_until_ready); TFLOP/s and its fraction of the GPU's bf16 dense peak
+(datasheet, by device kind, or --peak_tflops) and of the bf16 matmul rate
+measured in the same run; memory as XLA's compiled size of the function
+(arguments + outputs + temporaries, `memory_analysis()`) and the process's
+device high-water mark (`memory_stats()['peak_bytes_in_use']`, shown only
+when this row raised it); `x flax` and `x cudnn`: the row's time over the
+flax / cudnn row at the same length and mask; `rel err`: |out - ref| / |ref|
+of the forward output against selfattn's plain path in float32 at 'highest'
+precision, at --check_length only (default: the shortest length); `kernel`:
+the attention custom calls in the compiled HLO (cudnn-fmha, triton,
+mosaic-gpu; 'xla' when none).
+
+FLOPs are counted analytically, the same for every row at a length:
+4 B H L^2 D per forward (q k^T and p v, 2 FLOPs per multiply-add), x 3.5 for
+forward+backward (the FlashAttention papers' convention: backward = 2.5 x
+forward), halved when causal; relative terms, softmax and rotations are not
+counted. A combination that does not fit, or that a kernel refuses, prints a
+row saying so (OOM predicted from the compiled size, OOM at run, unsupported,
+skipped with the reason) instead of stopping the run. Results are written
+after every row, so a run stopped by a time limit keeps what it measured.
+
+Outputs under --out: NAME.json (every row and the machine), NAME.md (the
+tables). The last thing printed is which encodings reach cuDNN's fused kernel
+through attention_impl='fused' and a summary at one length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+if '--smoke' in sys.argv and '--xla_backend_optimization_level' not in (
+    os.environ.get('XLA_FLAGS', '')):
+  # The smoke run checks the code, not the speed: skip LLVM's optimisation
+  # passes as the test suite does (tests/conftest.py), set before JAX loads.
+  os.environ['XLA_FLAGS'] = ' '.join(filter(None, [
+      os.environ.get('XLA_FLAGS'), '--xla_backend_optimization_level=0']))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import selfattn  # noqa: E402
+from selfattn import attention as sa_attention  # noqa: E402
+
+ENCODINGS = ('none', 'rope', 'alibi', 't5', 'shaw', 'xl')
+IMPLS = tuple(i for i in ('plain', 'chunked', 'fused', 'pallas')
+              if i in sa_attention.IMPLEMENTATIONS)
+PEERS = ('flax', 'cudnn', 'cudnn+bias', 'pallas_mha', 'pallas_mgpu')
+GPU_ONLY = ('cudnn', 'cudnn+bias', 'pallas_mgpu')
+
+_OUT = flags.DEFINE_string(
+    'out', os.environ.get('OUT'),
+    'Directory for NAME.json and NAME.md (default $OUT; none: print only).')
+_NAME = flags.DEFINE_string('name', 'bench_gpu',
+                            'Base name of the output files.')
+_SMOKE = flags.DEFINE_bool(
+    'smoke', False, 'Tiny shapes (L = 128, 256; B 2, H 2, D 16; float32) '
+    'that run on the CPU in under a minute; GPU-only peers are skipped with '
+    'the reason.')
+_LENGTHS = flags.DEFINE_list('lengths', '1024,2048,4096,8192,16384,32768',
+                             'Sequence lengths (queries = keys).')
+_TOKENS = flags.DEFINE_integer('tokens', 16384, 'Batch = max(1, tokens // L) '
+                               'unless --batch is set.')
+_BATCH = flags.DEFINE_integer('batch', 0,
+                              'Fixed batch size (0: from --tokens).')
+_HEADS = flags.DEFINE_integer('heads', 16, 'Attention heads H.')
+_HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'Head width D.')
+_DTYPE = flags.DEFINE_enum(
+    'dtype', None, ['bfloat16', 'float16', 'float32'],
+    'q, k, v dtype (default bfloat16; float32 in --smoke).')
+_ENCODINGS = flags.DEFINE_list(
+    'encodings', ','.join(ENCODINGS),
+    f'Encodings of the selfattn rows ({", ".join(ENCODINGS)}).')
+_IMPLS = flags.DEFINE_list(
+    'impls', ','.join(IMPLS),
+    f'selfattn attention_impl values ({", ".join(IMPLS)}).')
+_PEERS = flags.DEFINE_list('peers', ','.join(PEERS),
+                           f'Peers ({", ".join(PEERS)}).')
+_CAUSAL = flags.DEFINE_list('causal', 'false', 'Masks to run: false '
+                            '(bidirectional), true (causal), or both.')
+_REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed runs per row (median).')
+_WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed runs before timing.')
+_PEAK = flags.DEFINE_float(
+    'peak_tflops', 0.0, "The device's dense bf16 peak in TFLOP/s (0: from "
+    "the device kind's datasheet).")
+_BUDGET = flags.DEFINE_float(
+    'time_budget', 0.0, 'Seconds after which no new row is started (0: '
+    'none); the rest are listed as not run.')
+_CHECK = flags.DEFINE_bool(
+    'check', True, "Compare each row's forward output with the float32 "
+    'plain path at --check_length.')
+_CHECK_LENGTH = flags.DEFINE_integer(
+    'check_length', 0, 'Length of the output check (0: the shortest of '
+    '--lengths).')
+_SUMMARY_LENGTH = flags.DEFINE_integer(
+    'summary_length', 8192, 'Length of the printed summary (the longest run '
+    'if absent).')
+
+# Dense bf16 tensor-core peaks from NVIDIA's datasheets (TFLOP/s, no sparsity).
+DATASHEET_BF16_TFLOPS = (
+    ('H100 PCIe', 756.0), ('H100 NVL', 835.0), ('H100', 989.0),
+    ('H200', 989.0), ('H800', 989.0), ('GH200', 989.0),
+    ('A100', 312.0), ('L40S', 362.0), ('B200', 2250.0),
+)
+
+FLOP_CONVENTION = (
+    'FLOPs = 4*B*H*L^2*D per forward (q.k^T and p.v, 2 FLOPs per '
+    'multiply-add), x3.5 for forward+backward (backward = 2.5 x forward, as '
+    'the FlashAttention papers count), halved when causal; relative terms, '
+    'softmax and rotations not counted (the same count for every row at a '
+    'length).')
+
+
+# --------------------------------------------------------------------------
+# Machine.
+# --------------------------------------------------------------------------
+
+def _version(dist: str) -> str | None:
+  try:
+    return importlib.metadata.version(dist)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def machine() -> dict:
+  device = jax.devices()[0]
+  info = {
+      'device_kind': device.device_kind, 'platform': device.platform,
+      'device_count': jax.device_count(), 'cpu_cores': os.cpu_count(),
+      'python': sys.version.split()[0], 'jax': jax.__version__,
+      'jaxlib': _version('jaxlib'), 'flax': _version('flax'),
+  }
+  for dist in ('jax-cuda13-plugin', 'jax-cuda12-plugin', 'jax-cuda13-pjrt',
+               'jax-cuda12-pjrt', 'nvidia-cudnn-cu13', 'nvidia-cudnn-cu12'):
+    if _version(dist):
+      info[dist] = _version(dist)
+  try:
+    from jax._src.lib import cuda_versions   # None without the CUDA plugin
+    if cuda_versions is not None:
+      info['cudnn_runtime'] = cuda_versions.cudnn_get_version()
+      info['cuda_runtime'] = cuda_versions.cuda_runtime_get_version()
+  except Exception:  # noqa: BLE001  (private module: informational only)
+    pass
+  return info
+
+
+def datasheet_peak(kind: str) -> float | None:
+  for name, tflops in DATASHEET_BF16_TFLOPS:
+    if name.lower() in kind.lower():
+      return tflops
+  return None
+
+
+def matmul_tflops(n: int, dtype, repeats: int) -> float:
+  """The measured matrix-product rate (random data, median of repeats)."""
+  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+  b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+  f = jax.jit(jnp.matmul).lower(a, b).compile()
+  return 2 * n ** 3 / _median_seconds(f, (a, b), repeats, 3)[0] / 1e12
+
+
+def _median_seconds(compiled, args, repeats: int, warmup: int):
+  for _ in range(warmup):
+    jax.block_until_ready(compiled(*args))
+  samples = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    samples.append(time.perf_counter() - start)
+  return statistics.median(samples), min(samples)
+
+
+def _memory_stats() -> dict:
+  try:
+    return jax.devices()[0].memory_stats() or {}
+  except Exception:  # noqa: BLE001  (some backends do not implement it)
+    return {}
+
+
+# --------------------------------------------------------------------------
+# The rows.
+# --------------------------------------------------------------------------
+
+def relative_for(name: str, heads: int, head_dim: int, max_len: int):
+  if name == 'none':
+    return None
+  kind, options = selfattn.get_position(name)
+  return kind.build(num_heads=heads, head_dim=head_dim, max_len=max_len,
+                    param_dtype=jnp.float32, rngs=nnx.Rngs(0), **options)
+
+
+class _Core(selfattn.MultiHeadAttention):
+  """MultiHeadAttention's routing without the output projection: `_attend`
+  on per-head q, k, v returns (B, H, L, D)."""
+
+  def _merge_heads(self, out_BxHxLqxD):
+    return out_BxHxLqxD
+
+
+def selfattn_path(impl: str, relative) -> str:
+  """What MultiHeadAttention._attend runs for this impl and encoding with no
+  dropout, bias, positions or masks other than `causal`."""
+  if impl == 'fused' and not sa_attention.can_fuse(relative):
+    return 'plain (fallback: value term)'
+  if impl == 'pallas':
+    from selfattn import pallas_attention
+    if not pallas_attention.supports(relative):
+      return 'plain (fallback: not in kernel)'
+  return impl
+
+
+@dataclasses.dataclass
+class Case:
+  """One row to measure: forward(*args) -> output in `layout`; the arguments
+  at `diff` are differentiated."""
+  impl: str
+  encoding: str
+  path: str
+  forward: object
+  args: tuple
+  diff: tuple
+  layout: str = 'bhld'
+  ref_bias: object = None       # the bias the reference adds (cudnn+bias)
+
+
+def selfattn_case(impl, encoding, x, causal) -> Case:
+  b, h, length, d = x['q'].shape
+  relative = relative_for(encoding, h, d, length)
+  module = _Core(h * d, h, relative=relative, attention_impl=impl,
+                 dtype=x['q'].dtype, rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+
+  def forward(q, k, v, params):
+    m = nnx.merge(graphdef, params, rest, copy=True)
+    return m._attend(q, k, v, None, mask=None, bias=None, causal=causal,
+                     positions=None, key_positions=None, deterministic=True)
+
+  return Case(f'selfattn:{impl}', encoding, selfattn_path(impl, relative),
+              forward, (x['q'], x['k'], x['v'], params), (0, 1, 2, 3))
+
+
+def alibi_bias(heads: int, length: int, dtype) -> jax.Array:
+  """ALiBi's (1, H, L, L) bias (selfattn.ALiBi's values), materialized in
+  `dtype` by one fused computation (no float32 copy of that size)."""
+  def make():
+    q = jnp.zeros((1, heads, length, 1), dtype)
+    return selfattn.ALiBi(heads).logits(q, q).astype(dtype)
+  return jax.jit(make)()
+
+
+def peer_case(peer, x, causal, gpu: bool) -> Case | str:
+  """The peer's Case, or the reason it is skipped here."""
+  b, h, length, d = x['q'].shape
+  scale = 1.0 / math.sqrt(d)
+  blhd = (x['q_t'], x['k_t'], x['v_t'])
+  if peer in GPU_ONLY and not gpu:
+    return f'skipped: needs a CUDA GPU (backend is {jax.default_backend()})'
+  if peer == 'flax':
+    def forward(q, k, v):
+      return nnx.dot_product_attention(q, k, v, is_causal=causal)
+    return Case('flax', 'none', 'nnx.dot_product_attention', forward, blhd,
+                (0, 1, 2), 'blhd')
+  if peer == 'cudnn':
+    def forward(q, k, v):
+      return jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                          implementation='cudnn')
+    return Case('cudnn', 'none', 'jax.nn cudnn', forward, blhd, (0, 1, 2),
+                'blhd')
+  if peer == 'cudnn+bias':
+    bias = alibi_bias(h, length, x['q'].dtype)
+
+    def forward(q, k, v, bias):
+      return jax.nn.dot_product_attention(q, k, v, bias=bias, is_causal=causal,
+                                          implementation='cudnn')
+    return Case('cudnn+bias', 'bias (1,H,L,L)', 'jax.nn cudnn, bias', forward,
+                blhd + (bias,), (0, 1, 2), 'blhd', ref_bias=bias)
+  if peer == 'pallas_mha':
+    try:
+      from jax.experimental.pallas.ops.gpu import attention as pallas_gpu
+    except Exception as e:  # noqa: BLE001
+      return f'unsupported: jax.experimental.pallas.ops.gpu.attention: {e}'
+    interpret = not gpu
+    if interpret and length > 256:
+      return 'skipped: interpret mode on the CPU is for L <= 256'
+
+    def forward(q, k, v):
+      return pallas_gpu.mha(q, k, v, segment_ids=None, sm_scale=scale,
+                            causal=causal, interpret=interpret)
+    path = 'pallas mha (interpret)' if interpret else 'pallas mha'
+    return Case('pallas_mha', 'none', path, forward, blhd, (0, 1, 2), 'blhd')
+  if peer == 'pallas_mgpu':
+    try:
+      from jax.experimental.pallas.ops.gpu import attention_mgpu
+    except Exception as e:  # noqa: BLE001
+      return f'unsupported: jax.experimental.pallas.ops.gpu.attention_mgpu: {e}'
+    if d % 64:
+      return f'unsupported: attention_mgpu needs D % 64 == 0 (D = {d})'
+    if causal:
+      return 'unsupported: attention_mgpu has no causal backward pass'
+    config = attention_mgpu.TuningConfig(
+        block_q=64, block_kv=128, max_concurrent_steps=2, block_q_dkv=64,
+        block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+
+    def forward(q, k, v):
+      return attention_mgpu.attention(q, k, v, config)
+    return Case('pallas_mgpu', 'none', 'pallas mosaic-gpu', forward, blhd,
+                (0, 1, 2), 'blhd')
+  raise ValueError(f'unknown peer {peer!r}; valid: {", ".join(PEERS)}')
+
+
+def grad_step(case: Case):
+  """jit of the gradients of sum(forward * g) w.r.t. the case's `diff`; g
+  is the last argument."""
+  def loss(*args):
+    out = case.forward(*args[:-1])
+    return jnp.sum(out.astype(jnp.float32) * args[-1])
+  return jax.jit(jax.grad(loss, argnums=case.diff))
+
+
+def _to_bhld(out, layout):
+  return out if layout == 'bhld' else jnp.swapaxes(out, 1, 2)
+
+
+# --------------------------------------------------------------------------
+# Measuring one row.
+# --------------------------------------------------------------------------
+
+KERNEL_PATTERNS = (('cudnn-fmha', '__cudnn$fmha'), ('triton', 'triton'),
+                   ('mosaic-gpu', 'mosaic'))
+
+
+def kernels_in(hlo_text: str) -> tuple[str, list[str]]:
+  """(label, distinct custom-call targets) of a compiled HLO text."""
+  targets = sorted(set(re.findall(r'custom_call_target="([^"]+)"', hlo_text)))
+  found = [label for label, pattern in KERNEL_PATTERNS
+           if any(pattern in t for t in targets)]
+  return (','.join(found) or 'xla'), targets
+
+
+def _short(e: BaseException) -> str:
+  text = f'{type(e).__name__}: {e}'.strip().splitlines()
+  return text[0][:240] if text else type(e).__name__
+
+
+def _is_oom(e: BaseException) -> bool:
+  text = str(e)
+  return ('RESOURCE_EXHAUSTED' in text or 'Out of memory' in text
+          or 'out of memory' in text)
+
+
+def measure(case: Case, cotangent, flops: float, repeats: int, warmup: int
+            ) -> dict:
+  row = {'path': case.path}
+  started = time.perf_counter()
+  try:
+    fn = grad_step(case)
+    args = case.args + (cotangent,)
+    compiled = fn.lower(*args).compile()
+  except Exception as e:  # noqa: BLE001
+    row['status'] = (('OOM at compile: ' if _is_oom(e) else 'unsupported: ')
+                     + _short(e))
+    return row
+  row['compile_s'] = time.perf_counter() - started
+  try:
+    row['kernel'], row['custom_calls'] = kernels_in(compiled.as_text())
+  except Exception:  # noqa: BLE001
+    row['kernel'], row['custom_calls'] = '?', []
+  try:
+    m = compiled.memory_analysis()
+    row['compiled_mib'] = (m.argument_size_in_bytes + m.output_size_in_bytes
+                           + m.temp_size_in_bytes) / 2 ** 20
+    row['temp_mib'] = m.temp_size_in_bytes / 2 ** 20
+    stats = _memory_stats()
+    if 'bytes_limit' in stats:
+      free = stats['bytes_limit'] - stats.get('bytes_in_use', 0)
+      need = m.output_size_in_bytes + m.temp_size_in_bytes
+      if need > free:
+        row['status'] = (f'OOM (predicted: needs {need / 2 ** 30:.1f} GiB '
+                         f'beyond its inputs, {free / 2 ** 30:.1f} GiB free)')
+        return row
+  except Exception:  # noqa: BLE001  (memory_analysis is optional)
+    pass
+  before = _memory_stats().get('peak_bytes_in_use')
+  try:
+    median, fastest = _median_seconds(compiled, args, repeats, warmup)
+  except Exception as e:  # noqa: BLE001
+    row['status'] = (('OOM at run: ' if _is_oom(e) else 'error at run: ')
+                     + _short(e))
+    return row
+  after = _memory_stats().get('peak_bytes_in_use')
+  if after is not None and (before is None or after > before):
+    row['peak_mib'] = after / 2 ** 20
+  row.update(status='ok', ms=1e3 * median, ms_min=1e3 * fastest,
+             tflops=flops / median / 1e12)
+  return row
+
+
+def reference_output(encoding: str, x: dict, causal: bool, bias=None):
+  """selfattn's plain path in float32 at 'highest' precision, (B, H, L, D)."""
+  b, h, length, d = x['q'].shape
+  relative = relative_for(encoding, h, d, length)
+  q, k, v = (x[n].astype(jnp.float32) for n in 'qkv')
+  if bias is not None:
+    bias = bias.astype(jnp.float32)
+  with jax.default_matmul_precision('highest'):
+    out, _ = sa_attention.dot_product_attention(
+        q, k, v, causal=causal, relative=relative, bias=bias)
+  return out
+
+
+def relative_error(case: Case, reference) -> float:
+  with jax.default_matmul_precision('highest'):
+    out = jax.jit(case.forward)(*case.args)
+  out = _to_bhld(out, case.layout).astype(jnp.float32)
+  return float(jnp.linalg.norm(out - reference) / jnp.linalg.norm(reference))
+
+
+# --------------------------------------------------------------------------
+# The run.
+# --------------------------------------------------------------------------
+
+def inputs(batch, heads, length, head_dim, dtype) -> dict:
+  keys = jax.random.split(jax.random.key(length), 4)
+  shape = (batch, heads, length, head_dim)
+  x = {n: jax.random.normal(key, shape, dtype) for n, key in zip('qkv', keys)}
+  x.update({f'{n}_t': jnp.swapaxes(x[n], 1, 2) for n in 'qkv'})
+  x['g'] = jax.random.normal(keys[3], shape, jnp.float32)
+  x['g_t'] = jnp.swapaxes(x['g'], 1, 2)
+  return jax.block_until_ready(x)
+
+
+def attention_flops(batch, heads, length, head_dim, causal) -> float:
+  forward = 4.0 * batch * heads * length * length * head_dim
+  return 3.5 * forward / (2 if causal else 1)
+
+
+def add_ratios(rows: list[dict]) -> None:
+  base = {}
+  for r in rows:
+    if r['impl'] in ('flax', 'cudnn') and r.get('status') == 'ok':
+      base[(r['impl'], r['length'], r['causal'])] = r['ms']
+  for r in rows:
+    for peer in ('flax', 'cudnn'):
+      t = base.get((peer, r['length'], r['causal']))
+      if t and r.get('status') == 'ok':
+        r[f'x_{peer}'] = r['ms'] / t
+
+
+def fused_reach(rows: list[dict]) -> dict:
+  """encoding -> {causal: kernel label} of attention_impl='fused', from the
+  first length where it compiled."""
+  out = {}
+  for r in rows:
+    if r['impl'] == 'selfattn:fused' and 'kernel' in r:
+      key = 'causal' if r['causal'] else 'bidirectional'
+      out.setdefault(r['encoding'], {}).setdefault(key, {
+          'length': r['length'], 'path': r['path'], 'kernel': r['kernel'],
+          'reaches_cudnn': 'cudnn-fmha' in r['kernel']})
+  return out
+
+
+def _fmt(v, spec):
+  return '' if v is None else format(v, spec)
+
+
+COLUMNS = ['length', 'batch', 'causal', 'encoding', 'impl', 'path', 'kernel',
+           'ms', 'TFLOP/s', 'of peak', 'of matmul', 'compiled MiB', 'peak MiB',
+           'x flax', 'x cudnn', 'rel err', 'status']
+TEXT_COLUMNS = ('causal', 'encoding', 'impl', 'path', 'kernel', 'status')
+
+
+def markdown(result: dict) -> str:
+  m = result['machine']
+  lines = [f'# Attention forward+backward on {m["device_kind"]} '
+           f'({m["platform"]}), JAX {m["jax"]}, {result["dtype"]}'
+           f'{" (smoke)" if result["smoke"] else ""}', '',
+           f'- H = {result["heads"]} heads, D = {result["head_dim"]}, batch = '
+           f'{result["batch_rule"]}.',
+           f'- {FLOP_CONVENTION}',
+           f'- Peak: {_fmt(result["peak_tflops"], ".0f") or "unknown"} TFLOP/s '
+           f'({result["peak_source"]}); measured {result["matmul_label"]}: '
+           f'{result["matmul_tflops"]:.1f} TFLOP/s.',
+           '- ms: median over the timed runs; compiled MiB: arguments + '
+           'outputs + temporaries of the compiled function; peak MiB: the '
+           "process's device high-water mark, shown when this row raised it; "
+           "x flax / x cudnn: time over that peer's at the same length and "
+           'mask; rel err: forward output against the float32 plain path '
+           f'(L = {result["check_length"]} only).', '',
+           '| ' + ' | '.join(COLUMNS) + ' |',
+           '|' + '|'.join('---' if c in TEXT_COLUMNS else '---:'
+                          for c in COLUMNS) + '|']
+  # By length and mask; within them, in the order measured.
+  for r in sorted(result['rows'], key=lambda r: (r['length'], r['causal'])):
+    lines.append('| ' + ' | '.join([
+        str(r['length']), str(r['batch']), 'yes' if r['causal'] else 'no',
+        r['encoding'], r['impl'], r.get('path', ''), r.get('kernel', ''),
+        _fmt(r.get('ms'), '.3f'), _fmt(r.get('tflops'), '.3g'),
+        _fmt(r.get('of_peak'), '.1%'), _fmt(r.get('of_matmul'), '.1%'),
+        _fmt(r.get('compiled_mib'), '.4g'), _fmt(r.get('peak_mib'), '.4g'),
+        _fmt(r.get('x_flax'), '.2f'), _fmt(r.get('x_cudnn'), '.2f'),
+        _fmt(r.get('rel_err'), '.1e'), r.get('status', '')]) + ' |')
+  lines += ['', "## Which encodings reach cuDNN through attention_impl='fused'",
+            '',
+            reach_table(result['fused_reach'])]
+  if result.get('not_run'):
+    lines += ['', f'Not run (time budget of {result["time_budget"]:.0f} s '
+              f'spent): ' + ', '.join(result['not_run'])]
+  return '\n'.join(lines) + '\n'
+
+
+def reach_table(reach: dict) -> str:
+  lines = ['| encoding | mask | length | path | kernel in the compiled '
+           'fwd+bwd | cuDNN fused kernel |', '|---|---|---:|---|---|---|']
+  for encoding, by_mask in reach.items():
+    for mask, r in by_mask.items():
+      lines.append(f'| {encoding} | {mask} | {r["length"]} | {r["path"]} | '
+                   f'{r["kernel"]} | {"yes" if r["reaches_cudnn"] else "no"} |')
+  return '\n'.join(lines)
+
+
+def summary(result: dict) -> str:
+  """ms per encoding (rows) and impl (columns) at one length, first mask."""
+  rows = [r for r in result['rows'] if 'length' in r]
+  lengths = sorted({r['length'] for r in rows if r.get('status') == 'ok'})
+  if not lengths:
+    return 'no row measured'
+  length = (_SUMMARY_LENGTH.value if _SUMMARY_LENGTH.value in lengths
+            else lengths[-1])
+  causal = rows[0]['causal']
+  impls = list(dict.fromkeys(r['impl'] for r in rows))
+  encodings = list(dict.fromkeys(r['encoding'] for r in rows))
+  cell = {}
+  for r in rows:
+    if r['length'] == length and r['causal'] == causal:
+      cell[(r['encoding'], r['impl'])] = (
+          f'{r["ms"]:.2f}' if r.get('status') == 'ok'
+          else r.get('status', '').split(':')[0].split(' (')[0])
+  lines = [f'ms at L = {length}, {"causal" if causal else "bidirectional"} '
+           f'(forward+backward):', '',
+           '| encoding | ' + ' | '.join(impls) + ' |',
+           '|---|' + '---:|' * len(impls)]
+  for e in encodings:
+    lines.append(f'| {e} | ' + ' | '.join(cell.get((e, i), '')
+                                          for i in impls) + ' |')
+  return '\n'.join(lines)
+
+
+def write(result: dict) -> None:
+  out = _OUT.value
+  if not out:
+    return
+  os.makedirs(out, exist_ok=True)
+  base = os.path.join(out, _NAME.value)
+  with open(base + '.json.tmp', 'w') as f:
+    json.dump(result, f, indent=1, default=str)
+  os.replace(base + '.json.tmp', base + '.json')
+  with open(base + '.md', 'w') as f:
+    f.write(markdown(result))
+
+
+def main(argv):
+  del argv
+  smoke = _SMOKE.value
+  gpu = jax.default_backend() == 'gpu'
+  def smoke_or(name, small, value):
+    return small if smoke and not flags.FLAGS[name].present else value
+
+  lengths = smoke_or('lengths', [128, 256], [int(n) for n in _LENGTHS.value])
+  heads = smoke_or('heads', 2, _HEADS.value)
+  head_dim = smoke_or('head_dim', 16, _HEAD_DIM.value)
+  fixed_batch = smoke_or('batch', 2, _BATCH.value)
+  dtype_name = _DTYPE.value or ('float32' if smoke else 'bfloat16')
+  dtype = jnp.dtype(dtype_name)
+  repeats = smoke_or('repeats', 3, _REPEATS.value)
+  warmup = smoke_or('warmup', 1, _WARMUP.value)
+  check_length = _CHECK_LENGTH.value or min(lengths)
+  masks_to_run = [{'false': False, 'true': True}[c.strip().lower()]
+                  for c in _CAUSAL.value]
+  for flag, valid in ((_ENCODINGS, ENCODINGS), (_IMPLS, IMPLS),
+                      (_PEERS, PEERS)):
+    for name in flag.value:
+      if name not in valid:
+        raise app.UsageError(f'--{flag.name}: {name!r} unknown; valid: '
+                             f'{", ".join(valid)}')
+
+  started = time.perf_counter()
+  info = machine()
+  peak, source = _PEAK.value or None, '--peak_tflops'
+  if peak is None:
+    peak = datasheet_peak(info['device_kind']) if gpu else None
+    source = ('datasheet bf16 dense' if peak
+              else 'no datasheet figure for this device')
+  mm_n = 8192 if gpu else 512
+  mm_dtype = jnp.bfloat16 if gpu else jnp.float32
+  mm = matmul_tflops(mm_n, mm_dtype, repeats)
+  result = {
+      'machine': info, 'smoke': smoke, 'dtype': dtype_name, 'heads': heads,
+      'head_dim': head_dim,
+      'batch_rule': (f'{fixed_batch}' if fixed_batch
+                     else f'max(1, {_TOKENS.value} // L)'),
+      'flop_convention': FLOP_CONVENTION, 'peak_tflops': peak,
+      'peak_source': source, 'matmul_tflops': mm,
+      'matmul_label': f'{jnp.dtype(mm_dtype).name} {mm_n}^3 matmul',
+      'repeats': repeats, 'warmup': warmup, 'time_budget': _BUDGET.value,
+      'check_length': check_length if _CHECK.value else None,
+      'rows': [], 'fused_reach': {}, 'not_run': [],
+  }
+  print(f'# bench_gpu on {info["device_kind"]} ({info["platform"]}), JAX '
+        f'{info["jax"]}, {dtype_name}, H={heads}, D={head_dim}; matmul '
+        f'{mm:.1f} TFLOP/s; peak {peak} ({source})', flush=True)
+  print(f'# {FLOP_CONVENTION}', flush=True)
+  rows = result['rows']
+  plan = []
+  for length in lengths:
+    for causal in masks_to_run:
+      plan += [(length, causal, 'peer', p) for p in _PEERS.value]
+      plan += [(length, causal, e, i) for e in _ENCODINGS.value
+               for i in _IMPLS.value]
+  x, x_length, references, measured = None, None, {}, {}
+  for length, causal, encoding, impl in plan:
+    label = f'L={length} {"causal" if causal else "bidir"} {encoding}/{impl}'
+    if _BUDGET.value and time.perf_counter() - started > _BUDGET.value:
+      result['not_run'].append(label)
+      continue
+    batch = fixed_batch or max(1, _TOKENS.value // length)
+    if x_length != length:
+      x = None
+      references.clear()
+      try:
+        x = inputs(batch, heads, length, head_dim, dtype)
+      except Exception as e:  # noqa: BLE001
+        print(f'  inputs at L={length} failed: {_short(e)}', flush=True)
+      x_length = length
+    row = {'length': length, 'batch': batch, 'causal': causal}
+    if x is None:
+      row.update(encoding=encoding, impl=impl, status='OOM making the inputs')
+      rows.append(row)
+      continue
+    try:
+      if encoding == 'peer':
+        case = peer_case(impl, x, causal, gpu)
+      else:
+        case = selfattn_case(impl, encoding, x, causal)
+    except Exception as e:  # noqa: BLE001
+      case = (('OOM making its inputs: ' if _is_oom(e) else 'unsupported: ')
+              + _short(e))
+    if isinstance(case, str):
+      row.update(encoding='none', impl=impl, status=case)
+    else:
+      row.update(encoding=case.encoding, impl=case.impl)
+      g = x['g'] if case.layout == 'bhld' else x['g_t']
+      flops = attention_flops(batch, heads, length, head_dim, causal)
+      reuse = (measured.get((length, causal, encoding, 'plain'))
+               if case.path.startswith('plain (fallback') else None)
+      if reuse is not None:
+        # The fallback runs the plain row's code: its numbers, not a re-run.
+        row.update({k: v for k, v in reuse.items()
+                    if k not in ('path', 'impl', 'encoding')})
+        row['path'] = case.path
+      else:
+        try:
+          row.update(measure(case, g, flops, repeats, warmup))
+        except Exception as e:  # noqa: BLE001
+          row['status'] = 'error: ' + _short(e)
+          traceback.print_exc()
+        if (_CHECK.value and length == check_length
+            and row.get('status') == 'ok'):
+          try:
+            key = (case.encoding, causal)
+            if key not in references:
+              references[key] = reference_output(
+                  'none' if encoding == 'peer' else encoding, x, causal,
+                  case.ref_bias)
+            row['rel_err'] = relative_error(case, references[key])
+          except Exception as e:  # noqa: BLE001
+            row['rel_err_error'] = _short(e)
+        if encoding != 'peer':
+          measured[(length, causal, encoding, case.path)] = dict(row)
+      if row.get('status') == 'ok':
+        if peak:
+          row['of_peak'] = row['tflops'] / peak
+        row['of_matmul'] = row['tflops'] / mm
+    rows.append(row)
+    add_ratios(rows)
+    result['fused_reach'] = fused_reach(rows)
+    result['seconds'] = time.perf_counter() - started
+    write(result)
+    print(f'  {label:42s} {row.get("path", ""):32s} '
+          f'{row.get("kernel", ""):11s} {_fmt(row.get("ms"), "9.3f")} ms '
+          f'{_fmt(row.get("compiled_mib"), "8.0f")} MiB '
+          f'{_fmt(row.get("rel_err"), ".1e")} {row.get("status", "")}',
+          flush=True)
+  result['seconds'] = time.perf_counter() - started
+  write(result)
+  if result['not_run']:
+    print(f'\nnot run (time budget): {len(result["not_run"])} rows, from '
+          f'{result["not_run"][0]}')
+  print('\n## Which encodings reach cuDNN through attention_impl=\'fused\'\n')
+  print(reach_table(result['fused_reach']))
+  print('\n' + summary(result))
+  print(f'\ntotal {result["seconds"]:.0f} s'
+        + (f'; wrote {os.path.join(_OUT.value, _NAME.value)}.json and .md'
+           if _OUT.value else ''))
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# Issue 24's GPU measurements, one step per device call (each well inside the
+# 10-minute limit of one call; results land in $OUT, top level, few files).
+#
+#   scripts/gpu_session.sh prepare      # HERE, on the CPU machine, before the
+#                                       # first device call (needs PyPI)
+#   scripts/gpu_session.sh STEP [ARGS]  # on the GPU machine, with .whl carried
+#
+# Steps on the GPU machine (each first writes $OUT/env.txt, see `info`):
+#   info        nvidia-smi, Python/JAX/jaxlib/CUDA-plugin/cuDNN versions, the
+#               README's GPU install line checked against what the machine
+#               can install, a tiny cuDNN attention call.            ~1 min
+#   suite       pytest -m "not slow" -x -q on the GPU, log and JUnit XML.
+#               SUITE_MARK (default "not slow"), SUITE_ARGS (default "-x -q"),
+#               SUITE_WORKERS (default 4) override.                 <= 9 min
+#   bench       scripts/bench_gpu.py at L = 8k, 1k, 2k, 4k (bidirectional),
+#               every encoding, impl and peer; ARGS go to bench_gpu.py
+#               (e.g. --causal=true --name=bench_gpu_causal).       <= 8 min
+#   bench_long  the same at L = 16k, 32k (bench_gpu_long.*).        <= 8 min
+#   music       python -m experiments.music --scale=paper --seeds=1, one
+#               encoding at a time in MUSIC_POSITIONS order (default
+#               "rope pope alibi t5 shaw none") until MUSIC_BUDGET seconds
+#               (default 480) would be passed; results.md/json and the plot
+#               copied to $OUT. Needs the JSB data (`prepare` puts it in
+#               .whl/data).                                          <= 9 min
+#
+# The device call (the `run` tool), from the repository root:
+#   command: bash scripts/gpu_session.sh suite      carry: [".whl"]
+#   command: bash scripts/gpu_session.sh bench      carry: [".whl"]
+# and so on; 30 minutes of device time in all, machine start included, so a
+# session fits `suite` + `bench` (+ `bench_long` or `music` when they were
+# quick). Files back: at most 8 per call, so each step writes 3-5.
+#
+# Why wheels: the GPU image (KINDS.md) has JAX 0.11.2 with the CUDA 13 plugin
+# (jax-cuda13-plugin/-pjrt), Flax, Optax, Orbax, pytest, TensorBoard, but not
+# ml-collections, tensorboardX, pretty_midi, soundfile, mypy, and it cannot
+# reach PyPI. `prepare` downloads those wheels (about 27 MB) into the
+# git-ignored .whl/ together with requirements.txt's pins of flax, optax and
+# orbax-checkpoint (GPU_PINS=0 leaves the image's own versions), and copies
+# the JSB Chorales file into .whl/data/jsb/. The README's line
+# (pip install "jax[cuda12]==0.10.2") cannot be installed there: no index, and
+# jaxlib, the CUDA 12 plugin/PJRT and the nvidia-*-cu12 libraries it pulls are
+# far over the 64 MiB a call carries; `info` records that and what the image
+# has instead.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+STEP=${1:-}
+shift || true
+PY=${PYTHON:-python3}
+WHL=${WHL_DIR:-.whl}
+
+usage() {
+  sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+}
+
+# --------------------------------------------------------------------------
+# prepare: on the CPU machine, with PyPI.
+# --------------------------------------------------------------------------
+# Missing from the GPU image (KINDS.md's list); versions from requirements.txt
+# where it pins them.
+MISSING="ml-collections tensorboardX pretty_midi mido importlib_resources soundfile cffi pycparser mypy ast-serialize librt"
+PINS="flax optax orbax-checkpoint"
+
+pinned() {   # NAME -> NAME==VERSION from requirements.txt (case-insensitive)
+  local line
+  line=$(grep -i -E "^$1==" requirements.txt | head -1)
+  if [ -z "$line" ]; then
+    echo "error: $1 is not pinned in requirements.txt" >&2
+    return 1
+  fi
+  echo "$line"
+}
+
+prepare() {
+  mkdir -p "$WHL"
+  local names=$MISSING
+  [ "${GPU_PINS:-1}" = 1 ] && names="$names $PINS"
+  local specs=()
+  local n spec
+  for n in $names; do
+    spec=$(pinned "$n") || exit 1
+    specs+=("$spec")
+  done
+  echo "downloading into $WHL: ${specs[*]}"
+  # The device README's command: CPython 3.12 manylinux wheels, no deps
+  # (every dependency of these is already in the image).
+  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+    -d "$WHL" "${specs[@]}" || exit 1
+  local data=${SELFATTN_DATA_DIR:-../shared/data}
+  if [ -f "$data/jsb/Jsb16thSeparated.json" ]; then
+    mkdir -p "$WHL/data/jsb"
+    cp "$data/jsb/Jsb16thSeparated.json" "$WHL/data/jsb/"
+    echo "copied $data/jsb/Jsb16thSeparated.json into $WHL/data/jsb/"
+  else
+    echo "warning: no $data/jsb/Jsb16thSeparated.json: the music step and the" \
+         "JSB tests will have no data" >&2
+  fi
+  du -sh "$WHL"
+  { git check-ignore -q "$WHL/x.whl" && git check-ignore -q "$WHL/data/jsb/x.json"; } \
+    || echo "warning: $WHL is not git-ignored" >&2
+  echo "carry [\"$WHL\"] in every device call"
+}
+
+# --------------------------------------------------------------------------
+# On the GPU machine.
+# --------------------------------------------------------------------------
+setup() {
+  OUT=${OUT:-/tmp/gpu_out}
+  mkdir -p "$OUT"
+  export PYTHONUNBUFFERED=1
+  if ls "$WHL"/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --upgrade --target /tmp/site "$WHL"/*.whl \
+      || { echo "error: installing $WHL/*.whl failed" >&2; exit 1; }
+    export PYTHONPATH=$ROOT:/tmp/site
+  else
+    echo "warning: no $WHL/*.whl (run 'scripts/gpu_session.sh prepare' here" \
+         "and carry $WHL): ml-collections and tensorboardX are missing" >&2
+    export PYTHONPATH=$ROOT
+  fi
+  # JSB Chorales for the music step and the real-data tests (they skip
+  # without it); an explicit SELFATTN_DATA_DIR wins.
+  if [ -z "${SELFATTN_DATA_DIR:-}" ]; then
+    for d in "$WHL/data" shared/data ../shared/data; do
+      if [ -f "$d/jsb/Jsb16thSeparated.json" ]; then
+        export SELFATTN_DATA_DIR=$(cd "$d" && pwd)
+        break
+      fi
+    done
+  fi
+}
+
+info() {
+  {
+    echo "# $(date -u +%FT%TZ) step=$STEP host=$(hostname)"
+    nvidia-smi || echo "nvidia-smi: not available"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv 2>/dev/null
+    echo "## python: $(command -v "$PY") $("$PY" --version 2>&1)"
+    echo "## packages in effect (PYTHONPATH=$PYTHONPATH)"
+    "$PY" - <<'EOF'
+import importlib.metadata as md
+names = ['jax', 'jaxlib', 'jax-cuda13-plugin', 'jax-cuda13-pjrt',
+         'jax-cuda12-plugin', 'jax-cuda12-pjrt', 'nvidia-cudnn-cu13',
+         'nvidia-cudnn-cu12', 'flax', 'optax', 'orbax-checkpoint',
+         'ml-collections', 'tensorboardX', 'tensorstore', 'treescope', 'etils',
+         'numpy', 'pytest', 'pytest-xdist', 'triton']
+for n in names:
+  try:
+    d = md.distribution(n)
+    print(f'{n}=={d.version}  ({d.locate_file("")})')
+  except md.PackageNotFoundError:
+    print(f'{n}: not installed')
+EOF
+    echo "## JAX"
+    timeout 120 "$PY" - <<'EOF'
+import jax, jax.numpy as jnp
+print('backend', jax.default_backend(), jax.devices())
+try:
+  jax.print_environment_info()
+except Exception as e:
+  print('print_environment_info:', e)
+try:
+  from jax._src.lib import cuda_versions
+  if cuda_versions is not None:
+    print('cudnn', cuda_versions.cudnn_get_version(), 'cuda runtime',
+          cuda_versions.cuda_runtime_get_version())
+except Exception as e:
+  print('cuda_versions:', e)
+x = jax.random.normal(jax.random.key(0), (2, 256, 4, 64), jnp.bfloat16)
+try:
+  out = jax.nn.dot_product_attention(x, x, x, implementation='cudnn')
+  print('cudnn attention: ok', out.shape, out.dtype)
+except Exception as e:
+  print('cudnn attention: FAILED', type(e).__name__, str(e).splitlines()[0])
+try:
+  from jax.experimental.pallas.ops.gpu import attention
+  print('pallas gpu attention.mha: importable')
+except Exception as e:
+  print('pallas gpu attention.mha: not importable', e)
+EOF
+    echo "## the README's GPU install line: pip install \"jax[cuda12]==0.10.2\""
+    if "$PY" -m pip install --dry-run --no-index --find-links "$WHL" \
+        "jax[cuda12]==0.10.2" >/tmp/readme_line.txt 2>&1; then
+      echo "installable from $WHL:"; tail -3 /tmp/readme_line.txt
+    else
+      echo "NOT verified here: no package index on this machine and no such" \
+           "wheels carried; $(tail -1 /tmp/readme_line.txt)"
+      echo "the image's own JAX is used instead (versions above)"
+    fi
+    echo "## selfattn import"
+    timeout 120 "$PY" -c "import selfattn, configs.default, ml_collections, tensorboardX; print('selfattn ok', selfattn.__file__)" 2>&1
+    echo "SELFATTN_DATA_DIR=${SELFATTN_DATA_DIR:-<unset>}"
+  } 2>&1 | tee "$OUT/env.txt"
+}
+
+suite() {
+  # Several pytest-xdist workers share one GPU: no preallocation of 75% each.
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  local mark=${SUITE_MARK:-not slow}
+  # SIGINT first: pytest then prints its summary and writes the XML of the
+  # tests that ran.
+  # shellcheck disable=SC2086
+  timeout -s INT -k 30 "${SUITE_TIMEOUT:-480}" "$PY" -m pytest -m "$mark" \
+    ${SUITE_ARGS:--x -q} -n "${SUITE_WORKERS:-4}" -p no:cacheprovider \
+    -rfE --durations=15 --junitxml="$OUT/suite.xml" 2>&1 | tee "$OUT/suite.log"
+  echo "pytest exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/suite.log"
+}
+
+bench() {   # bench NAME LENGTHS TIMEOUT BUDGET [ARGS...]
+  local name=$1 lengths=$2 limit=$3 budget=$4
+  shift 4
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}
+  timeout -s INT -k 30 "$limit" "$PY" scripts/bench_gpu.py --out="$OUT" \
+    --name="$name" --lengths="$lengths" --time_budget="$budget" "$@" 2>&1 \
+    | tee "$OUT/$name.log"
+  echo "bench_gpu exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/$name.log"
+}
+
+music() {
+  if [ -z "${SELFATTN_DATA_DIR:-}" ]; then
+    echo "error: no JSB data (run 'scripts/gpu_session.sh prepare' here and" \
+         "carry $WHL)" | tee "$OUT/music.log"
+    return 2
+  fi
+  local work=/tmp/music budget=${MUSIC_BUDGET:-480} start last=0
+  start=$(date +%s)
+  for pos in ${MUSIC_POSITIONS:-rope pope alibi t5 shaw none}; do
+    local now left t0
+    now=$(date +%s)
+    left=$(( budget - (now - start) ))
+    # The first run's time (training, scoring, sampling and the driver's own
+    # floors and report) predicts the next: start one only if it fits.
+    if [ "$last" -gt 0 ] && [ "$left" -lt $(( last * 11 / 10 )) ]; then
+      echo "[music] stop: ${left}s left, the last encoding took ${last}s" \
+        | tee -a "$OUT/music.log"
+      break
+    fi
+    if [ "$left" -lt 60 ]; then
+      echo "[music] stop: ${left}s left" | tee -a "$OUT/music.log"
+      break
+    fi
+    echo "[music] $pos: up to ${left}s" | tee -a "$OUT/music.log"
+    t0=$(date +%s)
+    timeout -s INT -k 20 "$left" "$PY" -m experiments.music --scale=paper \
+      --seeds=1 --positions="$pos" --workdir="$work" "$@" 2>&1 \
+      | tee -a "$OUT/music.log"
+    echo "[music] $pos: exit ${PIPESTATUS[0]} after $(( $(date +%s) - t0 ))s" \
+      | tee -a "$OUT/music.log"
+    last=$(( $(date +%s) - t0 ))
+  done
+  for f in results.md results.json nll_by_position.png; do
+    [ -f "$work/$f" ] && cp "$work/$f" "$OUT/music_$f"
+  done
+  ls -la "$OUT"
+}
+
+case "$STEP" in
+  prepare) prepare ;;
+  info) setup; info ;;
+  suite) setup; info >/dev/null; suite ;;
+  # 8192 first: the issue's targets are at 8k, and a spent budget cuts the end.
+  bench) setup; info >/dev/null; bench bench_gpu 8192,1024,2048,4096 480 400 "$@" ;;
+  bench_long) setup; info >/dev/null
+    bench bench_gpu_long 16384,32768 480 400 --check=false "$@" ;;
+  music) setup; info >/dev/null; music "$@" ;;
+  *) usage ;;
+esac
