@@ -10,9 +10,9 @@
 #   info        nvidia-smi, Python/JAX/jaxlib/CUDA-plugin/cuDNN versions, the
 #               README's GPU install line checked against what the machine
 #               can install, a tiny cuDNN attention call.            ~1 min
-#   suite       pytest -m "not slow" -x -q on the GPU, log and JUnit XML.
-#               SUITE_MARK (default "not slow"), SUITE_ARGS (default "-x -q"),
-#               SUITE_WORKERS (default 4) override.                 <= 9 min
+#   suite       pytest -m "not slow" --maxfail=25 on the GPU, log, JUnit XML.
+#               SUITE_MARK (default "not slow"), SUITE_ARGS (default
+#               "--maxfail=25 -q"), SUITE_WORKERS (default 4).      <= 9 min
 #   bench       scripts/bench_gpu.py at L = 8k, 1k, 2k, 4k (bidirectional),
 #               every encoding, impl and peer; ARGS go to bench_gpu.py
 #               (e.g. --causal=true --name=bench_gpu_causal).       <= 8 min
@@ -206,7 +206,7 @@ suite() {
   # tests that ran.
   # shellcheck disable=SC2086
   timeout -s INT -k 30 "${SUITE_TIMEOUT:-480}" "$PY" -m pytest -m "$mark" \
-    ${SUITE_ARGS:--x -q} -n "${SUITE_WORKERS:-4}" -p no:cacheprovider \
+    ${SUITE_ARGS:---maxfail=25 -q} -n "${SUITE_WORKERS:-4}" -p no:cacheprovider \
     -rfE --durations=15 --junitxml="$OUT/suite.xml" 2>&1 | tee "$OUT/suite.log"
   echo "pytest exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/suite.log"
 }

@@ -10,11 +10,13 @@ Shapes use B batch, H heads, Lq / Lk query / key length, D head width.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Protocol
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 from flax import nnx
 
 from selfattn import chunked
@@ -164,17 +166,33 @@ def can_fuse(relative: RelativeTerms | None) -> bool:
   return getattr(relative, 'fusable', True)
 
 
-def fused_implementation(dtype, head_dim: int) -> str:
-  """'cudnn' where jax.nn.dot_product_attention's cuDNN path can take the
-  call (a GPU backend, bfloat16 or float16, head width a multiple of 8 up
-  to 128), else 'xla'."""
+def fused_implementation(dtype, head_dim: int, *, lq: int = 2, lk: int = 2,
+                         has_bias: bool = False) -> str:
+  """'cudnn' where jax.nn.dot_product_attention's cuDNN path takes the call,
+  training included: a GPU backend, bfloat16 or float16, head width a
+  multiple of 8 up to 128, and, with a bias or mask (which cuDNN receives
+  as a bias), even lengths Lq and Lk (its backward pass refuses odd ones).
+  Else 'xla'. Checked here, before tracing, because a refusal raised while
+  differentiating through nnx.remat or nnx.scan cannot be caught."""
   if jax.default_backend() != 'gpu':
     return 'xla'
   if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
     return 'xla'
   if head_dim % 8 or head_dim > 128:
     return 'xla'
+  if has_bias and (lq % 2 or lk % 2):
+    return 'xla'
   return 'cudnn'
+
+
+@functools.cache
+def _warn_cudnn_refused_once(message: str) -> None:
+  logging.warning('attention_impl=fused: cuDNN refused the call (%s); XLA '
+                  'runs it instead', message)
+
+
+def _warn_cudnn_refused(e: Exception) -> None:
+  _warn_cudnn_refused_once(str(e).split('\n')[0])
 
 
 def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
@@ -191,10 +209,11 @@ def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   The implementation is chosen here (`fused_implementation`), not left to
   jax.nn: its default (implementation=None) is XLA on every backend in JAX
   0.10, so cuDNN would never run. On a GPU with bfloat16 or float16 inputs
-  and a head width cuDNN takes, cuDNN's fused kernel is asked for; if it
-  refuses the call while tracing (a shape, a mask or a GPU it does not
-  support), XLA's runs instead. Masks and logit terms reach cuDNN as an
-  (B, H, Lq, Lk) bias: fused, but not O(L) memory.
+  and a head width and lengths cuDNN takes, cuDNN's fused kernel is asked
+  for; if it refuses the call while tracing, XLA's runs instead (logged
+  once). A causal mask alone on a square score matrix reaches cuDNN as its
+  own causal mask; other masks and logit terms as an (B, H, Lq, Lk) bias:
+  fused, but not O(L) memory.
 
   Returns (B, H, Lq, D). A query row with no allowed key gets zeros, as in
   dot_product_attention and chunked_attention; keys that no query may attend
@@ -204,6 +223,9 @@ def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   if not can_fuse(relative):
     raise ValueError('this encoding has a value term; use dot_product_attention')
   target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+  # Causal attention and nothing else on a square score matrix: cuDNN can
+  # take it as its own causal mask instead of an (L, L) bias.
+  only_causal = causal and mask is None and q.shape[2] == k.shape[2]
   mask = masks.attention_mask(target, mask=mask, causal=causal)
   k, v = masks.clear_unused_keys(k, v, mask)
   terms = []
@@ -231,16 +253,27 @@ def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
     v = jnp.pad(v, [(0, 0)] * 3 + [(0, q.shape[-1] - width)])
   args = (q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3),
           v.transpose(0, 2, 1, 3))
-  implementation = fused_implementation(q.dtype, q.shape[-1])
+  is_causal = only_causal and total is None
+  implementation = fused_implementation(
+      q.dtype, q.shape[-1], lq=q.shape[2], lk=k.shape[2],
+      has_bias=total is not None or (mask is not None and not is_causal))
+  if implementation == 'cudnn' and is_causal:
+    mask = None                     # every row keeps at least its own key
+  else:
+    is_causal = False
   try:
     out = jax.nn.dot_product_attention(*args, bias=total, mask=mask,
-                                       scale=scale,
+                                       scale=scale, is_causal=is_causal,
                                        implementation=implementation)
-  except (ValueError, NotImplementedError, RuntimeError):
+  except (ValueError, NotImplementedError) as e:
+    # cuDNN's trace-time refusals (a shape, a GPU or a cuDNN version it
+    # does not support); compile-time failures are not caught here.
     if implementation != 'cudnn':
       raise
+    _warn_cudnn_refused(e)
     out = jax.nn.dot_product_attention(*args, bias=total, mask=mask,
-                                       scale=scale, implementation='xla')
+                                       scale=scale, is_causal=is_causal,
+                                       implementation='xla')
   out = out.transpose(0, 2, 1, 3)[..., :width]
   if mask is not None:
     # jax.nn's softmax spreads a row with no allowed key uniformly; the other

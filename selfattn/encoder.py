@@ -261,8 +261,9 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
       above the diagonal).
     use_bias: biases in the attention projections.
     attention_impl: 'plain', 'fused' (jax.nn.dot_product_attention; cuDNN's
-      kernel on a GPU for bfloat16 heads), 'chunked' (memory O(L), every
-      encoding) or 'auto' (chunked for long sequences); see MultiHeadAttention.
+      kernel on a GPU where attention.fused_implementation allows),
+      'chunked' (memory O(L), every encoding) or 'auto' (chunked for long
+      sequences); see MultiHeadAttention.
     remat: rematerialise each block in the backward pass (nnx.remat): less
       activation memory, one more forward per block. Off while capturing
       attention weights.

@@ -1,5 +1,7 @@
 """masked_softmax and MultiHeadAttention against NumPy and Flax references."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -150,35 +152,57 @@ def test_fused_path_equals_the_plain_path(position):
 def test_fused_path_asks_for_cudnn_where_it_applies(monkeypatch):
   """jax.nn's default implementation is XLA everywhere, so 'fused' names
   one: cuDNN on a GPU for bfloat16/float16 heads of width <= 128 (a
-  multiple of 8), XLA otherwise; a call cuDNN refuses while tracing runs on
-  XLA instead, with the same numbers. The GPU backend is simulated: this
-  checks the choice, not cuDNN (scripts/bench_gpu.py does, on a GPU)."""
+  multiple of 8) and, with a bias or mask, even lengths (its backward
+  refuses odd ones); XLA otherwise. A causal mask alone on a square matrix
+  goes to cuDNN as is_causal, not as an (L, L) mask. A call cuDNN refuses
+  while tracing runs on XLA instead, with the same numbers. The GPU backend
+  is simulated: this checks the choice, not cuDNN (scripts/bench_gpu.py
+  does, on a GPU)."""
   from selfattn import attention
   bf16, f32 = jnp.bfloat16, jnp.float32
-  assert attention.fused_implementation(bf16, 64) == 'xla'      # the CPU
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'cpu')
+  assert attention.fused_implementation(bf16, 64) == 'xla'
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   assert attention.fused_implementation(bf16, 64) == 'cudnn'
   assert attention.fused_implementation(jnp.float16, 128) == 'cudnn'
   assert attention.fused_implementation(f32, 64) == 'xla'
   assert attention.fused_implementation(bf16, 12) == 'xla'
   assert attention.fused_implementation(bf16, 256) == 'xla'
+  assert attention.fused_implementation(bf16, 64, lq=5, lk=6) == 'cudnn'
+  assert attention.fused_implementation(bf16, 64, lq=5, lk=6,
+                                        has_bias=True) == 'xla'
+  assert attention.fused_implementation(bf16, 64, lq=6, lk=6,
+                                        has_bias=True) == 'cudnn'
 
   asked = []
   real = jax.nn.dot_product_attention
 
-  def refusing_cudnn(*args, implementation=None, **kwargs):
-    asked.append(implementation)
-    if implementation == 'cudnn':
+  def fake_cudnn(*args, implementation=None, refuse=False, **kwargs):
+    asked.append((implementation, kwargs['mask'] is None,
+                  kwargs['is_causal']))
+    if implementation == 'cudnn' and refuse:
       raise NotImplementedError('stand-in for a call cuDNN cannot take')
-    return real(*args, implementation=implementation, **kwargs)
+    return real(*args, implementation='xla', **kwargs)
 
-  monkeypatch.setattr(jax.nn, 'dot_product_attention', refusing_cudnn)
-  q, k, v = (jax.random.normal(jax.random.key(i), (2, 2, 5, 8), bf16)
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 2, 6, 8), bf16)
              for i in range(3))
-  keep = jnp.array([5, 3])[:, None, None, None] > jnp.arange(5)
-  out = attention.fused_attention(q, k, v, mask=keep, causal=True)
-  assert asked == ['cudnn', 'xla']
-  want, _ = attention.dot_product_attention(q, k, v, mask=keep, causal=True)
+  keep = jnp.array([6, 3])[:, None, None, None] > jnp.arange(6)
+  for refuse in (True, False):
+    asked.clear()
+    monkeypatch.setattr(jax.nn, 'dot_product_attention',
+                        functools.partial(fake_cudnn, refuse=refuse))
+    out = attention.fused_attention(q, k, v, mask=keep, causal=True)
+    # A padding mask: cuDNN gets it (as a bias), not is_causal.
+    assert asked == ([('cudnn', False, False), ('xla', False, False)]
+                     if refuse else [('cudnn', False, False)])
+    want, _ = attention.dot_product_attention(q, k, v, mask=keep,
+                                              causal=True)
+    np.testing.assert_allclose(np.asarray(out, np.float32),
+                               np.asarray(want, np.float32), atol=2e-2)
+  asked.clear()
+  out = attention.fused_attention(q, k, v, causal=True)
+  assert asked == [('cudnn', True, True)]     # causal alone: is_causal
+  want, _ = attention.dot_product_attention(q, k, v, causal=True)
   np.testing.assert_allclose(np.asarray(out, np.float32),
                              np.asarray(want, np.float32), atol=2e-2)
 
