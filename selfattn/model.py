@@ -94,24 +94,19 @@ class LanguageModel(nnx.Module):
 
 def build_model(config: ml_collections.ConfigDict, task: Task,
                 rngs: nnx.Rngs) -> SequenceModel | LanguageModel:
+  """The config's model for `task`: a LanguageModel (causal decoder) for a
+  language-model task, else a SequenceModel (encoder and a linear head)."""
   m = config.model
-  if task.spec.language_model:
-    decoder = TransformerDecoder(
-        task.input_vocab_size, m.num_hiddens, m.ffn_num_hiddens, m.num_heads,
-        m.num_layers, m.dropout, position=m.position, max_len=m.max_len,
-        norm=m.norm, residual=m.residual,
-        attention_impl=m.get('attention_impl', 'plain'),
-        remat=bool(m.get('remat', False)),
-        scan_layers=bool(m.get('scan_layers', False)),
-        dtype=jnp.dtype(m.dtype), rngs=rngs, **position_options(m))
-    return LanguageModel(decoder, task.num_classes)
-  encoder = TransformerEncoder(
-      task.input_vocab_size, m.num_hiddens, m.ffn_num_hiddens, m.num_heads,
-      m.num_layers, m.dropout, position=m.position, max_len=m.max_len,
-      norm=m.norm, residual=m.residual, causal=task.causal,
-      attention_impl=m.get('attention_impl', 'plain'),
+  stack = dict(
+      position=m.position, max_len=m.max_len, norm=m.norm,
+      residual=m.residual, attention_impl=m.get('attention_impl', 'plain'),
       remat=bool(m.get('remat', False)),
-      scan_layers=bool(m.get('scan_layers', False)),
-      dtype=jnp.dtype(m.dtype), rngs=rngs, **position_options(m))
+      scan_layers=bool(m.get('scan_layers', False)), dtype=jnp.dtype(m.dtype),
+      rngs=rngs, **position_options(m))
+  sizes = (task.input_vocab_size, m.num_hiddens, m.ffn_num_hiddens,
+           m.num_heads, m.num_layers, m.dropout)
+  if task.spec.language_model:
+    return LanguageModel(TransformerDecoder(*sizes, **stack), task.num_classes)
+  encoder = TransformerEncoder(*sizes, causal=task.causal, **stack)
   return SequenceModel(encoder, task.num_classes, causal=task.causal,
                        rngs=rngs)
