@@ -138,9 +138,11 @@ def paired_by_seed(by_label: dict, a: tuple[str, ...], b: tuple[str, ...],
 
 
 def plot_by_position(results: dict, labels, window: int, path: str) -> None:
+  """Mean NLL per position bucket over seeds, with a min-max band; solid
+  lines for relative encodings, dashed for absolute ones and none."""
   import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(8, 4.5))
-  colors = plt.get_cmap('tab20').colors
+  fig, ax = plt.subplots(figsize=(9, 5))
+  colors = list(plt.get_cmap('tab10').colors) + [(0.0, 0.0, 0.0)]
   bucket = max(window // 8, 4)
   for i, label in enumerate(labels):
     curves = [np.asarray(r['test_nll_by_position']) for r in results.values()
@@ -150,24 +152,69 @@ def plot_by_position(results: dict, labels, window: int, path: str) -> None:
     n = len(curves[0]) // bucket * bucket
     pooled = np.array([c[:n].reshape(-1, bucket).mean(1) for c in curves])
     x = (np.arange(pooled.shape[1]) + 0.5) * bucket
-    ax.plot(x, pooled.mean(0), color=colors[i % 20], lw=1.3,
+    color = colors[i % len(colors)]
+    style = '-' if ENCODINGS[label][0] in RELATIVE else '--'
+    ax.plot(x, pooled.mean(0), color=color, ls=style, lw=1.4,
             label=f'{label} (n={len(curves)})')
-    ax.fill_between(x, pooled.min(0), pooled.max(0), color=colors[i % 20],
+    ax.fill_between(x, pooled.min(0), pooled.max(0), color=color,
                     alpha=0.12, lw=0)
-  ax.axvline(window, color='gray', ls='--', lw=1)
-  ax.set_xlabel(f'token position in the test piece (dashed: the trained '
-                f'window {window}; band: min-max over seeds; {bucket}-token '
-                f'buckets)')
+  ax.axvline(window, color='gray', ls=':', lw=1)
+  ax.set_xlabel('token position in the test piece')
   ax.set_ylabel('NLL (nats per token)')
-  ax.set_title('JSB Chorales: NLL by position, one pass per test piece')
+  ax.set_title(f'JSB Chorales test pieces, one pass each: NLL by position '
+               f'({bucket}-token buckets)\ndotted: the trained window '
+               f'{window}; line: mean over seeds, band: min-max; solid: '
+               f'relative, dashed: absolute or none', fontsize=9)
   ax.legend(fontsize=7, ncol=3)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
 
 
+def plot_samples(workdir: str, results: dict, labels, real: np.ndarray,
+                 path: str, seed: int = 0) -> bool:
+  """One piano roll per encoding: the first sample of the run at `seed`
+  (its one-bar prompt, then what the model drew; the white line is where
+  the prompt ends), beside the real continuation of the same prompt."""
+  import matplotlib.pyplot as plt
+  from selfattn import music
+  panels = [('data (the real continuation)', real)]
+  for label in labels:
+    name = next((n for n, r in results.items()
+                 if r['label'] == label and r['seed'] == seed), None)
+    midi = None if name is None else os.path.join(workdir, name, 'samples',
+                                                  'sample_0.mid')
+    if midi is not None and os.path.exists(midi):
+      grid = music.midi_to_grid(midi)     # MIDI drops trailing silence
+      missing = max(0, len(real) - len(grid))
+      panels.append((label, np.pad(grid, ((0, missing), (0, 0)),
+                                   constant_values=-1)))
+  if len(panels) == 1:
+    return False
+  cols = 3
+  rows = -(-len(panels) // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 1.9 * rows),
+                           squeeze=False)
+  for ax in axes.flat:
+    ax.axis('off')
+  for ax, (title, grid) in zip(axes.flat, panels):
+    ax.imshow(music.piano_roll_image(grid, scale=1), aspect='auto',
+              interpolation='nearest')
+    ax.axvline(music_samples.PROMPT_STEPS - 0.5, color='white', lw=0.8)
+    ax.set_title(title, fontsize=9)
+  fig.suptitle(f'JSB Chorales: a one-bar prompt of test piece 0 and '
+               f'{SAMPLE_STEPS} sampled sixteenths (seed {seed}, '
+               f'temperature {music_samples.TEMPERATURE}, top-k '
+               f'{music_samples.TOP_K}; colours: S A T B)', fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return True
+
+
 def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
-           floors: dict, reference: dict) -> str:
+           floors: dict, reference: dict,
+           real_excerpt: np.ndarray | None = None) -> str:
   """results.md, results.json and the NLL-by-position plot. reference: the
   sample statistics of real test excerpts of the samples' length."""
   labels = list(dict.fromkeys(r.tags['position'] for r in runs))
@@ -240,6 +287,10 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
   if results:
     plot_by_position(results, labels, n,
                      os.path.join(workdir, 'nll_by_position.png'))
+  if (results and real_excerpt is not None
+      and plot_samples(workdir, results, labels, real_excerpt,
+                       os.path.join(workdir, 'samples.png'))):
+    sections.append(('Sample piano rolls', '![samples](samples.png)'))
   data = {'scale': scale, 'protocol': protocol, 'floors': floors,
           'data_sample_statistics': reference, 'runs': results}
   return common.write_results(workdir, 'JSB Chorales', sections, data)
@@ -292,7 +343,8 @@ def main(argv):
   results = scored_runs(score_missing=not _COLLECT_ONLY.value)
   reference = music_samples.data_statistics(data['test'], data['train'],
                                             SAMPLE_STEPS)
-  print(report(workdir, runs, results, scale, floors, reference))
+  real = data['test'][0][:music_samples.PROMPT_STEPS + SAMPLE_STEPS]
+  print(report(workdir, runs, results, scale, floors, reference, real))
 
 
 if __name__ == '__main__':
