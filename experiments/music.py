@@ -2,7 +2,7 @@
 
   python -m experiments.music --workdir=experiments/results/music
   python -m experiments.music --workdir=... --scale=paper     # PoPE's recipe, a GPU
-  python -m experiments.music --workdir=... --quick           # about a minute
+  python -m experiments.music --workdir=... --quick           # under a minute
 
 Each run trains a causal TransformerDecoder on random crops of N tokens
 (configs/music.py), then is scored once, into the run's music.json:

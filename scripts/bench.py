@@ -52,28 +52,17 @@ from flax import nnx  # noqa: E402
 import selfattn  # noqa: E402
 import bench_long  # noqa: E402
 import bench_pope  # noqa: E402
-from measure import compare_times, grad_fn, temp_bytes  # noqa: E402
+from measure import (compare_times, grad_fn, matmul_gflops, step_rates,  # noqa: E402
+                     temp_bytes)
 from selfattn.positions import RelativePosition  # noqa: E402
 from selfattn.positions import relative_offsets  # noqa: E402
 
-_QUICK = flags.DEFINE_bool('quick', False, 'Small shapes, few repeats (< 1 min).')
+_QUICK = flags.DEFINE_bool('quick', False, 'Small shapes, few repeats (65 s on the 2-core CPU).')
 _JSON = flags.DEFINE_string('json', None, 'Write the results as JSON here.')
 _PLOT = flags.DEFINE_string('plot', None, 'Write the memory/time vs length '
                             'plot of the chunked section here (PNG).')
 
 WIDTH, HEADS = 256, 8
-
-
-# --------------------------------------------------------------------------
-# Roofline.
-# --------------------------------------------------------------------------
-
-def matmul_gflops(n: int, repeats: int) -> float:
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-  f = jax.jit(jnp.matmul)
-  t = compare_times({'mm': f}, {'mm': (a, b)}, repeats)['mm']
-  return 2 * n ** 3 / t / 1e9
 
 
 # --------------------------------------------------------------------------
@@ -264,16 +253,7 @@ def bench_training(config_name: str, steps: int, repeats: int):
     state = trainer.init_state()
     batches = [trainer.train_batch(s) for s in range(count)]
     jax.block_until_ready(batches)
-    for b in batches[:3]:
-      state, _ = trainer.train_step(state, b)
-    rates = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      for b in batches:
-        state, metrics = trainer.train_step(state, b)
-      jax.block_until_ready((state, metrics))
-      rates.append(count / (time.perf_counter() - start))
-    return rates
+    return step_rates(trainer.train_step, state, batches, repeats)
 
   # This machine's speed drifts by 10-15% between minutes, so loop and
   # compiled step are measured in alternating rounds and compared by median.

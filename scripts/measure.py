@@ -45,3 +45,29 @@ def grad_fn(module, call):
     return jax.grad(loss, argnums=(0, 1))(params, x)
 
   return step, params
+
+
+def matmul_gflops(n: int, repeats: int) -> float:
+  """The machine's float32 rate for an (n, n) @ (n, n) matmul through JAX,
+  GFLOP/s: the roofline the benchmarks divide by."""
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  f = jax.jit(jnp.matmul)
+  t = compare_times({'mm': f}, {'mm': (a, b)}, repeats)['mm']
+  return 2 * n ** 3 / t / 1e9
+
+
+def step_rates(train_step, state, batches, rounds: int) -> list[float]:
+  """Steps per second of `train_step(state, batch) -> (state, metrics)`
+  called back to back over pre-generated `batches`, one rate per round,
+  after three warm-up steps (compilation)."""
+  for b in batches[:3]:
+    state, _ = train_step(state, b)
+  rates = []
+  for _ in range(rounds):
+    start = time.perf_counter()
+    for b in batches:
+      state, metrics = train_step(state, b)
+    jax.block_until_ready((state, metrics))
+    rates.append(len(batches) / (time.perf_counter() - start))
+  return rates
