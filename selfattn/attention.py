@@ -186,13 +186,10 @@ def fused_implementation(dtype, head_dim: int, *, lq: int = 2, lk: int = 2,
 
 
 @functools.cache
-def _warn_cudnn_refused_once(message: str) -> None:
+def _warn_cudnn_refused(message: str) -> None:
+  """Logged once per distinct refusal (every trace would repeat it)."""
   logging.warning('attention_impl=fused: cuDNN refused the call (%s); XLA '
                   'runs it instead', message)
-
-
-def _warn_cudnn_refused(e: Exception) -> None:
-  _warn_cudnn_refused_once(str(e).split('\n')[0])
 
 
 def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
@@ -270,7 +267,7 @@ def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
     # does not support); compile-time failures are not caught here.
     if implementation != 'cudnn':
       raise
-    _warn_cudnn_refused(e)
+    _warn_cudnn_refused(str(e).split('\n')[0])
     out = jax.nn.dot_product_attention(*args, bias=total, mask=mask,
                                        scale=scale, is_causal=is_causal,
                                        implementation='xla')
