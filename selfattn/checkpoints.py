@@ -394,7 +394,7 @@ def init_from_problem(config: ml_collections.ConfigDict) -> str | None:
   """Why config.train.init_from cannot start this run, in one line (None
   when it can or is unset): it must be a workdir with checkpoints and a
   stored config whose model is this one."""
-  source = config.train.get('init_from') or ''
+  source = config.train.init_from
   if not source:
     return None
   path = os.path.join(source, CONFIG_FILE)

@@ -63,10 +63,10 @@ def _validate(config: ml_collections.ConfigDict,
   if config.task.name not in tasks.TASK_NAMES:
     raise ConfigError(f'config.task.name={config.task.name!r} is unknown; '
                       f'valid: {", ".join(tasks.TASK_NAMES)}')
-  if config.task.get('layout', 'in_place') not in tasks.LAYOUTS:
+  if config.task.layout not in tasks.LAYOUTS:
     raise ConfigError(f'config.task.layout={config.task.layout!r} is unknown; '
                       f'valid: {", ".join(tasks.LAYOUTS)}')
-  if config.task.get('vocab_size') is not None:
+  if config.task.vocab_size is not None:
     _positive(config, 'task.vocab_size')
   _positive(config, 'task.min_len', 'task.max_len')
   try:
@@ -79,15 +79,15 @@ def _validate(config: ml_collections.ConfigDict,
   if config.task.max_len < config.task.min_len:
     raise ConfigError(f'config.task.max_len={config.task.max_len} is below '
                       f'config.task.min_len={config.task.min_len}')
-  shift, window = config.task.get('shift', 1), config.task.get('window', 1)
+  shift, window = config.task.shift, config.task.window
   if task.name == 'shift' and not 1 <= shift < config.task.max_len:
     raise ConfigError(f'config.task.shift={shift} must be between 1 and '
                       f'config.task.max_len - 1 = {config.task.max_len - 1} '
                       f'(positions before the shift count for nothing)')
   if task.name == 'window_sum' and window < 0:
     raise ConfigError(f'config.task.window must be >= 0; got {window}')
-  max_shift = config.task.get('max_shift', 15)
-  if task.name == 'jsb_chorales' and not 0 <= config.task.get('transpose', 0) <= 12:
+  max_shift = config.task.max_shift
+  if task.name == 'jsb_chorales' and not 0 <= config.task.transpose <= 12:
     raise ConfigError(f'config.task.transpose must be between 0 and 12 '
                       f'semitones; got {config.task.transpose}')
   if task.name == 'indirect_indexing' and not 1 <= max_shift <= 99:
@@ -132,18 +132,27 @@ def _validate(config: ml_collections.ConfigDict,
   if not config.train.learning_rate > 0:
     raise ConfigError(f'config.train.learning_rate must be > 0; got '
                       f'{config.train.learning_rate}')
-  if config.train.get('schedule', 'cosine') not in SCHEDULES:
+  if config.train.schedule not in SCHEDULES:
     raise ConfigError(f'config.train.schedule={config.train.schedule!r} is '
                       f'unknown; valid: {", ".join(SCHEDULES)}')
   if not config.train.grad_clip > 0:
     raise ConfigError(f'config.train.grad_clip must be > 0 (the global-norm '
                       f'bound); got {config.train.grad_clip}')
-  if not 0.0 <= config.train.get('final_lr_fraction', 0.0) <= 1.0:
+  if not 0.0 <= config.train.final_lr_fraction <= 1.0:
     raise ConfigError(f'config.train.final_lr_fraction must be in [0, 1]; got '
                       f'{config.train.final_lr_fraction}')
-  if not 0.0 < config.train.get('b2', 0.999) < 1.0:
+  if not 0.0 < config.train.b2 < 1.0:
     raise ConfigError(f'config.train.b2 must be in (0, 1); got '
                       f'{config.train.b2}')
+  for field in ('task.per_batch_length', 'model.residual', 'model.remat',
+                'model.scan_layers', 'model.randomize_positions'):
+    section, name = field.split('.')
+    if not isinstance(config[section][name], bool):
+      raise ConfigError(f'config.{field} must be True or False; got '
+                        f'{config[section][name]!r}')
+  if not isinstance(config.train.init_from, str):
+    raise ConfigError(f'config.train.init_from must be a workdir path or \'\'; '
+                      f'got {config.train.init_from!r}')
   if config.train.warmup_steps < 0:
     raise ConfigError('config.train.warmup_steps must be >= 0')
   lengths = list(config.eval.lengths)
@@ -160,8 +169,8 @@ def _validate(config: ml_collections.ConfigDict,
           f'{config.task.max_len} and config.eval.lengths={lengths} go '
           f'beyond: shorten them or raise task.vocab_size')
   longest = task.seq_len(max(lengths + [config.task.max_len]))
-  if m.get('randomize_positions'):
-    random_len = m.get('max_random_len')
+  if m.randomize_positions:
+    random_len = m.max_random_len
     if m.position == 'none':
       raise ConfigError("config.model.randomize_positions=True has no effect "
                         "with config.model.position='none'; unset it")

@@ -27,10 +27,8 @@ def position_options(model: ml_collections.ConfigDict) -> dict[str, Any]:
 def task_from_config(config: ml_collections.ConfigDict) -> tasks.Task:
   """The config's task (name, alphabet, layout, options)."""
   t = config.task
-  options = {name: t.get(name, default)
-             for name, default in tasks.DEFAULT_OPTIONS.items()}
-  return tasks.get_task(t.name, t.get('vocab_size'),
-                        layout=t.get('layout', 'in_place'), **options)
+  options = {name: t[name] for name in tasks.DEFAULT_OPTIONS}
+  return tasks.get_task(t.name, t.vocab_size, layout=t.layout, **options)
 
 
 class SequenceModel(nnx.Module):
@@ -99,9 +97,8 @@ def build_model(config: ml_collections.ConfigDict, task: Task,
   m = config.model
   stack = dict(
       position=m.position, max_len=m.max_len, norm=m.norm,
-      residual=m.residual, attention_impl=m.get('attention_impl', 'plain'),
-      remat=bool(m.get('remat', False)),
-      scan_layers=bool(m.get('scan_layers', False)), dtype=jnp.dtype(m.dtype),
+      residual=m.residual, attention_impl=m.attention_impl,
+      remat=bool(m.remat), scan_layers=bool(m.scan_layers), dtype=jnp.dtype(m.dtype),
       rngs=rngs, **position_options(m))
   sizes = (task.input_vocab_size, m.num_hiddens, m.ffn_num_hiddens,
            m.num_heads, m.num_layers, m.dropout)

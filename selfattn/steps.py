@@ -76,7 +76,7 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
   by default) at num_steps ('cosine', the default) or the peak rate to the
   end ('constant', the reference suite's)."""
   warmup = min(train.warmup_steps, train.num_steps - 1)
-  if train.get('schedule', 'cosine') == 'constant':
+  if train.schedule == 'constant':
     if not warmup:
       return optax.constant_schedule(train.learning_rate)
     return optax.linear_schedule(0.0, train.learning_rate, warmup)
@@ -84,14 +84,14 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
       init_value=0.0 if warmup else train.learning_rate,
       peak_value=train.learning_rate, warmup_steps=warmup,
       decay_steps=train.num_steps,
-      end_value=train.learning_rate * train.get('final_lr_fraction', 0.0))
+      end_value=train.learning_rate * train.final_lr_fraction)
 
 
 def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """Global-norm clipping, then AdamW (decay on matrices only)."""
   return optax.chain(
       optax.clip_by_global_norm(train.grad_clip),
-      optax.adamw(learning_rate_schedule(train), b2=train.get('b2', 0.999),
+      optax.adamw(learning_rate_schedule(train), b2=train.b2,
                   weight_decay=train.weight_decay,
                   mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params)))
 
@@ -135,7 +135,7 @@ def make_train_batches(config: ml_collections.ConfigDict, task: tasks_lib.Task,
 def max_random_len(config: ml_collections.ConfigDict) -> int | None:
   """The range of randomized positions, or None when positions are 0..T-1."""
   m = config.model
-  return m.max_random_len if m.get('randomize_positions') else None
+  return m.max_random_len if m.randomize_positions else None
 
 
 def batch_generator(config: ml_collections.ConfigDict, task: tasks_lib.Task):
@@ -146,7 +146,7 @@ def batch_generator(config: ml_collections.ConfigDict, task: tasks_lib.Task):
   share them through JAX's persistent compilation cache.
   """
   lo, hi = config.task.min_len, config.task.max_len
-  per_batch = bool(config.task.get('per_batch_length', False))
+  per_batch = bool(config.task.per_batch_length)
   random_len = max_random_len(config)
   return lambda seed, step, indices: tasks_lib.make_batch(
       task, seed, step, indices, lo, hi, per_batch_length=per_batch,

@@ -165,7 +165,7 @@ def _starting_point(config: ml_collections.ConfigDict, trainer: Trainer,
     state, step = restored
     logging.info('Resumed from checkpoint at step %d in %s', step, workdir)
     return _Start(mngr, state, step, last_checkpoint=step)
-  if config.train.get('init_from'):
+  if config.train.init_from:
     state = _parameters_from(config.train.init_from, config, state)
   return _Start(mngr, state, 0, last_checkpoint=None)
 
@@ -364,7 +364,7 @@ def _summary(config: ml_collections.ConfigDict, task: tasks_lib.Task,
   return {
       'task': task.name, 'position': config.model.position,
       'layout': task.layout,
-      'randomize_positions': bool(config.model.get('randomize_positions')),
+      'randomize_positions': bool(config.model.randomize_positions),
       'chance': task.chance, 'step': max(loop.last_good, loop.start),
       'train_lengths': [config.task.min_len, config.task.max_len],
       'eval': {str(n): m for n, m in results.items()},

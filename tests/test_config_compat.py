@@ -3,6 +3,8 @@ config.json lacks the field, and the field's default is the old behaviour."""
 
 import json
 
+import pytest
+
 from configs import tiny
 from selfattn import checkpoints
 
@@ -24,6 +26,23 @@ def test_a_config_json_from_before_the_newer_fields_still_matches(tmp_path):
     assert 'config.train.b2' in str(e) or 'train.b2' in str(e)
   else:
     raise AssertionError('a changed beta2 resumed silently')
+
+
+# The fields the library once read with `.get(field, default)`: a config
+# without one now fails at validation, naming it, instead of running with a
+# default repeated far from configs/default.py.
+@pytest.mark.parametrize('dotted', [
+    'task.layout', 'task.per_batch_length', 'task.shift', 'train.schedule',
+    'train.final_lr_fraction', 'train.b2', 'train.init_from',
+    'model.attention_impl', 'model.remat', 'model.randomize_positions'])
+def test_a_config_without_a_field_is_refused_naming_it(tiny_config, dotted):
+  from selfattn import config_checks
+
+  section, field = dotted.split('.')
+  del tiny_config[section][field]
+  with pytest.raises(config_checks.ConfigError,
+                     match=f"lacks the field '{field}'"):
+    config_checks.validate_config(tiny_config)
 
 
 def test_validation_builds_the_model_abstractly(monkeypatch, tiny_config):
