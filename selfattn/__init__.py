@@ -22,12 +22,12 @@ from selfattn.attention import masked_softmax
 from selfattn.decoder import TransformerDecoder
 from selfattn.decoder import TransformerDecoderBlock
 from selfattn.decoder import greedy_decode
-from selfattn.encoder import AddNorm
 from selfattn.encoder import attention_weights
+from selfattn.layers import AddNorm
+from selfattn.layers import PositionWiseFFN
 from selfattn.masks import make_causal_mask
 from selfattn.masks import make_length_mask
 from selfattn.masks import make_padding_mask
-from selfattn.encoder import PositionWiseFFN
 from selfattn.encoder import TransformerEncoder
 from selfattn.encoder import TransformerEncoderBlock
 from selfattn.positions import ALiBi

@@ -20,13 +20,14 @@ from selfattn import masks
 from selfattn.attention import MultiHeadAttention
 from selfattn.attention import check_cache_fit
 from selfattn.attention import poison
-from selfattn.attention import capturing
-from selfattn.encoder import AddNorm
-from selfattn.encoder import EmbeddingMixin
-from selfattn.encoder import PositionWiseFFN
-from selfattn.encoder import build_blocks
-from selfattn.encoder import check_tokens
-from selfattn.encoder import check_stack
+from selfattn.layers import AddNorm
+from selfattn.layers import PositionWiseFFN
+from selfattn.stack import EmbeddingMixin
+from selfattn.stack import build_blocks
+from selfattn.stack import check_stack
+from selfattn.stack import check_tokens
+from selfattn.stack import final_norm
+from selfattn.stack import run_blocks
 
 
 NO_CROSS_ATTENTION = ('{0} was passed but this decoder was built without '
@@ -142,9 +143,8 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
         options=options, num_heads=num_heads,
         head_dim=num_hiddens // num_heads, max_len=max_len, causal=True,
         param_dtype=param_dtype, rngs=rngs)
-    self.final_ln = (nnx.LayerNorm(num_hiddens, dtype=dtype,
-                                   param_dtype=param_dtype, rngs=rngs)
-                     if norm == 'pre' else None)
+    self.final_ln = final_norm(norm, num_hiddens, dtype=dtype,
+                               param_dtype=param_dtype, rngs=rngs)
     self.dense = nnx.Linear(num_hiddens, vocab_size, dtype=dtype,
                             param_dtype=param_dtype, rngs=rngs)
     self.next_position: nnx.Cache | None = nnx.data(None)
@@ -223,18 +223,9 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
       return blk(X, enc_outputs, enc_mask, mask=mask, positions=positions,
                  deterministic=deterministic, decode=decode)
 
-    if self.remat and not decode and not capturing(self):
-      run = nnx.remat(run)
-    if self.scan_layers:
-      scanned = nnx.scan(lambda *args: (run(*args), None),
-                         in_axes=(0, nnx.Carry, None, None, None, None),
-                         out_axes=(nnx.Carry, 0))
-      X, _ = scanned(self.blks, X, enc_outputs, enc_mask, mask, positions)
-    else:
-      for blk in self.blks:
-        X = run(blk, X, enc_outputs, enc_mask, mask, positions)
-    if self.final_ln is not None:
-      X = self.final_ln(X)
+    # remat is for training passes; a decode step has no backward pass.
+    X, _ = run_blocks(self, run, X, enc_outputs, enc_mask, mask, positions,
+                      remat=self.remat and not decode)
     logits = self.dense(X).astype(jnp.float32)
     return logits if overflow is None else poison(overflow, logits)
 

@@ -3,8 +3,7 @@ skip connections as switches (exercise 1 studies what they do)."""
 
 from __future__ import annotations
 
-import math
-from typing import Callable, Literal, overload
+from typing import Literal, overload
 
 import jax
 import jax.numpy as jnp
@@ -12,61 +11,15 @@ from flax import nnx
 
 from selfattn import masks
 from selfattn.attention import MultiHeadAttention
-from selfattn.attention import capturing
-from selfattn.layers import dropout_layer
-from selfattn.positions import HuangRelative, NoEncoding, POSITIONS, get_position
-
-NORMS = ('post', 'pre', 'none')
-
-
-class PositionWiseFFN(nnx.Module):
-  """d2l's position-wise FFN: dense2(relu(dense1(X))). (B, L, F) -> (B, L, out).
-
-  Args: num_inputs F, ffn_num_hiddens (the inner width), ffn_num_outputs,
-  dtype / param_dtype, rngs (a 'params' stream).
-  """
-
-  def __init__(self, num_inputs: int, ffn_num_hiddens: int, ffn_num_outputs: int,
-               *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
-    self.dense1 = nnx.Linear(num_inputs, ffn_num_hiddens, dtype=dtype,
-                             param_dtype=param_dtype, rngs=rngs)
-    self.dense2 = nnx.Linear(ffn_num_hiddens, ffn_num_outputs, dtype=dtype,
-                             param_dtype=param_dtype, rngs=rngs)
-
-  def __call__(self, X: jax.Array) -> jax.Array:
-    return self.dense2(jax.nn.relu(self.dense1(X)))
-
-
-class AddNorm(nnx.Module):
-  """d2l's AddNorm, generalised: wraps a sublayer f with skip and LayerNorm.
-
-    norm='post' (the chapter): LayerNorm(X + Dropout(f(X)))
-    norm='pre':                X + Dropout(f(LayerNorm(X)))
-    norm='none':               X + Dropout(f(X))
-  residual=False drops the `X +`. Call as `addnorm(X, f, deterministic=...)`.
-
-  Args: num_hiddens (the LayerNorm width), dropout rate, norm, residual,
-  dtype / param_dtype, rngs ('params', and 'dropout' when dropout > 0).
-  """
-
-  def __init__(self, num_hiddens: int, dropout: float, *, norm: str = 'post',
-               residual: bool = True, dtype=None, param_dtype=jnp.float32,
-               rngs: nnx.Rngs):
-    if norm not in NORMS:
-      raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
-    self.norm = norm
-    self.residual = residual
-    self.ln = (nnx.LayerNorm(num_hiddens, dtype=dtype, param_dtype=param_dtype,
-                             rngs=rngs) if norm != 'none' else None)
-    self.dropout = dropout_layer(dropout, rngs)
-
-  def __call__(self, X: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
-               *, deterministic: bool | None = None) -> jax.Array:
-    Y = sublayer(self.ln(X) if self.norm == 'pre' else X)
-    Y = self.dropout(Y, deterministic=deterministic)
-    if self.residual:
-      Y = X + Y
-    return self.ln(Y) if self.norm == 'post' else Y
+# Re-exported: their home is layers.py, shared with the decoder.
+from selfattn.layers import AddNorm  # noqa: F401
+from selfattn.layers import PositionWiseFFN
+from selfattn.stack import EmbeddingMixin
+from selfattn.stack import build_blocks
+from selfattn.stack import check_stack
+from selfattn.stack import check_tokens
+from selfattn.stack import final_norm
+from selfattn.stack import run_blocks
 
 
 class TransformerEncoderBlock(nnx.Module):
@@ -110,132 +63,6 @@ class TransformerEncoderBlock(nnx.Module):
                                     decode=decode),
         deterministic=deterministic)
     return self.addnorm2(X, self.ffn, deterministic=deterministic)
-
-
-def check_position_options(owner: str, position: str,
-                           options: dict) -> None:
-  """A keyword that is no encoding's option is a typo: TypeError naming it, as
-  Python does. (An option of another encoding is get_position's ValueError.)"""
-  known = {name for kind in POSITIONS.values() for name in kind.options}
-  unknown = sorted(set(options) - known)
-  if unknown:
-    raise TypeError(f'{owner}() got an unexpected keyword argument '
-                    f'{unknown[0]!r} (position={position!r}; encoding options '
-                    f'are passed as keywords: {", ".join(sorted(known))})')
-
-
-def check_stack(owner: str, position: str, position_options: dict, *,
-                norm: str, num_hiddens: int, num_heads: int, num_layers: int):
-  """The checks every stack's constructor makes; returns (kind, options)."""
-  check_position_options(owner, position, position_options)
-  if norm not in NORMS:
-    raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
-  if num_heads < 1 or num_hiddens < 1 or num_layers < 0:
-    raise ValueError(f'num_hiddens={num_hiddens}, num_heads={num_heads} '
-                     f'must be positive, num_layers={num_layers} >= 0')
-  if num_hiddens % num_heads:
-    raise ValueError(f'num_hiddens={num_hiddens} is not divisible by '
-                     f'num_heads={num_heads}')
-  return get_position(position, position_options)
-
-
-def check_tokens(tokens: jax.Array, name: str = 'tokens') -> None:
-  """ValueError naming `name` unless tokens are (B, L) int ids or (B, L, F)
-  float features (a rank-1 array would fail later with an IndexError)."""
-  shape = jnp.shape(tokens)
-  integer = jnp.issubdtype(jnp.result_type(tokens), jnp.integer)
-  if len(shape) != (2 if integer else 3):
-    want = '(B, L) int token ids' if integer else '(B, L, num_hiddens) features'
-    raise ValueError(f'{name} must be {want}; got shape {tuple(shape)} (a '
-                     f'single sequence needs a batch axis: {name}[None])')
-
-
-class EmbeddingMixin:
-  """Tokens or features to the first layer's input, with the absolute
-  encoding; shared by TransformerEncoder and TransformerDecoder (the modules
-  keep `embedding` and `pos_encoding` as their own attributes, so parameter
-  paths, and checkpoints, stay those of the chapter's encoder).
-
-  tokens (B, L) int -> Embed * sqrt(num_hiddens); features (B, L, num_hiddens)
-  float pass as they are (the caller embedded them). Then the absolute
-  encoding at `positions` (None: 0..L-1) and dropout; relative encodings add
-  nothing here (dropout only). vocab_size=None: features only.
-  """
-
-  def _init_embedding(self, vocab_size: int | None, num_hiddens: int,
-                      dropout: float, *, kind, options: dict, max_len: int,
-                      dtype, param_dtype, rngs: nnx.Rngs) -> None:
-    self.num_hiddens = num_hiddens
-    self.embedding = (None if vocab_size is None else
-                      nnx.Embed(vocab_size, num_hiddens, dtype=dtype,
-                                param_dtype=param_dtype, rngs=rngs))
-    if kind.relative:
-      self.pos_encoding = NoEncoding(num_hiddens, dropout, rngs=rngs)
-    else:
-      self.pos_encoding = kind.build(num_hiddens=num_hiddens, dropout=dropout,
-                                     max_len=max_len, param_dtype=param_dtype,
-                                     rngs=rngs, **options)
-
-  def embed(self, inputs: jax.Array, *, positions: jax.Array | None = None,
-            deterministic: bool | None = None) -> jax.Array:
-    """(B, L) tokens or (B, L, num_hiddens) features -> (B, L, num_hiddens)."""
-    if jnp.issubdtype(inputs.dtype, jnp.integer):
-      if self.embedding is None:
-        raise ValueError('this module was built with vocab_size=None: pass '
-                         '(B, L, num_hiddens) float features, not token ids')
-      X = self.embedding(inputs) * math.sqrt(self.num_hiddens)
-    else:
-      if inputs.ndim != 3 or inputs.shape[-1] != self.num_hiddens:
-        raise ValueError(f'features must be (B, L, num_hiddens='
-                         f'{self.num_hiddens}); got shape {inputs.shape}')
-      X = inputs
-    if positions is None:
-      return self.pos_encoding(X, deterministic=deterministic)
-    return self.pos_encoding(X, positions=positions,
-                             deterministic=deterministic)
-
-
-def relative_layers(kind, options: dict, num_layers: int, *, num_heads: int,
-                    head_dim: int, max_len: int, causal: bool, param_dtype,
-                    rngs: nnx.Rngs) -> list:
-  """One relative-position module per layer (None for absolute encodings)."""
-  if not kind.relative:
-    return [None] * num_layers
-  layers = [kind.build(num_heads=num_heads, head_dim=head_dim, max_len=max_len,
-                       param_dtype=param_dtype, rngs=rngs, **options)
-            for _ in range(num_layers)]
-  for layer in layers:
-    if isinstance(layer, HuangRelative):
-      layer.causal = causal       # the Music Transformer's causal skew
-  return layers
-
-
-def build_blocks(make_block: Callable[[object, nnx.Rngs], nnx.Module],
-                 num_layers: int, *, scan_layers: bool, kind, options: dict,
-                 num_heads: int, head_dim: int, max_len: int, causal: bool,
-                 param_dtype, rngs: nnx.Rngs) -> nnx.Module:
-  """num_layers blocks, each make_block(relative, rngs) with its own relative
-  module (None for absolute encodings).
-
-  Without scan_layers: an nnx.List, every relative module drawn before the
-  blocks (the order, hence the initial values, of every earlier run). With
-  it: one block whose variables carry a leading layer axis, for nnx.scan (one
-  compiled block instead of num_layers); each layer still has its own values
-  of everything.
-  """
-  def relatives(count, rngs):
-    return relative_layers(kind, options, count, num_heads=num_heads,
-                           head_dim=head_dim, max_len=max_len, causal=causal,
-                           param_dtype=param_dtype, rngs=rngs)
-
-  if scan_layers:
-    @nnx.split_rngs(splits=num_layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0)
-    def stacked(rngs):
-      return make_block(relatives(1, rngs)[0], rngs)
-    return stacked(rngs)
-  return nnx.List([make_block(relative, rngs)
-                   for relative in relatives(num_layers, rngs)])
 
 
 class TransformerEncoder(EmbeddingMixin, nnx.Module):
@@ -310,9 +137,8 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
         options=options, num_heads=num_heads,
         head_dim=num_hiddens // num_heads, max_len=max_len, causal=causal,
         param_dtype=param_dtype, rngs=rngs)
-    self.final_ln = (nnx.LayerNorm(num_hiddens, dtype=dtype,
-                                   param_dtype=param_dtype, rngs=rngs)
-                     if norm == 'pre' else None)
+    self.final_ln = final_norm(norm, num_hiddens, dtype=dtype,
+                               param_dtype=param_dtype, rngs=rngs)
 
   @overload
   def __call__(self, inputs: jax.Array, valid_lens: jax.Array | None = ...,
@@ -377,30 +203,13 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
     # chunked path builds it per block.
     attn_mask = masks.attention_mask(target, valid_lens=valid_lens, mask=mask)
     X = self.embed(inputs, positions=positions, deterministic=deterministic)
-    hidden = [X]
 
     def run(blk, X, attn_mask, bias, positions):
       return blk(X, attn_mask, bias=bias, causal=causal, positions=positions,
                  deterministic=deterministic)
 
-    if self.remat and not capturing(self):
-      # Recompute each block's activations in the backward pass instead of
-      # storing them (memory for compute); outputs and gradients are equal.
-      run = nnx.remat(run)
-    if self.scan_layers:
-      def step(blk, X, attn_mask, bias, positions):
-        X = run(blk, X, attn_mask, bias, positions)
-        return X, X
-      scanned = nnx.scan(step, in_axes=(0, nnx.Carry, None, None, None),
-                         out_axes=(nnx.Carry, 0))
-      X, per_layer = scanned(self.blks, X, attn_mask, bias, positions)
-      hidden += list(per_layer)
-    else:
-      for blk in self.blks:
-        X = run(blk, X, attn_mask, bias, positions)
-        hidden.append(X)
-    if self.final_ln is not None:
-      X = self.final_ln(X)
+    X, hidden = run_blocks(self, run, X, attn_mask, bias, positions,
+                           remat=self.remat, keep_hidden=return_hidden)
     return (X, hidden) if return_hidden else X
 
 

@@ -1,8 +1,15 @@
-"""Small layers shared by attention, the encodings and the stacks."""
+"""Small layers shared by attention, the encodings and the stacks: dropout,
+d2l's position-wise FFN and AddNorm (with the layer-norm placement switch)."""
 
 from __future__ import annotations
 
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
 from flax import nnx
+
+NORMS = ('post', 'pre', 'none')
 
 
 def dropout_layer(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
@@ -13,3 +20,53 @@ def dropout_layer(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
   has_stream = 'dropout' in rngs or 'default' in rngs
   return nnx.Dropout(rate, deterministic=True,
                      rngs=rngs if rate > 0 and has_stream else None)
+
+
+class PositionWiseFFN(nnx.Module):
+  """d2l's position-wise FFN: dense2(relu(dense1(X))). (B, L, F) -> (B, L, out).
+
+  Args: num_inputs F, ffn_num_hiddens (the inner width), ffn_num_outputs,
+  dtype / param_dtype, rngs (a 'params' stream).
+  """
+
+  def __init__(self, num_inputs: int, ffn_num_hiddens: int, ffn_num_outputs: int,
+               *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    self.dense1 = nnx.Linear(num_inputs, ffn_num_hiddens, dtype=dtype,
+                             param_dtype=param_dtype, rngs=rngs)
+    self.dense2 = nnx.Linear(ffn_num_hiddens, ffn_num_outputs, dtype=dtype,
+                             param_dtype=param_dtype, rngs=rngs)
+
+  def __call__(self, X: jax.Array) -> jax.Array:
+    return self.dense2(jax.nn.relu(self.dense1(X)))
+
+
+class AddNorm(nnx.Module):
+  """d2l's AddNorm, generalised: wraps a sublayer f with skip and LayerNorm.
+
+    norm='post' (the chapter): LayerNorm(X + Dropout(f(X)))
+    norm='pre':                X + Dropout(f(LayerNorm(X)))
+    norm='none':               X + Dropout(f(X))
+  residual=False drops the `X +`. Call as `addnorm(X, f, deterministic=...)`.
+
+  Args: num_hiddens (the LayerNorm width), dropout rate, norm, residual,
+  dtype / param_dtype, rngs ('params', and 'dropout' when dropout > 0).
+  """
+
+  def __init__(self, num_hiddens: int, dropout: float, *, norm: str = 'post',
+               residual: bool = True, dtype=None, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    if norm not in NORMS:
+      raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
+    self.norm = norm
+    self.residual = residual
+    self.ln = (nnx.LayerNorm(num_hiddens, dtype=dtype, param_dtype=param_dtype,
+                             rngs=rngs) if norm != 'none' else None)
+    self.dropout = dropout_layer(dropout, rngs)
+
+  def __call__(self, X: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
+               *, deterministic: bool | None = None) -> jax.Array:
+    Y = sublayer(self.ln(X) if self.norm == 'pre' else X)
+    Y = self.dropout(Y, deterministic=deterministic)
+    if self.residual:
+      Y = X + Y
+    return self.ln(Y) if self.norm == 'post' else Y

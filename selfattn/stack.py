@@ -1,0 +1,189 @@
+"""What the encoder and decoder stacks share: the constructor checks, the
+embedding with the absolute encoding, per-layer relative modules, block
+construction (a list, or one stacked block for nnx.scan), the loop / scan /
+remat runner and the final LayerNorm of pre-norm stacks. The stacks keep only
+their blocks and their call signatures."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from selfattn.attention import capturing
+from selfattn.layers import NORMS
+from selfattn.positions import HuangRelative, NoEncoding, POSITIONS, get_position
+
+
+def check_position_options(owner: str, position: str,
+                           options: dict) -> None:
+  """A keyword that is no encoding's option is a typo: TypeError naming it, as
+  Python does. (An option of another encoding is get_position's ValueError.)"""
+  known = {name for kind in POSITIONS.values() for name in kind.options}
+  unknown = sorted(set(options) - known)
+  if unknown:
+    raise TypeError(f'{owner}() got an unexpected keyword argument '
+                    f'{unknown[0]!r} (position={position!r}; encoding options '
+                    f'are passed as keywords: {", ".join(sorted(known))})')
+
+
+def check_stack(owner: str, position: str, position_options: dict, *,
+                norm: str, num_hiddens: int, num_heads: int, num_layers: int):
+  """The checks every stack's constructor makes; returns (kind, options)."""
+  check_position_options(owner, position, position_options)
+  if norm not in NORMS:
+    raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
+  if num_heads < 1 or num_hiddens < 1 or num_layers < 0:
+    raise ValueError(f'num_hiddens={num_hiddens}, num_heads={num_heads} '
+                     f'must be positive, num_layers={num_layers} >= 0')
+  if num_hiddens % num_heads:
+    raise ValueError(f'num_hiddens={num_hiddens} is not divisible by '
+                     f'num_heads={num_heads}')
+  return get_position(position, position_options)
+
+
+def check_tokens(tokens: jax.Array, name: str = 'tokens') -> None:
+  """ValueError naming `name` unless tokens are (B, L) int ids or (B, L, F)
+  float features (a rank-1 array would fail later with an IndexError)."""
+  shape = jnp.shape(tokens)
+  integer = jnp.issubdtype(jnp.result_type(tokens), jnp.integer)
+  if len(shape) != (2 if integer else 3):
+    want = '(B, L) int token ids' if integer else '(B, L, num_hiddens) features'
+    raise ValueError(f'{name} must be {want}; got shape {tuple(shape)} (a '
+                     f'single sequence needs a batch axis: {name}[None])')
+
+
+class EmbeddingMixin:
+  """Tokens or features to the first layer's input, with the absolute
+  encoding; shared by TransformerEncoder and TransformerDecoder (the modules
+  keep `embedding` and `pos_encoding` as their own attributes, so parameter
+  paths, and checkpoints, stay those of the chapter's encoder).
+
+  tokens (B, L) int -> Embed * sqrt(num_hiddens); features (B, L, num_hiddens)
+  float pass as they are (the caller embedded them). Then the absolute
+  encoding at `positions` (None: 0..L-1) and dropout; relative encodings add
+  nothing here (dropout only). vocab_size=None: features only.
+  """
+
+  def _init_embedding(self, vocab_size: int | None, num_hiddens: int,
+                      dropout: float, *, kind, options: dict, max_len: int,
+                      dtype, param_dtype, rngs: nnx.Rngs) -> None:
+    self.num_hiddens = num_hiddens
+    self.embedding = (None if vocab_size is None else
+                      nnx.Embed(vocab_size, num_hiddens, dtype=dtype,
+                                param_dtype=param_dtype, rngs=rngs))
+    if kind.relative:
+      self.pos_encoding = NoEncoding(num_hiddens, dropout, rngs=rngs)
+    else:
+      self.pos_encoding = kind.build(num_hiddens=num_hiddens, dropout=dropout,
+                                     max_len=max_len, param_dtype=param_dtype,
+                                     rngs=rngs, **options)
+
+  def embed(self, inputs: jax.Array, *, positions: jax.Array | None = None,
+            deterministic: bool | None = None) -> jax.Array:
+    """(B, L) tokens or (B, L, num_hiddens) features -> (B, L, num_hiddens)."""
+    if jnp.issubdtype(inputs.dtype, jnp.integer):
+      if self.embedding is None:
+        raise ValueError('this module was built with vocab_size=None: pass '
+                         '(B, L, num_hiddens) float features, not token ids')
+      X = self.embedding(inputs) * math.sqrt(self.num_hiddens)
+    else:
+      if inputs.ndim != 3 or inputs.shape[-1] != self.num_hiddens:
+        raise ValueError(f'features must be (B, L, num_hiddens='
+                         f'{self.num_hiddens}); got shape {inputs.shape}')
+      X = inputs
+    if positions is None:
+      return self.pos_encoding(X, deterministic=deterministic)
+    return self.pos_encoding(X, positions=positions,
+                             deterministic=deterministic)
+
+
+def relative_layers(kind, options: dict, num_layers: int, *, num_heads: int,
+                    head_dim: int, max_len: int, causal: bool, param_dtype,
+                    rngs: nnx.Rngs) -> list:
+  """One relative-position module per layer (None for absolute encodings)."""
+  if not kind.relative:
+    return [None] * num_layers
+  layers = [kind.build(num_heads=num_heads, head_dim=head_dim, max_len=max_len,
+                       param_dtype=param_dtype, rngs=rngs, **options)
+            for _ in range(num_layers)]
+  for layer in layers:
+    if isinstance(layer, HuangRelative):
+      layer.causal = causal       # the Music Transformer's causal skew
+  return layers
+
+
+def build_blocks(make_block: Callable[[object, nnx.Rngs], nnx.Module],
+                 num_layers: int, *, scan_layers: bool, kind, options: dict,
+                 num_heads: int, head_dim: int, max_len: int, causal: bool,
+                 param_dtype, rngs: nnx.Rngs) -> nnx.Module:
+  """num_layers blocks, each make_block(relative, rngs) with its own relative
+  module (None for absolute encodings).
+
+  Without scan_layers: an nnx.List, every relative module drawn before the
+  blocks (the order, hence the initial values, of every earlier run). With
+  it: one block whose variables carry a leading layer axis, for nnx.scan (one
+  compiled block instead of num_layers); each layer still has its own values
+  of everything.
+  """
+  def relatives(count, rngs):
+    return relative_layers(kind, options, count, num_heads=num_heads,
+                           head_dim=head_dim, max_len=max_len, causal=causal,
+                           param_dtype=param_dtype, rngs=rngs)
+
+  if scan_layers:
+    @nnx.split_rngs(splits=num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def stacked(rngs):
+      return make_block(relatives(1, rngs)[0], rngs)
+    return stacked(rngs)
+  return nnx.List([make_block(relative, rngs)
+                   for relative in relatives(num_layers, rngs)])
+
+
+def final_norm(norm: str, num_hiddens: int, *, dtype, param_dtype,
+               rngs: nnx.Rngs) -> nnx.LayerNorm | None:
+  """The LayerNorm that closes a pre-norm stack (None for 'post' / 'none':
+  post-norm blocks end normalised, and 'none' means none)."""
+  if norm != 'pre':
+    return None
+  return nnx.LayerNorm(num_hiddens, dtype=dtype, param_dtype=param_dtype,
+                       rngs=rngs)
+
+
+def run_blocks(stack: nnx.Module, run: Callable[..., jax.Array], X: jax.Array,
+               *args, remat: bool, keep_hidden: bool = False
+               ) -> tuple[jax.Array, list[jax.Array]]:
+  """X (B, L, D) through stack.blks, then stack.final_ln (if any).
+
+  run(blk, X, *args) -> X applies one block; args are the same for every
+  layer. remat recomputes each block in the backward pass (never while
+  capturing attention weights, which remat would drop). With
+  stack.scan_layers the blocks are one stacked block run by nnx.scan.
+
+  Returns (output, per-layer inputs [X, after block 1, ...]); the list is
+  only filled when keep_hidden (scan then stacks them as its outputs).
+  """
+  if remat and not capturing(stack):
+    run = nnx.remat(run)
+  hidden = [X]
+  if stack.scan_layers:
+    def step(blk, X, *args):
+      X = run(blk, X, *args)
+      return X, (X if keep_hidden else None)
+    scanned = nnx.scan(step, in_axes=(0, nnx.Carry) + (None,) * len(args),
+                       out_axes=(nnx.Carry, 0))
+    X, per_layer = scanned(stack.blks, X, *args)
+    if keep_hidden:
+      hidden += list(per_layer)
+  else:
+    for blk in stack.blks:
+      X = run(blk, X, *args)
+      if keep_hidden:
+        hidden.append(X)
+  if stack.final_ln is not None:
+    X = stack.final_ln(X)
+  return X, hidden
