@@ -164,8 +164,8 @@ def run_blocks(stack: nnx.Module, run: Callable[..., jax.Array], X: jax.Array,
   capturing attention weights, which remat would drop). With
   stack.scan_layers the blocks are one stacked block run by nnx.scan.
 
-  Returns (output, per-layer inputs [X, after block 1, ...]); the list is
-  only filled when keep_hidden (scan then stacks them as its outputs).
+  Returns (output, hidden): hidden is [X, after block 1, ..., after the last
+  block] (before the final norm) when keep_hidden, else just [X].
   """
   if remat and not capturing(stack):
     run = nnx.remat(run)
