@@ -46,6 +46,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.ffn_num_hiddens = 128
   config.model.dropout = 0.0
   config.model.norm = 'pre'             # post (the chapter), pre, none
+  config.model.norm_type = 'layernorm'  # layernorm (the chapter) or rmsnorm
   config.model.residual = True          # False removes the skip connections
   config.model.max_len = 256            # rows of learned/huang tables; >= longest eval sequence
   config.model.dtype = 'float32'        # activations: float32 or bfloat16 (params stay float32)

@@ -22,8 +22,7 @@ Scales (`--config=configs/music.py:SCALE`):
   paper  PoPE's JSB recipe (arXiv 2509.10534, Tables 6-7): 6 layers, width
          256, 8 heads, dropout 0.2, batch 4 x 2048 tokens, AdamW lr 6e-4
          with 10 warmup steps, cosine to 6e-5, weight decay 0.01, clip 1.0,
-         beta2 0.99, 3000 steps. Difference kept: LayerNorm (pre) where the
-         paper uses RMSNorm. For a GPU.
+         beta2 0.99, 3000 steps, pre-RMSNorm. For a GPU.
   quick  a smoke test for the tests.
 """
 
@@ -57,6 +56,7 @@ def get_config(scale: str | None = None) -> ml_collections.ConfigDict:
     t.min_len = t.max_len = 2048
     m.num_layers, m.num_hiddens, m.num_heads, m.ffn_num_hiddens = 6, 256, 8, 1024
     m.dropout = 0.2
+    m.norm_type = 'rmsnorm'
     m.max_len = 4 * 2048 + 1
     tr.num_steps, tr.batch_size, tr.learning_rate = 3000, 4, 6e-4
     tr.warmup_steps, tr.final_lr_fraction, tr.b2 = 10, 0.1, 0.99

@@ -38,7 +38,9 @@ _ADDED_FIELDS = {'model.attention_impl': 'plain', 'model.remat': False,
                  # 2026-11-24: PoPE's task, the music task, the published
                  # recipes' optimiser settings (defaults = the old behaviour).
                  'task.max_shift': 15, 'task.transpose': 0,
-                 'train.final_lr_fraction': 0.0, 'train.b2': 0.999}
+                 'train.final_lr_fraction': 0.0, 'train.b2': 0.999,
+                 # 2026-11-25: RMSNorm for the published recipes.
+                 'model.norm_type': 'layernorm'}
 
 
 def manager(workdir: str, keep: int) -> ocp.CheckpointManager:

@@ -51,13 +51,14 @@ class TransformerDecoderBlock(nnx.Module):
 
   def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
                dropout: float, *, norm: str = 'post', residual: bool = True,
-               cross_attention: bool = False, relative=None,
+               norm_type: str = 'layernorm', cross_attention: bool = False,
+               relative=None,
                use_bias: bool = False, attention_impl: str = 'plain',
                dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
     attention = dict(use_bias=use_bias, attention_impl=attention_impl,
                      dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    addnorm = dict(norm=norm, residual=residual, dtype=dtype,
-                   param_dtype=param_dtype, rngs=rngs)
+    addnorm = dict(norm=norm, residual=residual, norm_type=norm_type,
+                   dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.self_attention = MultiHeadAttention(
         num_hiddens, num_heads, dropout, relative=relative, **attention)
     self.addnorm1 = AddNorm(num_hiddens, dropout, **addnorm)
@@ -103,7 +104,8 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
   Calls: see `__call__`.
 
   Args: as TransformerEncoder (vocab_size, num_hiddens, ffn_num_hiddens,
-  num_heads, num_layers, dropout, position, max_len, norm, residual, use_bias,
+  num_heads, num_layers, dropout, position, max_len, norm, residual,
+  norm_type, use_bias,
   attention_impl, remat, scan_layers, dtype, param_dtype, rngs,
   **position_options), plus cross_attention. With scan_layers the caches
   too carry the layer axis, and cached decoding runs through nnx.scan; remat
@@ -114,13 +116,14 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
                num_heads: int, num_layers: int, dropout: float = 0.0, *,
                position: str = 'sinusoidal', max_len: int = 1024,
                norm: str = 'pre', residual: bool = True,
-               cross_attention: bool = False, use_bias: bool = False,
+               norm_type: str = 'layernorm', cross_attention: bool = False, use_bias: bool = False,
                attention_impl: str = 'plain', remat: bool = False,
                scan_layers: bool = False, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
     kind, options = check_stack(
         type(self).__name__, position, position_options, norm=norm,
-        num_hiddens=num_hiddens, num_heads=num_heads, num_layers=num_layers)
+        num_hiddens=num_hiddens, num_heads=num_heads, num_layers=num_layers,
+        norm_type=norm_type)
     self.num_heads = num_heads
     self.has_cross_attention = cross_attention
     self.dtype = dtype
@@ -133,7 +136,8 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
     def block(relative, rngs):
       return TransformerDecoderBlock(
           num_hiddens, ffn_num_hiddens, num_heads, dropout, norm=norm,
-          residual=residual, cross_attention=cross_attention,
+          residual=residual, norm_type=norm_type,
+          cross_attention=cross_attention,
           relative=relative, use_bias=use_bias,
           attention_impl=attention_impl, dtype=dtype,
           param_dtype=param_dtype, rngs=rngs)
@@ -143,7 +147,8 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
         options=options, num_heads=num_heads,
         head_dim=num_hiddens // num_heads, max_len=max_len, causal=True,
         param_dtype=param_dtype, rngs=rngs)
-    self.final_ln = final_norm(norm, num_hiddens, dtype=dtype,
+    self.final_ln = final_norm(norm, num_hiddens, norm_type=norm_type,
+                               dtype=dtype,
                                param_dtype=param_dtype, rngs=rngs)
     self.dense = nnx.Linear(num_hiddens, vocab_size, dtype=dtype,
                             param_dtype=param_dtype, rngs=rngs)

@@ -30,14 +30,15 @@ class TransformerEncoderBlock(nnx.Module):
   with mask / bias / causal as in masks.py.
 
   Args: num_hiddens, ffn_num_hiddens, num_heads, dropout; norm ('post', 'pre',
-  'none'), residual; relative: this layer's own relative-position module (or
+  'none'), residual, norm_type ('layernorm', 'rmsnorm'); relative: this layer's own relative-position module (or
   None); use_bias in the attention projections; attention_impl ('plain',
   'fused', 'chunked' or 'auto', see MultiHeadAttention); dtype / param_dtype; rngs.
   """
 
   def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
                dropout: float, *, norm: str = 'post', residual: bool = True,
-               relative=None, use_bias: bool = False,
+               norm_type: str = 'layernorm', relative=None,
+               use_bias: bool = False,
                attention_impl: str = 'plain', dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
     self.attention = MultiHeadAttention(
@@ -46,8 +47,8 @@ class TransformerEncoderBlock(nnx.Module):
         rngs=rngs)
     self.ffn = PositionWiseFFN(num_hiddens, ffn_num_hiddens, num_hiddens,
                                dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    addnorm = dict(norm=norm, residual=residual, dtype=dtype,
-                   param_dtype=param_dtype, rngs=rngs)
+    addnorm = dict(norm=norm, residual=residual, norm_type=norm_type,
+                   dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.addnorm1 = AddNorm(num_hiddens, dropout, **addnorm)
     self.addnorm2 = AddNorm(num_hiddens, dropout, **addnorm)
 
@@ -72,7 +73,7 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
 
   Embedding * sqrt(num_hiddens), then the absolute encoding (with dropout),
   then `num_layers` blocks. Relative encodings get one module per layer. With
-  norm='pre' a final LayerNorm closes the stack. Attention weights on request:
+  norm='pre' a final norm closes the stack. Attention weights on request:
   `attention_weights(enc, inputs, ...)`, or nnx.capture(enc, nnx.Intermediate).
 
   Args:
@@ -81,6 +82,7 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
     position: one of positions.POSITION_NAMES.
     max_len: table size of the learned / relative tables.
     norm: 'post' (the chapter), 'pre' or 'none'; residual: skip connections.
+    norm_type: 'layernorm' (the chapter) or 'rmsnorm', for every norm.
     causal: a causal encoder: calls are causal by default (key j attends to
       query i iff j <= i), and Huang's relative modules use the causal skew.
       A call's `causal=True` makes any encoder's call causal; `causal=False`
@@ -108,13 +110,14 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
                ffn_num_hiddens: int, num_heads: int, num_layers: int,
                dropout: float = 0.0, *, position: str = 'sinusoidal',
                max_len: int = 1024, norm: str = 'post', residual: bool = True,
-               causal: bool = False, use_bias: bool = False,
+               norm_type: str = 'layernorm', causal: bool = False, use_bias: bool = False,
                attention_impl: str = 'plain', remat: bool = False,
                scan_layers: bool = False, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
     kind, options = check_stack(
         type(self).__name__, position, position_options, norm=norm,
-        num_hiddens=num_hiddens, num_heads=num_heads, num_layers=num_layers)
+        num_hiddens=num_hiddens, num_heads=num_heads, num_layers=num_layers,
+        norm_type=norm_type)
     self.num_heads = num_heads
     self.position = position
     self.causal = causal
@@ -128,7 +131,7 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
     def block(relative, rngs):
       return TransformerEncoderBlock(
           num_hiddens, ffn_num_hiddens, num_heads, dropout, norm=norm,
-          residual=residual, relative=relative, use_bias=use_bias,
+          residual=residual, norm_type=norm_type, relative=relative, use_bias=use_bias,
           attention_impl=attention_impl, dtype=dtype, param_dtype=param_dtype,
           rngs=rngs)
 
@@ -137,7 +140,8 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
         options=options, num_heads=num_heads,
         head_dim=num_hiddens // num_heads, max_len=max_len, causal=causal,
         param_dtype=param_dtype, rngs=rngs)
-    self.final_ln = final_norm(norm, num_hiddens, dtype=dtype,
+    self.final_ln = final_norm(norm, num_hiddens, norm_type=norm_type,
+                               dtype=dtype,
                                param_dtype=param_dtype, rngs=rngs)
 
   @overload

@@ -1,5 +1,6 @@
 """Small layers shared by attention, the encodings and the stacks: dropout,
-d2l's position-wise FFN and AddNorm (with the layer-norm placement switch)."""
+d2l's position-wise FFN and AddNorm (with the layer-norm placement switch and
+the choice of LayerNorm or RMSNorm)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,24 @@ import jax.numpy as jnp
 from flax import nnx
 
 NORMS = ('post', 'pre', 'none')
+# LayerNorm (the chapter's) or RMSNorm (no centring, no bias: Zhang & Sennrich
+# 2019; PoPE's JSB recipe and most recent language models use it).
+NORM_TYPES = ('layernorm', 'rmsnorm')
+
+
+def check_norm_type(norm_type: str) -> None:
+  if norm_type not in NORM_TYPES:
+    raise ValueError(f'norm_type={norm_type!r}; valid: {", ".join(NORM_TYPES)}')
+
+
+def make_norm(norm_type: str, num_hiddens: int, *, dtype=None,
+              param_dtype=jnp.float32,
+              rngs: nnx.Rngs) -> nnx.LayerNorm | nnx.RMSNorm:
+  """A LayerNorm or an RMSNorm over the last axis (num_hiddens), epsilon 1e-6
+  for both (Flax's default)."""
+  check_norm_type(norm_type)
+  cls = nnx.LayerNorm if norm_type == 'layernorm' else nnx.RMSNorm
+  return cls(num_hiddens, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
 def dropout_layer(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
@@ -47,20 +66,25 @@ class AddNorm(nnx.Module):
     norm='pre':                X + Dropout(f(LayerNorm(X)))
     norm='none':               X + Dropout(f(X))
   residual=False drops the `X +`. Call as `addnorm(X, f, deterministic=...)`.
+  norm_type='rmsnorm' puts an RMSNorm where LayerNorm is (the attribute stays
+  `ln`, so parameter paths keep their names).
 
-  Args: num_hiddens (the LayerNorm width), dropout rate, norm, residual,
-  dtype / param_dtype, rngs ('params', and 'dropout' when dropout > 0).
+  Args: num_hiddens (the norm's width), dropout rate, norm, residual,
+  norm_type ('layernorm' or 'rmsnorm'), dtype / param_dtype, rngs ('params',
+  and 'dropout' when dropout > 0).
   """
 
   def __init__(self, num_hiddens: int, dropout: float, *, norm: str = 'post',
-               residual: bool = True, dtype=None, param_dtype=jnp.float32,
-               rngs: nnx.Rngs):
+               residual: bool = True, norm_type: str = 'layernorm', dtype=None,
+               param_dtype=jnp.float32, rngs: nnx.Rngs):
     if norm not in NORMS:
       raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
+    check_norm_type(norm_type)
     self.norm = norm
     self.residual = residual
-    self.ln = (nnx.LayerNorm(num_hiddens, dtype=dtype, param_dtype=param_dtype,
-                             rngs=rngs) if norm != 'none' else None)
+    self.ln = (make_norm(norm_type, num_hiddens, dtype=dtype,
+                         param_dtype=param_dtype, rngs=rngs)
+               if norm != 'none' else None)
     self.dropout = dropout_layer(dropout, rngs)
 
   def __call__(self, X: jax.Array, sublayer: Callable[[jax.Array], jax.Array],

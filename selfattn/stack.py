@@ -1,7 +1,7 @@
 """What the encoder and decoder stacks share: the constructor checks, the
 embedding with the absolute encoding, per-layer relative modules, block
 construction (a list, or one stacked block for nnx.scan), the loop / scan /
-remat runner and the final LayerNorm of pre-norm stacks. The stacks keep only
+remat runner and the final norm of pre-norm stacks. The stacks keep only
 their blocks and their call signatures."""
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from flax import nnx
 
 from selfattn.attention import capturing
 from selfattn.layers import NORMS
+from selfattn.layers import check_norm_type
+from selfattn.layers import make_norm
 from selfattn.positions import HuangRelative, NoEncoding, POSITIONS, get_position
 
 
@@ -31,11 +33,13 @@ def check_position_options(owner: str, position: str,
 
 
 def check_stack(owner: str, position: str, position_options: dict, *,
-                norm: str, num_hiddens: int, num_heads: int, num_layers: int):
+                norm: str, num_hiddens: int, num_heads: int, num_layers: int,
+                norm_type: str = 'layernorm'):
   """The checks every stack's constructor makes; returns (kind, options)."""
   check_position_options(owner, position, position_options)
   if norm not in NORMS:
     raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
+  check_norm_type(norm_type)
   if num_heads < 1 or num_hiddens < 1 or num_layers < 0:
     raise ValueError(f'num_hiddens={num_hiddens}, num_heads={num_heads} '
                      f'must be positive, num_layers={num_layers} >= 0')
@@ -144,14 +148,15 @@ def build_blocks(make_block: Callable[[object, nnx.Rngs], nnx.Module],
                    for relative in relatives(num_layers, rngs)])
 
 
-def final_norm(norm: str, num_hiddens: int, *, dtype, param_dtype,
-               rngs: nnx.Rngs) -> nnx.LayerNorm | None:
-  """The LayerNorm that closes a pre-norm stack (None for 'post' / 'none':
-  post-norm blocks end normalised, and 'none' means none)."""
+def final_norm(norm: str, num_hiddens: int, *, norm_type: str = 'layernorm',
+               dtype, param_dtype,
+               rngs: nnx.Rngs) -> nnx.LayerNorm | nnx.RMSNorm | None:
+  """The norm (of norm_type) that closes a pre-norm stack (None for 'post' /
+  'none': post-norm blocks end normalised, and 'none' means none)."""
   if norm != 'pre':
     return None
-  return nnx.LayerNorm(num_hiddens, dtype=dtype, param_dtype=param_dtype,
-                       rngs=rngs)
+  return make_norm(norm_type, num_hiddens, dtype=dtype,
+                   param_dtype=param_dtype, rngs=rngs)
 
 
 def run_blocks(stack: nnx.Module, run: Callable[..., jax.Array], X: jax.Array,

@@ -67,3 +67,10 @@ def tiny_run(tmp_path_factory):
   with contextlib.redirect_stdout(out):
     summary = train.train_and_evaluate(tiny.get_config(), str(workdir))
   return workdir, summary, out.getvalue()
+
+
+def pytest_collection_modifyitems(config, items):
+  """The end-to-end (slow) tests first, in their collected order: with two
+  xdist workers, a minute-long test that starts near the end keeps one worker
+  busy while the other idles; started first, the short tests fill around it."""
+  items.sort(key=lambda item: item.get_closest_marker('slow') is None)

@@ -14,7 +14,8 @@ def test_a_config_json_from_before_the_newer_fields_still_matches(tmp_path):
   stored = json.loads(config.to_json_best_effort())
   for section, field in (('task', 'max_shift'), ('task', 'transpose'),
                          ('train', 'final_lr_fraction'), ('train', 'b2'),
-                         ('model', 'scan_layers'), ('train', 'init_from')):
+                         ('model', 'scan_layers'), ('train', 'init_from'),
+                         ('model', 'norm_type')):
     del stored[section][field]
   (tmp_path / 'config.json').write_text(json.dumps(stored))
   checkpoints.check_or_store_config(str(tmp_path), config, write=False)
@@ -92,3 +93,23 @@ def test_a_full_disk_at_start_is_one_clear_error_and_leaves_nothing(
   else:
     raise AssertionError('a full disk went unnoticed')
   assert not (tmp_path / 'new').exists()
+
+
+@pytest.mark.parametrize('module', ['music', 'indirect_indexing'])
+def test_the_published_recipes_validate_and_use_rmsnorm(module):
+  """The papers' scales (PoPE's JSB and indirect-indexing recipes) pass
+  validation and build RMSNorm blocks, as the paper's models have."""
+  import importlib
+
+  from flax import nnx
+
+  from selfattn import config_checks
+  from selfattn import model as model_lib
+
+  config = importlib.import_module(f'configs.{module}').get_config('paper')
+  assert config.model.norm_type == 'rmsnorm'
+  config_checks.validate_config(config)
+  task = model_lib.task_from_config(config)
+  abstract = nnx.eval_shape(
+      lambda: model_lib.build_model(config, task, nnx.Rngs(0)))
+  assert isinstance(abstract.stack.final_ln, nnx.RMSNorm)

@@ -100,6 +100,34 @@ def test_post_norm_outputs_are_layer_normalised_and_pre_norm_has_final_norm():
   assert np.abs(out.mean(-1)).max() > 1e-2
 
 
+def test_rmsnorm_blocks_match_a_numpy_rms_norm_and_close_with_one():
+  """norm_type='rmsnorm': X / sqrt(mean(X^2) + eps) * scale, no centring, in
+  every AddNorm and the final norm (checked against NumPy), and a decoder
+  built the same way."""
+  x = tokens((2, 5), seed=4)
+  enc = selfattn.TransformerEncoder(
+      VOCAB, 16, 32, 4, 2, 0.0, position='rope', norm='pre',
+      norm_type='rmsnorm', rngs=nnx.Rngs(0))
+  assert isinstance(enc.final_ln, nnx.RMSNorm)
+  assert all(isinstance(b.addnorm1.ln, nnx.RMSNorm) for b in enc.blks)
+  enc.final_ln.scale[...] = jnp.linspace(0.5, 2.0, 16)
+  _, hidden = enc(x, return_hidden=True)
+  last = np.asarray(hidden[-1], np.float64)
+  want = (last / np.sqrt((last ** 2).mean(-1, keepdims=True) + 1e-6)
+          * np.linspace(0.5, 2.0, 16))
+  np.testing.assert_allclose(enc(x), want, rtol=1e-5, atol=1e-5)
+  # An RMS-normalised vector has mean square 1 but, unlike LayerNorm's, not
+  # mean 0: the two norms differ on the same parameters.
+  assert np.abs(last.mean(-1)).max() > 1e-2
+  dec = selfattn.TransformerDecoder(VOCAB, 16, 32, 4, 1, norm_type='rmsnorm',
+                                    rngs=nnx.Rngs(0))
+  assert isinstance(dec.blks[0].addnorm3.ln, nnx.RMSNorm)
+  with pytest.raises(ValueError, match=r"norm_type='batchnorm'; valid: "
+                     r"layernorm, rmsnorm"):
+    selfattn.TransformerEncoder(VOCAB, 16, 32, 4, 1, norm_type='batchnorm',
+                                rngs=nnx.Rngs(0))
+
+
 def test_block_without_residual_or_norm_is_plain_composition():
   blk = selfattn.TransformerEncoderBlock(16, 32, 4, 0.0, norm='none',
                                          residual=False, rngs=nnx.Rngs(0))

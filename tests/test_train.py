@@ -174,6 +174,8 @@ def test_bfloat16_activations_train_with_float32_parameters(tiny_config, tmp_pat
     ('model.num_layers', 0, 'config.model.num_layers must be a positive'),
     ('train.batch_size', -4, 'config.train.batch_size must be a positive'),
     ('model.norm', 'sandwich', 'config.model.norm.*valid: post, pre, none'),
+    ('model.norm_type', 'batchnorm',
+     'config.model.norm_type.*valid: layernorm, rmsnorm'),
     ('model.clip_distance', 4, 'clip_distance is an option of shaw, not of'),
     ('task.vocab_size', 3, None),
     ('model.attention_impl', 'flash',
