@@ -84,6 +84,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.eval.every = 200               # 10 points per eval curve at the default 2000 steps
   config.eval.lengths = [8, 16, 32, 64]  # includes lengths longer than training
   config.eval.num_examples = 256
+  # Free-running accuracy of the autoregressive layout (free_running.py):
+  # fixed_point (full passes until the fed-back outputs settle; nothing
+  # beyond the teacher-forced pass for one output) or cache (one token at a
+  # time; cheaper when the rounds are many, scripts/bench_free_running.py).
+  config.eval.free_running = 'fixed_point'
 
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1                  # data-parallel devices; -1 = all

@@ -8,6 +8,7 @@ from typing import Any
 import ml_collections
 
 from selfattn import jsb
+from selfattn.free_running import IMPLEMENTATIONS as FREE_RUNNING
 from selfattn import positions
 from selfattn import tasks
 # Re-exported: their home is beside build_model, which reads them.
@@ -132,6 +133,9 @@ def _validate(config: ml_collections.ConfigDict,
   if not config.train.learning_rate > 0:
     raise ConfigError(f'config.train.learning_rate must be > 0; got '
                       f'{config.train.learning_rate}')
+  if config.eval.free_running not in FREE_RUNNING:
+    raise ConfigError(f'config.eval.free_running={config.eval.free_running!r} '
+                      f'is unknown; valid: {", ".join(FREE_RUNNING)}')
   if config.train.schedule not in SCHEDULES:
     raise ConfigError(f'config.train.schedule={config.train.schedule!r} is '
                       f'unknown; valid: {", ".join(SCHEDULES)}')

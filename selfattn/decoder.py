@@ -18,10 +18,10 @@ from flax import nnx
 
 from selfattn import masks
 from selfattn.attention import MultiHeadAttention
-from selfattn.attention import check_cache_fit
 from selfattn.attention import poison
 from selfattn.layers import AddNorm
 from selfattn.layers import PositionWiseFFN
+from selfattn.stack import CacheMixin
 from selfattn.stack import EmbeddingMixin
 from selfattn.stack import build_blocks
 from selfattn.stack import check_stack
@@ -98,7 +98,7 @@ class TransformerDecoderBlock(nnx.Module):
     return self.addnorm3(X, self.ffn, deterministic=deterministic)
 
 
-class TransformerDecoder(EmbeddingMixin, nnx.Module):
+class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
   """A decoder stack with a dense head over the vocabulary.
 
   Calls: see `__call__`.
@@ -152,23 +152,9 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
                                param_dtype=param_dtype, rngs=rngs)
     self.dense = nnx.Linear(num_hiddens, vocab_size, dtype=dtype,
                             param_dtype=param_dtype, rngs=rngs)
-    self.next_position: nnx.Cache | None = nnx.data(None)
-    self.cache_shape: nnx.Cache | None = nnx.data(None)
+    self._init_cache_fields()
 
-  def init_cache(self, batch_size: int, max_length: int, dtype=None) -> None:
-    """Empty caches for decode=True: every layer's keys and values, and the
-    next position."""
-    def init(blk):
-      blk.self_attention.init_cache(batch_size, max_length, dtype)
-    if self.scan_layers:
-      nnx.vmap(init, in_axes=0, out_axes=0)(self.blks)   # one per layer
-    else:
-      for blk in self.blks:
-        init(blk)
-    self.next_position = nnx.Cache(jnp.zeros((), jnp.int32))
-    # (batch_size, max_length) as the shape of a placeholder: shapes, unlike
-    # plain int attributes, travel through nnx.jit as state.
-    self.cache_shape = nnx.Cache(jnp.zeros((batch_size, max_length), bool))
+  _self_attention = 'self_attention'
 
   def __call__(self, tokens: jax.Array, enc_outputs: jax.Array | None = None,
                enc_valid_lens: jax.Array | None = None, *,
@@ -210,14 +196,7 @@ class TransformerDecoder(EmbeddingMixin, nnx.Module):
       raise ValueError('enc_valid_lens was passed without enc_outputs')
     overflow = None
     if decode:
-      if self.next_position is None:
-        raise ValueError('decode=True needs caches: call init_cache first')
-      start = self.next_position[...]
-      overflow = check_cache_fit(b, length, start, *self.cache_shape.shape)
-      if positions is None:
-        positions = jnp.broadcast_to(
-            start + jnp.arange(length, dtype=jnp.int32), (b, length))
-      self.next_position[...] = start + length
+      positions, overflow = self._start_decode(b, length, positions)
     enc_mask = None
     if enc_valid_lens is not None:
       enc_mask = masks.make_length_mask(enc_valid_lens, length,

@@ -11,9 +11,11 @@ from flax import nnx
 
 from selfattn import masks
 from selfattn.attention import MultiHeadAttention
+from selfattn.attention import poison
 # Re-exported: their home is layers.py, shared with the decoder.
 from selfattn.layers import AddNorm  # noqa: F401
 from selfattn.layers import PositionWiseFFN
+from selfattn.stack import CacheMixin
 from selfattn.stack import EmbeddingMixin
 from selfattn.stack import build_blocks
 from selfattn.stack import check_stack
@@ -66,7 +68,7 @@ class TransformerEncoderBlock(nnx.Module):
     return self.addnorm2(X, self.ffn, deterministic=deterministic)
 
 
-class TransformerEncoder(EmbeddingMixin, nnx.Module):
+class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
   """The chapter's encoder with any positional encoding.
 
   Calls: see `__call__`.
@@ -87,7 +89,9 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
       query i iff j <= i), and Huang's relative modules use the causal skew.
       A call's `causal=True` makes any encoder's call causal; `causal=False`
       on an encoder built causal raises ValueError (its Huang skew is wrong
-      above the diagonal).
+      above the diagonal). A causal encoder also decodes through key/value
+      caches (`init_cache`, then calls with decode=True), as
+      TransformerDecoder does.
     use_bias: biases in the attention projections.
     attention_impl: 'plain', 'fused' (jax.nn.dot_product_attention; cuDNN's
       kernel on a GPU where attention.fused_implementation allows),
@@ -143,13 +147,17 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
     self.final_ln = final_norm(norm, num_hiddens, norm_type=norm_type,
                                dtype=dtype,
                                param_dtype=param_dtype, rngs=rngs)
+    self._init_cache_fields()
+
+  _self_attention = 'attention'
 
   @overload
   def __call__(self, inputs: jax.Array, valid_lens: jax.Array | None = ...,
                *, mask: jax.Array | None = ..., bias: jax.Array | None = ...,
                causal: bool | None = ..., positions: jax.Array | None = ...,
                deterministic: bool | None = ...,
-               return_hidden: Literal[False] = ...) -> jax.Array:
+               return_hidden: Literal[False] = ...,
+               decode: bool = ...) -> jax.Array:
     ...
 
   @overload
@@ -157,7 +165,7 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
                *, mask: jax.Array | None = ..., bias: jax.Array | None = ...,
                causal: bool | None = ..., positions: jax.Array | None = ...,
                deterministic: bool | None = ...,
-               return_hidden: Literal[True]
+               return_hidden: Literal[True], decode: bool = ...
                ) -> tuple[jax.Array, list[jax.Array]]:
     ...
 
@@ -166,7 +174,7 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
                bias: jax.Array | None = None, causal: bool | None = None,
                positions: jax.Array | None = None,
                deterministic: bool | None = None,
-               return_hidden: bool = False
+               return_hidden: bool = False, decode: bool = False
                ) -> jax.Array | tuple[jax.Array, list[jax.Array]]:
     """Encodes a batch.
 
@@ -189,12 +197,24 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
       deterministic: None follows model.train() / model.eval() (modules
         start in eval mode).
       return_hidden: also return the list of per-layer inputs.
+      decode: one step against the caches made by `init_cache`, for an
+        encoder built causal (ValueError otherwise), as
+        TransformerDecoder's decode: the inputs are the next L tokens,
+        their positions continue from the cache unless `positions` are
+        given, and a step past the caches' end raises ValueError eagerly or
+        gives NaN under jit. valid_lens, mask and bias are refused in a
+        decode step (right padding needs no mask under causal attention).
 
     Returns:
       (B, L, num_hiddens); with return_hidden=True the pair (that, the list
       of per-layer inputs).
     """
     check_tokens(inputs, 'inputs')
+    if decode:
+      return self._decode(inputs, valid_lens, mask=mask, bias=bias,
+                          causal=causal, positions=positions,
+                          deterministic=deterministic,
+                          return_hidden=return_hidden)
     if causal is None:
       causal = self.causal
     elif self.causal and not causal:
@@ -215,6 +235,32 @@ class TransformerEncoder(EmbeddingMixin, nnx.Module):
     X, hidden = run_blocks(self, run, X, attn_mask, bias, positions,
                            remat=self.remat, keep_hidden=return_hidden)
     return (X, hidden) if return_hidden else X
+
+  def _decode(self, inputs, valid_lens, *, mask, bias, causal, positions,
+              deterministic, return_hidden):
+    """One cached step of a causal encoder (see __call__'s decode)."""
+    if not self.causal or causal is False:
+      raise ValueError('decode=True needs an encoder built with causal=True '
+                       '(cached decoding is causal)')
+    for name, value in (('valid_lens', valid_lens), ('mask', mask),
+                        ('bias', bias)):
+      if value is not None:
+        raise ValueError(f'{name} cannot be used with decode=True: a decode '
+                         f'step attends causally to the cache (right padding '
+                         f'needs no mask)')
+    if return_hidden:
+      raise ValueError('return_hidden cannot be used with decode=True')
+    b, length = inputs.shape[:2]
+    positions, overflow = self._start_decode(b, length, positions)
+    X = self.embed(inputs, positions=positions, deterministic=deterministic)
+
+    def run(blk, X, positions):
+      return blk(X, positions=positions, deterministic=deterministic,
+                 decode=True)
+
+    # remat is for training passes; a decode step has no backward pass.
+    X, _ = run_blocks(self, run, X, positions, remat=False)
+    return poison(overflow, X)
 
 
 def attention_weights(model: nnx.Module, *args, **kwargs

@@ -15,6 +15,13 @@ output slots) the sequence is a fixed point and equals greedy decoding. The
 teacher-forced pass is round 0's input, and the loop stops as soon as a round
 would change nothing, so a model that is already right everywhere costs no
 forward pass beyond the teacher-forced one.
+
+`cached_free_running_logits` computes the same logits the way a decoder in
+use would: one token at a time through the key/value caches, T steps of one
+token each. Which is cheaper depends on how many rounds the fixed point
+needs (1 for a model that is right everywhere, up to M - 1 for one whose
+every prediction changes the next); scripts/bench_free_running.py measures
+both, and `config.eval.free_running` chooses.
 """
 
 from __future__ import annotations
@@ -23,14 +30,18 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from selfattn.tasks import Batch
+
+IMPLEMENTATIONS = ('fixed_point', 'cache')
 
 
 def free_running_logits(logits_fn: Callable[[Batch], jax.Array], batch: Batch,
                         *, first_output_token: int, max_rounds: int,
-                        teacher_forced_logits: jax.Array | None = None
-                        ) -> jax.Array:
+                        teacher_forced_logits: jax.Array | None = None,
+                        return_rounds: bool = False
+                        ) -> jax.Array | tuple[jax.Array, jax.Array]:
   """Logits (B, T, C) with every fed-back output replaced by the model's own.
 
   Args:
@@ -43,10 +54,14 @@ def free_running_logits(logits_fn: Callable[[Batch], jax.Array], batch: Batch,
       loop usually ends earlier, when nothing changes).
     teacher_forced_logits: logits_fn(batch), when the caller has them already
       (evaluation does): they are where the rounds start.
+    return_rounds: also return the number of forward passes the rounds took
+      (an int32 scalar; 0 when the teacher-forced pass was already the fixed
+      point).
 
   Returns:
     The logits of the greedy-decoded sequence: position t's logits given the
-    model's own predictions at every fed-back position before t.
+    model's own predictions at every fed-back position before t (and the
+    rounds, with return_rounds).
   """
   fed_back = batch.inputs >= first_output_token
 
@@ -69,4 +84,42 @@ def free_running_logits(logits_fn: Callable[[Batch], jax.Array], batch: Batch,
     teacher_forced_logits = logits_fn(batch)
   start = (jnp.zeros((), jnp.int32), batch.inputs, teacher_forced_logits,
            feed_back(teacher_forced_logits))
-  return jax.lax.while_loop(more, round_, start)[2]
+  rounds, _, logits, _ = jax.lax.while_loop(more, round_, start)
+  return (logits, rounds) if return_rounds else logits
+
+
+def cached_free_running_logits(model: nnx.Module, batch: Batch, *,
+                               first_output_token: int) -> jax.Array:
+  """free_running_logits through the key/value caches: (B, T, C) logits.
+
+  Steps through all T positions one token at a time (examples may start
+  their outputs at different positions): at a fed-back position the token is
+  the model's greedy prediction at the position before, elsewhere the
+  batch's own token. Positions follow batch.positions (randomized
+  encodings). Right padding needs no mask under causal attention.
+
+  Args:
+    model: a causal model.SequenceModel (its stack takes decode=True); its
+      caches are replaced by fresh ones of (B, T).
+    batch: an autoregressive-layout batch.
+    first_output_token: as in free_running_logits.
+  """
+  inputs = batch.inputs
+  b, t = inputs.shape
+  fed_back = inputs >= first_output_token
+  model.stack.init_cache(b, t)
+
+  def step(i, carry):
+    model, logits, previous = carry
+    token = jnp.where(fed_back[:, i], first_output_token + previous,
+                      inputs[:, i])
+    positions = (None if batch.positions is None else
+                 jax.lax.dynamic_slice_in_dim(batch.positions, i, 1, axis=1))
+    out = model(token[:, None], positions=positions, deterministic=True,
+                decode=True)[:, 0]
+    predicted = jnp.argmax(out, -1).astype(inputs.dtype)
+    return model, logits.at[:, i].set(out), predicted
+
+  start = (model, jnp.zeros((b, t, model.head.out_features), jnp.float32),
+           jnp.zeros((b,), inputs.dtype))
+  return nnx.fori_loop(0, t, step, start)[1]

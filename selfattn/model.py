@@ -38,7 +38,9 @@ class SequenceModel(nnx.Module):
   input position of an in-place token task, the CLS token of an in-place
   classification, the placeholders of the placeholders layout, the separator
   and outputs of the autoregressive layout, where attention is causal). `positions`
-  (B, T): randomized positions, or None.
+  (B, T): randomized positions, or None. A causal model also runs one step
+  at a time: `model.stack.init_cache(B, T)`, then calls with decode=True
+  (no valid_lens) on the next tokens (free_running.py uses it).
   """
 
   def __init__(self, encoder: TransformerEncoder, num_classes: int, *,
@@ -54,9 +56,11 @@ class SequenceModel(nnx.Module):
 
   def __call__(self, tokens: jax.Array, valid_lens: jax.Array | None = None, *,
                positions: jax.Array | None = None,
-               deterministic: bool | None = None) -> jax.Array:
+               deterministic: bool | None = None,
+               decode: bool = False) -> jax.Array:
     hidden = self.encoder(tokens, valid_lens, causal=self.causal,
-                          positions=positions, deterministic=deterministic)
+                          positions=positions, deterministic=deterministic,
+                          decode=decode)
     return self.head(hidden).astype(jnp.float32)
 
 

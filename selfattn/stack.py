@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from selfattn.attention import capturing
+from selfattn.attention import check_cache_fit
 from selfattn.layers import NORMS
 from selfattn.layers import check_norm_type
 from selfattn.layers import make_norm
@@ -103,6 +104,52 @@ class EmbeddingMixin:
       return self.pos_encoding(X, deterministic=deterministic)
     return self.pos_encoding(X, positions=positions,
                              deterministic=deterministic)
+
+
+class CacheMixin:
+  """Cached decoding for a causal stack (TransformerDecoder, and a
+  TransformerEncoder built causal): `init_cache` makes every layer's
+  key/value cache and the next position; `_start_decode` checks one step
+  against them. The stack names its blocks' self-attention attribute in
+  `_self_attention`."""
+
+  _self_attention: str
+
+  def _init_cache_fields(self) -> None:
+    self.next_position: nnx.Cache | None = nnx.data(None)
+    self.cache_shape: nnx.Cache | None = nnx.data(None)
+
+  def init_cache(self, batch_size: int, max_length: int, dtype=None) -> None:
+    """Empty caches for decode=True calls: every layer's keys and values
+    (batch_size, heads, max_length, head_dim), and the next position."""
+    def init(blk):
+      getattr(blk, self._self_attention).init_cache(batch_size, max_length,
+                                                    dtype)
+    if self.scan_layers:
+      nnx.vmap(init, in_axes=0, out_axes=0)(self.blks)   # one per layer
+    else:
+      for blk in self.blks:
+        init(blk)
+    self.next_position = nnx.Cache(jnp.zeros((), jnp.int32))
+    # (batch_size, max_length) as the shape of a placeholder: shapes, unlike
+    # plain int attributes, travel through nnx.jit as state.
+    self.cache_shape = nnx.Cache(jnp.zeros((batch_size, max_length), bool))
+
+  def _start_decode(self, batch: int, length: int,
+                    positions: jax.Array | None
+                    ) -> tuple[jax.Array, jax.Array]:
+    """One decode step of `length` new tokens: (their positions, overflow).
+    Positions continue from the cache unless given; overflow (a bool
+    scalar) says the step runs past the caches (attention.poison)."""
+    if self.next_position is None:
+      raise ValueError('decode=True needs caches: call init_cache first')
+    start = self.next_position[...]
+    overflow = check_cache_fit(batch, length, start, *self.cache_shape.shape)
+    if positions is None:
+      positions = jnp.broadcast_to(
+          start + jnp.arange(length, dtype=jnp.int32), (batch, length))
+    self.next_position[...] = start + length
+    return positions, overflow
 
 
 def relative_layers(kind, options: dict, num_layers: int, *, num_heads: int,

@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from selfattn import bounded
 from selfattn import tasks as tasks_lib
+from selfattn.free_running import cached_free_running_logits
 from selfattn.free_running import free_running_logits
 from selfattn.model import SequenceModel
 from selfattn.model import build_model
@@ -274,10 +275,17 @@ class Trainer:
       logits = logits_of(batch)
       sums = metric_sums(logits, batch)
       if task.layout == 'autoregressive':      # also free-running
-        free = metric_sums(free_running_logits(
-            logits_of, batch, first_output_token=task.first_output_token,
-            max_rounds=task.spec.output_length(padded) - 1,
-            teacher_forced_logits=logits), batch)
+        first = task.first_output_token
+        if config.eval.free_running == 'cache':
+          free_logits = cached_free_running_logits(
+              nnx.merge(parts['graphdef'], params, parts['rest'], copy=True),
+              batch, first_output_token=first)
+        else:
+          free_logits = free_running_logits(
+              logits_of, batch, first_output_token=first,
+              max_rounds=task.spec.output_length(padded) - 1,
+              teacher_forced_logits=logits)
+        free = metric_sums(free_logits, batch)
         sums['free_correct'] = free['correct']
         sums['free_seq_correct'] = free['seq_correct']
       return sums

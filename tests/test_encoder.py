@@ -235,3 +235,38 @@ def test_scanned_layers_equal_the_loop_with_the_same_parameters(position):
   assert len(hidden) == len(want) == 4
   np.testing.assert_allclose(hidden[2], want[2], atol=1e-5)
   assert_scanned_grads_match(lambda m: (m(x, lens) ** 2).sum(), loop, scanned)
+
+
+@pytest.mark.parametrize('position', ALL)
+def test_a_causal_encoder_decodes_through_its_caches_like_the_full_pass(
+    position):
+  """A prompt of 4 then one token at a time: the outputs of one causal pass
+  (what cached free-running evaluation relies on, free_running.py)."""
+  enc = selfattn.TransformerEncoder(
+      VOCAB, 16, 32, 4, 2, position=position, max_len=32, norm='pre',
+      causal=True, rngs=nnx.Rngs(0),
+      **({'clip_distance': 3} if position == 'shaw' else {}))
+  x = tokens((2, 7), seed=2)
+  enc.init_cache(2, 8)
+  steps = [enc(x[:, :4], decode=True)]
+  steps += [enc(x[:, t:t + 1], decode=True) for t in range(4, 7)]
+  np.testing.assert_allclose(jnp.concatenate(steps, 1), enc(x), atol=1e-5)
+
+
+def test_cached_encoder_decoding_refuses_what_it_cannot_honour():
+  x = tokens((2, 3))
+  bidirectional = make('rope')
+  bidirectional.init_cache(2, 8)
+  with pytest.raises(ValueError, match='encoder built with causal=True'):
+    bidirectional(x, decode=True)
+  causal = selfattn.TransformerEncoder(VOCAB, 16, 32, 4, 1, position='rope',
+                                       causal=True, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='call init_cache first'):
+    causal(x, decode=True)
+  causal.init_cache(2, 4)
+  with pytest.raises(ValueError, match='valid_lens cannot be used with '
+                     'decode=True'):
+    causal(x, jnp.array([3, 2]), decode=True)
+  causal(x, decode=True)
+  with pytest.raises(ValueError, match='past the end of the cache'):
+    causal(x[:, :2], decode=True)

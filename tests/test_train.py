@@ -176,6 +176,8 @@ def test_bfloat16_activations_train_with_float32_parameters(tiny_config, tmp_pat
     ('model.norm', 'sandwich', 'config.model.norm.*valid: post, pre, none'),
     ('model.norm_type', 'batchnorm',
      'config.model.norm_type.*valid: layernorm, rmsnorm'),
+    ('eval.free_running', 'beam',
+     'config.eval.free_running.*valid: fixed_point, cache'),
     ('model.clip_distance', 4, 'clip_distance is an option of shaw, not of'),
     ('task.vocab_size', 3, None),
     ('model.attention_impl', 'flash',

@@ -6,6 +6,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from selfattn.layers import dropout_layer
@@ -120,7 +121,10 @@ class LearnedEncoding(nnx.Module):
       X = X + self.table(X.shape[1]).astype(X.dtype)[None]
     else:
       if not isinstance(positions, jax.core.Tracer):
-        low, high = int(jnp.min(positions)), int(jnp.max(positions))
+        # NumPy, not jnp: inside a traced function (a while_loop body) jnp
+        # would stage even a concrete array's min into the trace.
+        concrete = np.asarray(positions)
+        low, high = int(concrete.min()), int(concrete.max())
         if low < 0 or high >= self.max_len:
           raise ValueError(f'positions must lie in [0, max_len={self.max_len}) '
                            f'for the learned encoding; got values from {low} '
