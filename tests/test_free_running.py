@@ -69,8 +69,7 @@ def test_free_running_equals_greedy_decoding_one_slot_at_a_time():
 
 
 @pytest.mark.parametrize('position, randomized', [
-    ('rope', False), ('sinusoidal', False), ('huang', False), ('shaw', True),
-    ('learned', True)])
+    ('rope', False), ('huang', False), ('shaw', True), ('learned', True)])
 def test_cached_free_running_equals_greedy_decoding(position, randomized):
   """Through the key/value caches, one token at a time, on a batch whose
   examples start their outputs at different positions (and with randomized
