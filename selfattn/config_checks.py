@@ -8,9 +8,9 @@ from typing import Any
 import ml_collections
 
 from selfattn import jsb
-from selfattn.free_running import IMPLEMENTATIONS as FREE_RUNNING
 from selfattn import positions
 from selfattn import tasks
+from selfattn.free_running import IMPLEMENTATIONS as FREE_RUNNING
 # Re-exported: their home is beside build_model, which reads them.
 from selfattn.model import position_options  # noqa: F401
 from selfattn.model import task_from_config

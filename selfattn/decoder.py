@@ -116,7 +116,8 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
                num_heads: int, num_layers: int, dropout: float = 0.0, *,
                position: str = 'sinusoidal', max_len: int = 1024,
                norm: str = 'pre', residual: bool = True,
-               norm_type: str = 'layernorm', cross_attention: bool = False, use_bias: bool = False,
+               norm_type: str = 'layernorm', cross_attention: bool = False,
+               use_bias: bool = False,
                attention_impl: str = 'plain', remat: bool = False,
                scan_layers: bool = False, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):

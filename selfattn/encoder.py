@@ -32,9 +32,10 @@ class TransformerEncoderBlock(nnx.Module):
   with mask / bias / causal as in masks.py.
 
   Args: num_hiddens, ffn_num_hiddens, num_heads, dropout; norm ('post', 'pre',
-  'none'), residual, norm_type ('layernorm', 'rmsnorm'); relative: this layer's own relative-position module (or
-  None); use_bias in the attention projections; attention_impl ('plain',
-  'fused', 'chunked' or 'auto', see MultiHeadAttention); dtype / param_dtype; rngs.
+  'none'), residual, norm_type ('layernorm', 'rmsnorm'); relative: this
+  layer's own relative-position module (or None); use_bias in the attention
+  projections; attention_impl ('plain', 'fused', 'chunked' or 'auto', see
+  MultiHeadAttention); dtype / param_dtype; rngs.
   """
 
   def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
@@ -114,7 +115,8 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
                ffn_num_hiddens: int, num_heads: int, num_layers: int,
                dropout: float = 0.0, *, position: str = 'sinusoidal',
                max_len: int = 1024, norm: str = 'post', residual: bool = True,
-               norm_type: str = 'layernorm', causal: bool = False, use_bias: bool = False,
+               norm_type: str = 'layernorm', causal: bool = False,
+               use_bias: bool = False,
                attention_impl: str = 'plain', remat: bool = False,
                scan_layers: bool = False, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
@@ -135,7 +137,8 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
     def block(relative, rngs):
       return TransformerEncoderBlock(
           num_hiddens, ffn_num_hiddens, num_heads, dropout, norm=norm,
-          residual=residual, norm_type=norm_type, relative=relative, use_bias=use_bias,
+          residual=residual, norm_type=norm_type, relative=relative,
+          use_bias=use_bias,
           attention_impl=attention_impl, dtype=dtype, param_dtype=param_dtype,
           rngs=rngs)
 

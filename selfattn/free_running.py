@@ -19,9 +19,10 @@ forward pass beyond the teacher-forced one.
 `cached_free_running_logits` computes the same logits the way a decoder in
 use would: one token at a time through the key/value caches, T steps of one
 token each. Which is cheaper depends on how many rounds the fixed point
-needs (1 for a model that is right everywhere, up to M - 1 for one whose
-every prediction changes the next); scripts/bench_free_running.py measures
-both, and `config.eval.free_running` chooses.
+needs (none beyond the teacher-forced pass for a model that is right
+everywhere, up to M - 1 for one whose every prediction changes the next);
+scripts/bench_free_running.py measures both, and `config.eval.free_running`
+chooses.
 """
 
 from __future__ import annotations
