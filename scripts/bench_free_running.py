@@ -10,8 +10,9 @@ teacher-forced pass evaluation makes anyway), `cache` steps through all T
 positions one token at a time through the key/value caches. Measured here,
 in alternation in one run, on reverse_string in the autoregressive layout
 (2 layers of width 64, 4 heads: the small Chomsky scale) at an evaluation
-length, for an untrained model (whose predictions keep changing: many
-rounds) and for the same model after some training steps (fewer rounds).
+length, for an untrained model and for the same model after some training
+steps: the rounds depend on how often the model's fed-back predictions
+change (measured: one round untrained, 33 after 1000 steps, BENCHMARKS.md).
 Prints the rounds taken, each method's time for a batch and the ratio.
 """
 

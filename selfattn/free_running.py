@@ -6,7 +6,7 @@ own predictions, so a mistake can derail everything after it. This module
 scores that: the fed-back tokens are replaced by the model's greedy
 predictions until they stop changing.
 
-Why no decoding loop or cache is needed: attention is causal, so the
+The fixed point needs no decoding loop or cache: attention is causal, so the
 prediction at position t depends only on tokens 0..t. Starting from the
 teacher-forced sequence, one round (a full forward pass, then writing each
 position's argmax into the next fed-back slot) makes the first fed-back slot

@@ -101,7 +101,8 @@ def build_model(config: ml_collections.ConfigDict, task: Task,
   m = config.model
   stack = dict(
       position=m.position, max_len=m.max_len, norm=m.norm,
-      norm_type=m.norm_type, residual=m.residual, attention_impl=m.attention_impl,
+      norm_type=m.norm_type, residual=m.residual,
+      attention_impl=m.attention_impl,
       remat=bool(m.remat), scan_layers=bool(m.scan_layers), dtype=jnp.dtype(m.dtype),
       rngs=rngs, **position_options(m))
   sizes = (task.input_vocab_size, m.num_hiddens, m.ffn_num_hiddens,

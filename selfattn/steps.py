@@ -88,13 +88,27 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
       end_value=train.learning_rate * train.final_lr_fraction)
 
 
-def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Global-norm clipping, then AdamW (decay on matrices only)."""
+def decay_mask(params, *, scan_layers: bool = False):
+  """True for the parameters weight decay applies to: matrices and tables
+  (more than one axis per layer), not biases or norm scales. With
+  scan_layers, parameters under a stack's `blks` carry a leading layer axis
+  that is not one of their own, so a stacked (layers, D) norm scale is still
+  a vector: the mask is the loop stack's, layer by layer."""
+  def decayed(path, p):
+    stacked = scan_layers and any(getattr(k, 'key', None) == 'blks'
+                                  for k in path)
+    return p.ndim - stacked > 1
+  return jax.tree_util.tree_map_with_path(decayed, params)
+
+
+def make_optimizer(train: ml_collections.ConfigDict, *,
+                   scan_layers: bool = False) -> optax.GradientTransformation:
+  """Global-norm clipping, then AdamW (decay on matrices only, decay_mask)."""
   return optax.chain(
       optax.clip_by_global_norm(train.grad_clip),
       optax.adamw(learning_rate_schedule(train), b2=train.b2,
                   weight_decay=train.weight_decay,
-                  mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params)))
+                  mask=functools.partial(decay_mask, scan_layers=scan_layers)))
 
 
 # --------------------------------------------------------------------------
@@ -250,7 +264,8 @@ class Trainer:
     seed = config.seed
     model = build_model(config, task, nnx.Rngs(params=seed, dropout=seed + 1))
     self.graphdef, self._params, self.rest = nnx.split(model, nnx.Param, ...)
-    self.tx = tx = make_optimizer(config.train)
+    self.tx = tx = make_optimizer(config.train,
+                                  scan_layers=config.model.scan_layers)
     self.train_batch = make_train_batches(config, task, mesh)
     parts = dict(graphdef=self.graphdef, rest=self.rest)
     step_with_key = functools.partial(

@@ -101,15 +101,16 @@ def test_post_norm_outputs_are_layer_normalised_and_pre_norm_has_final_norm():
 
 
 def test_rmsnorm_blocks_match_a_numpy_rms_norm_and_close_with_one():
-  """norm_type='rmsnorm': X / sqrt(mean(X^2) + eps) * scale, no centring, in
-  every AddNorm and the final norm (checked against NumPy), and a decoder
-  built the same way."""
+  """norm_type='rmsnorm' puts RMSNorm in every AddNorm and the final norm;
+  the final norm checked against NumPy's X / sqrt(mean(X^2) + eps) * scale
+  (no centring); a decoder built the same way."""
   x = tokens((2, 5), seed=4)
   enc = selfattn.TransformerEncoder(
       VOCAB, 16, 32, 4, 2, 0.0, position='rope', norm='pre',
       norm_type='rmsnorm', rngs=nnx.Rngs(0))
   assert isinstance(enc.final_ln, nnx.RMSNorm)
-  assert all(isinstance(b.addnorm1.ln, nnx.RMSNorm) for b in enc.blks)
+  assert all(isinstance(b.addnorm1.ln, nnx.RMSNorm)
+             and isinstance(b.addnorm2.ln, nnx.RMSNorm) for b in enc.blks)
   enc.final_ln.scale[...] = jnp.linspace(0.5, 2.0, 16)
   _, hidden = enc(x, return_hidden=True)
   last = np.asarray(hidden[-1], np.float64)
@@ -237,14 +238,16 @@ def test_scanned_layers_equal_the_loop_with_the_same_parameters(position):
   assert_scanned_grads_match(lambda m: (m(x, lens) ** 2).sum(), loop, scanned)
 
 
-@pytest.mark.parametrize('position', ALL)
+@pytest.mark.parametrize('position, layers, scan', [
+    *[(p, 1, False) for p in ALL], ('t5', 2, True)])
 def test_a_causal_encoder_decodes_through_its_caches_like_the_full_pass(
-    position):
+    position, layers, scan):
   """A prompt of 4 then one token at a time: the outputs of one causal pass
-  (what cached free-running evaluation relies on, free_running.py)."""
+  (what cached free-running evaluation relies on, free_running.py); with
+  scan_layers each layer keeps its own cache."""
   enc = selfattn.TransformerEncoder(
-      VOCAB, 16, 32, 4, 1, position=position, max_len=32, norm='pre',
-      causal=True, rngs=nnx.Rngs(0),
+      VOCAB, 16, 32, 4, layers, position=position, max_len=32, norm='pre',
+      causal=True, scan_layers=scan, rngs=nnx.Rngs(0),
       **({'clip_distance': 3} if position == 'shaw' else {}))
   x = tokens((2, 6), seed=2)
   enc.init_cache(2, 8)

@@ -84,7 +84,8 @@ def test_cached_free_running_equals_greedy_decoding(position, randomized):
   assert (decoded != np.asarray(batch.inputs)).sum() > 3
   got = nnx.jit(lambda m, b: cached_free_running_logits(
       m, b, first_output_token=task.first_output_token))(model, batch)
-  valid = np.arange(batch.inputs.shape[1]) < np.asarray(batch.valid_lens)[:, None]
+  valid = (np.arange(batch.inputs.shape[1])
+           < np.asarray(batch.valid_lens)[:, None])
   np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid],
                              atol=1e-5)
   fixed = free_running_logits(

@@ -152,3 +152,41 @@ def test_optimizer_clips_the_gradient_before_the_adamw_update():
     other = jax.tree.map(lambda p, u: p + u, other, updates)
   assert max(float(np.abs(np.asarray(other[k]) - want[k]).max())
              for k in params) > 1e-2
+
+
+def test_weight_decay_skips_norm_scales_and_biases_with_scan_layers_too():
+  """The decay mask of a scanned stack is the loop stack's, layer by layer:
+  the layer axis that nnx.scan adds does not turn a (layers, D) norm scale
+  or bias into a decayed 'matrix'."""
+  from flax import nnx
+
+  from configs import tiny
+  from selfattn import model as model_lib
+
+  masks = {}
+  for scan in (False, True):
+    config = tiny.get_config()
+    config.model.num_layers, config.model.scan_layers = 2, scan
+    config.model.position = 't5'          # a per-layer relative table too
+    task = model_lib.task_from_config(config)
+    model = model_lib.build_model(config, task, nnx.Rngs(0))
+    mask = steps.decay_mask(nnx.state(model, nnx.Param), scan_layers=scan)
+    masks[scan] = {
+        tuple(getattr(k, 'key', getattr(k, 'idx', None)) for k in path
+              if not hasattr(k, 'name')): bool(d)
+        for path, d in jax.tree_util.tree_leaves_with_path(mask)}
+  loop, scanned = masks[False], masks[True]
+  # Norm scales and biases, and the projections' biases, are vectors per
+  # layer (T5's (buckets, heads) table, also named `bias`, is decayed).
+  vectors = [path for path in scanned
+             if path[-1] in ('scale', 'bias') and 'relative' not in path]
+  assert len(vectors) > 4 and not any(scanned[path] for path in vectors)
+  assert {path[-1] for path, d in scanned.items() if d} >= {'kernel',
+                                                            'embedding'}
+  for path, d in scanned.items():
+    if 'blks' in path:
+      i = path.index('blks')
+      for layer in range(2):
+        assert loop[path[:i + 1] + (layer,) + path[i + 1:]] == d, path
+    else:
+      assert loop[path] == d, path
