@@ -28,7 +28,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
 
 from configs import chomsky  # noqa: E402
 from measure import compare_times  # noqa: E402
@@ -64,8 +63,8 @@ def _methods(trainer, task, padded):
 
   @jax.jit
   def cached(params, batch):
-    model = nnx.merge(graphdef, params, rest, copy=True)
-    return cached_free_running_logits(model, batch, first_output_token=first)
+    return cached_free_running_logits(trainer.model(params), batch,
+                                      first_output_token=first)
 
   return teacher_forced, fixed_point, cached
 

@@ -293,8 +293,7 @@ class Trainer:
         first = task.first_output_token
         if config.eval.free_running == 'cache':
           free_logits = cached_free_running_logits(
-              nnx.merge(parts['graphdef'], params, parts['rest'], copy=True),
-              batch, first_output_token=first)
+              self.model(params), batch, first_output_token=first)
         else:
           free_logits = free_running_logits(
               logits_of, batch, first_output_token=first,
