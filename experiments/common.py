@@ -159,6 +159,31 @@ def seed_interval(means: list[float]) -> tuple[float, float]:
   return float(centre - half), float(centre + half)
 
 
+def paired_by_seed(by_label: dict, a: tuple[str, ...], b: tuple[str, ...],
+                   name: str, *, unit: str, scale: float = 1.0,
+                   digits: int = 4, seed_digits: int | None = None) -> str:
+  """One report line: mean over group a minus mean over group b, per seed
+  (the seeds that have every member of both), with a t-interval across
+  seeds.
+
+  by_label maps label -> seed -> value; differences are multiplied by scale
+  (100 for fractions read as points) and printed with `digits` decimals
+  (`seed_digits` for the per-seed list; default the same).
+  """
+  seeds = sorted(set.intersection(*[set(by_label.get(x, {})) for x in a + b]))
+  if len(seeds) < 2:
+    return f'{name}: fewer than two seeds with every encoding finished.'
+  diffs = [scale * (statistics.mean(by_label[x][s] for x in a)
+                    - statistics.mean(by_label[x][s] for x in b))
+           for s in seeds]
+  lo, hi = seed_interval(diffs)
+  per_seed = digits if seed_digits is None else seed_digits
+  return (f'{name}: {statistics.mean(diffs):+.{digits}f} {unit} over '
+          f'{len(seeds)} seeds (95% t-interval across seeds '
+          f'[{lo:+.{digits}f}, {hi:+.{digits}f}]; per seed '
+          + ', '.join(f'{d:+.{per_seed}f}' for d in diffs) + ')')
+
+
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
   lines = ['| ' + ' | '.join(header) + ' |',
            '|' + '|'.join(':---' if i == 0 else '---:' for i in range(len(header))) + '|']

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 
 import numpy as np
@@ -122,19 +121,9 @@ def _cell(values: list[float]) -> str:
   return common.mean_std(values) if values else '–'
 
 
-def paired_by_seed(by_label: dict, a: tuple[str, ...], b: tuple[str, ...],
-                   name: str) -> str:
-  """Mean over group a minus mean over group b, per seed (seeds that have
-  every member of both), with a t-interval across seeds."""
-  seeds = sorted(set.intersection(*[set(by_label.get(x, {})) for x in a + b]))
-  if len(seeds) < 2:
-    return f'{name}: fewer than two seeds with every encoding finished.'
-  diffs = [statistics.mean(by_label[x][s] for x in a)
-           - statistics.mean(by_label[x][s] for x in b) for s in seeds]
-  lo, hi = common.seed_interval(diffs)
-  return (f'{name}: {statistics.mean(diffs):+.4f} nats over {len(seeds)} '
-          f'seeds (95% t-interval across seeds [{lo:+.4f}, {hi:+.4f}]; per '
-          f'seed ' + ', '.join(f'{d:+.4f}' for d in diffs) + ')')
+def _paired(by_label: dict, a: tuple[str, ...], b: tuple[str, ...],
+            name: str) -> str:
+  return common.paired_by_seed(by_label, a, b, name, unit='nats')
 
 
 def plot_by_position(results: dict, labels, window: int, path: str) -> None:
@@ -248,14 +237,14 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
           'out_of_range', 'pitch_class_distance', 'parallels_rate',
           'repeat_fraction')]])
   comparisons = [
-      paired_by_seed(by['test_nll'], RELATIVE, ABSOLUTE,
+      _paired(by['test_nll'], RELATIVE, ABSOLUTE,
                      'test NLL, mean of the relative encodings minus mean of '
                      'the absolute ones'),
-      paired_by_seed(by['test_nll'], ('shaw',), ('sinusoidal',),
+      _paired(by['test_nll'], ('shaw',), ('sinusoidal',),
                      'test NLL, shaw minus sinusoidal'),
-      paired_by_seed(by['test_nll'], ('pope',), ('rope',),
+      _paired(by['test_nll'], ('pope',), ('rope',),
                      'test NLL, pope minus rope'),
-      paired_by_seed(by['test_nll_beyond_window'], RELATIVE, ABSOLUTE,
+      _paired(by['test_nll_beyond_window'], RELATIVE, ABSOLUTE,
                      f'NLL beyond {n}, relative minus absolute'),
   ]
   m, t = base.model, base.train

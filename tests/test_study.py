@@ -129,3 +129,25 @@ def test_the_breakdown_groups_pairs_by_task_and_by_encoding():
                   'positive). Per encoding: rope +0.067 (2 of 3 positive).')
   table = lengthgen.per_seed_table(by_cell, ['t', 'u'], ['none', 'rope'])
   assert '| t | +0.200 -0.100 |' in table and '| u | +0.100 |' in table
+
+
+def test_paired_by_seed_is_the_hand_computed_t_interval():
+  """Two seeds, differences 5 and 10 points: mean 7.5, sd 5/sqrt(2), and
+  t(0.975, 1 df) = 12.706 gives 7.5 +- 12.706 * 2.5 = [-24.27, +39.27]."""
+  by_label = {'pope': {0: 0.10, 1: 0.20}, 'rope': {0: 0.05, 1: 0.10, 2: 0.3}}
+  line = common.paired_by_seed(by_label, ('pope',), ('rope',),
+                               'pope minus rope at lengths 44-52',
+                               unit='points', scale=100, digits=2,
+                               seed_digits=1)
+  assert line == ('pope minus rope at lengths 44-52: +7.50 points over 2 '
+                  'seeds (95% t-interval across seeds [-24.27, +39.27]; '
+                  'per seed +5.0, +10.0)')
+  # Groups average their members per seed first: seed 2 lacks 'pope'.
+  groups = {'a': {0: 1.0, 1: 2.0}, 'b': {0: 3.0, 1: 2.0},
+            'c': {0: 0.0, 1: 1.0, 2: 9.0}}
+  assert common.paired_by_seed(groups, ('a', 'b'), ('c',), 'ab - c',
+                               unit='nats').startswith(
+      'ab - c: +1.5000 nats over 2 seeds')
+  assert 'fewer than two' in common.paired_by_seed(
+      {'pope': {0: 0.1}, 'rope': {0: 0.0}}, ('pope',), ('rope',), 'x',
+      unit='points')
