@@ -19,7 +19,6 @@ stream and the initialisation), with a t-interval across seeds.
 
 from __future__ import annotations
 
-
 import numpy as np
 from absl import app
 from absl import flags

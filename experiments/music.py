@@ -238,14 +238,14 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
           'repeat_fraction')]])
   comparisons = [
       _paired(by['test_nll'], RELATIVE, ABSOLUTE,
-                     'test NLL, mean of the relative encodings minus mean of '
-                     'the absolute ones'),
+              'test NLL, mean of the relative encodings minus mean of '
+              'the absolute ones'),
       _paired(by['test_nll'], ('shaw',), ('sinusoidal',),
-                     'test NLL, shaw minus sinusoidal'),
+              'test NLL, shaw minus sinusoidal'),
       _paired(by['test_nll'], ('pope',), ('rope',),
-                     'test NLL, pope minus rope'),
+              'test NLL, pope minus rope'),
       _paired(by['test_nll_beyond_window'], RELATIVE, ABSOLUTE,
-                     f'NLL beyond {n}, relative minus absolute'),
+              f'NLL beyond {n}, relative minus absolute'),
   ]
   m, t = base.model, base.train
   protocol = (
