@@ -125,6 +125,9 @@ _PEERS = flags.DEFINE_list('peers', ','.join(PEERS),
                            f'Peers ({", ".join(PEERS)}).')
 _CAUSAL = flags.DEFINE_list('causal', 'false', 'Masks to run: false '
                             '(bidirectional), true (causal), or both.')
+_MODE = flags.DEFINE_enum(
+    'mode', 'train', ['train', 'forward'], "What a row times: 'train' (the "
+    "loss and its gradients) or 'forward' (the output alone; FLOPs x1).")
 _REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed runs per row (median).')
 _WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed runs before timing.')
 _PEAK = flags.DEFINE_float(
@@ -155,7 +158,7 @@ FLOP_CONVENTION = (
     'multiply-add), x3.5 for forward+backward (backward = 2.5 x forward, as '
     'the FlashAttention papers count), halved when causal; relative terms, '
     'softmax and rotations not counted (the same count for every row at a '
-    'length).')
+    'length); --mode=forward counts the forward alone.')
 
 
 # --------------------------------------------------------------------------
@@ -356,12 +359,17 @@ def peer_case(peer, x, causal, gpu: bool) -> Case | str:
 
 
 def grad_step(case: Case):
-  """jit of the gradients of sum(forward * g) w.r.t. the case's `diff`; g
-  is the last argument."""
+  """jit of what --mode times. 'train': the loss sum(forward * g) and its
+  gradients w.r.t. the case's `diff` (the value too, so that every path
+  runs its forward: a backward that recomputes from the inputs, as the
+  Pallas kernel's does, would otherwise let XLA drop the forward kernel).
+  'forward': the output alone. g is the last argument."""
   def loss(*args):
     out = case.forward(*args[:-1])
     return jnp.sum(out.astype(jnp.float32) * args[-1])
-  return jax.jit(jax.grad(loss, argnums=case.diff))
+  if _MODE.value == 'forward':
+    return jax.jit(loss)
+  return jax.jit(jax.value_and_grad(loss, argnums=case.diff))
 
 
 def _to_bhld(out, layout):
@@ -478,7 +486,8 @@ def inputs(batch, heads, length, head_dim, dtype) -> dict:
 
 def attention_flops(batch, heads, length, head_dim, causal) -> float:
   forward = 4.0 * batch * heads * length * length * head_dim
-  return 3.5 * forward / (2 if causal else 1)
+  factor = 1.0 if _MODE.value == 'forward' else 3.5
+  return factor * forward / (2 if causal else 1)
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -518,7 +527,9 @@ TEXT_COLUMNS = ('causal', 'encoding', 'impl', 'path', 'kernel', 'status')
 
 def markdown(result: dict) -> str:
   m = result['machine']
-  lines = [f'# Attention forward+backward on {m["device_kind"]} '
+  what = ('forward' if result.get('mode') == 'forward'
+          else 'forward+backward')
+  lines = [f'# Attention {what} on {m["device_kind"]} '
            f'({m["platform"]}), JAX {m["jax"]}, {result["dtype"]}'
            f'{" (smoke)" if result["smoke"] else ""}', '',
            f'- H = {result["heads"]} heads, D = {result["head_dim"]}, batch = '
@@ -583,7 +594,8 @@ def summary(result: dict) -> str:
           f'{r["ms"]:.2f}' if r.get('status') == 'ok'
           else r.get('status', '').split(':')[0].split(' (')[0])
   lines = [f'ms at L = {length}, {"causal" if causal else "bidirectional"} '
-           f'(forward+backward):', '',
+           f'({"forward" if _MODE.value == "forward" else "forward+backward"}):',
+           '',
            '| encoding | ' + ' | '.join(impls) + ' |',
            '|---|' + '---:|' * len(impls)]
   for e in encodings:
@@ -648,11 +660,12 @@ def main(argv):
       'flop_convention': FLOP_CONVENTION, 'peak_tflops': peak,
       'peak_source': source, 'matmul_tflops': mm,
       'matmul_label': f'{jnp.dtype(mm_dtype).name} {mm_n}^3 matmul',
+      'mode': _MODE.value,
       'repeats': repeats, 'warmup': warmup, 'time_budget': _BUDGET.value,
       'check_length': check_length if _CHECK.value else None,
       'rows': [], 'fused_reach': {}, 'not_run': [],
   }
-  print(f'# bench_gpu on {info["device_kind"]} ({info["platform"]}), JAX '
+  print(f'# bench_gpu --mode={_MODE.value} on {info["device_kind"]} ({info["platform"]}), JAX '
         f'{info["jax"]}, {dtype_name}, H={heads}, D={head_dim}; matmul '
         f'{mm:.1f} TFLOP/s; peak {peak} ({source})', flush=True)
   print(f'# {FLOP_CONVENTION}', flush=True)

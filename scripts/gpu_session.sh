@@ -17,6 +17,12 @@
 #               every encoding, impl and peer; ARGS go to bench_gpu.py
 #               (e.g. --causal=true --name=bench_gpu_causal).       <= 8 min
 #   bench_long  the same at L = 16k, 32k (bench_gpu_long.*).        <= 8 min
+#   kernel      issue 32's one-call session: info, then the Pallas and
+#               attention tests on the GPU (tests/test_pallas.py runs the
+#               compiled Triton kernel there, not interpret mode), then
+#               `bench` at KERNEL_LENGTHS (default 8192,2048) for each
+#               --mode in KERNEL_MODES (default train), each within
+#               KERNEL_BENCH_BUDGET s (default 250).                 <= 8 min
 #   music       python -m experiments.music --scale=paper --seeds=1, one
 #               encoding at a time in MUSIC_POSITIONS order (default
 #               "rope pope alibi t5 shaw none") until MUSIC_BUDGET seconds
@@ -268,5 +274,14 @@ case "$STEP" in
   bench_long) setup; info >/dev/null
     bench bench_gpu_long 16384,32768 480 400 --check=false "$@" ;;
   music) setup; info >/dev/null; music "$@" ;;
+  kernel) setup; info >/dev/null
+    SUITE_MARK=${SUITE_MARK:-not slow} SUITE_TIMEOUT=${SUITE_TIMEOUT:-150} \
+      SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q tests/test_pallas.py tests/test_attention.py} \
+      suite
+    budget=${KERNEL_BENCH_BUDGET:-250}
+    for mode in ${KERNEL_MODES:-train}; do
+      bench "bench_gpu_$mode" "${KERNEL_LENGTHS:-8192,2048}" $(( budget + 60 )) \
+        "$budget" --mode="$mode" "$@"
+    done ;;
   *) usage ;;
 esac

@@ -79,7 +79,7 @@ class _Config(NamedTuple):
   scale: float           # softmax scale, 1/sqrt(D) of the head before rotate
   block_q: int
   block_k: int
-  interpret: bool
+  interpret: bool | None  # None: per lowering platform (interpret on cpu)
 
 
 def _is_rotation_only(relative) -> bool:
@@ -138,12 +138,57 @@ def _round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
+def _pow2(n: int) -> int:
+  """The smallest power of two >= n (n >= 1)."""
+  return 1 << max(0, int(n) - 1).bit_length()
+
+
+class _Layout(NamedTuple):
+  """Static block and padding choices of one backend for one call: the
+  shape rules differ (Triton: every array a power of two, a dot's dims >= 16;
+  Mosaic TPU: a block's last two dims multiples of (8, 128) or the array's
+  own; interpret: the Triton layout with blocks down to 8, so the CPU tests
+  run the padded tables a GPU runs)."""
+  block_q: int
+  block_k: int
+  head_q: int        # q and k head width after zero padding
+  head_v: int        # v head width after zero padding (columns sliced off)
+  table_rows: int    # Shaw's 2k + 1 rows after zero padding
+  lanes: int         # width of the per-head ALiBi / T5 tile
+
+
+def _layout(cfg: _Config, backend: str, lq: int, lk: int, dq: int,
+            dv: int) -> _Layout:
+  rows = 2 * cfg.clip + 1
+  lanes = {'alibi': 1, 't5': cfg.num_buckets}.get(cfg.kind, 1)
+  if backend == 'mosaic_tpu':
+    # Sublanes of 8, lanes of 128; head widths stay whole (a block dim equal
+    # to the array's is allowed), so q, k, v need no padding.
+    return _Layout(block_q=min(_round_up(cfg.block_q, 8), _round_up(lq, 8)),
+                   block_k=_round_up(min(cfg.block_k, lk), 128),
+                   head_q=dq, head_v=dv, table_rows=_round_up(rows, 128),
+                   lanes=_round_up(lanes, 128))
+  # Triton: powers of two throughout, and tl.dot wants every dim >= 16.
+  smallest = 16 if backend == 'triton' else 8
+  block = lambda b, n: max(smallest, min(_pow2(b), _pow2(n)))
+  return _Layout(block_q=block(cfg.block_q, lq), block_k=block(cfg.block_k, lk),
+                 head_q=max(16, _pow2(dq)), head_v=max(16, _pow2(dv)),
+                 table_rows=max(16, _pow2(rows)), lanes=_pow2(lanes))
+
+
 # --------------------------------------------------------------------------
 # The forward kernel.
 # --------------------------------------------------------------------------
 
-def _kernel(*refs, cfg: _Config, lq: int, lk: int, num_key_blocks: int,
-            has_valid: bool):
+def _column(x: jax.Array, n: int) -> jax.Array:
+  """Column n of a (rows, width) value as (rows, 1). A masked row sum, not
+  x[:, n:n + 1]: Pallas's Triton lowering has no slice of a value."""
+  lane = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
+  return jnp.sum(jnp.where(lane == n, x, 0.0), axis=1, keepdims=True)
+
+
+def _kernel(*refs, cfg: _Config, lay: _Layout, lq: int, lk: int,
+            num_key_blocks: int, has_valid: bool):
   q_ref, k_ref, v_ref = refs[:3]
   rest = list(refs[3:])
   valid_ref = rest.pop(0) if has_valid else None
@@ -151,48 +196,59 @@ def _kernel(*refs, cfg: _Config, lq: int, lk: int, num_key_blocks: int,
   a_k_ref = rest.pop(0) if cfg.kind == 'shaw' else None
   a_v_ref = rest.pop(0) if cfg.kind == 'shaw' and cfg.shaw_values else None
   (o_ref,) = rest
-  bq, bk = cfg.block_q, cfg.block_k
+  bq, bk = lay.block_q, lay.block_k
   i = pl.program_id(1)
+  f32 = jnp.float32
 
-  q = q_ref[...].astype(jnp.float32) * cfg.scale             # (bq, Dq)
+  q = q_ref[...]                                  # (bq, Dq), input dtype
   q_idx = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
   num_rows = 2 * cfg.clip + 1
-  if a_k_ref is not None:
-    # Shaw's key term per query and clipped offset: (bq, 2k + 1), once per row.
-    q_dot_a = jax.lax.dot_general(q, a_k_ref[...].astype(jnp.float32),
-                                  (((1,), (1,)), ((), ())),
-                                  preferred_element_type=jnp.float32)
+  # Per-head scalars and columns, read once per program as (1, 1) / (bq, 1)
+  # values (no scalar loads: Mosaic TPU reads scalars only from SMEM).
+  if cfg.kind == 'alibi':
+    slope = jnp.max(table_ref[...].astype(f32), axis=1, keepdims=True)
+  if cfg.kind == 't5':
+    row = table_ref[...].astype(f32)                          # (1, lanes)
+    bucket_values = [_column(row, n) for n in range(cfg.num_buckets)]
+  if cfg.kind == 'shaw':
+    # Shaw's key term per query and clipped offset, (bq, rows), once per
+    # program; the padding rows of a^K are zero and never selected.
+    q_dot_a = jax.lax.dot_general(
+        q, a_k_ref[...].astype(q.dtype), (((1,), (1,)), ((), ())),
+        preferred_element_type=f32) * cfg.scale
+    key_columns = [_column(q_dot_a, r) for r in range(num_rows)]
+  if a_v_ref is not None:
+    a_v = a_v_ref[...]                                        # (rows, Dv)
+    edge_values = {'left': a_v_ref[pl.ds(0, 1), :].astype(f32),
+                   'right': a_v_ref[pl.ds(num_rows - 1, 1), :].astype(f32)}
 
   def body(j, carry, region='near'):
     # region (static): 'near' blocks see per-offset rows of the Shaw tables;
     # 'left' / 'right' blocks lie wholly at offsets <= -k / >= +k, so every
-    # entry uses the one edge row (a column of q_dot_a, one a^V row).
+    # entry uses the one edge row (a column of q a^K^T, one a^V row).
     acc, m, l = carry
     start = pl.multiple_of(j * bk, bk)
-    k_blk = k_ref[pl.ds(start, bk), :].astype(jnp.float32)    # (bk, Dq)
-    v_blk = v_ref[pl.ds(start, bk), :]                       # (bk, Dv)
+    k_blk = k_ref[pl.ds(start, bk), :]                        # (bk, Dq)
+    v_blk = v_ref[pl.ds(start, bk), :]                        # (bk, Dv)
     s = jax.lax.dot_general(q, k_blk, (((1,), (1,)), ((), ())),
-                            preferred_element_type=jnp.float32)
+                            preferred_element_type=f32) * cfg.scale
     k_idx = start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
     offset = k_idx - q_idx
     if cfg.kind == 'alibi':
-      slope = table_ref[...].astype(jnp.float32)              # (1,) this head's
       s = s - slope * _alibi_distance(offset, cfg.symmetric)
     elif cfg.kind == 't5':
       bucket = positions.t5_bucket(offset, cfg.num_buckets, cfg.max_distance)
-      term = jnp.zeros((bq, bk), jnp.float32)
-      for n in range(cfg.num_buckets):         # a select per bucket: no gather
-        value = table_ref[pl.ds(n, 1)].astype(jnp.float32)   # (1,) this head's
+      term = jnp.zeros((bq, bk), f32)
+      for n, value in enumerate(bucket_values):   # a select per bucket
         term = jnp.where(bucket == n, value, term)
       s = s + term
     elif cfg.kind == 'shaw' and region != 'near':
-      edge = 0 if region == 'left' else num_rows - 1
-      s = s + q_dot_a[:, edge:edge + 1]
+      s = s + key_columns[0 if region == 'left' else num_rows - 1]
     elif cfg.kind == 'shaw':
       bucket = jnp.clip(offset, -cfg.clip, cfg.clip) + cfg.clip
-      term = jnp.zeros((bq, bk), jnp.float32)
-      for r in range(num_rows):                # a select per offset: no gather
-        term = jnp.where(bucket == r, q_dot_a[:, r:r + 1], term)
+      term = jnp.zeros((bq, bk), f32)
+      for r, column in enumerate(key_columns):    # a select per offset
+        term = jnp.where(bucket == r, column, term)
       s = s + term
     keep = k_idx < lk
     if cfg.causal:
@@ -207,31 +263,31 @@ def _kernel(*refs, cfg: _Config, lq: int, lk: int, num_key_blocks: int,
     l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
     pv = jax.lax.dot_general(p.astype(v_blk.dtype), v_blk,
                              (((1,), (0,)), ((), ())),
-                             preferred_element_type=jnp.float32)
+                             preferred_element_type=f32)
     if a_v_ref is not None and region != 'near':
       # Every weight of a far block multiplies the same edge row of a^V.
-      edge = 0 if region == 'left' else num_rows - 1
-      pv = pv + (jnp.sum(p, axis=1, keepdims=True)
-                 * a_v_ref[pl.ds(edge, 1), :].astype(jnp.float32))
+      pv = pv + jnp.sum(p, axis=1, keepdims=True) * edge_values[region]
     elif a_v_ref is not None:
       # Shaw's value term: the block's weights summed per clipped offset,
-      # (bq, 2k + 1), against a^V (2k + 1, Dv).
-      folded = jnp.concatenate(
-          [jnp.sum(jnp.where(bucket == r, p, 0.0), axis=1, keepdims=True)
-           for r in range(num_rows)], axis=1)
-      pv = pv + jax.lax.dot_general(folded, a_v_ref[...].astype(jnp.float32),
+      # (bq, rows), against a^V (rows, Dv).
+      lane = jax.lax.broadcasted_iota(jnp.int32, (bq, lay.table_rows), 1)
+      folded = jnp.zeros((bq, lay.table_rows), f32)
+      for r in range(num_rows):
+        mass = jnp.sum(jnp.where(bucket == r, p, 0.0), axis=1, keepdims=True)
+        folded = jnp.where(lane == r, mass, folded)
+      pv = pv + jax.lax.dot_general(folded.astype(v_blk.dtype),
+                                    a_v.astype(v_blk.dtype),
                                     (((1,), (0,)), ((), ())),
-                                    preferred_element_type=jnp.float32)
+                                    preferred_element_type=f32)
     return alpha * acc + pv, m_new, l
 
   dv = v_ref.shape[-1]
-  carry = (jnp.zeros((bq, dv), jnp.float32),
-           jnp.full((bq, 1), -jnp.inf, jnp.float32),
-           jnp.zeros((bq, 1), jnp.float32))
+  carry = (jnp.zeros((bq, dv), f32), jnp.full((bq, 1), -jnp.inf, f32),
+           jnp.zeros((bq, 1), f32))
   if cfg.causal:
     # Key blocks wholly above the diagonal add nothing: stop before them.
-    last = i * bq + (bq - 1) + (lk - lq)       # the last key any row may see
-    upper = jnp.clip(jnp.floor_divide(last, bk) + 1, 0, num_key_blocks)
+    seen = i * bq + bq + (lk - lq)         # keys up to the block's last row's
+    upper = jnp.clip(_floor_div(seen + bk - 1, bk, lq - lk), 0, num_key_blocks)
   else:
     upper = num_key_blocks
   if cfg.kind == 'shaw':
@@ -248,6 +304,14 @@ def _kernel(*refs, cfg: _Config, lq: int, lk: int, num_key_blocks: int,
   o_ref[...] = out.astype(o_ref.dtype)
 
 
+def _floor_div(x, d: int, lowest: int):
+  """floor(x / d) for an int32 x >= lowest (static) and d > 0, as a
+  truncating division of x shifted to be non-negative: jnp.floor_divide
+  lowers through `sign`, which Mosaic TPU lowers only on a TPU host."""
+  shift = _round_up(max(0, -lowest), d)
+  return jax.lax.div(jnp.asarray(x + shift, jnp.int32), jnp.int32(d)) - shift // d
+
+
 def _shaw_far_blocks(i, bq: int, bk: int, clip: int, upper):
   """(left_end, right_start) for query block i: key blocks [0, left_end)
   hold only offsets (key - query) <= -clip, blocks [right_start, upper)
@@ -257,64 +321,110 @@ def _shaw_far_blocks(i, bq: int, bk: int, clip: int, upper):
   first_q, last_q = i * bq, i * bq + bq - 1
   # Block j's largest offset is j bk + bk - 1 - first_q <= -clip
   #   <=> j <= floor((first_q - clip - bk + 1) / bk).
-  left_end = jnp.floor_divide(first_q - clip - bk + 1, bk) + 1
+  left_end = _floor_div(first_q - clip - bk + 1, bk, -clip - bk + 1) + 1
   # Block j's smallest offset is j bk - last_q >= clip
-  #   <=> j >= ceil((last_q + clip) / bk).
-  right_start = -jnp.floor_divide(-(last_q + clip), bk)
+  #   <=> j >= ceil((last_q + clip) / bk) = floor((last_q + clip + bk - 1) / bk).
+  right_start = _floor_div(last_q + clip + bk - 1, bk, 0)
   left_end = jnp.clip(left_end, 0, upper)
   right_start = jnp.clip(right_start, left_end, upper)
   return left_end, right_start
 
 
-def _forward(cfg: _Config, q, k, v, key_valid, table):
-  """The pallas_call: q (B, H, Lq, Dq) rotated, not scaled; k (B, H, Lk, Dq)
-  and v (B, H, Lk, Dv) with invalid keys already zeroed; key_valid (B, Lk)
-  bool or None; table (H,) slopes, (num_buckets, H) T5 biases, Shaw's
-  (a^K, a^V or None) each (H, 2k + 1, D), or None."""
+def _pallas_forward(cfg: _Config, backend: str, q, k, v, key_valid, table):
+  """One backend's pallas_call: q (B, H, Lq, Dq) rotated, not scaled;
+  k (B, H, Lk, Dq) and v (B, H, Lk, Dv) with invalid keys already zeroed;
+  key_valid (B, Lk) bool or None; table (H,) slopes, (num_buckets, H) T5
+  biases, Shaw's (a^K, a^V or None) each (H, 2k + 1, D), or None.
+  backend: 'triton' (CUDA and ROCm), 'mosaic_tpu' or 'interpret'."""
   b, h, lq, dq = q.shape
   lk, dv = k.shape[2], v.shape[3]
-  bq, bk = cfg.block_q, cfg.block_k
+  lay = _layout(cfg, backend, lq, lk, dq, dv)
+  bq, bk = lay.block_q, lay.block_k
   lq_pad, lk_pad = _round_up(lq, bq), _round_up(lk, bk)
-  pad = lambda x, n: jnp.pad(x, [(0, 0), (0, 0), (0, n - x.shape[2]), (0, 0)])
-  q3 = pad(q, lq_pad).reshape(b * h, lq_pad, dq)
-  k3 = pad(k, lk_pad).reshape(b * h, lk_pad, dq)
-  v3 = pad(v, lk_pad).reshape(b * h, lk_pad, dv)
-  inputs = [q3, k3, v3]
+
+  def pad(x, length, width):            # (B, H, L, D) -> (B * H, length, width)
+    x = jnp.pad(x, [(0, 0), (0, 0), (0, length - x.shape[2]),
+                    (0, width - x.shape[3])])
+    return x.reshape(b * h, length, width)
+
+  inputs = [pad(q, lq_pad, lay.head_q), pad(k, lk_pad, lay.head_q),
+            pad(v, lk_pad, lay.head_v)]
+  # Keys and values: the whole (padded) sequence of the row's head as one
+  # ref, read block by block inside the kernel's key loop. On Triton a ref is
+  # a pointer (each pl.ds load is one (bk, D) tile); on Mosaic TPU the
+  # head's K and V sit in VMEM.
   in_specs = [
-      pl.BlockSpec((None, bq, dq), lambda r, i: (r, i, 0)),
-      pl.BlockSpec((None, lk_pad, dq), lambda r, i: (r, 0, 0)),
-      pl.BlockSpec((None, lk_pad, dv), lambda r, i: (r, 0, 0)),
+      pl.BlockSpec((None, bq, lay.head_q), lambda r, i: (r, i, 0)),
+      pl.BlockSpec((None, lk_pad, lay.head_q), lambda r, i: (r, 0, 0)),
+      pl.BlockSpec((None, lk_pad, lay.head_v), lambda r, i: (r, 0, 0)),
   ]
   if key_valid is not None:
     valid = jnp.pad(key_valid.astype(jnp.int32), [(0, 0), (0, lk_pad - lk)])
     inputs.append(valid[:, None, :])                        # (B, 1, Lk_pad)
-    in_specs.append(pl.BlockSpec((None, 1, lk_pad), lambda r, i: (r // h, 0, 0)))
-  if cfg.kind == 'alibi':
-    inputs.append(jnp.asarray(table, jnp.float32).reshape(h, 1))
-    in_specs.append(pl.BlockSpec((None, 1), lambda r, i: (r % h, 0)))
-  elif cfg.kind == 't5':
-    inputs.append(jnp.asarray(table).T)                     # (H, num_buckets)
-    in_specs.append(pl.BlockSpec((None, cfg.num_buckets),
-                                 lambda r, i: (r % h, 0)))
+    in_specs.append(pl.BlockSpec((None, 1, lk_pad), lambda r, i: (jax.lax.div(r, h), 0, 0)))
+  if cfg.kind in ('alibi', 't5'):
+    # One (1, lanes) tile per head: (H,) slopes broadcast, or the head's
+    # num_buckets biases zero-padded.
+    per_head = (jnp.asarray(table, jnp.float32)[:, None] if cfg.kind == 'alibi'
+                else jnp.asarray(table).T.astype(jnp.float32))
+    width = per_head.shape[1]
+    tile = (jnp.broadcast_to(per_head, (h, lay.lanes)) if width == 1
+            else jnp.pad(per_head, [(0, 0), (0, lay.lanes - width)]))
+    inputs.append(tile[:, None, :])                         # (H, 1, lanes)
+    in_specs.append(pl.BlockSpec((None, 1, lay.lanes), lambda r, i: (jax.lax.rem(r, h), 0, 0)))
   elif cfg.kind == 'shaw':
-    for t in table:                                          # (H, 2k + 1, D)
+    for t, width in zip(table, (lay.head_q, lay.head_v)):    # (H, 2k + 1, D)
       if t is not None:
+        t = jnp.pad(t, [(0, 0), (0, lay.table_rows - t.shape[1]),
+                        (0, width - t.shape[2])])
         inputs.append(t)
-        in_specs.append(pl.BlockSpec((None,) + t.shape[1:],
-                                     lambda r, i: (r % h, 0, 0)))
-  kernel = functools.partial(_kernel, cfg=cfg, lq=lq, lk=lk,
+        in_specs.append(pl.BlockSpec((None, lay.table_rows, width),
+                                     lambda r, i: (jax.lax.rem(r, h), 0, 0)))
+  kernel = functools.partial(_kernel, cfg=cfg, lay=lay, lq=lq, lk=lk,
                              num_key_blocks=lk_pad // bk,
                              has_valid=key_valid is not None)
   out = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((b * h, lq_pad, dv), v.dtype),
+      out_shape=jax.ShapeDtypeStruct((b * h, lq_pad, lay.head_v), v.dtype),
       grid=(b * h, lq_pad // bq),
       in_specs=in_specs,
-      out_specs=pl.BlockSpec((None, bq, dv), lambda r, i: (r, i, 0)),
-      interpret=cfg.interpret,
+      out_specs=pl.BlockSpec((None, bq, lay.head_v), lambda r, i: (r, i, 0)),
+      interpret=backend == 'interpret',
+      compiler_params=_compiler_params(backend, lay),
       name='selfattn_flash_relative',
   )(*inputs)
-  return out.reshape(b, h, lq_pad, dv)[:, :, :lq]
+  return out.reshape(b, h, lq_pad, lay.head_v)[:, :, :lq, :dv]
+
+
+def _compiler_params(backend: str, lay: _Layout):
+  """The backend named explicitly, not left to JAX's default (Mosaic GPU
+  since JAX 0.10, whose async copies take <= 256 rows and whose shared
+  memory would hold each head's whole K and V)."""
+  if backend == 'triton':
+    from jax.experimental.pallas import triton as pltriton
+    # JAX's own Triton flash attention uses 4 warps for 128-wide blocks of
+    # head width <= 64, 8 above.
+    return pltriton.CompilerParams(num_warps=4 if lay.head_q <= 64 else 8,
+                                   num_stages=2)
+  if backend == 'mosaic_tpu':
+    from jax.experimental.pallas import tpu as pltpu
+    return pltpu.CompilerParams(dimension_semantics=('parallel', 'parallel'))
+  return None
+
+
+def _forward(cfg: _Config, q, k, v, key_valid, table):
+  """The kernel for the platform being lowered for, chosen at lowering time
+  (jax.lax.platform_dependent), not by the host's default backend: a step
+  lowered for 'cuda' on a CPU machine holds the Triton kernel."""
+  args = (q, k, v, key_valid, table)
+  if cfg.interpret:
+    return _pallas_forward(cfg, 'interpret', *args)
+  branch = lambda backend: functools.partial(_pallas_forward, cfg, backend)
+  per_platform = dict(cuda=branch('triton'), rocm=branch('triton'),
+                      tpu=branch('mosaic_tpu'))
+  if cfg.interpret is None:
+    per_platform['cpu'] = branch('interpret')
+  return jax.lax.platform_dependent(*args, **per_platform)
 
 
 # --------------------------------------------------------------------------
@@ -471,8 +581,6 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   scale = 1.0 / math.sqrt(q.shape[-1])       # of the head before `rotate`
   if relative is not None:
     q, k = relative.rotate(q, k)
-  if interpret is None:
-    interpret = jax.default_backend() == 'cpu'
   cfg = _Config(
       kind=kind, symmetric=options.get('symmetric', False),
       num_buckets=options.get('num_buckets', 0),
@@ -480,8 +588,8 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       clip=options.get('clip', 0),
       shaw_values=kind == 'shaw' and table[1] is not None,
       causal=bool(causal),
-      scale=scale, block_q=min(block_q, _round_up(lq, 8)),
-      block_k=min(block_k, _round_up(lk, 8)), interpret=bool(interpret))
+      scale=scale, block_q=int(block_q), block_k=int(block_k),
+      interpret=None if interpret is None else bool(interpret))
   return _flash(cfg, q, k, v, key_valid, table)
 
 

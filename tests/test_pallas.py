@@ -19,6 +19,16 @@ BLOCKS = dict(block_q=8, block_k=8)
 KINDS = ('none', 'alibi', 'alibi_symmetric', 't5', 'shaw', 'shaw_per_head')
 
 
+@pytest.fixture(autouse=True)
+def _exact_matmuls():
+  """Full float32 matmuls in the kernel and in the plain reference. A no-op
+  on the CPU; on a GPU both would otherwise round f32 operands to TF32
+  (Triton's and XLA's default), about 1e-3 apart, far above these
+  tolerances."""
+  with jax.default_matmul_precision('highest'):
+    yield
+
+
 def _relative(kind):
   if kind == 'none':
     return None
