@@ -54,6 +54,8 @@ ENCODINGS = {
     'huang': ('huang', {}, {}),
     'rope': ('rope', {}, {}),
     'pope': ('pope', {}, {}),
+    # PoPE as its paper initialises it for JSB (Table 6): delta ~ U(-2 pi, 0).
+    'pope_uniform': ('pope', {'pope_delta_init': 'uniform'}, {}),
     'alibi': ('alibi', {}, {}),
     't5': ('t5', {}, {}),
     'xl': ('xl', {}, {}),
@@ -131,7 +133,9 @@ def plot_by_position(results: dict, labels, window: int, path: str) -> None:
   lines for relative encodings, dashed for absolute ones and none."""
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(9, 5))
-  colors = list(plt.get_cmap('tab10').colors) + [(0.0, 0.0, 0.0)]
+  # One colour per encoding: tab10, black, then Dark2 (12 encodings).
+  colors = (list(plt.get_cmap('tab10').colors) + [(0.0, 0.0, 0.0)]
+            + list(plt.get_cmap('Dark2').colors))
   bucket = max(window // 8, 4)
   for i, label in enumerate(labels):
     curves = [np.asarray(r['test_nll_by_position']) for r in results.values()
@@ -244,6 +248,11 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
               'test NLL, shaw minus sinusoidal'),
       _paired(by['test_nll'], ('pope',), ('rope',),
               'test NLL, pope minus rope'),
+      _paired(by['test_nll'], ('pope_uniform',), ('rope',),
+              'test NLL, pope_uniform (the paper\'s JSB initialisation) '
+              'minus rope'),
+      _paired(by['test_nll'], ('pope_uniform',), ('pope',),
+              'test NLL, pope_uniform minus pope (delta = 0)'),
       _paired(by['test_nll_beyond_window'], RELATIVE, ABSOLUTE,
               f'NLL beyond {n}, relative minus absolute'),
   ]
