@@ -166,23 +166,32 @@ def can_fuse(relative: RelativeTerms | None) -> bool:
   return getattr(relative, 'fusable', True)
 
 
-def fused_implementation(dtype, head_dim: int, *, lq: int = 2, lk: int = 2,
-                         has_bias: bool = False) -> str:
-  """'cudnn' where jax.nn.dot_product_attention's cuDNN path takes the call,
-  training included: a GPU backend, bfloat16 or float16, head width a
-  multiple of 8 up to 128, and, with a bias or mask (which cuDNN receives
-  as a bias), even lengths Lq and Lk (its backward pass refuses odd ones).
-  Else 'xla'. Checked here, before tracing, because a refusal raised while
-  differentiating through nnx.remat or nnx.scan cannot be caught."""
-  if jax.default_backend() != 'gpu':
-    return 'xla'
+def cudnn_takes(dtype, head_dim: int, *, lq: int = 2, lk: int = 2,
+                has_bias: bool = False) -> bool:
+  """Whether jax.nn.dot_product_attention's cuDNN path takes the call,
+  training included, by its dtype and shapes: bfloat16 or float16, head
+  width a multiple of 8 up to 128, and, with a bias or mask (which cuDNN
+  receives as a bias), even lengths Lq and Lk (its backward pass refuses
+  odd ones). Checked before tracing, because a refusal raised while
+  differentiating through nnx.remat or nnx.scan cannot be caught. Whether
+  the platform is a GPU is decided later, at lowering (fused_attention)."""
   if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-    return 'xla'
+    return False
   if head_dim % 8 or head_dim > 128:
-    return 'xla'
-  if has_bias and (lq % 2 or lk % 2):
-    return 'xla'
-  return 'cudnn'
+    return False
+  return not (has_bias and (lq % 2 or lk % 2))
+
+
+@functools.cache
+def cudnn_traceable() -> bool:
+  """Whether this process can trace cuDNN attention at all: jax.nn reads
+  cuDNN's version and the GPU's compute capability while tracing, so
+  without a CUDA device here ("cuDNN is not detected") a step lowered for
+  'cuda' from this host holds XLA's attention instead (JAX's limit)."""
+  try:
+    return bool(jax.devices('cuda'))
+  except RuntimeError:
+    return False
 
 
 @functools.cache
@@ -203,12 +212,14 @@ def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   no weights are returned and there is no dropout on them (callers fall back
   to dot_product_attention for those, and for Shaw's value term).
 
-  The implementation is chosen here (`fused_implementation`), not left to
-  jax.nn: its default (implementation=None) is XLA on every backend in JAX
-  0.10, so cuDNN would never run. On a GPU with bfloat16 or float16 inputs
-  and a head width and lengths cuDNN takes, cuDNN's fused kernel is asked
-  for; if it refuses the call while tracing, XLA's runs instead (logged
-  once). A causal mask alone on a square score matrix reaches cuDNN as its
+  The implementation is chosen here, not left to jax.nn: its default
+  (implementation=None) is XLA on every backend in JAX 0.10, so cuDNN would
+  never run. Where the dtype, head width and lengths suit cuDNN
+  (`cudnn_takes`), the call is lowered per platform
+  (jax.lax.platform_dependent): cuDNN's fused kernel for 'cuda', XLA's
+  attention elsewhere; if cuDNN refuses the call while tracing, XLA's runs
+  instead (logged once). A host without a CUDA device cannot trace cuDNN
+  (`cudnn_traceable`) and lowers XLA's attention for every platform. A causal mask alone on a square score matrix reaches cuDNN as its
   own causal mask; other masks and logit terms as an (B, H, Lq, Lk) bias:
   fused, but not O(L) memory.
 
@@ -250,27 +261,37 @@ def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
     v = jnp.pad(v, [(0, 0)] * 3 + [(0, q.shape[-1] - width)])
   args = (q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3),
           v.transpose(0, 2, 1, 3))
-  is_causal = only_causal and total is None
-  implementation = fused_implementation(
-      q.dtype, q.shape[-1], lq=q.shape[2], lk=k.shape[2],
-      has_bias=total is not None or (mask is not None and not is_causal))
-  if implementation == 'cudnn' and is_causal:
-    mask = None                     # every row keeps at least its own key
+  causal_alone = only_causal and total is None
+
+  def attend(implementation: str) -> jax.Array:
+    # cuDNN takes a causal mask alone as its own is_causal (no (L, L)
+    # mask); XLA gets the mask, which keeps every row's own key.
+    is_causal = implementation == 'cudnn' and causal_alone
+    used_mask = None if is_causal else mask
+    try:
+      return jax.nn.dot_product_attention(*args, bias=total, mask=used_mask,
+                                          scale=scale, is_causal=is_causal,
+                                          implementation=implementation)
+    except (ValueError, NotImplementedError) as e:
+      # cuDNN's trace-time refusals (a shape, a GPU or a cuDNN version it
+      # does not support); compile-time failures are not caught here.
+      if implementation != 'cudnn':
+        raise
+      _warn_cudnn_refused(str(e).split('\n')[0])
+      return attend('xla')
+
+  takes = cudnn_takes(q.dtype, q.shape[-1], lq=q.shape[2], lk=k.shape[2],
+                      has_bias=total is not None or (
+                          mask is not None and not causal_alone))
+  if takes and cudnn_traceable():
+    # Chosen per lowering platform, not by the host's default backend: a
+    # step lowered for 'cuda' holds cuDNN's kernel, one for 'cpu' or 'tpu'
+    # XLA's attention, from the same trace.
+    out = jax.lax.platform_dependent(
+        cuda=functools.partial(attend, 'cudnn'),
+        default=functools.partial(attend, 'xla'))
   else:
-    is_causal = False
-  try:
-    out = jax.nn.dot_product_attention(*args, bias=total, mask=mask,
-                                       scale=scale, is_causal=is_causal,
-                                       implementation=implementation)
-  except (ValueError, NotImplementedError) as e:
-    # cuDNN's trace-time refusals (a shape, a GPU or a cuDNN version it
-    # does not support); compile-time failures are not caught here.
-    if implementation != 'cudnn':
-      raise
-    _warn_cudnn_refused(str(e).split('\n')[0])
-    out = jax.nn.dot_product_attention(*args, bias=total, mask=mask,
-                                       scale=scale, is_causal=is_causal,
-                                       implementation='xla')
+    out = attend('xla')
   out = out.transpose(0, 2, 1, 3)[..., :width]
   if mask is not None:
     # jax.nn's softmax spreads a row with no allowed key uniformly; the other
@@ -559,14 +580,18 @@ class MultiHeadAttention(nnx.Module):
                          key_positions=key_positions)
       if out is not None:
         return self._merge_heads(out)
-    mask = masks.attention_mask(target, valid_lens=valid_lens, mask=mask,
-                                causal=causal)
     if (self.attention_impl == 'fused' and can_fuse(self.relative)
         and not dropping and not capturing(self)):
-      out = fused_attention(q, k, v, mask=mask, bias=bias,
-                            relative=self.relative, q_positions=positions,
-                            k_positions=key_positions)
+      # causal stays a flag: alone on a square matrix it reaches cuDNN as
+      # its own causal mask instead of an (L, L) one.
+      out = fused_attention(
+          q, k, v, mask=masks.attention_mask(target, valid_lens=valid_lens,
+                                             mask=mask),
+          bias=bias, causal=causal, relative=self.relative,
+          q_positions=positions, k_positions=key_positions)
       return self._merge_heads(out)
+    mask = masks.attention_mask(target, valid_lens=valid_lens, mask=mask,
+                                causal=causal)
     out, weights = dot_product_attention(
         q, k, v, mask=mask, bias=bias, relative=self.relative,
         q_positions=positions, k_positions=key_positions,

@@ -95,7 +95,7 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
       TransformerDecoder does.
     use_bias: biases in the attention projections.
     attention_impl: 'plain', 'fused' (jax.nn.dot_product_attention; cuDNN's
-      kernel on a GPU where attention.fused_implementation allows),
+      kernel on a GPU where attention.cudnn_takes allows),
       'chunked' (memory O(L), every encoding) or 'auto' (chunked for long
       sequences); see MultiHeadAttention.
     remat: rematerialise each block in the backward pass (nnx.remat): less

@@ -223,9 +223,10 @@ def _kernel(*refs, cfg: _Config, lay: _Layout, lq: int, lk: int,
                    'right': a_v_ref[pl.ds(num_rows - 1, 1), :].astype(f32)}
 
   def body(j, carry, region='near'):
-    # region (static): 'near' blocks see per-offset rows of the Shaw tables;
-    # 'left' / 'right' blocks lie wholly at offsets <= -k / >= +k, so every
-    # entry uses the one edge row (a column of q a^K^T, one a^V row).
+    # region (static): 'near' blocks see per-offset rows of the Shaw tables
+    # or T5 buckets; 'left' / 'right' blocks lie wholly at offsets <= -k /
+    # >= +k (Shaw) or beyond max_distance (T5), so every entry uses the one
+    # edge row (a column of q a^K^T, one a^V row) or edge bucket.
     acc, m, l = carry
     start = pl.multiple_of(j * bk, bk)
     k_blk = k_ref[pl.ds(start, bk), :]                        # (bk, Dq)
@@ -236,6 +237,10 @@ def _kernel(*refs, cfg: _Config, lay: _Layout, lq: int, lk: int,
     offset = k_idx - q_idx
     if cfg.kind == 'alibi':
       s = s - slope * _alibi_distance(offset, cfg.symmetric)
+    elif cfg.kind == 't5' and region != 'near':
+      # Offsets at or beyond max_distance share each direction's last bucket.
+      half = cfg.num_buckets // 2
+      s = s + bucket_values[half - 1 if region == 'left' else cfg.num_buckets - 1]
     elif cfg.kind == 't5':
       bucket = positions.t5_bucket(offset, cfg.num_buckets, cfg.max_distance)
       term = jnp.zeros((bq, bk), f32)
@@ -290,8 +295,9 @@ def _kernel(*refs, cfg: _Config, lay: _Layout, lq: int, lk: int,
     upper = jnp.clip(_floor_div(seen + bk - 1, bk, lq - lk), 0, num_key_blocks)
   else:
     upper = num_key_blocks
-  if cfg.kind == 'shaw':
-    left_end, right_start = _shaw_far_blocks(i, bq, bk, cfg.clip, upper)
+  if cfg.kind in ('shaw', 't5'):
+    reach = cfg.clip if cfg.kind == 'shaw' else cfg.max_distance
+    left_end, right_start = _far_blocks(i, bq, bk, reach, upper)
     for lo, hi, region in ((0, left_end, 'left'),
                            (left_end, right_start, 'near'),
                            (right_start, upper, 'right')):
@@ -312,12 +318,14 @@ def _floor_div(x, d: int, lowest: int):
   return jax.lax.div(jnp.asarray(x + shift, jnp.int32), jnp.int32(d)) - shift // d
 
 
-def _shaw_far_blocks(i, bq: int, bk: int, clip: int, upper):
+def _far_blocks(i, bq: int, bk: int, clip: int, upper):
   """(left_end, right_start) for query block i: key blocks [0, left_end)
   hold only offsets (key - query) <= -clip, blocks [right_start, upper)
   only offsets >= +clip, for every row of the block (padding rows too, so
   the split is conservative); 0 <= left_end <= right_start <= upper.
-  Python ints or traced int32 scalars alike."""
+  clip is Shaw's k or T5's max_distance: beyond it every entry of a block
+  uses one table row or bucket per direction. Python ints or traced int32
+  scalars alike."""
   first_q, last_q = i * bq, i * bq + bq - 1
   # Block j's largest offset is j bk + bk - 1 - first_q <= -clip
   #   <=> j <= floor((first_q - clip - bk + 1) / bk).

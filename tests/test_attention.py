@@ -151,38 +151,39 @@ def test_fused_path_equals_the_plain_path(position):
 
 def test_fused_path_asks_for_cudnn_where_it_applies(monkeypatch):
   """jax.nn's default implementation is XLA everywhere, so 'fused' names
-  one: cuDNN on a GPU for bfloat16/float16 heads of width <= 128 (a
-  multiple of 8) and, with a bias or mask, even lengths (its backward
-  refuses odd ones); XLA otherwise. A causal mask alone on a square matrix
-  goes to cuDNN as is_causal, not as an (L, L) mask. A call cuDNN refuses
-  while tracing runs on XLA instead, with the same numbers. The GPU backend
-  is simulated: this checks the choice, not cuDNN (scripts/bench_gpu.py
-  does, on a GPU)."""
+  one: cuDNN for bfloat16/float16 heads of width <= 128 (a multiple of 8)
+  and, with a bias or mask, even lengths (its backward refuses odd ones),
+  on the 'cuda' platform only; XLA otherwise. A causal mask alone on a
+  square matrix goes to cuDNN as is_causal, not as an (L, L) mask. A call
+  cuDNN refuses while tracing runs on XLA instead, with the same numbers.
+  cuDNN is simulated (a host that can trace it, a stand-in for jax.nn):
+  this checks the choice, not cuDNN (scripts/bench_gpu.py does, on a
+  GPU)."""
   from selfattn import attention
   bf16, f32 = jnp.bfloat16, jnp.float32
-  monkeypatch.setattr(jax, 'default_backend', lambda: 'cpu')
-  assert attention.fused_implementation(bf16, 64) == 'xla'
-  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
-  assert attention.fused_implementation(bf16, 64) == 'cudnn'
-  assert attention.fused_implementation(jnp.float16, 128) == 'cudnn'
-  assert attention.fused_implementation(f32, 64) == 'xla'
-  assert attention.fused_implementation(bf16, 12) == 'xla'
-  assert attention.fused_implementation(bf16, 256) == 'xla'
-  assert attention.fused_implementation(bf16, 64, lq=5, lk=6) == 'cudnn'
-  assert attention.fused_implementation(bf16, 64, lq=5, lk=6,
-                                        has_bias=True) == 'xla'
-  assert attention.fused_implementation(bf16, 64, lq=6, lk=6,
-                                        has_bias=True) == 'cudnn'
+  assert attention.cudnn_takes(bf16, 64)
+  assert attention.cudnn_takes(jnp.float16, 128)
+  assert not attention.cudnn_takes(f32, 64)
+  assert not attention.cudnn_takes(bf16, 12)
+  assert not attention.cudnn_takes(bf16, 256)
+  assert attention.cudnn_takes(bf16, 64, lq=5, lk=6)
+  assert not attention.cudnn_takes(bf16, 64, lq=5, lk=6, has_bias=True)
+  assert attention.cudnn_takes(bf16, 64, lq=6, lk=6, has_bias=True)
+  # No CUDA device in CI: jax.nn could not trace cuDNN here.
+  assert not attention.cudnn_traceable()
+  monkeypatch.setattr(attention, 'cudnn_traceable', lambda: True)
 
   asked = []
   real = jax.nn.dot_product_attention
+  MARK = 4096.0   # added by the stand-in's cuDNN only (exact in bfloat16)
 
   def fake_cudnn(*args, implementation=None, refuse=False, **kwargs):
     asked.append((implementation, kwargs['mask'] is None,
                   kwargs['is_causal']))
     if implementation == 'cudnn' and refuse:
       raise NotImplementedError('stand-in for a call cuDNN cannot take')
-    return real(*args, implementation='xla', **kwargs)
+    out = real(*args, implementation='xla', **kwargs)
+    return out + MARK if implementation == 'cudnn' else out
 
   q, k, v = (jax.random.normal(jax.random.key(i), (2, 2, 6, 8), bf16)
              for i in range(3))
@@ -191,20 +192,64 @@ def test_fused_path_asks_for_cudnn_where_it_applies(monkeypatch):
     asked.clear()
     monkeypatch.setattr(jax.nn, 'dot_product_attention',
                         functools.partial(fake_cudnn, refuse=refuse))
-    out = attention.fused_attention(q, k, v, mask=keep, causal=True)
+    # Under jit both branches are traced; the CPU runs the default (XLA)
+    # one.
+    out = jax.jit(functools.partial(attention.fused_attention, mask=keep,
+                                    causal=True))(q, k, v)
     # A padding mask: cuDNN gets it (as a bias), not is_causal.
-    assert asked == ([('cudnn', False, False), ('xla', False, False)]
-                     if refuse else [('cudnn', False, False)])
+    want_asked = [('cudnn', False, False), ('xla', False, False)]
+    if refuse:
+      want_asked.append(('xla', False, False))
+    assert sorted(asked) == sorted(want_asked)
     want, _ = attention.dot_product_attention(q, k, v, mask=keep,
                                               causal=True)
     np.testing.assert_allclose(np.asarray(out, np.float32),
                                np.asarray(want, np.float32), atol=2e-2)
   asked.clear()
-  out = attention.fused_attention(q, k, v, causal=True)
-  assert asked == [('cudnn', True, True)]     # causal alone: is_causal
+  out = jax.jit(functools.partial(attention.fused_attention, causal=True))(
+      q, k, v)
+  assert sorted(asked) == [('cudnn', True, True), ('xla', False, False)]
   want, _ = attention.dot_product_attention(q, k, v, causal=True)
   np.testing.assert_allclose(np.asarray(out, np.float32),
                              np.asarray(want, np.float32), atol=2e-2)
+  # The branch is chosen by the platform lowered for, not by this host:
+  # lowered for 'cuda' the step holds the (stand-in) cuDNN call, for 'cpu'
+  # it does not.
+  fused = jax.jit(lambda q, k, v: attention.fused_attention(q, k, v,
+                                                            causal=True))
+  lowered = {p: fused.trace(q, k, v).lower(lowering_platforms=(p,)).as_text()
+             for p in ('cuda', 'cpu')}
+  assert '4.096' in lowered['cuda'] and '4.096' not in lowered['cpu']
+  # Shapes cuDNN does not take never ask for it, on any platform.
+  asked.clear()
+  attention.fused_attention(q.astype(f32), k.astype(f32), v.astype(f32))
+  assert asked == [('xla', True, False)]
+
+
+def test_fused_module_reaches_cudnns_own_causal_mask(monkeypatch):
+  """MultiHeadAttention(attention_impl='fused') called with causal=True and
+  nothing else hands cuDNN is_causal, not an (L, L) mask (it used to fold
+  causal into the mask first, so cuDNN's causal kernel was never reached
+  from a module). cuDNN is simulated as in the test above."""
+  from selfattn import attention
+  monkeypatch.setattr(attention, 'cudnn_traceable', lambda: True)
+  asked = []
+  real = jax.nn.dot_product_attention
+
+  def fake(*args, implementation=None, **kwargs):
+    asked.append((implementation, kwargs['mask'] is None, kwargs['is_causal']))
+    return real(*args, implementation='xla', **kwargs)
+
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', fake)
+  attn = selfattn.MultiHeadAttention(32, 2, attention_impl='fused',
+                                     dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(1), (2, 6, 32))
+  out = nnx.jit(lambda m, x: m(x, causal=True))(attn, x)
+  assert ('cudnn', True, True) in asked
+  attn.attention_impl = 'plain'
+  np.testing.assert_allclose(np.asarray(out, np.float32),
+                             np.asarray(attn(x, causal=True), np.float32),
+                             atol=3e-2)
 
 
 def test_fused_path_is_really_taken_and_refuses_unknown_names(monkeypatch):

@@ -85,8 +85,8 @@ def test_forward_equals_plain(kind, causal):
                              atol=1e-5, rtol=1e-5)
 
 
-def test_shaw_far_blocks_match_a_brute_force_split():
-  """_shaw_far_blocks' ranges against every block's offsets in NumPy: the
+def test_far_blocks_match_a_brute_force_split():
+  """_far_blocks' ranges against every block's offsets in NumPy: the
   'left' blocks hold only offsets <= -k, the 'right' ones only >= +k, and
   every block that holds only such offsets on one side is classified so
   (the shortcut is taken wherever it applies)."""
@@ -95,7 +95,7 @@ def test_shaw_far_blocks_match_a_brute_force_split():
     nq, nk = -(-lq // bq), -(-lk // bk)
     for upper in (nk, max(nk - 2, 0)):
       for i in range(nq):
-        left_end, right_start = map(int, pa._shaw_far_blocks(
+        left_end, right_start = map(int, pa._far_blocks(
             i, bq, bk, clip, upper))
         assert 0 <= left_end <= right_start <= upper
         rows = np.arange(i * bq, i * bq + bq)
@@ -117,6 +117,52 @@ def test_shaw_far_blocks_forward_and_gradients_equal_plain(per_head, causal):
                                     rngs=nnx.Rngs(5))
   q, k, v, g = _qkv(40, 56, seed=3)
   valid = _key_valid(56, [56, 37])
+  graphdef, tables = nnx.split(relative)
+
+  def loss(fn, tables, q, k, v):
+    return jnp.sum(fn(q, k, v, nnx.merge(graphdef, tables)) * g)
+
+  def kernel(q, k, v, rel):
+    return pa.pallas_attention(q, k, v, relative=rel, causal=causal,
+                               key_valid=valid, **BLOCKS)
+
+  def plain(q, k, v, rel):
+    return _plain(q, k, v, rel, causal, valid)
+
+  np.testing.assert_allclose(kernel(q, k, v, relative),
+                             plain(q, k, v, relative), atol=1e-5, rtol=1e-5)
+  got = jax.grad(functools.partial(loss, kernel), argnums=(0, 1, 2, 3))(
+      tables, q, k, v)
+  want = jax.grad(functools.partial(loss, plain), argnums=(0, 1, 2, 3))(
+      tables, q, k, v)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, atol=2e-4, rtol=2e-4)
+
+
+def test_t5_buckets_beyond_max_distance_are_each_directions_last():
+  """The kernel's T5 shortcut: every offset at or beyond max_distance falls
+  in bucket num_buckets/2 - 1 (keys before the query) or num_buckets - 1
+  (after), whatever the float rounding of the log at the boundary."""
+  for num_buckets in (4, 6, 8, 16, 32, 64):
+    for max_distance in (num_buckets // 2, 12, 100, 128, 1000):
+      if max_distance <= num_buckets // 4:
+        continue
+      far = jnp.arange(max_distance, max_distance + 3000)
+      half = num_buckets // 2
+      assert set(np.asarray(positions.t5_bucket(
+          far, num_buckets, max_distance)).tolist()) == {num_buckets - 1}
+      assert set(np.asarray(positions.t5_bucket(
+          -far, num_buckets, max_distance)).tolist()) == {half - 1}
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_t5_far_blocks_forward_and_gradients_equal_plain(causal):
+  """T5 at lengths where most key blocks lie beyond max_distance = 12
+  (48 x 72, 8-blocks): the edge-bucket shortcut gives the plain path's
+  outputs and gradients (q, k, v and the bias table)."""
+  relative = _relative('t5')
+  q, k, v, g = _qkv(48, 72, seed=4)
+  valid = _key_valid(72, [72, 50])
   graphdef, tables = nnx.split(relative)
 
   def loss(fn, tables, q, k, v):

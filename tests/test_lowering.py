@@ -1,0 +1,245 @@
+"""What a GPU or a TPU would run, lowered from this CPU (issue 32).
+
+`jax.jit(f).trace(*args).lower(lowering_platforms=(p,))` builds the StableHLO
+module for platform p without a device, and Pallas lowers its kernels in
+Python at that point: to Triton for 'cuda' (a `__gpu$xla.gpu.triton` custom
+call holding the kernel's Triton IR) and to Mosaic for 'tpu' (a
+`tpu_custom_call`). Block-shape, power-of-two, layout and unsupported-op
+errors therefore surface here, on every commit. Nothing is compiled:
+Triton's PTX stage, XLA's GPU passes and libtpu's Mosaic passes run only on
+a device (BENCHMARKS.md, GPU section, says what the lent GPU checked).
+
+Each platform is lowered on its own: Pallas refuses a module lowered for
+several platforms at once when a kernel names its backend's compiler
+parameters (the Triton branch would be lowered for 'tpu' too).
+
+The (L, L) checks read the module's tensor types: a path that promises O(L)
+memory must hold no tensor with two axes of length L, and the plain path,
+which materializes the weights, must hold one (so the check can fail).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from flax import nnx
+
+from selfattn import attention
+from selfattn import pallas_attention as pa
+from selfattn import positions
+from selfattn import steps
+from selfattn import tasks as tasks_lib
+from selfattn.decoder import TransformerDecoder
+from selfattn.encoder import TransformerEncoder
+from selfattn.model import LanguageModel
+from selfattn.model import SequenceModel
+
+PLATFORMS = ('cuda', 'tpu')
+KERNEL_CALL = {'cuda': '@__gpu$xla.gpu.triton', 'tpu': '@tpu_custom_call'}
+CUDNN_CALL = '__cudnn$fmha'
+# The issue's lengths: powers of two up to 8k and one that is not a multiple
+# of the 128-row blocks.
+LENGTHS = (128, 512, 2048, 8192, 1000)
+HEADS, HEAD_DIM = 2, 64
+# Encodings whose relative term the kernel computes; the others fall back to
+# the plain path (MultiHeadAttention's attention_impl paragraph).
+KERNEL_POSITIONS = ('none', 'sinusoidal', 'learned', 'shaw', 'rope', 'pope',
+                    'alibi', 't5')
+# Paths that promise no (L, L) array; at STEP_LENGTH 'auto' is chunked.
+LINEAR_MEMORY = ('chunked', 'auto')
+STEP_LENGTH = 1040           # >= AUTO_CHUNKED_FROM and not a block multiple
+assert STEP_LENGTH >= attention.AUTO_CHUNKED_FROM and STEP_LENGTH % 128
+
+
+def _square(text: str, length: int) -> bool:
+  """Whether some tensor type in the module has two axes of `length`."""
+  return re.search(rf'[<x]{length}x{length}x', text) is not None
+
+
+def _lower(fn, *args, platform: str) -> str:
+  return jax.jit(fn).trace(*args).lower(
+      lowering_platforms=(platform,)).as_text()
+
+
+# --------------------------------------------------------------------------
+# The kernel alone, forward and gradient, at every length.
+# --------------------------------------------------------------------------
+
+def _kernel_relative(kind: str):
+  rngs = nnx.Rngs(0)
+  return {
+      'none': lambda: None,
+      'alibi': lambda: positions.ALiBi(HEADS),
+      'alibi_symmetric': lambda: positions.ALiBi(HEADS, symmetric=True),
+      't5': lambda: positions.T5RelativeBias(HEADS, rngs=rngs),
+      'shaw': lambda: positions.ShawRelative(HEADS, HEAD_DIM, rngs=rngs),
+      'shaw_per_head_keys_only': lambda: positions.ShawRelative(
+          HEADS, HEAD_DIM, relative_values=False, shared_heads=False,
+          rngs=rngs),
+      'rope': lambda: positions.RotaryEncoding(HEAD_DIM),
+  }[kind]()
+
+
+KERNEL_KINDS = ('none', 'alibi', 'alibi_symmetric', 't5', 'shaw',
+                'shaw_per_head_keys_only', 'rope')
+
+
+@pytest.mark.parametrize('platform', PLATFORMS)
+@pytest.mark.parametrize('kind', KERNEL_KINDS)
+@pytest.mark.parametrize('length', LENGTHS)
+def test_kernel_lowers_forward_and_gradient(platform, kind, length):
+  """pallas_attention, causal with padded keys and bidirectional, value and
+  gradients (q, k, v and the encoding's table), lowers for the platform
+  with the kernel in it and no (L, L) tensor."""
+  relative = _kernel_relative(kind)
+  graphdef, tables = nnx.split(relative) if relative is not None else (None, None)
+  shape = jax.ShapeDtypeStruct((1, HEADS, length, HEAD_DIM), jnp.bfloat16)
+  valid = jax.ShapeDtypeStruct((1, length), jnp.bool_)
+
+  def loss(tables, q, k, v, valid):
+    rel = None if graphdef is None else nnx.merge(graphdef, tables)
+    causal = pa.pallas_attention(q, k, v, relative=rel, causal=True,
+                                 key_valid=valid)
+    both = pa.pallas_attention(q, k, v, relative=rel)
+    return jnp.sum(causal.astype(jnp.float32)) + jnp.sum(
+        both.astype(jnp.float32))
+
+  fn = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))
+  text = _lower(fn, tables, shape, shape, shape, valid, platform=platform)
+  assert text.count(KERNEL_CALL[platform]) == 2
+  if length > pa.BLOCK_K:      # at 128 the backward's one block is (L, L)
+    assert not _square(text, length)
+
+
+# --------------------------------------------------------------------------
+# Training steps: every attention_impl x every encoding, encoder and decoder.
+# --------------------------------------------------------------------------
+
+def _model(kind: str, position: str, impl: str, length: int, *,
+           num_layers: int = 1, scan_layers: bool = False,
+           remat: bool = False):
+  """A bfloat16 model: 'encoder' (bidirectional, key padding from
+  valid_lens, a linear head) or 'decoder' (causal TransformerDecoder)."""
+  stack = dict(position=position, max_len=length, attention_impl=impl,
+               dtype=jnp.bfloat16, remat=remat, scan_layers=scan_layers,
+               rngs=nnx.Rngs(0))
+  sizes = (32, HEADS * HEAD_DIM, 2 * HEADS * HEAD_DIM, HEADS, num_layers, 0.0)
+  if kind == 'decoder':
+    return LanguageModel(TransformerDecoder(*sizes, **stack), 30)
+  return SequenceModel(TransformerEncoder(*sizes, **stack), 30,
+                       rngs=nnx.Rngs(1))
+
+
+def _abstract(tree):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def _lowered_train_step(model, length: int, platform: str) -> str:
+  """steps.train_step (forward, backward, AdamW update) of `model` on a
+  (2, length) batch, lowered for `platform`."""
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  tx = optax.adamw(1e-3)
+  state = _abstract({'step': jnp.zeros((), jnp.int32), 'params': params,
+                     'opt_state': tx.init(params)})
+  tokens = jax.ShapeDtypeStruct((2, length), jnp.int32)
+  batch = tasks_lib.Batch(tokens, tokens,
+                          jax.ShapeDtypeStruct((2, length), jnp.float32),
+                          jax.ShapeDtypeStruct((2,), jnp.int32))
+  step = functools.partial(steps.train_step, graphdef=graphdef, rest=rest,
+                           tx=tx, schedule=optax.constant_schedule(1e-3),
+                           dropout_key=jax.random.key(0))
+  return _lower(step, state, batch, platform=platform)
+
+
+def _check_step(text: str, impl: str, position: str, length: int,
+                platform: str) -> None:
+  kernel = text.count(KERNEL_CALL[platform])
+  if impl == 'pallas' and position in KERNEL_POSITIONS:
+    assert kernel >= 1 and not _square(text, length)
+  elif impl in LINEAR_MEMORY:
+    assert kernel == 0 and not _square(text, length)
+  else:
+    # plain; fused, which is XLA's attention on a host that cannot trace
+    # cuDNN (test_fused_step_holds_cudnn_lowered_for_cuda); pallas's
+    # fallback for huang and xl: each materializes the weights.
+    assert kernel == 0 and _square(text, length)
+
+
+@pytest.mark.parametrize('platform', PLATFORMS)
+@pytest.mark.parametrize('impl', attention.IMPLEMENTATIONS)
+@pytest.mark.parametrize('position', positions.POSITION_NAMES)
+def test_training_steps_lower(platform, impl, position):
+  """The encoder's and the causal decoder's training step, for each
+  attention_impl and encoding, hold the kernel where the path promises it
+  and an (L, L) tensor only where the path materializes the weights."""
+  for kind in ('encoder', 'decoder'):
+    model = _model(kind, position, impl, STEP_LENGTH)
+    text = _lowered_train_step(model, STEP_LENGTH, platform)
+    _check_step(text, impl, position, STEP_LENGTH, platform)
+
+
+@pytest.mark.parametrize('platform', PLATFORMS)
+@pytest.mark.parametrize('length', LENGTHS)
+def test_pallas_training_steps_lower_at_every_length(platform, length):
+  """The table-carrying encodings (Shaw, T5) through the Pallas kernel, in
+  the encoder and the decoder, at every length of the issue."""
+  for position in ('shaw', 't5'):
+    for kind in ('encoder', 'decoder'):
+      model = _model(kind, position, 'pallas', length)
+      text = _lowered_train_step(model, length, platform)
+      assert text.count(KERNEL_CALL[platform]) >= 1
+      if length > pa.BLOCK_K:
+        assert not _square(text, length)
+
+
+@pytest.mark.parametrize('platform', PLATFORMS)
+@pytest.mark.parametrize('impl', ('pallas', 'chunked'))
+@pytest.mark.parametrize('layers', ('scan_layers', 'remat'))
+def test_scanned_and_rematerialized_steps_lower(platform, impl, layers):
+  """nnx.scan over two layers, or nnx.remat per layer, around the kernel
+  or the chunked path: still the kernel, still no (L, L) tensor."""
+  for kind in ('encoder', 'decoder'):
+    model = _model(kind, 'shaw', impl, STEP_LENGTH, num_layers=2,
+                   scan_layers=layers == 'scan_layers',
+                   remat=layers == 'remat')
+    text = _lowered_train_step(model, STEP_LENGTH, platform)
+    _check_step(text, impl, 'shaw', STEP_LENGTH, platform)
+
+
+@pytest.mark.parametrize('platform', PLATFORMS)
+@pytest.mark.parametrize('impl', attention.IMPLEMENTATIONS)
+def test_cached_decode_step_lowers(platform, impl):
+  """One decode=True step of a causal decoder against a key/value cache of
+  STEP_LENGTH positions: one query against the cache, so an (L, L) tensor
+  never appears whatever the path (decode steps take the plain path)."""
+  model = _model('decoder', 'rope', impl, STEP_LENGTH)
+  model.stack.init_cache(2, STEP_LENGTH)
+  graphdef, state = nnx.split(model)
+
+  def decode(state, token):
+    m = nnx.merge(graphdef, state)
+    logits = m(token, decode=True)
+    return logits, nnx.state(m)
+
+  token = jax.ShapeDtypeStruct((2, 1), jnp.int32)
+  text = _lower(decode, _abstract(state), token, platform=platform)
+  assert not _square(text, STEP_LENGTH)
+  assert f'2x{HEADS}x{STEP_LENGTH}x{HEAD_DIM}xbf16' in text   # the cache
+
+
+@pytest.mark.skipif(
+    not attention.cudnn_traceable(),
+    reason='needs a CUDA device: jax.nn traces cuDNN attention only where it '
+           "can read cuDNN's version and the GPU's compute capability, so "
+           "from a CPU host the fused path lowers XLA's attention for 'cuda'")
+def test_fused_step_holds_cudnn_lowered_for_cuda():
+  """On a GPU host: the fused path's step lowered for 'cuda' holds cuDNN's
+  fused kernel, causal (decoder) and padded (encoder)."""
+  for kind in ('encoder', 'decoder'):
+    model = _model(kind, 'rope', 'fused', 1024)
+    assert CUDNN_CALL in _lowered_train_step(model, 1024, 'cuda')
