@@ -86,7 +86,7 @@ def test_forward_equals_plain(kind, causal):
 
 
 def test_far_blocks_match_a_brute_force_split():
-  """_far_blocks' ranges against every block's offsets in NumPy: the
+  """far_blocks' ranges against every block's offsets in NumPy: the
   'left' blocks hold only offsets <= -k, the 'right' ones only >= +k, and
   every block that holds only such offsets on one side is classified so
   (the shortcut is taken wherever it applies)."""
@@ -95,7 +95,7 @@ def test_far_blocks_match_a_brute_force_split():
     nq, nk = -(-lq // bq), -(-lk // bk)
     for upper in (nk, max(nk - 2, 0)):
       for i in range(nq):
-        left_end, right_start = map(int, pa._far_blocks(
+        left_end, right_start = map(int, pa.kernels.far_blocks(
             i, bq, bk, clip, upper))
         assert 0 <= left_end <= right_start <= upper
         rows = np.arange(i * bq, i * bq + bq)
@@ -104,6 +104,27 @@ def test_far_blocks_match_a_brute_force_split():
           is_left, is_right = offsets.max() <= -clip, offsets.min() >= clip
           assert (j < left_end) == is_left, (bq, bk, clip, i, j)
           assert (j >= right_start) == is_right, (bq, bk, clip, i, j)
+
+
+def test_far_query_blocks_match_a_brute_force_split():
+  """far_query_blocks' ranges (the dK/dV kernel's loop over query blocks)
+  against every block's offsets in NumPy: query blocks [lower, right_end)
+  see key block j only at offsets >= +k, [left_start, upper) only at
+  offsets <= -k, and every block that does is classified so."""
+  for bq, bk, clip, lq, lk in ((8, 8, 3, 40, 40), (8, 16, 2, 24, 64),
+                               (16, 8, 5, 48, 33), (8, 8, 1, 64, 8)):
+    nq, nk = -(-lq // bq), -(-lk // bk)
+    for lower in (0, 1):
+      for j in range(nk):
+        right_end, left_start = map(int, pa.kernels.far_query_blocks(
+            j, bq, bk, clip, lower, nq))
+        assert lower <= right_end <= left_start <= nq
+        keys = np.arange(j * bk, j * bk + bk)
+        for i in range(lower, nq):
+          offsets = keys[None, :] - np.arange(i * bq, i * bq + bq)[:, None]
+          is_right, is_left = offsets.min() >= clip, offsets.max() <= -clip
+          assert (i < right_end) == is_right, (bq, bk, clip, i, j)
+          assert (i >= left_start) == is_left, (bq, bk, clip, i, j)
 
 
 @pytest.mark.parametrize('per_head', [False, True])
@@ -349,16 +370,17 @@ def _shapes(jaxpr):
 @pytest.mark.parametrize('kind', ['none', 't5', 'shaw'])
 def test_no_quadratic_array(kind):
   """No array with two axes of length >= L, in the forward or in the
-  forward + backward, anywhere (outside or inside the kernel): the largest
-  score tile is one 8 x 8 block."""
-  length = 40
+  forward + backward, anywhere (outside or inside the kernels, for every
+  platform's branch): the largest score tile is one 32 x 32 block. L = 200
+  is above the TPU layout's 128 lanes of per-row statistics."""
+  length = 200
   relative = _relative(kind)
   q, k, v, g = _qkv(length, length)
-  valid = _key_valid(length, [length, 30])
+  valid = _key_valid(length, [length, 150])
 
   def forward(q, k, v):
     return pa.pallas_attention(q, k, v, relative=relative, causal=True,
-                               key_valid=valid, **BLOCKS)
+                               key_valid=valid, block_q=32, block_k=32)
 
   def both(q, k, v):
     return jax.grad(lambda *a: jnp.sum(forward(*a) * g), argnums=(0, 1, 2))(
