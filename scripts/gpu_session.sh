@@ -41,9 +41,10 @@
 # (jax-cuda13-plugin/-pjrt), Flax, Optax, Orbax, pytest, TensorBoard, but not
 # ml-collections, tensorboardX, pretty_midi, soundfile, mypy, and it cannot
 # reach PyPI. `prepare` downloads those wheels (about 27 MB) into the
-# git-ignored .whl/ together with requirements.txt's pins of flax, optax and
-# orbax-checkpoint (GPU_PINS=0 leaves the image's own versions), and copies
-# the JSB Chorales file into .whl/data/jsb/. The README's line
+# git-ignored .whl/ and copies the JSB Chorales file into .whl/data/jsb/.
+# The image's own Flax, Optax and Orbax are used: requirements.txt's Flax
+# 0.12.8 does not import under JAX 0.11.2 (2026-11-26); GPU_PINS=1 adds the
+# pins anyway, for an image whose JAX matches them. The README's line
 # (pip install "jax[cuda12]==0.10.2") cannot be installed there: no index, and
 # jaxlib, the CUDA 12 plugin/PJRT and the nvidia-*-cu12 libraries it pulls are
 # far over the 64 MiB a call carries; `info` records that and what the image
@@ -82,7 +83,7 @@ pinned() {   # NAME -> NAME==VERSION from requirements.txt (case-insensitive)
 prepare() {
   mkdir -p "$WHL"
   local names=$MISSING
-  [ "${GPU_PINS:-1}" = 1 ] && names="$names $PINS"
+  [ "${GPU_PINS:-0}" = 1 ] && names="$names $PINS"
   local specs=()
   local n spec
   for n in $names; do
