@@ -33,8 +33,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.task.max_len = 16
   config.task.per_batch_length = False  # True: one length per batch, as the reference does
   # Task options (shift: k of `shift`; window: w of `window_sum`; max_shift:
-  # the largest |shift| of `indirect_indexing`), from
-  # selfattn.tasks.DEFAULT_OPTIONS, the one list.
+  # the largest |shift| of `indirect_indexing`; transpose, crop_align: the
+  # music task's), from selfattn.tasks.DEFAULT_OPTIONS, the one list.
   for name, default in tasks.DEFAULT_OPTIONS.items():
     config.task[name] = default
 
@@ -53,6 +53,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.attention_impl = 'plain'  # fused (cuDNN on GPUs in bfloat16), chunked (O(L) memory) or auto
   config.model.remat = False            # recompute block activations in the backward pass
   config.model.scan_layers = False      # stacked blocks run by nnx.scan (no attention images)
+  # A learned embedding of the step phase, (position // meter_step_tokens) %
+  # meter_period, added to every token (0: off; the music study's meter
+  # rows use 16 steps of 4 tokens, with bar-aligned crops).
+  config.model.meter_period = 0
+  config.model.meter_step_tokens = 4
   # Randomized positional encodings (Ruoss et al. 2023): positions are a sorted
   # random subset of [0, max_random_len), drawn per example in training and eval.
   config.model.randomize_positions = False

@@ -61,6 +61,16 @@ ENCODINGS = {
     'xl': ('xl', {}, {}),
     'rope +transpose': ('rope', {}, {'transpose': 3}),
 }
+# The meter as position information (issue 34): bar-aligned crops (every
+# crop starts on a 4/4 bar line, so target i always has step phase
+# (i // 4) % 16), and on top of them a learned embedding of that phase.
+METER_POSITIONS = ('shaw', 'xl', 'rope', 'pope', 'sinusoidal')
+BAR = {'crop_align': 16}
+METER = {'meter_period': 16, 'meter_step_tokens': 4}
+for _p in METER_POSITIONS:
+  ENCODINGS[f'{_p} +bar'] = (_p, {}, BAR)
+  ENCODINGS[f'{_p} +bar+meter'] = (_p, METER, BAR)
+METER_RELATIVE = ('shaw', 'xl', 'rope', 'pope')
 ABSOLUTE = ('sinusoidal', 'learned')
 RELATIVE = ('shaw', 'huang', 'rope', 'pope', 'alibi', 't5', 'xl')
 QUICK_ENCODINGS = ('sinusoidal', 'shaw')
@@ -256,6 +266,22 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
       _paired(by['test_nll_beyond_window'], RELATIVE, ABSOLUTE,
               f'NLL beyond {n}, relative minus absolute'),
   ]
+  for p in METER_POSITIONS:
+    comparisons += [
+        _paired(by['test_nll'], (f'{p} +bar',), (p,),
+                f'test NLL, {p}: bar-aligned crops minus any-step crops'),
+        _paired(by['test_nll'], (f'{p} +bar+meter',), (f'{p} +bar',),
+                f'test NLL, {p}: + meter embedding minus bar-aligned crops'),
+    ]
+  comparisons += [
+      _paired(by['test_nll'], tuple(f'{p} +bar+meter' for p in METER_RELATIVE),
+              ('sinusoidal +bar+meter',),
+              'test NLL with the meter, mean of shaw, xl, rope, pope minus '
+              'sinusoidal'),
+      _paired(by['test_nll'], METER_RELATIVE, ('sinusoidal',),
+              'test NLL without it (section 6 runs), the same mean minus '
+              'sinusoidal'),
+  ]
   m, t = base.model, base.train
   protocol = (
       f'scale={scale}: JSB Chorales (Jsb16thSeparated.json, 229/76/77 '
@@ -268,7 +294,12 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
       f'({t.warmup_steps} warmup, cosine to {t.final_lr_fraction} of the '
       f'peak), beta2 {t.b2}, weight decay {t.weight_decay}, clip '
       f'{t.grad_clip}. Scored on whole pieces, windows of {n} with stride '
-      f'{max(4, n // 2 // 4 * 4)}. Cells: mean ± std over seeds.')
+      f'{max(4, n // 2 // 4 * 4)}. Cells: mean ± std over seeds. Rows '
+      f'"+bar": crops start on a 4/4 bar line (task.crop_align 16, so '
+      f'target i has sixteenth (i // 4) % 16 of its bar); "+bar+meter": '
+      f'also a learned embedding of that sixteenth added to the inputs '
+      f'(model.meter_period 16, zero at the start); both otherwise the '
+      f'configs above, paired by seed with the rows without.')
   sections = [
       ('Status', f'{len(results)} of {len(runs)} runs finished and scored.'),
       ('Protocol', protocol),
@@ -283,7 +314,8 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
        f'seeds:\n\n{samples}'),
   ]
   if results:
-    plot_by_position(results, labels, n,
+    # The meter rows have their own paired lines; the plot keeps section 6's.
+    plot_by_position(results, [x for x in labels if '+bar' not in x], n,
                      os.path.join(workdir, 'nll_by_position.png'))
   if (results and real_excerpt is not None
       and plot_samples(workdir, results, labels, real_excerpt,

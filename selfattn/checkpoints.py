@@ -40,7 +40,10 @@ _ADDED_FIELDS = {'model.attention_impl': 'plain', 'model.remat': False,
                  'task.max_shift': 15, 'task.transpose': 0,
                  'train.final_lr_fraction': 0.0, 'train.b2': 0.999,
                  # 2026-11-25: RMSNorm for the published recipes.
-                 'model.norm_type': 'layernorm'}
+                 'model.norm_type': 'layernorm',
+                 # 2026-11-26: the meter (issue 34).
+                 'task.crop_align': 1, 'model.meter_period': 0,
+                 'model.meter_step_tokens': 4}
 
 
 def manager(workdir: str, keep: int) -> ocp.CheckpointManager:

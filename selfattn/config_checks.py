@@ -91,6 +91,10 @@ def _validate(config: ml_collections.ConfigDict,
   if task.name == 'jsb_chorales' and not 0 <= config.task.transpose <= 12:
     raise ConfigError(f'config.task.transpose must be between 0 and 12 '
                       f'semitones; got {config.task.transpose}')
+  if not 1 <= config.task.crop_align <= 64:
+    raise ConfigError(f'config.task.crop_align must be between 1 and 64 time '
+                      f'steps (16: a 4/4 bar of sixteenths); got '
+                      f'{config.task.crop_align}')
   if task.name == 'indirect_indexing' and not 1 <= max_shift <= 99:
     raise ConfigError(f'config.task.max_shift must be between 1 and 99 (one '
                       f'or two digit tokens); got {max_shift}')
@@ -118,6 +122,10 @@ def _validate(config: ml_collections.ConfigDict,
                       f'{", ".join(DTYPES)}')
   if not 0.0 <= m.dropout < 1.0:
     raise ConfigError(f'config.model.dropout must be in [0, 1); got {m.dropout}')
+  if m.meter_period < 0 or m.meter_step_tokens < 1:
+    raise ConfigError(f'config.model.meter_period must be >= 0 (0: no meter) '
+                      f'and config.model.meter_step_tokens >= 1; got '
+                      f'{m.meter_period} and {m.meter_step_tokens}')
   # The encoding's constructor checks its own options (messages start with
   # the option's name); building it abstractly allocates nothing.
   try:

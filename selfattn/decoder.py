@@ -106,7 +106,8 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
   Args: as TransformerEncoder (vocab_size, num_hiddens, ffn_num_hiddens,
   num_heads, num_layers, dropout, position, max_len, norm, residual,
   norm_type, use_bias,
-  attention_impl, remat, scan_layers, dtype, param_dtype, rngs,
+  attention_impl, remat, scan_layers, meter_period, meter_step_tokens,
+  dtype, param_dtype, rngs,
   **position_options), plus cross_attention. With scan_layers the caches
   too carry the layer axis, and cached decoding runs through nnx.scan; remat
   applies to full (training) passes, not to decode=True steps.
@@ -119,7 +120,8 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
                norm_type: str = 'layernorm', cross_attention: bool = False,
                use_bias: bool = False,
                attention_impl: str = 'plain', remat: bool = False,
-               scan_layers: bool = False, dtype=None,
+               scan_layers: bool = False, meter_period: int = 0,
+               meter_step_tokens: int = 4, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
     kind, options = check_stack(
         type(self).__name__, position, position_options, norm=norm,
@@ -153,6 +155,8 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
                                param_dtype=param_dtype, rngs=rngs)
     self.dense = nnx.Linear(num_hiddens, vocab_size, dtype=dtype,
                             param_dtype=param_dtype, rngs=rngs)
+    self._init_meter(meter_period, meter_step_tokens, dtype=dtype,
+                     param_dtype=param_dtype, rngs=rngs)
     self._init_cache_fields()
 
   _self_attention = 'self_attention'

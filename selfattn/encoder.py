@@ -105,6 +105,9 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
       them with nnx.scan (compile time independent of depth). `blks` is then
       one stacked block, not a list: per-layer attention weights are not
       captured.
+    meter_period, meter_step_tokens: a learned embedding of the step phase
+      (position // meter_step_tokens) % meter_period added to the inputs
+      (0: none; see stack.EmbeddingMixin).
     dtype, param_dtype: computation and parameter dtypes.
     rngs: a 'params' stream, and 'dropout' when dropout > 0.
     **position_options: the encoding's options (e.g. clip_distance=8 for
@@ -118,7 +121,8 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
                norm_type: str = 'layernorm', causal: bool = False,
                use_bias: bool = False,
                attention_impl: str = 'plain', remat: bool = False,
-               scan_layers: bool = False, dtype=None,
+               scan_layers: bool = False, meter_period: int = 0,
+               meter_step_tokens: int = 4, dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
     kind, options = check_stack(
         type(self).__name__, position, position_options, norm=norm,
@@ -151,6 +155,8 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
                                dtype=dtype,
                                param_dtype=param_dtype, rngs=rngs)
     self._init_cache_fields()
+    self._init_meter(meter_period, meter_step_tokens, dtype=dtype,
+                     param_dtype=param_dtype, rngs=rngs)
 
   _self_attention = 'attention'
 

@@ -10,7 +10,10 @@ its task length is the crop (window) in tokens, and an example is
 with the piece drawn in proportion to its length (every training token about
 equally likely, as the corpus NLL weighs them) and s a uniform multiple of 4,
 so slot i of a crop always holds the same voice (the Music Transformer's
-serialization, jsb.py). Pieces shorter than the window come whole, padded
+serialization, jsb.py). Option `crop_align` a > 1 makes s a multiple of 4a
+(a time steps): with a = 16, crops start on a bar line of 4/4 sixteenths, so
+target i of every crop has the same step phase, (i // 4) % 16, and a model
+that sees only offsets meets the meter at a consistent phase. Pieces shorter than the window come whole, padded
 (weight 0). Like every task, a batch is a pure function of (seed, step):
 the crops are drawn in JAX from the training split held as one padded
 array. Option `transpose` r > 0 shifts each crop by a uniform number of
@@ -55,14 +58,15 @@ def _make_sampler(V: int, options: dict):
   table, lengths = jnp.asarray(table), jnp.asarray(lengths)
   log_weight = jnp.log(lengths.astype(jnp.float32))
   r = int(options.get('transpose', 0))
+  stride = jsb.NUM_VOICES * int(options.get('crop_align', 1))  # tokens
   pitches = jsb.NUM_PITCHES
 
   def sample(key, length, max_length):
     key_piece, key_start, key_shift = jax.random.split(key, 3)
     piece = jax.random.categorical(key_piece, log_weight)
     n = lengths[piece]
-    num_starts = jnp.maximum(n - 1 - length, 0) // jsb.NUM_VOICES + 1
-    s = jsb.NUM_VOICES * jax.random.randint(key_start, (), 0, num_starts)
+    num_starts = jnp.maximum(n - 1 - length, 0) // stride + 1
+    s = stride * jax.random.randint(key_start, (), 0, num_starts)
     seq = jax.lax.dynamic_slice_in_dim(
         jnp.pad(table[piece], (0, max_length + 1)), s, max_length + 1)
     t = jnp.arange(max_length)

@@ -104,6 +104,7 @@ def build_model(config: ml_collections.ConfigDict, task: Task,
       norm_type=m.norm_type, residual=m.residual,
       attention_impl=m.attention_impl,
       remat=bool(m.remat), scan_layers=bool(m.scan_layers), dtype=jnp.dtype(m.dtype),
+      meter_period=int(m.meter_period), meter_step_tokens=int(m.meter_step_tokens),
       rngs=rngs, **position_options(m))
   sizes = (task.input_vocab_size, m.num_hiddens, m.ffn_num_hiddens,
            m.num_heads, m.num_layers, m.dropout)

@@ -71,7 +71,31 @@ class EmbeddingMixin:
   float pass as they are (the caller embedded them). Then the absolute
   encoding at `positions` (None: 0..L-1) and dropout; relative encodings add
   nothing here (dropout only). vocab_size=None: features only.
+
+  With a meter (`_init_meter`, meter_period P > 0), a learned (P,
+  num_hiddens) table is added to every input first, at row (position //
+  step_tokens) % P: the phase of the position's time step in a cycle of P
+  steps (for JSB with bar-aligned crops, P = 16 and 4 tokens a step give
+  target i's sixteenth within the bar). It starts at zero, so a model with
+  a meter starts as the one without.
   """
+
+  meter: nnx.Embed | None = None
+  meter_step_tokens: int = 1
+
+  def _init_meter(self, period: int, step_tokens: int, *, dtype, param_dtype,
+                  rngs: nnx.Rngs) -> None:
+    """Called last in the stack's constructor, so every other parameter
+    draws the values it draws without a meter."""
+    if period < 0 or step_tokens < 1:
+      raise ValueError(f'meter_period={period} must be >= 0 and '
+                       f'meter_step_tokens={step_tokens} >= 1')
+    if period:
+      self.meter = nnx.Embed(period, self.num_hiddens, dtype=dtype,
+                             param_dtype=param_dtype,
+                             embedding_init=nnx.initializers.zeros,
+                             rngs=rngs)
+      self.meter_step_tokens = step_tokens
 
   def _init_embedding(self, vocab_size: int | None, num_hiddens: int,
                       dropout: float, *, kind, options: dict, max_len: int,
@@ -100,6 +124,11 @@ class EmbeddingMixin:
         raise ValueError(f'features must be (B, L, num_hiddens='
                          f'{self.num_hiddens}); got shape {inputs.shape}')
       X = inputs
+    if self.meter is not None:
+      at = (jnp.arange(X.shape[1], dtype=jnp.int32)[None] if positions is None
+            else positions)
+      phase = (at // self.meter_step_tokens) % self.meter.num_embeddings
+      X = X + self.meter(phase).astype(X.dtype)
     if positions is None:
       return self.pos_encoding(X, deterministic=deterministic)
     return self.pos_encoding(X, positions=positions,

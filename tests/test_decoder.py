@@ -134,3 +134,29 @@ def test_cross_attention_sees_only_valid_encoder_positions():
 def test_decode_without_a_cache_says_so():
   with pytest.raises(ValueError, match='init_cache'):
     make_decoder('rope')(toks((1, 2)), decode=True)
+
+
+def test_meter_adds_one_learned_vector_per_step_phase():
+  """meter_period=4, 2 tokens a step: the inputs gain table[(i // 2) % 4],
+  so positions with the same phase gain the same vector and nothing else
+  changes; the table starts at zero (same outputs as without a meter, the
+  other parameters drawn identically), and cached decoding, whose positions
+  continue from the cache, equals the full pass."""
+  plain = make_decoder('rope')
+  dec = make_decoder('rope', meter_period=4, meter_step_tokens=2)
+  x = toks((2, 12))
+  np.testing.assert_allclose(dec(x), plain(x), atol=1e-6)   # zero at start
+  table = jax.random.normal(jax.random.key(5), (4, 16))
+  dec.meter.embedding[...] = table
+  phase = (np.arange(12) // 2) % 4
+  added = dec.embed(x) - plain.embed(x)
+  np.testing.assert_allclose(added, np.broadcast_to(table[phase], added.shape),
+                             atol=1e-5)
+  assert np.abs(np.asarray(dec(x) - plain(x))).max() > 1e-3
+  full = dec(x)
+  dec.init_cache(2, 12)
+  steps = [dec(x[:, :5], decode=True)]
+  steps += [dec(x[:, t:t + 1], decode=True) for t in range(5, 12)]
+  np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
+  with pytest.raises(ValueError, match='meter_period'):
+    make_decoder('rope', meter_period=-1)

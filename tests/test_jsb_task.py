@@ -12,8 +12,9 @@ pytestmark = pytest.mark.skipif(
     reason='JSB data not found (set SELFATTN_DATA_DIR; see selfattn/jsb.py)')
 
 
-def _batch(window=64, n=32, seed=0, step=0, transpose=0):
-  task = tasks.get_task('jsb_chorales', transpose=transpose)
+def _batch(window=64, n=32, seed=0, step=0, transpose=0, crop_align=1):
+  task = tasks.get_task('jsb_chorales', transpose=transpose,
+                        crop_align=crop_align)
   return task, tasks.make_batch(task, seed, step, jnp.arange(n), window,
                                 window)
 
@@ -42,6 +43,40 @@ def test_crops_are_aligned_pieces_of_the_training_split_with_next_token_targets(
     hits = _find(np.append(x[:n], y[n - 1]), sequences)
     assert hits and any(s % 4 == 0 for _, s in hits)      # on a time step
     assert np.all(y[:n] < jsb.NUM_TARGETS)                # never START/PAD
+
+
+def test_bar_aligned_crops_start_on_a_bar_line():
+  """crop_align=16: every crop starts at a multiple of 64 tokens of its
+  [START] + piece sequence (a 4/4 bar of sixteenths), where the default
+  crops start on any time step."""
+  table, lengths = training_corpus()
+  sequences = [table[i, :n] for i, n in enumerate(lengths)]
+  starts = {}
+  for align in (1, 16):
+    _, batch = _batch(window=96, n=48, seed=3, crop_align=align)
+    found = []
+    for x, y, w in zip(np.asarray(batch.inputs), np.asarray(batch.targets),
+                       np.asarray(batch.weights)):
+      n = int(w.sum())
+      if n < 96:
+        continue                     # a short piece comes whole, from 0
+      hits = _find(np.append(x[:n], y[n - 1]), sequences)
+      found.append(min(s for _, s in hits if s % 4 == 0))
+    starts[align] = found
+  assert len(starts[16]) > 30 and all(s % 64 == 0 for s in starts[16])
+  assert any(s % 64 for s in starts[1])
+
+
+def test_config_rejects_a_bad_crop_alignment_or_meter():
+  from configs import music
+  for field, value, match in (('task.crop_align', 0, 'crop_align'),
+                              ('model.meter_period', -1, 'meter_period'),
+                              ('model.meter_step_tokens', 0, 'meter_step')):
+    config = music.get_config('quick')
+    section, name = field.split('.')
+    config[section][name] = value
+    with pytest.raises(config_checks.ConfigError, match=match):
+      config_checks.validate_config(config)
 
 
 def test_crops_are_a_function_of_seed_and_step():

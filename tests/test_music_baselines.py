@@ -16,15 +16,17 @@ REAL_FILE = pathlib.Path(DATA_DIR) / 'jsb' / jsb.FILENAME
 V = jsb.NUM_TARGETS
 
 
-def reference_kn(train, lags, discount):
-  """The same model written plainly with dicts: p(w, voice, history tuple)."""
+def reference_kn(train, lags, discount, period=1):
+  """The same model written plainly with dicts: p(w, slot, history tuple),
+  slot = (voice, step phase) = (i % 4, (i // 4) % period)."""
   m = max(lags, default=0)
   K = len(lags)
   counts = [collections.defaultdict(collections.Counter) for _ in range(K + 1)]
   for piece in train:
     seq = [jsb.START] * m + list(piece)
     for i, w in enumerate(piece):
-      counts[K][(i % 4,) + tuple(seq[m + i - lag] for lag in lags)][w] += 1
+      slot = (i % 4, (i // 4) % period)
+      counts[K][(slot,) + tuple(seq[m + i - lag] for lag in lags)][w] += 1
   for k in range(K, 0, -1):   # continuation counts: distinct extensions
     for context, ws in counts[k].items():
       for w in ws:
@@ -32,7 +34,8 @@ def reference_kn(train, lags, discount):
 
   def prob(w, voice, history):
     seq = [jsb.START] * m + list(history)
-    context = (voice,) + tuple(seq[len(seq) - lag] for lag in lags)
+    slot = (voice, (len(history) // 4) % period)
+    context = (slot,) + tuple(seq[len(seq) - lag] for lag in lags)
     p = 1 / V
     for k in range(K + 1):
       ws = counts[k].get(context[:k + 1])
@@ -75,13 +78,17 @@ def test_per_voice_model_by_hand():
   assert voice1[0] == pytest.approx((1 - 0.5 + 0.5 * 2 / V) / 2)
 
 
-@pytest.mark.parametrize('lags, discount', [
-    ((1,), 0.8), ((1, 2, 3), 0.8), ((4, 1, 2), 0.5), (mb.SKIP_LAGS, 0.9)])
-def test_ngram_matches_plain_reference(lags, discount):
+@pytest.mark.parametrize('lags, discount, period', [
+    ((1,), 0.8, 1), ((1, 2, 3), 0.8, 1), ((4, 1, 2), 0.5, 1),
+    (mb.SKIP_LAGS, 0.9, 1), ((4, 1, 2), 0.7, 4), (mb.METER_LAGS, 0.9, 4),
+    (mb.SKIP_LAGS[:8], 0.9, 16)])
+def test_ngram_matches_plain_reference(lags, discount, period):
+  """Including the meter-aware model (period > 1: the step phase joins the
+  voice in every context)."""
   train, test = _toy_corpus(0, 6, 30), _toy_corpus(1, 2, 12)
   test[1][5] = 3   # a token never seen in training: unseen contexts follow it
-  model = mb.NGram(train, lags, discount)
-  reference = reference_kn(train, lags, discount)
+  model = mb.NGram(train, lags, discount, period=period)
+  reference = reference_kn(train, lags, discount, period)
   got = model.prob(test)
   want = [reference(w, i % 4, piece[:i]) for piece in test for i, w in enumerate(piece)]
   np.testing.assert_allclose(got, want, rtol=1e-12)
@@ -107,6 +114,10 @@ def test_ngram_distributions_sum_to_one(lags):
 def test_ngram_rejects_bad_settings():
   with pytest.raises(ValueError, match='int64'):
     mb.NGram([np.arange(8)], lags=tuple(range(1, 11)))
+  with pytest.raises(ValueError, match='int64'):
+    mb.NGram([np.arange(8)], lags=mb.SKIP_LAGS, period=16)
+  with pytest.raises(ValueError, match='period'):
+    mb.NGram([np.arange(8)], period=0)
   with pytest.raises(ValueError, match='discount'):
     mb.NGram([np.arange(8)], discount=1.5)
 
@@ -123,7 +134,7 @@ def test_baselines_on_real_data():
   assert got['ngram_skip']['test'] < got['ngram']['test'] - 0.2
   # Pinned (module docstring), so a change of behaviour is seen.
   pinned = {'unigram': (3.3907, 3.4028), 'ngram': (0.9025, 0.9143),
-            'ngram_skip': (0.6585, 0.6685)}
+            'ngram_skip': (0.6585, 0.6685), 'ngram_meter': (0.5264, 0.5372)}
   for name, (valid, test) in pinned.items():
     assert got[name]['valid'] == pytest.approx(valid, abs=1e-4)
     assert got[name]['test'] == pytest.approx(test, abs=1e-4)
