@@ -1,11 +1,10 @@
-"""What every experiment driver shares: flags, running a sweep through
-train_and_evaluate, results tables (mean and std over seeds) and plots."""
+"""What every experiment driver shares: flags, sweeps through the resumable
+study runner, results tables (mean and std over seeds), paired-by-seed
+lines and the band plot. The five-seed studies' main is skeleton.py's."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import io
 import json
 import math
 import os
@@ -20,12 +19,10 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.stats  # noqa: E402
 from absl import flags  # noqa: E402
-from absl import logging  # noqa: E402
 
 from configs import default  # noqa: E402
 from experiments import study  # noqa: E402
 from selfattn.log_setup import configure_logging  # noqa: E402
-from selfattn.train import train_and_evaluate  # noqa: E402
 
 WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory: one '
                               'TensorBoard subdirectory per run, results.md, PNGs.')
@@ -51,15 +48,6 @@ def variant(base: ml_collections.ConfigDict, **model) -> ml_collections.ConfigDi
   for key, value in model.items():
     config.model[key] = value
   return config
-
-
-def run(config: ml_collections.ConfigDict, workdir: str, name: str
-        ) -> dict[str, Any]:
-  """train_and_evaluate into workdir/name (resumes if it exists); quiet stdout."""
-  path = os.path.join(workdir, name)
-  logging.info('run %s', name)
-  with contextlib.redirect_stdout(io.StringIO()):
-    return train_and_evaluate(config, path)
 
 
 def sweep(settings: Iterable[tuple[str, ml_collections.ConfigDict]],
@@ -102,15 +90,6 @@ def encoding_runs(base: ml_collections.ConfigDict, seeds: int,
       runs.append(study.Run(f'position={label.replace(" ", "")},seed={seed}',
                             config, {'position': label, 'seed': seed}))
   return runs
-
-
-def chosen_labels(requested: list[str] | None, known: Iterable[str]) -> None:
-  """Exits with one line when --positions names an encoding label the study
-  does not have."""
-  unknown = sorted(set(requested or ()) - set(known))
-  if unknown:
-    raise SystemExit(f'error: --positions: unknown {", ".join(unknown)}; '
-                     f'valid: {", ".join(known)}')
 
 
 def finite(values: list[float]) -> list[float]:
@@ -200,6 +179,17 @@ def accuracy_table(results: dict[str, list[dict]], lengths: list[int],
   return markdown_table(header, rows)
 
 
+def band(ax, x, curves, *, color, label: str, alpha: float = 0.12,
+         **line) -> None:
+  """The studies' one picture of seeds: the mean of `curves` (seeds x
+  points) as a line, and a min-max band around it when there are several."""
+  curves = np.asarray(curves, dtype=float)
+  ax.plot(x, curves.mean(0), color=color, label=label, **line)
+  if len(curves) > 1:
+    ax.fill_between(x, curves.min(0), curves.max(0), color=color,
+                    alpha=alpha, lw=0)
+
+
 def plot_accuracy_vs_length(results: dict[str, list[dict]], lengths: list[int],
                             train_max: int, title: str, path: str,
                             chance: float | None = None) -> None:
@@ -212,13 +202,8 @@ def plot_accuracy_vs_length(results: dict[str, list[dict]], lengths: list[int],
     if not finite:
       continue
     acc = [[accuracy(s, n) for n in lengths] for s in finite]
-    means = [statistics.mean(column) for column in zip(*acc)]
-    ax.plot(lengths, means, marker='osD^v<>'[i % 7], color=colors[i % 20],
-            label=name)
-    if len(finite) > 1:
-      ax.fill_between(lengths, [min(c) for c in zip(*acc)],
-                      [max(c) for c in zip(*acc)], color=colors[i % 20],
-                      alpha=0.12, lw=0)
+    band(ax, lengths, acc, color=colors[i % 20], label=name,
+         marker='osD^v<>'[i % 7])
   ax.axvline(train_max, color='gray', ls='--', lw=1, label='longest trained')
   if chance is not None:
     ax.axhline(chance, color='gray', ls=':', lw=1, label='chance')

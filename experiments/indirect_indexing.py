@@ -21,19 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 from absl import app
-from absl import flags
 
 from configs import indirect_indexing as ii_config
 from experiments import common
+from experiments import skeleton
 from experiments import study
-
-_SCALE = flags.DEFINE_enum('scale', 'small', list(ii_config.SCALES),
-                           'small: the CPU study; paper: the paper\'s scale; '
-                           'quick: a smoke test.')
-_POSITIONS = flags.DEFINE_list('positions', None, 'Only these encodings '
-                               '(labels of ENCODINGS).')
-_COLLECT_ONLY = flags.DEFINE_bool('collect_only', False,
-                                  'Train nothing; re-collect the results.')
 
 # Study label -> (config.model.position, encoding options, task options).
 ENCODINGS = {
@@ -99,10 +91,8 @@ def plot(summaries: dict, labels, path: str, chance: float) -> None:
     lengths = sorted(int(n) for n in runs[0]['eval'])
     acc = np.array([[r['eval'][str(n)]['token_accuracy'] for n in lengths]
                     for r in runs])
-    ax.plot(lengths, acc.mean(0), color=colors[i % 10], marker='o', ms=3,
-            label=f'{label} (n={len(runs)})')
-    ax.fill_between(lengths, acc.min(0), acc.max(0), color=colors[i % 10],
-                    alpha=0.12, lw=0)
+    common.band(ax, lengths, acc, color=colors[i % 10], marker='o', ms=3,
+                label=f'{label} (n={len(runs)})')
   ax.axvline(max(IN_DISTRIBUTION), color='gray', ls='--', lw=1)
   ax.axhline(chance, color='gray', ls=':', lw=1)
   ax.set_xlabel('string length (dashed: longest trained; band: min-max '
@@ -183,23 +173,24 @@ def report(workdir: str, runs: list[study.Run], summaries: dict, scale: str
   return common.write_results(workdir, 'Indirect indexing', sections, data)
 
 
-def main(argv):
-  del argv
-  common.configure_logging()
-  workdir = common.WORKDIR.value
-  if not workdir:
-    raise SystemExit('error: --workdir is required')
-  scale = 'quick' if common.QUICK.value else _SCALE.value
-  labels = QUICK_ENCODINGS if scale == 'quick' else tuple(ENCODINGS)
-  common.chosen_labels(_POSITIONS.value, ENCODINGS)
-  seeds = (common.SEEDS.value if flags.FLAGS['seeds'].present
-           else 1 if scale == 'quick' else 5)
-  runs = study_runs(scale, seeds, labels)
-  chosen = study.select(runs, positions=_POSITIONS.value)
-  if not _COLLECT_ONLY.value:
-    study.execute(chosen, workdir)
-  print(report(workdir, runs, study.collect(runs, workdir), scale))
+class IndirectIndexing(skeleton.Study):
+  """--scale: small (the CPU study), paper (the paper's scale), quick."""
+  title = 'Indirect indexing'
+  scales = tuple(ii_config.SCALES)
+  default_scale = 'small'
 
+  def filter_values(self):
+    return {'position': tuple(ENCODINGS)}
+
+  def runs(self, scale, seeds, context):
+    labels = QUICK_ENCODINGS if scale == 'quick' else tuple(ENCODINGS)
+    return study_runs(scale, seeds, labels)
+
+  def report(self, workdir, runs, results, scale, context):
+    return report(workdir, runs, results, scale)
+
+
+STUDY = IndirectIndexing()
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(skeleton.main(STUDY))

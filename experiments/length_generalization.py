@@ -26,20 +26,11 @@ import statistics
 import numpy as np
 import scipy.stats
 from absl import app
-from absl import flags
 
 from configs import chomsky
 from experiments import common
+from experiments import skeleton
 from experiments import study
-
-_SCALE = flags.DEFINE_enum('scale', 'small', ['quick', 'small', 'full'],
-                           'quick: a smoke test (tests); small: the CPU study '
-                           '(defaults of EXPERIMENTS.md); full: the papers.')
-_TASKS = flags.DEFINE_list('tasks', None, 'Only these tasks.')
-_POSITIONS = flags.DEFINE_list('positions', None, 'Only these encodings.')
-_SHARD = flags.DEFINE_string('shard', None, 'i/n: train every n-th run from i.')
-_COLLECT_ONLY = flags.DEFINE_bool('collect_only', False,
-                                  'Train nothing; re-collect the results.')
 
 TASKS = ('even_pairs', 'parity_check', 'reverse_string', 'bucket_sort',
          'missing_duplicate_string', 'duplicate_string')
@@ -184,11 +175,8 @@ def plot_task(task: str, summaries: dict[str, dict], positions, path: str,
       lengths = sorted(int(n) for n in runs[0]['eval'])
       acc = np.array([[r['eval'][str(n)]['token_accuracy'] for n in lengths]
                       for r in runs])
-      mean = acc.mean(0)
-      ax.plot(lengths, mean, color=colors[i % 10], lw=1.4,
-              label=f'{position} (n={len(runs)})')
-      ax.fill_between(lengths, acc.min(0), acc.max(0), color=colors[i % 10],
-                      alpha=0.15, lw=0)
+      common.band(ax, lengths, acc, color=colors[i % 10], lw=1.4,
+                  alpha=0.15, label=f'{position} (n={len(runs)})')
     ax.axvline(train_max, color='gray', ls='--', lw=1)
     ax.axhline(chance, color='gray', ls=':', lw=1)
     ax.set_title(f'{task}: {"randomized" if randomized else "fixed"} positions')
@@ -324,26 +312,27 @@ def report(workdir: str, runs: list[study.Run], summaries: dict[str, dict],
   return common.write_results(workdir, 'Length generalization', sections, data)
 
 
-def main(argv):
-  del argv
-  common.configure_logging()
-  workdir = common.WORKDIR.value
-  if not workdir:
-    raise SystemExit('error: --workdir is required')
-  scale = 'quick' if common.QUICK.value else _SCALE.value
-  tasks = QUICK_TASKS if scale == 'quick' else TASKS
-  positions = QUICK_POSITIONS if scale == 'quick' else POSITIONS
-  # Five seeds by default (one in quick mode); an explicit --seeds wins.
-  seeds = (common.SEEDS.value if flags.FLAGS['seeds'].present
-           else 1 if scale == 'quick' else 5)
-  runs = study_runs(scale, seeds, tasks, positions)
-  chosen = study.select(runs, tasks=_TASKS.value, positions=_POSITIONS.value,
-                        shard=study.parse_shard(_SHARD.value))
-  if not _COLLECT_ONLY.value:
-    study.execute(chosen, workdir)
-  text = report(workdir, runs, study.collect(runs, workdir), scale)
-  print(text)
+class LengthGeneralization(skeleton.Study):
+  """--scale: quick (a smoke test), small (the CPU study, EXPERIMENTS.md's
+  defaults), full (the papers')."""
+  title = 'Length generalization'
+  scales = ('quick', 'small', 'full')
+  default_scale = 'small'
+  filters = ('task', 'position')
 
+  def filter_values(self):
+    return {'task': TASKS, 'position': POSITIONS}
+
+  def runs(self, scale, seeds, context):
+    quick = scale == 'quick'
+    return study_runs(scale, seeds, QUICK_TASKS if quick else TASKS,
+                      QUICK_POSITIONS if quick else POSITIONS)
+
+  def report(self, workdir, runs, results, scale, context):
+    return report(workdir, runs, results, scale)
+
+
+STUDY = LengthGeneralization()
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(skeleton.main(STUDY))

@@ -23,27 +23,18 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import numpy as np
 from absl import app
-from absl import flags
 
 from configs import music as music_config
 from experiments import common
 from experiments import music_baselines
 from experiments import music_samples
+from experiments import skeleton
 from experiments import study
 from selfattn import jsb
 from selfattn import lm_eval
-
-_SCALE = flags.DEFINE_enum('scale', 'cpu', list(music_config.SCALES),
-                           'cpu: the CPU study; paper: PoPE\'s JSB recipe; '
-                           'quick: a smoke test.')
-_POSITIONS = flags.DEFINE_list('positions', None, 'Only these encodings '
-                               '(labels of ENCODINGS).')
-_COLLECT_ONLY = flags.DEFINE_bool('collect_only', False,
-                                  'Train nothing; re-collect the results.')
 
 # Study label -> (position, encoding options, task options).
 ENCODINGS = {
@@ -157,10 +148,8 @@ def plot_by_position(results: dict, labels, window: int, path: str) -> None:
     x = (np.arange(pooled.shape[1]) + 0.5) * bucket
     color = colors[i % len(colors)]
     style = '-' if ENCODINGS[label][0] in RELATIVE else '--'
-    ax.plot(x, pooled.mean(0), color=color, ls=style, lw=1.4,
-            label=f'{label} (n={len(curves)})')
-    ax.fill_between(x, pooled.min(0), pooled.max(0), color=color,
-                    alpha=0.12, lw=0)
+    common.band(ax, x, pooled, color=color, ls=style, lw=1.4,
+                label=f'{label} (n={len(curves)})')
   ax.axvline(window, color='gray', ls=':', lw=1)
   ax.set_xlabel('token position in the test piece')
   ax.set_ylabel('NLL (nats per token)')
@@ -326,29 +315,33 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
   return common.write_results(workdir, 'JSB Chorales', sections, data)
 
 
-def main(argv):
-  del argv
-  common.configure_logging()
-  workdir = common.WORKDIR.value
-  if not workdir:
-    raise SystemExit('error: --workdir is required')
-  try:
-    data = jsb.load()
-  except jsb.DataError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
-  scale = 'quick' if common.QUICK.value else _SCALE.value
-  labels = QUICK_ENCODINGS if scale == 'quick' else tuple(ENCODINGS)
-  common.chosen_labels(_POSITIONS.value, ENCODINGS)
-  seeds = (common.SEEDS.value if flags.FLAGS['seeds'].present
-           else 1 if scale == 'quick' else 5)
-  floors = music_baselines.baselines(data)
-  print('floors: ' + ', '.join(f'{k} valid {v["valid"]:.4f} test '
-                               f'{v["test"]:.4f}' for k, v in floors.items()))
-  runs = study_runs(scale, seeds, labels)
-  chosen = study.select(runs, positions=_POSITIONS.value)
+class Music(skeleton.Study):
+  """--scale: cpu (the CPU study), paper (PoPE's JSB recipe), quick."""
+  title = 'JSB Chorales'
+  scales = tuple(music_config.SCALES)
+  default_scale = 'cpu'
 
-  def scored_runs(score_missing: bool) -> dict:
+  def filter_values(self):
+    return {'position': tuple(ENCODINGS)}
+
+  def prepare(self, scale):
+    try:
+      data = jsb.load()
+    except jsb.DataError as e:
+      raise skeleton.StudyError(str(e)) from None
+    floors = music_baselines.baselines(data)
+    print('floors: ' + ', '.join(f'{k} valid {v["valid"]:.4f} test '
+                                 f'{v["test"]:.4f}' for k, v in floors.items()))
+    return {'data': data, 'floors': floors}
+
+  def runs(self, scale, seeds, context):
+    labels = QUICK_ENCODINGS if scale == 'quick' else tuple(ENCODINGS)
+    return study_runs(scale, seeds, labels)
+
+  def score(self, run, path, context):
+    evaluate_run(run, path, context['data'])
+
+  def results(self, runs, workdir, context, *, score_missing):
     """{name: music.json + tags} of the finished runs; score_missing: score
     the ones not yet scored (a study stopped between training and
     scoring), else leave them out."""
@@ -360,22 +353,20 @@ def main(argv):
       path = os.path.join(workdir, run.name)
       if not score_missing and not os.path.exists(os.path.join(path, 'music.json')):
         continue
-      out[run.name] = {**evaluate_run(run, path, data),
+      out[run.name] = {**evaluate_run(run, path, context['data']),
                        'label': run.tags['position'], 'seed': run.tags['seed']}
     return out
 
-  if not _COLLECT_ONLY.value:
-    scored_runs(score_missing=True)         # finished earlier, scored before a stop
-    # Each run is scored as soon as it has trained: a study stopped part way
-    # has its finished runs in the table.
-    study.execute(chosen, workdir, after_each=lambda run, _: evaluate_run(
-        run, os.path.join(workdir, run.name), data))
-  results = scored_runs(score_missing=not _COLLECT_ONLY.value)
-  reference = music_samples.data_statistics(data['test'], data['train'],
-                                            SAMPLE_STEPS)
-  real = data['test'][0][:music_samples.PROMPT_STEPS + SAMPLE_STEPS]
-  print(report(workdir, runs, results, scale, floors, reference, real))
+  def report(self, workdir, runs, results, scale, context):
+    data = context['data']
+    reference = music_samples.data_statistics(data['test'], data['train'],
+                                              SAMPLE_STEPS)
+    real = data['test'][0][:music_samples.PROMPT_STEPS + SAMPLE_STEPS]
+    return report(workdir, runs, results, scale, context['floors'],
+                  reference, real)
 
+
+STUDY = Music()
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(skeleton.main(STUDY))

@@ -6,7 +6,11 @@ import math
 import ml_collections
 import pytest
 
+from absl import flags
+from absl.testing import flagsaver
+
 from experiments import common
+from experiments import skeleton
 from experiments import study
 from selfattn.train import NonFiniteError
 
@@ -151,3 +155,77 @@ def test_paired_by_seed_is_the_hand_computed_t_interval():
   assert 'fewer than two' in common.paired_by_seed(
       {'pope': {0: 0.1}, 'rope': {0: 0.0}}, ('pope',), ('rope',), 'x',
       unit='points')
+
+
+class _TwoEncodings(skeleton.Study):
+  """A stand-in study for the skeleton: encodings a and b at N seeds
+  (nothing trains: the tests replace study.execute)."""
+  scales = ('small', 'quick')
+  default_scale = 'small'
+
+  def __init__(self):
+    self.scored, self.reported = [], []
+
+  def filter_values(self):
+    return {'position': ('a', 'b')}
+
+  def runs(self, scale, seeds, context):
+    runs = [_run(f'position={p},seed={s}', s) for s in range(seeds)
+            for p in ('a', 'b')]
+    for r in runs:
+      r.tags['position'] = r.name.split(',')[0].split('=')[1]
+    return runs
+
+  def score(self, run, path, context):
+    self.scored.append(run.name)
+
+  def report(self, workdir, runs, results, scale, context):
+    self.reported.append((scale, len(runs), sorted(results)))
+    return 'report'
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--positions=c'], '--positions: unknown c; valid: a, b'),
+    (['--tasks=x'], '--tasks: this study has no tasks to filter'),
+    (['--seeds=0'], '--seeds=0: a study needs at least one seed'),
+    (['--shard=abc'], "--shard='abc' must look like i/n"),
+    (['--scale=huge'], "--scale='huge' is not a scale of this study; valid: "
+                       'small, quick'),
+])
+def test_the_skeleton_refuses_bad_flags_in_one_line(tmp_path, monkeypatch,
+                                                    capsys, argv, message):
+  """Every study's flags are checked before anything runs: a typo in a
+  filter used to select zero runs and exit 0 with an empty table."""
+  spec = _TwoEncodings()
+  monkeypatch.setattr(study, 'execute', lambda *a, **k: pytest.fail('ran'))
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', f'--workdir={tmp_path}'] + argv)
+    with pytest.raises(SystemExit) as stop:
+      skeleton.main(spec)([])
+  assert stop.value.code == 1
+  err = capsys.readouterr().err.strip()
+  assert err.startswith(f'error: {message}') and '\n' not in err
+  assert not spec.reported
+
+
+def test_the_skeleton_runs_scores_and_reports_the_chosen_runs(tmp_path,
+                                                              monkeypatch):
+  """--positions and --shard select runs; each run trained is scored right
+  after it; the report sees every run of the study."""
+  spec = _TwoEncodings()
+  executed = []
+
+  def fake_execute(runs, workdir, after_each=None):
+    for r in runs:
+      executed.append(r.name)
+      after_each(r, {})
+    return {}
+
+  monkeypatch.setattr(study, 'execute', fake_execute)
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', f'--workdir={tmp_path}', '--seeds=3',
+                 '--positions=b', '--shard=1/2'])
+    skeleton.main(spec)([])
+  # b's runs at seeds 0, 1, 2; shard 1 of 2 keeps the second.
+  assert executed == ['position=b,seed=1'] == spec.scored
+  assert spec.reported == [('small', 6, [])]

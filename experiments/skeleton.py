@@ -1,0 +1,167 @@
+"""The one skeleton every five-seed study shares: its flags, checked with a
+one-line error before anything runs; the resumable run loop with scoring
+after each run; collection; and the main function.
+
+A study is a `Study`: its scales, the tags its runs can be filtered by, the
+runs of a scale, optionally data to prepare and a score per run, and a report
+body. `main(study)` is its absl main:
+
+  python -m experiments.STUDY --workdir=DIR [--scale=S] [--seeds=N]
+      [--positions=a,b] [--tasks=a,b] [--shard=i/n] [--collect_only] [--quick]
+
+Rerunning the same command skips finished runs, resumes the unfinished one
+from its checkpoint, scores what finished unscored, and rewrites the results
+from every finished run (those other shards finished too).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from absl import flags
+
+from experiments import common
+from experiments import study
+
+SCALE = flags.DEFINE_string('scale', None, "The study's scale (each study "
+                            'lists its own; default: its CPU study).')
+POSITIONS = flags.DEFINE_list('positions', None, 'Only these encodings '
+                              "(labels of the study's encodings).")
+TASKS = flags.DEFINE_list('tasks', None, 'Only these tasks (studies over '
+                          'tasks).')
+SHARD = flags.DEFINE_string('shard', None, 'i/n: train every n-th selected '
+                            'run from the i-th (n machines or processes '
+                            'split a study without coordinating).')
+COLLECT_ONLY = flags.DEFINE_bool('collect_only', False,
+                                 'Train nothing; re-collect the results.')
+
+FILTER_FLAGS = {'position': POSITIONS, 'task': TASKS}
+DEFAULT_SEEDS = 5
+
+
+class Study:
+  """What one study adds to the skeleton. Subclasses set the attributes and
+  implement `runs` and `report`; the rest has defaults."""
+
+  title: str = ''
+  scales: tuple[str, ...] = ()
+  default_scale: str = ''
+  # Tags of the runs that --positions / --tasks filter, with their valid
+  # values (`filter_values`).
+  filters: tuple[str, ...] = ('position',)
+
+  def filter_values(self) -> dict[str, Sequence[str]]:
+    """{tag: every valid value} for each tag in `filters`."""
+    raise NotImplementedError
+
+  def prepare(self, scale: str) -> Any:
+    """What the runs, scores and report share (data, floors); None by
+    default. Raise StudyError for data that cannot be had."""
+    return None
+
+  def runs(self, scale: str, seeds: int, context: Any) -> list[study.Run]:
+    raise NotImplementedError
+
+  def score(self, run: study.Run, path: str, context: Any) -> None:
+    """Called after each run trained now (and for finished runs not yet
+    scored, see `results`): the study's per-run evaluation, if any."""
+
+  def results(self, runs: Sequence[study.Run], workdir: str, context: Any, *,
+              score_missing: bool) -> dict[str, Any]:
+    """{name: result} of every finished run; by default its summary."""
+    return study.collect(runs, workdir)
+
+  def report(self, workdir: str, runs: list[study.Run], results: dict,
+             scale: str, context: Any) -> str:
+    """Writes results.md (and .json, plots); returns the markdown."""
+    raise NotImplementedError
+
+
+class StudyError(Exception):
+  """Input the study cannot run with: printed as one line, exit status 2."""
+
+
+def _fail(message: str, status: int = 1) -> None:
+  import sys
+  print(f'error: {message}', file=sys.stderr)
+  raise SystemExit(status)
+
+
+def chosen_scale(spec: Study) -> str:
+  if common.QUICK.value:
+    return 'quick'
+  scale = SCALE.value or spec.default_scale
+  if scale not in spec.scales:
+    _fail(f'--scale={scale!r} is not a scale of this study; valid: '
+          f'{", ".join(spec.scales)}')
+  return scale
+
+
+def chosen_seeds(scale: str) -> int:
+  """Five seeds by default (one in quick mode); an explicit --seeds wins."""
+  if not flags.FLAGS['seeds'].present:
+    return 1 if scale == 'quick' else DEFAULT_SEEDS
+  if common.SEEDS.value < 1:
+    _fail(f'--seeds={common.SEEDS.value}: a study needs at least one seed')
+  return common.SEEDS.value
+
+
+def chosen_filters(spec: Study) -> dict[str, list[str] | None]:
+  """{tag: requested values or None}, each value checked against the
+  study's; a filter flag the study does not take is refused."""
+  valid = spec.filter_values()
+  out = {}
+  for tag, flag in FILTER_FLAGS.items():
+    requested = flag.value
+    if tag not in spec.filters:
+      if requested:
+        _fail(f'--{flag.name}: this study has no {tag}s to filter')
+      continue
+    unknown = [v for v in (requested or ()) if v not in valid[tag]]
+    if unknown:
+      _fail(f'--{flag.name}: unknown {", ".join(unknown)}; valid: '
+            f'{", ".join(valid[tag])}')
+    out[tag] = requested
+  return out
+
+
+def chosen_shard() -> tuple[int, int]:
+  try:
+    return study.parse_shard(SHARD.value)
+  except ValueError as e:
+    _fail(str(e))
+  raise AssertionError('unreachable')
+
+
+def main(spec: Study):
+  """The study's absl main."""
+  def run(argv):
+    del argv
+    common.configure_logging()
+    workdir = common.WORKDIR.value
+    if not workdir:
+      _fail('--workdir is required')
+    scale = chosen_scale(spec)
+    seeds = chosen_seeds(scale)
+    filters = chosen_filters(spec)
+    shard = chosen_shard()
+    try:
+      context = spec.prepare(scale)
+    except StudyError as e:
+      _fail(str(e), status=2)
+    runs = spec.runs(scale, seeds, context)
+    chosen = study.select(runs, tasks=filters.get('task'),
+                          positions=filters.get('position'), shard=shard)
+    if not COLLECT_ONLY.value:
+      if not chosen:
+        _fail(f'no run of this study at --scale={scale} matches the '
+              f'filters and shard given')
+      # Finished earlier, but stopped before it was scored.
+      spec.results(runs, workdir, context, score_missing=True)
+      study.execute(chosen, workdir, after_each=lambda r, _: spec.score(
+          r, os.path.join(workdir, r.name), context))
+    results = spec.results(runs, workdir, context,
+                           score_missing=not COLLECT_ONLY.value)
+    print(spec.report(workdir, runs, results, scale, context))
+  return run
