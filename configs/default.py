@@ -1,6 +1,7 @@
 """Default: reverse a string with a 2-layer sinusoidal encoder.
 
-Takes 56 s on the 2-core CPU (measured 2026-11-22, a study running beside it).
+Takes 26 s on the idle 2-core CPU (measured 2026-11-25; 56 s with a study
+running beside it, 2026-11-22).
 
 Run:
   python -m selfattn.main --config=configs/default.py --workdir=runs/default

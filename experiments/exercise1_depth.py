@@ -27,7 +27,6 @@ import numpy as np
 import optax
 import scipy.stats
 from absl import app
-from absl import flags
 from flax import nnx
 
 import selfattn

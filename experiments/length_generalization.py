@@ -19,12 +19,10 @@ the max over seeds (the papers report the max).
 from __future__ import annotations
 
 import copy
-import json
 import os
 import statistics
 
 import numpy as np
-import scipy.stats
 from absl import app
 
 from configs import chomsky

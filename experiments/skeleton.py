@@ -23,6 +23,7 @@ from absl import flags
 
 from experiments import common
 from experiments import study
+from selfattn.errors import ConfigError
 
 SCALE = flags.DEFINE_string('scale', None, "The study's scale (each study "
                             'lists its own; default: its CPU study).')
@@ -135,33 +136,40 @@ def chosen_shard() -> tuple[int, int]:
 
 
 def main(spec: Study):
-  """The study's absl main."""
+  """The study's absl main. A damaged file of a run (a truncated
+  summary.json, say) is one line naming it, exit status 2."""
   def run(argv):
-    del argv
-    common.configure_logging()
-    workdir = common.WORKDIR.value
-    if not workdir:
-      _fail('--workdir is required')
-    scale = chosen_scale(spec)
-    seeds = chosen_seeds(scale)
-    filters = chosen_filters(spec)
-    shard = chosen_shard()
     try:
-      context = spec.prepare(scale)
-    except StudyError as e:
+      _main(spec)
+    except ConfigError as e:
       _fail(str(e), status=2)
-    runs = spec.runs(scale, seeds, context)
-    chosen = study.select(runs, tasks=filters.get('task'),
-                          positions=filters.get('position'), shard=shard)
-    if not COLLECT_ONLY.value:
-      if not chosen:
-        _fail(f'no run of this study at --scale={scale} matches the '
-              f'filters and shard given')
-      # Finished earlier, but stopped before it was scored.
-      spec.results(runs, workdir, context, score_missing=True)
-      study.execute(chosen, workdir, after_each=lambda r, _: spec.score(
-          r, os.path.join(workdir, r.name), context))
-    results = spec.results(runs, workdir, context,
-                           score_missing=not COLLECT_ONLY.value)
-    print(spec.report(workdir, runs, results, scale, context))
   return run
+
+
+def _main(spec: Study) -> None:
+  common.configure_logging()
+  workdir = common.WORKDIR.value
+  if not workdir:
+    _fail('--workdir is required')
+  scale = chosen_scale(spec)
+  seeds = chosen_seeds(scale)
+  filters = chosen_filters(spec)
+  shard = chosen_shard()
+  try:
+    context = spec.prepare(scale)
+  except StudyError as e:
+    _fail(str(e), status=2)
+  runs = spec.runs(scale, seeds, context)
+  chosen = study.select(runs, tasks=filters.get('task'),
+                        positions=filters.get('position'), shard=shard)
+  if not COLLECT_ONLY.value:
+    if not chosen:
+      _fail(f'no run of this study at --scale={scale} matches the '
+            f'filters and shard given')
+    # Finished earlier, but stopped before it was scored.
+    spec.results(runs, workdir, context, score_missing=True)
+    study.execute(chosen, workdir, after_each=lambda r, _: spec.score(
+        r, os.path.join(workdir, r.name), context))
+  results = spec.results(runs, workdir, context,
+                         score_missing=not COLLECT_ONLY.value)
+  print(spec.report(workdir, runs, results, scale, context))

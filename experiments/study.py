@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import json
 import os
 import sys
 import time
@@ -28,10 +27,11 @@ import jax
 import ml_collections
 from absl import logging
 
-from selfattn import train
-from selfattn.config_checks import ConfigError
-from selfattn.train import NonFiniteError
-from selfattn.train import TrainingInterrupted
+from selfattn import workdir as workdir_lib
+from selfattn.errors import ConfigError
+from selfattn.errors import NonFiniteError
+from selfattn.errors import TrainingInterrupted
+from selfattn.timing import duration
 from selfattn.train import train_and_evaluate
 
 
@@ -92,20 +92,19 @@ def finished_summary(run: Run, workdir: str) -> dict[str, Any] | None:
   path = os.path.join(workdir, run.name)
   marker = os.path.join(path, DIVERGED_FILE)
   if os.path.exists(marker):
-    with open(marker) as f:
-      return json.load(f)
-  return train.finished_summary(path, run.config.train.num_steps)
+    try:
+      return workdir_lib.read_json_object(marker, 'a diverged run\'s record')
+    except ConfigError as e:
+      # The marker's existence is the outcome; its text only says how. An
+      # unreadable one (a kill while an older version wrote it) still means
+      # the run diverged, and is not retrained.
+      return {'diverged': f'(its record is unreadable: {e})'}
+  return workdir_lib.finished_summary(path, run.config.train.num_steps)
 
 
 def diverged(summary: dict[str, Any]) -> bool:
   """Whether a study outcome is a diverged run (it has no evaluation)."""
   return 'diverged' in summary
-
-
-def _duration(seconds: float) -> str:
-  seconds = int(round(seconds))
-  hours, rest = divmod(seconds, 3600)
-  return f'{hours}h{rest // 60:02d}m' if hours else f'{rest // 60}m{rest % 60:02d}s'
 
 
 def _share_compilations(workdir: str) -> None:
@@ -164,8 +163,8 @@ def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True,
       sys.exit(2)
     except NonFiniteError as e:
       summaries[run.name] = {'diverged': str(e)}
-      with open(os.path.join(workdir, run.name, DIVERGED_FILE), 'w') as f:
-        json.dump(summaries[run.name], f)
+      workdir_lib.write_json(os.path.join(workdir, run.name, DIVERGED_FILE),
+                             summaries[run.name])
       say(f'[study] {run.name} diverged (recorded, not retried): {e}')
     else:
       if after_each is not None:
@@ -174,7 +173,7 @@ def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True,
     left = len(todo) - i - 1
     eta = sum(spent) / len(spent) * left
     say(f'[study] run {i + 1} of {len(todo)} done: {run.name} in '
-        f'{_duration(spent[-1])}; {left} left, ETA {_duration(eta)}')
+        f'{duration(spent[-1])}; {left} left, ETA {duration(eta)}')
   return summaries
 
 

@@ -3,8 +3,6 @@ the valid choices. Runs before anything is compiled or written."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import ml_collections
 
 from selfattn import jsb
@@ -14,13 +12,10 @@ from selfattn.free_running import IMPLEMENTATIONS as FREE_RUNNING
 # Re-exported: their home is beside build_model, which reads them.
 from selfattn.model import position_options  # noqa: F401
 from selfattn.model import task_from_config
+from selfattn.errors import ConfigError
 from selfattn.steps import SCHEDULES
 
 DTYPES = ('float32', 'bfloat16')
-
-
-class ConfigError(ValueError):
-  """An invalid config; the message names the field."""
 
 
 def _positive(config, *fields):
@@ -60,6 +55,12 @@ def validate_config(config: ml_collections.ConfigDict,
 
 def _validate(config: ml_collections.ConfigDict,
               num_devices: int | None = None) -> None:
+  # The seed enters the compiled steps as an int32 (steps.batch_generator).
+  seed = config.seed
+  if not isinstance(seed, int) or isinstance(seed, bool) or not (
+      0 <= seed < 2 ** 31):
+    raise ConfigError(f'config.seed must be an integer in [0, 2**31); got '
+                      f'{seed!r}')
   # Task.
   if config.task.name not in tasks.TASK_NAMES:
     raise ConfigError(f'config.task.name={config.task.name!r} is unknown; '
@@ -168,8 +169,8 @@ def _validate(config: ml_collections.ConfigDict,
   if config.train.warmup_steps < 0:
     raise ConfigError('config.train.warmup_steps must be >= 0')
   lengths = list(config.eval.lengths)
-  if not lengths or any(not isinstance(n, int) or n < task.min_length
-                        for n in lengths):
+  if not lengths or any(not isinstance(n, int) or isinstance(n, bool)
+                        or n < task.min_length for n in lengths):
     raise ConfigError(f'config.eval.lengths must be a non-empty list of '
                       f'integers >= {task.min_length}; got {lengths}')
   if task.spec.max_length is not None:

@@ -3,6 +3,11 @@
   python -m selfattn.main --config=configs/default.py --workdir=runs/default \
       [--config.model.position=shaw ...]
 
+The config file is loaded once, here, before absl parses the flags (so a
+missing file, a syntax error or a misspelled override is one line, not a
+traceback from inside flag parsing); absl then applies the --config.*
+overrides to that config.
+
 Multi-host: pass --coordinator_address, --num_processes and --process_id (or
 --distributed on a managed cluster, where JAX finds them itself).
 """
@@ -17,14 +22,14 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from selfattn.config_checks import ConfigError
+from selfattn.errors import ConfigError
 from selfattn.list_flag import ListParser
 from selfattn.log_setup import configure_logging
 
 config_flags.register_flag_parser_for_type(list, ListParser())
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', None, 'Path to an ml_collections config file.', lock_config=True)
+# --config: defined in __main__ once its file is loaded (_define_config).
+_CONFIG = None
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints, '
                                'TensorBoard events and summary.json.')
 _COORDINATOR = flags.DEFINE_string(
@@ -36,16 +41,29 @@ _PROCESS_ID = flags.DEFINE_integer('process_id', None,
 _DISTRIBUTED = flags.DEFINE_bool(
     'distributed', False, 'Call jax.distributed.initialize() with no arguments '
     '(TPU pods, SLURM and other managed clusters).')
-flags.mark_flags_as_required(['config', 'workdir'])
+flags.mark_flags_as_required(['workdir'])
 
 
-def config_file_problem(argv: list[str]) -> str | None:
-  """What is wrong with the --config file, checked before absl loads it (its
-  loader reports a missing file or a syntax error as a traceback)."""
-  values = [a.split('=', 1)[1] for a in argv if a.startswith('--config=')]
-  if not values:
-    return None
-  path = values[-1].split(':', 1)[0]
+def config_argument(argv: list[str]) -> tuple[str | None, list[str]]:
+  """(the --config value, argv without it): `--config=PATH[:ARG]` or
+  `--config PATH[:ARG]` (absl takes both); the last one wins."""
+  spec, rest, i = None, [], 0
+  while i < len(argv):
+    arg = argv[i]
+    if arg.startswith('--config='):
+      spec = arg.split('=', 1)[1]
+    elif arg == '--config' and i + 1 < len(argv):
+      spec = argv[i + 1]
+      i += 1
+    else:
+      rest.append(arg)
+    i += 1
+  return spec, rest
+
+
+def config_file_problem(spec: str) -> str | None:
+  """What is wrong with the --config file, checked before it is run."""
+  path = spec.split(':', 1)[0]
   if not os.path.isfile(path):
     return f'--config={path}: no such file'
   try:
@@ -86,16 +104,11 @@ def _one_line(error: BaseException) -> str:
   return ' '.join(str(text).split())
 
 
-def override_problem(argv: list[str]) -> str | None:
-  """A `--config.a.b=value` naming a field or section the config does not
-  have, said in one line with the fields that exist there (absl would raise
-  a KeyError or AttributeError traceback from inside flag parsing)."""
-  specs = [a.split('=', 1)[1] for a in argv if a.startswith('--config=')]
-  if not specs:
-    return None
-  config, problem = _load_config(specs[-1])
-  if problem:
-    return problem
+def override_problem(argv: list[str], config) -> str | None:
+  """A `--config.a.b=value` (or `--config.a.b value`) naming a field or
+  section the config does not have, said in one line with the fields that
+  exist there (absl would raise a KeyError or AttributeError traceback from
+  inside flag parsing)."""
   for arg in argv:
     if not arg.startswith('--config.'):
       continue
@@ -145,8 +158,8 @@ def main(argv):
     jax.distributed.initialize()
   # After distributed init.
   from selfattn.checkpoints import CheckpointError
-  from selfattn.train import NonFiniteError
-  from selfattn.train import TrainingInterrupted
+  from selfattn.errors import NonFiniteError
+  from selfattn.errors import TrainingInterrupted
   from selfattn.train import train_and_evaluate
   try:
     train_and_evaluate(_CONFIG.value, _WORKDIR.value)
@@ -172,10 +185,32 @@ def main(argv):
     sys.exit(128 + e.signum)
 
 
-if __name__ == '__main__':
-  _problem = (config_file_problem(sys.argv[1:])
-              or override_problem(sys.argv[1:]))
-  if _problem:
-    print(f'error: {_problem}', file=sys.stderr)
+def _define_config(argv: list[str]) -> list[str]:
+  """Loads the --config file once and defines the `config` flag holding it
+  (absl applies the --config.* overrides); returns argv without --config.
+  Exits with one line when the file or an override is wrong."""
+  global _CONFIG
+  spec, rest = config_argument(argv[1:])
+  problem = None
+  if spec is None:
+    problem = '--config is required (e.g. --config=configs/default.py)'
+  else:
+    problem = config_file_problem(spec)
+  config = None
+  if problem is None:
+    config, problem = _load_config(spec)
+  if problem is None:
+    problem = override_problem(rest, config)
+  if problem:
+    print(f'error: {problem}', file=sys.stderr)
     sys.exit(2)
-  app.run(main)
+  # The flag reads its --config.* overrides from sys.argv when defined, and
+  # would wait for a --config value if it saw one there.
+  sys.argv = argv[:1] + rest
+  _CONFIG = config_flags.DEFINE_config_dict('config', config,
+                                            lock_config=True)
+  return sys.argv
+
+
+if __name__ == '__main__':
+  app.run(main, argv=_define_config(sys.argv))

@@ -71,7 +71,7 @@ class LanguageModel(nnx.Module):
 
   Right padding needs no mask: under causal attention a padded key comes
   after every valid query. `decode=True` runs one step against the key/value
-  caches (`decoder.init_cache`), for sampling (selfattn/sampling.py).
+  caches (`decoder.init_cache`), for sampling (lm_eval.sample).
   """
 
   def __init__(self, decoder: TransformerDecoder, num_classes: int):

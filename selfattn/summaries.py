@@ -102,7 +102,7 @@ HEADLINE_HPARAMS = {
     'task.name': 'Task',
     'task.layout': 'Task layout',
 }
-# The generalisation score (train.generalization_score: token accuracy
+# The generalisation score (report.generalization_score: token accuracy
 # averaged over the evaluated lengths above the training range), and the same
 # average over the evaluated lengths inside the training range. Tags allow no
 # spaces; upper case sorts them before eval/* and train/* in the HParams tab.

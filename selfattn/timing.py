@@ -48,3 +48,10 @@ class StepTimer:
   def seconds_left(self, steps_left: int) -> float | None:
     rate = self.warm_rate
     return None if rate is None else steps_left / rate
+
+
+def duration(seconds: float) -> str:
+  """'4m07s', or '1h02m' from an hour on: progress lines and ETAs."""
+  seconds = int(round(seconds))
+  hours, rest = divmod(seconds, 3600)
+  return f'{hours}h{rest // 60:02d}m' if hours else f'{rest // 60}m{rest % 60:02d}s'

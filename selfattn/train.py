@@ -21,35 +21,26 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
-from flax import nnx
 
 from selfattn import checkpoints
+from selfattn import report
 from selfattn import summaries
 from selfattn import tasks as tasks_lib
-from selfattn.config_checks import ConfigError
+from selfattn import workdir as workdir_lib
 from selfattn.config_checks import validate_config
-from selfattn import steps
+from selfattn.errors import CheckpointError
+from selfattn.errors import ConfigError
+from selfattn.errors import NonFiniteError
+from selfattn.errors import TrainingInterrupted
 from selfattn.steps import Trainer
 from selfattn.timing import StepTimer
+from selfattn.timing import duration
 
-SUMMARY_FILE = 'summary.json'
 
 
 # --------------------------------------------------------------------------
 # The run.
 # --------------------------------------------------------------------------
-
-class NonFiniteError(FloatingPointError):
-  """Training produced a non-finite loss, gradient norm or parameter."""
-
-
-class TrainingInterrupted(Exception):
-  """SIGINT or SIGTERM arrived; the run saved a checkpoint and stopped."""
-
-  def __init__(self, message: str, signum: int):
-    super().__init__(message)
-    self.signum = signum
-
 
 class _StopRequests:
   """Turns SIGINT/SIGTERM into a request the loop honours at the end of the
@@ -91,7 +82,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   # ---- Validation: before anything is compiled or written. ----
   validate_config(config, num_devices=jax.device_count())
   is_main = jax.process_index() == 0
-  with checkpoints.workdir_lock(workdir, enabled=is_main), \
+  with workdir_lib.workdir_lock(workdir, enabled=is_main), \
       _StopRequests() as stop:
     return _run(config, workdir, is_main, stop)
 
@@ -124,21 +115,24 @@ _Results = dict[int, dict[str, float]]
 
 def _prepare_workdir(config: ml_collections.ConfigDict, workdir: str,
                      is_main: bool) -> dict[str, Any] | None:
-  """Refuses an unusable init_from and a config that differs from the one
-  the workdir was started with. Returns the summary of a run that already
-  finished; otherwise stores config.json and returns None."""
-  problem = checkpoints.init_from_problem(config)
-  if problem:
-    raise ConfigError(problem)
-  checkpoints.check_or_store_config(workdir, config, write=False)
-  finished = finished_summary(workdir, config.train.num_steps)
+  """Refuses a config that differs from the one the workdir was started
+  with, and an unusable init_from for a run that starts now (a resumed or
+  finished run no longer reads its source, which may be gone). Returns the
+  summary of a run that already finished; otherwise stores config.json and
+  returns None."""
+  workdir_lib.check_or_store_config(workdir, config, write=False)
+  finished = workdir_lib.finished_summary(workdir, config.train.num_steps)
   if finished is not None:
     # Rerunning a finished run changes nothing (no retraining, no new events,
     # and its config.json stays the one its summary came from).
     print(f'{workdir} already finished at step {finished["step"]}; its '
-          f'summary is {os.path.join(workdir, SUMMARY_FILE)}')
+          f'summary is {os.path.join(workdir, workdir_lib.SUMMARY_FILE)}')
     return finished
-  checkpoints.check_or_store_config(workdir, config, write=is_main)
+  if not workdir_lib.has_checkpoints(workdir):
+    problem = workdir_lib.init_from_problem(config)
+    if problem:
+      raise ConfigError(problem)
+  workdir_lib.check_or_store_config(workdir, config, write=is_main)
   return None
 
 
@@ -183,7 +177,7 @@ class _EventLog:
       self.writer.text('images/help', 0, summaries.ATTENTION_IMAGE_HELP
                        + '\n\n' + summaries.TABLE_IMAGE_HELP)
     self.writer.hparams(summaries.researcher_hparams(config.to_dict()))
-    self._probe = _AttentionProbe(trainer)
+    self._probe = report.AttentionProbe(trainer)
     self._tables_logged: list[int] = []   # a fixed table is logged once per process
 
   def write_eval(self, step: int, params: Any, results: _Results) -> None:
@@ -255,7 +249,7 @@ class _TrainingLoop:
       logging.info('Training %s on %s (%s) for %d steps on %d device(s)',
                    config.model.position, task.name, task.description,
                    self._num_steps, self._trainer.mesh.size)
-    note = table_reach_note(config, task)
+    note = report.table_reach_note(config, task)
     if self._is_main and note:
       logging.warning(note)
     for step in range(self.start, self._num_steps):
@@ -320,7 +314,7 @@ class _TrainingLoop:
     if self._is_main:
       seconds_left = self.timer.seconds_left(self._num_steps - done)
       left = ('(compiling)' if seconds_left is None
-              else _duration(seconds_left) + ' left')
+              else duration(seconds_left) + ' left')
       logging.info('step %6d/%d  loss %.4f  token acc %.4f  %.1f steps/s  '
                    '%s', done, self._num_steps, mean['loss'],
                    mean['token_accuracy'], rate, left)
@@ -355,7 +349,7 @@ class _TrainingLoop:
                          'eval': {str(n): m for n, m in results.items()}})
     self._events.write_eval(done, params, results)
     if self._is_main:
-      logging.info('eval at step %d: %s', done, _short(results))
+      logging.info('eval at step %d: %s', done, report.short(results))
 
 
 def _summary(config: ml_collections.ConfigDict, task: tasks_lib.Task,
@@ -368,7 +362,7 @@ def _summary(config: ml_collections.ConfigDict, task: tasks_lib.Task,
       'chance': task.chance, 'step': max(loop.last_good, loop.start),
       'train_lengths': [config.task.min_len, config.task.max_len],
       'eval': {str(n): m for n, m in results.items()},
-      'score': generalization_score(results, config.task.max_len),
+      'score': report.generalization_score(results, config.task.max_len),
       'history': loop.history,      # every evaluation of this invocation
       'train_seconds': loop.timer.train_seconds,
       # Steps per second of the loop after its first segment (which compiles).
@@ -385,8 +379,8 @@ def _publish_summary(summary: dict[str, Any], workdir: str, is_main: bool,
   if is_main:
     # Atomic: a crash or a full disk mid-write leaves no truncated summary,
     # which the next run would read as this one's.
-    checkpoints.write_json(os.path.join(workdir, SUMMARY_FILE), summary)
-    print(results_table(summary))
+    workdir_lib.write_json(os.path.join(workdir, workdir_lib.SUMMARY_FILE), summary)
+    print(report.results_table(summary))
   writer.scalars(summary['step'], summaries.score_scalars(summary))
 
 
@@ -399,8 +393,8 @@ def _parameters_from(source: str, config: ml_collections.ConfigDict,
   del config
   try:
     restored = checkpoints.restore_latest_read_only(source, state)
-  except checkpoints.CheckpointError as e:
-    raise checkpoints.CheckpointError(
+  except CheckpointError as e:
+    raise CheckpointError(
         f'config.train.init_from={source!r}: {e}') from None
   if restored is None:
     raise ConfigError(f'config.train.init_from={source!r} has no checkpoint '
@@ -421,136 +415,3 @@ def _stop_non_finite(mngr, writer, workdir: str, what: str,
            if last is not None else f'no checkpoint was saved in {workdir}')
   raise NonFiniteError(f'{what}; {where}. Lower config.train.learning_rate '
                        f'(or raise warmup_steps) in a new --workdir')
-
-
-def table_reach_note(config: ml_collections.ConfigDict,
-                     task: tasks_lib.Task) -> str | None:
-  """huang keeps one learned row per offset within +-(max_len - 1); longer
-  evaluations reuse the edge rows (as shaw's clipping does by design). Say
-  so, instead of silently (learned, which cannot, is rejected in validation).
-  xl needs no note: without randomized positions its offsets are unbounded on
-  every attention path, and with them validation asks max_len to cover
-  every position drawn."""
-  position = config.model.position
-  longest = task.seq_len(max(list(config.eval.lengths) + [config.task.max_len]))
-  if position == 'huang' and longest > config.model.max_len:
-    return (f'{position}: evaluation reaches sequence length {longest} > '
-            f'config.model.max_len={config.model.max_len}; offsets beyond '
-            f'+-{config.model.max_len - 1} share the edge rows of the table')
-  return None
-
-
-def generalization_score(results: dict[int, dict[str, float]],
-                         max_train_len: int) -> float | None:
-  """The reference's score: token accuracy averaged over every evaluated
-  length above the training range (None if there is none)."""
-  longer = [m['token_accuracy'] for n, m in results.items()
-            if int(n) > max_train_len]
-  return sum(longer) / len(longer) if longer else None
-
-
-def finished_summary(workdir: str, num_steps: int) -> dict[str, Any] | None:
-  """The workdir's summary if its run trained to num_steps; else None."""
-  path = os.path.join(workdir, SUMMARY_FILE)
-  if not os.path.exists(path):
-    return None
-  summary = checkpoints.read_json_object(path, 'the summary of a finished '
-                                         'run')
-  return summary if summary.get('step') == num_steps else None
-
-
-def results_table(summary: dict[str, Any]) -> str:
-  """Markdown table of the evaluation per length; marks trained lengths."""
-  lo, hi = summary['train_lengths']
-  # The autoregressive layout's accuracies are teacher-forced; its
-  # free-running ones (own outputs fed back) get their own columns.
-  free_header = free_rule = ''
-  if any('free_running_token_accuracy' in m for m in summary['eval'].values()):
-    free_header = ' free-running token acc | free-running sequence acc |'
-    free_rule = '---:|---:|'
-  lines = [f'{summary["position"]} on {summary["task"]} after step '
-           f'{summary["step"]} (chance {summary["chance"]:.3f}, trained on '
-           f'lengths {lo}-{hi})', '',
-           '| length | in training range | token acc | sequence acc | loss |'
-           + free_header, '|---:|:---:|---:|---:|---:|' + free_rule]
-  for length, m in summary['eval'].items():
-    inside = 'yes' if lo <= int(length) <= hi else 'no'
-    free = (f' {m["free_running_token_accuracy"]:.4f} | '
-            f'{m["free_running_sequence_accuracy"]:.4f} |'
-            if free_header else '')
-    lines.append(f'| {length} | {inside} | {m["token_accuracy"]:.4f} | '
-                 f'{m["sequence_accuracy"]:.4f} | {m["loss"]:.4f} |' + free)
-  if summary.get('score') is not None:
-    lines += ['', f'score (token accuracy averaged over the evaluated '
-              f'lengths above {hi}): {summary["score"]:.4f}']
-  return '\n'.join(lines)
-
-
-def _duration(seconds: float) -> str:
-  seconds = int(seconds)
-  return f'{seconds // 60}m{seconds % 60:02d}s'
-
-
-def _short(results: dict[int, dict[str, float]]) -> str:
-  return ', '.join(f'len {n}: {m["token_accuracy"]:.3f}' for n, m in results.items())
-
-
-def _self_attention(block: nnx.Module) -> nnx.Module:
-  """An encoder block's `attention` or a decoder block's `self_attention`."""
-  return getattr(block, 'attention', None) or block.self_attention
-
-
-def _attribute(parent: nnx.Module, child: nnx.Module) -> str:
-  """The attribute name under which `parent` holds `child` (the key of its
-  sown intermediates)."""
-  return next(name for name, value in vars(parent).items() if value is child)
-
-
-class _AttentionProbe:
-  """Attention maps on one fixed evaluation example, and the position table,
-  for TensorBoard images."""
-
-  def __init__(self, trainer: Trainer):
-    config = trainer.config
-    self._trainer = trainer
-    length = min(config.task.max_len, 32)
-    # Host constants, identical on every process. A randomized run is drawn
-    # at the positions it evaluates with, not at 0..T-1.
-    batch = jax.device_get(tasks_lib.make_eval_batch(
-        trainer.task, config.seed, length, jnp.arange(1),
-        max_random_len=steps.max_random_len(config)))
-
-    @jax.jit
-    def attention(params):
-      model = trainer.model(params)
-      if model.stack.scan_layers:
-        return []        # nnx.scan's stacked block has no per-layer capture
-      _, inter = nnx.capture(model, nnx.Intermediate)(
-          batch.inputs, batch.valid_lens, positions=batch.positions)
-      # Sown under the stack's attribute name and each block's attention's.
-      blocks = inter[_attribute(model, model.stack)]['blks']
-      return [blocks[i][_attribute(blk, _self_attention(blk))][
-          'attention_weights'][...][0]
-              for i, blk in enumerate(model.stack.blks)]
-
-    self._attention = attention
-
-  def attention(self, params) -> list[np.ndarray]:
-    """Per layer, (H, T, T) weights for the fixed example."""
-    return [np.asarray(w) for w in jax.device_get(self._attention(params))]
-
-  def position_table(self, params) -> tuple[np.ndarray | None, bool]:
-    """The encoding's own 2-D picture (absolute encodings', or layer 0's
-    relative module's `picture()`), and whether it can change in training."""
-    enc = self._trainer.model(params).stack
-    if enc.scan_layers:
-      # The stacked block's relative tables carry a layer axis: draw the
-      # absolute table only.
-      picture = enc.pos_encoding.picture()
-      return (None if picture is None else np.asarray(picture),
-              enc.pos_encoding.trainable)
-    rel = _self_attention(enc.blks[0]).relative
-    encoding = rel if rel is not None else enc.pos_encoding
-    picture = encoding.picture()
-    return (None if picture is None else np.asarray(picture),
-            encoding.trainable)

@@ -14,7 +14,9 @@ import pytest
 
 from runs import thirty_steps_config
 from selfattn import checkpoints
+from selfattn import errors
 from selfattn import train
+from selfattn import workdir as workdir_lib
 from selfattn.steps import Trainer
 from runs import saved_params
 
@@ -100,7 +102,7 @@ def _copy(finished_run, tmp_path, keep):
   """A copy of the finished run as if stopped after the last step in `keep`."""
   workdir = tmp_path / 'run'
   shutil.copytree(finished_run, workdir)
-  os.remove(workdir / train.SUMMARY_FILE)
+  os.remove(workdir / workdir_lib.SUMMARY_FILE)
   for step in (10, 20, 30):
     if step not in keep:
       shutil.rmtree(workdir / 'checkpoints' / str(step))
@@ -160,7 +162,7 @@ def test_a_flipped_byte_in_the_only_checkpoint_is_a_clear_error(
   workdir = _copy(finished_run, tmp_path, keep=(10,))
   _flip_a_byte(workdir / 'checkpoints' / '10', template, tmp_path)
   mngr = checkpoints.manager(str(workdir), 5)
-  with pytest.raises(checkpoints.CheckpointError,
+  with pytest.raises(errors.CheckpointError,
                      match=r'no checkpoint .* restores: step 10 \(.*checksum'):
     checkpoints.restore_latest(mngr, template)
   mngr.close()
@@ -180,7 +182,7 @@ def test_divergence_after_a_rejected_checkpoint_names_the_restored_one(
       self.healthy = lambda state: False
 
   monkeypatch.setattr(train, 'Trainer', Diverging)
-  with pytest.raises(train.NonFiniteError,
+  with pytest.raises(errors.NonFiniteError,
                      match=r'the last good checkpoint is step 10 in '):
     train.train_and_evaluate(thirty_steps_config(), str(workdir))
 
@@ -236,11 +238,42 @@ def test_init_from_never_modifies_the_source_workdir(finished_run, template,
   _flip_a_byte(only / 'checkpoints' / '30', template, tmp_path)
   before = _tree_digest(only)
   config.train.init_from = str(only)
-  with pytest.raises(checkpoints.CheckpointError,
+  with pytest.raises(errors.CheckpointError,
                      match=f'config.train.init_from={str(only)!r}: no '
                      r'checkpoint .* restores: step 30 \(.*checksum'):
     train.train_and_evaluate(config, str(tmp_path / 'new2'))
   assert _tree_digest(only) == before
+
+
+def test_a_derived_run_outlives_its_source(finished_run, tmp_path):
+  """init_from is read when a run starts, and only then: once the source
+  workdir is gone, rerunning the finished derived run returns its summary
+  and resuming it from its own checkpoint works (both used to fail with
+  'init_from is not a workdir'). A source whose config.json is truncated
+  is one ConfigError naming the file, and the new workdir is not left
+  behind (it used to be a JSONDecodeError traceback and a stray .lock)."""
+  source = tmp_path / 'source'
+  shutil.copytree(finished_run, source)
+  config = thirty_steps_config()
+  config.train.init_from = str(source)
+  config.train.num_steps = config.eval.every = config.train.checkpoint_every = 10
+  derived = tmp_path / 'derived'
+  first = train.train_and_evaluate(config, str(derived))
+  shutil.rmtree(source)
+  assert train.train_and_evaluate(config, str(derived)) == first
+  (derived / 'summary.json').unlink()          # stopped after its checkpoint
+  assert train.train_and_evaluate(config, str(derived))['step'] == 10
+
+  truncated = tmp_path / 'truncated'
+  shutil.copytree(finished_run, truncated)
+  (truncated / 'config.json').write_text('{"model": {"num_')
+  config.train.init_from = str(truncated)
+  fresh = tmp_path / 'fresh'
+  with pytest.raises(errors.ConfigError, match=(
+      r'truncated/config.json \(the config of config.train.init_from=.*\) '
+      r'cannot be read')):
+    train.train_and_evaluate(config, str(fresh))
+  assert not fresh.exists()
 
 
 def test_an_interrupted_summary_write_leaves_no_partial_file(
@@ -265,7 +298,7 @@ def test_an_interrupted_summary_write_leaves_no_partial_file(
   with pytest.raises(OSError, match='No space left'):
     train.train_and_evaluate(thirty_steps_config(), str(workdir))
   assert failed
-  assert not (workdir / train.SUMMARY_FILE).exists()
+  assert not (workdir / workdir_lib.SUMMARY_FILE).exists()
   assert not [n for n in os.listdir(workdir) if 'tmp' in n]
 
 
@@ -276,7 +309,7 @@ def test_rerunning_a_finished_run_does_not_rewrite_its_config(finished_run,
   was, contents and modification time."""
   workdir = tmp_path / 'run'
   shutil.copytree(finished_run, workdir)
-  path = workdir / checkpoints.CONFIG_FILE
+  path = workdir / workdir_lib.CONFIG_FILE
   contents, mtime = path.read_bytes(), path.stat().st_mtime_ns
   config = thirty_steps_config()
   assert train.train_and_evaluate(config, str(workdir))['step'] == 30

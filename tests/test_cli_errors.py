@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from runs import cli
+from selfattn import workdir as workdir_lib
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +59,33 @@ def test_config_files_that_fail(tmp_path):
            'get_config raised RuntimeError: broken on purpose')
 
 
+def test_space_separated_config_and_values_that_only_look_valid(tmp_path):
+  """`--config PATH` (a space, as absl allows) gets the same one-line
+  checks as `--config=PATH`; and two values that used to pass validation
+  and fail later, after config.json was stored: a bool in a list of
+  lengths (True is an int to Python) and a seed beyond int32."""
+  import subprocess
+  import sys
+  from runs import ROOT, subprocess_env
+  workdir = tmp_path / 'run'
+
+  def spaced(*args):
+    return subprocess.run(
+        [sys.executable, '-m', 'selfattn.main', '--config', *args,
+         f'--workdir={workdir}'], cwd=ROOT, env=subprocess_env(),
+        capture_output=True, text=True, timeout=600)
+
+  _refused(spaced('configs/tiny.py', '--config.model.postion=shaw'), workdir,
+           "config.model has no field 'postion'")
+  _refused(spaced('configs/nonexistent.py'), workdir,
+           '--config=configs/nonexistent.py: no such file')
+  _refused(cli(workdir, '--config.eval.lengths=8,True'), workdir,
+           'config.eval.lengths must be a non-empty list of integers',
+           '[8, True]')
+  _refused(cli(workdir, '--config.seed=99999999999'), workdir,
+           'config.seed must be an integer in [0, 2**31)')
+
+
 def test_a_config_missing_a_field(tmp_path):
   workdir = tmp_path / 'run'
   lacking = _config_file(tmp_path, """
@@ -76,9 +104,8 @@ def test_a_second_study_runner_on_a_locked_run_is_one_line(tmp_path, capsys,
   """study.execute reports a run whose workdir another live process holds
   as one line and exit 2, not a traceback."""
   from experiments import study
-  from selfattn import checkpoints
   run = study.Run('position=sinusoidal,seed=0', tiny_config, {})
-  with checkpoints.workdir_lock(str(tmp_path / run.name)):
+  with workdir_lib.workdir_lock(str(tmp_path / run.name)):
     with pytest.raises(SystemExit) as stop:
       study.execute([run], str(tmp_path), verbose=False)
   assert stop.value.code == 2

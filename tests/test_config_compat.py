@@ -6,7 +6,8 @@ import json
 import pytest
 
 from configs import tiny
-from selfattn import checkpoints
+from selfattn import workdir as workdir_lib
+from selfattn.errors import ConfigError
 
 
 def test_a_config_json_from_before_the_newer_fields_still_matches(tmp_path):
@@ -18,12 +19,12 @@ def test_a_config_json_from_before_the_newer_fields_still_matches(tmp_path):
                          ('model', 'norm_type')):
     del stored[section][field]
   (tmp_path / 'config.json').write_text(json.dumps(stored))
-  checkpoints.check_or_store_config(str(tmp_path), config, write=False)
+  workdir_lib.check_or_store_config(str(tmp_path), config, write=False)
   # A real difference in one of them is still refused.
   config.train.b2 = 0.99
   try:
-    checkpoints.check_or_store_config(str(tmp_path), config, write=False)
-  except checkpoints.ConfigError as e:
+    workdir_lib.check_or_store_config(str(tmp_path), config, write=False)
+  except ConfigError as e:
     assert 'config.train.b2' in str(e) or 'train.b2' in str(e)
   else:
     raise AssertionError('a changed beta2 resumed silently')
@@ -83,11 +84,11 @@ def test_a_full_disk_at_start_is_one_clear_error_and_leaves_nothing(
   def full(*args, **kwargs):
     raise OSError(errno.ENOSPC, 'No space left on device')
 
-  monkeypatch.setattr(checkpoints, 'write_json', full)
+  monkeypatch.setattr(workdir_lib, 'write_json', full)
   workdir = tmp_path / 'new' / 'run'
   try:
     train.train_and_evaluate(tiny_config, str(workdir))
-  except checkpoints.ConfigError as e:
+  except ConfigError as e:
     assert str(e) == (f'cannot write {workdir}/config.json: No space left on '
                       f'device; free space or use another --workdir')
   else:

@@ -13,10 +13,11 @@ import time
 import numpy as np
 import pytest
 
-from selfattn import checkpoints
+from selfattn import errors
 from selfattn import log_setup
 from selfattn import train
-from selfattn.config_checks import ConfigError
+from selfattn import workdir as workdir_lib
+from selfattn.errors import ConfigError
 from runs import ROOT, cli, saved_params, subprocess_env, thirty_steps_config
 
 
@@ -55,7 +56,7 @@ def test_sigterm_saves_a_checkpoint_flushes_events_and_resumes(tmp_path):
 
 
 def test_a_second_live_run_on_a_workdir_is_refused(tiny_config, tmp_path):
-  with checkpoints.workdir_lock(str(tmp_path)):
+  with workdir_lib.workdir_lock(str(tmp_path)):
     with pytest.raises(ConfigError, match=f'in use by another live run '
                        rf'\(pid {os.getpid()}'):
       train.train_and_evaluate(tiny_config, str(tmp_path))
@@ -106,7 +107,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(thirty_step_run,
   # As if killed at step 25: checkpoints 10 and 20, no summary; then damage 20.
   damaged = tmp_path / 'damaged'
   shutil.copytree(reference, damaged)
-  os.remove(damaged / train.SUMMARY_FILE)
+  os.remove(damaged / workdir_lib.SUMMARY_FILE)
   shutil.rmtree(damaged / 'checkpoints' / '30')
   _damage(damaged / 'checkpoints' / '20', how)
   summary = train.train_and_evaluate(tiny_config, str(damaged))
@@ -126,7 +127,7 @@ def test_diverged_parameters_are_never_checkpointed(tiny_config, tmp_path, lr,
   c = tiny_config
   c.train.learning_rate, c.train.warmup_steps = lr, warmup
   c.train.log_every = c.train.checkpoint_every = every
-  with pytest.raises(train.NonFiniteError) as err:
+  with pytest.raises(errors.NonFiniteError) as err:
     train.train_and_evaluate(c, str(tmp_path))
   message = str(err.value)
   assert 'step None' not in message
@@ -177,18 +178,18 @@ def test_config_stored_before_a_field_existed_still_resumes(tiny_config,
   """A run stored by an older selfattn (no model.attention_impl, remat or
   scan_layers) resumes when the new fields hold the old behaviour, and is
   refused when they do not."""
-  checkpoints.check_or_store_config(str(tmp_path), tiny_config, write=True)
-  path = tmp_path / checkpoints.CONFIG_FILE
+  workdir_lib.check_or_store_config(str(tmp_path), tiny_config, write=True)
+  path = tmp_path / workdir_lib.CONFIG_FILE
   stored = json.loads(path.read_text())
   for field in ('attention_impl', 'remat', 'scan_layers'):
     del stored['model'][field]
   path.write_text(json.dumps(stored))
-  checkpoints.check_or_store_config(str(tmp_path), tiny_config, write=False)
+  workdir_lib.check_or_store_config(str(tmp_path), tiny_config, write=False)
   path.write_text(json.dumps(stored))
   tiny_config.model.scan_layers = True
   with pytest.raises(ConfigError,
                      match='config.model.scan_layers: stored False, now True'):
-    checkpoints.check_or_store_config(str(tmp_path), tiny_config, write=False)
+    workdir_lib.check_or_store_config(str(tmp_path), tiny_config, write=False)
 
 
 def _make_unwritable(path) -> bool:

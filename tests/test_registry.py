@@ -1,16 +1,15 @@
 """One source of truth: an encoding's registry entry in positions.py is all
 the library and the configs need (README: "Adding an encoding")."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from selfattn import positions
-from selfattn.config_checks import ConfigError
-from selfattn.config_checks import validate_config
 from selfattn.config_checks import task_from_config
+from selfattn.config_checks import validate_config
+from selfattn.errors import ConfigError
 from selfattn.model import build_model
 
 

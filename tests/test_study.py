@@ -12,7 +12,7 @@ from absl.testing import flagsaver
 from experiments import common
 from experiments import skeleton
 from experiments import study
-from selfattn.train import NonFiniteError
+from selfattn.errors import NonFiniteError
 
 
 def _run(name, seed):
@@ -34,7 +34,7 @@ def test_a_diverged_run_is_recorded_once_and_not_retrained(tmp_path,
   monkeypatch.setattr(study, 'train_and_evaluate', fake_train)
   # finished_summary of a healthy run reads summary.json: stand in for it.
   done = {}
-  monkeypatch.setattr(study.train, 'finished_summary',
+  monkeypatch.setattr(study.workdir_lib, 'finished_summary',
                       lambda path, steps: done.get(path))
   runs = [_run('a,seed=0', 0), _run('a,seed=1', 1)]
   (tmp_path / 'a,seed=0').mkdir()
@@ -229,3 +229,38 @@ def test_the_skeleton_runs_scores_and_reports_the_chosen_runs(tmp_path,
   # b's runs at seeds 0, 1, 2; shard 1 of 2 keeps the second.
   assert executed == ['position=b,seed=1'] == spec.scored
   assert spec.reported == [('small', 6, [])]
+
+
+def test_an_unreadable_diverged_record_still_means_diverged(tmp_path,
+                                                            monkeypatch):
+  """A kill while an older version wrote diverged.json left it empty, and
+  every later rerun of the study failed with a JSONDecodeError. The file's
+  existence is the outcome: the run counts as diverged, is not retrained,
+  and the record is written atomically now."""
+  run = _run('position=a,seed=0', 0)
+  (tmp_path / run.name).mkdir()
+  (tmp_path / run.name / study.DIVERGED_FILE).write_text('')
+  summary = study.finished_summary(run, str(tmp_path))
+  assert study.diverged(summary) and 'unreadable' in summary['diverged']
+  monkeypatch.setattr(study, 'train_and_evaluate',
+                      lambda *a: pytest.fail('retrained'))
+  assert study.execute([run], str(tmp_path), verbose=False) == {
+      run.name: summary}
+
+
+def test_a_truncated_summary_stops_a_study_in_one_line(tmp_path, capsys):
+  """A finished run's summary.json cut short: the study says which file,
+  in one line with exit status 2, instead of a traceback."""
+  spec = _TwoEncodings()
+  run_dir = tmp_path / 'position=b,seed=0'
+  run_dir.mkdir()
+  (run_dir / 'summary.json').write_text('{"step": 10, "ev')
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', f'--workdir={tmp_path}', '--seeds=1',
+                 '--collect_only'])
+    with pytest.raises(SystemExit) as stop:
+      skeleton.main(spec)([])
+  assert stop.value.code == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith(f'error: {run_dir}/summary.json (the summary of a '
+                        'finished run) cannot be read') and '\n' not in err

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
+from selfattn import report
 from selfattn import summaries
-from selfattn import train
 
 
 def _free_port() -> int:
@@ -50,7 +50,7 @@ def _write_run(logdir, position: str, lengths, **overrides) -> None:
                         for k, v in evals[str(n)].items()})
   writer.scalars(20, {f'train/{k}': 1.0 for k in (
       'loss', 'token_accuracy', 'grad_norm', 'learning_rate', 'steps_per_sec')})
-  score = train.generalization_score(evals, config.task.max_len)
+  score = report.generalization_score(evals, config.task.max_len)
   writer.scalars(20, summaries.score_scalars(
       {'score': score, 'eval': evals, 'step': 20,
        'train_lengths': [config.task.min_len, config.task.max_len]}))
@@ -275,17 +275,16 @@ def test_randomized_runs_draw_attention_at_the_positions_they_used(tiny_config):
   """The attention images of a run with randomized positions come from the
   positions its evaluation draws, not from 0..T-1 (ALiBi's weights depend on
   them)."""
-  import jax
   import jax.numpy as jnp
   import numpy as np
   from flax import nnx
-  from selfattn import steps, tasks, train
+  from selfattn import steps, tasks
   tiny_config.model.position = 'alibi'
   tiny_config.model.randomize_positions = True
   tiny_config.model.max_random_len = 64
   trainer = steps.Trainer(tiny_config)
   params = trainer.init_state()['params']
-  drawn = train._AttentionProbe(trainer).attention(params)[0]
+  drawn = report.AttentionProbe(trainer).attention(params)[0]
   batch = tasks.make_eval_batch(trainer.task, tiny_config.seed, 8,
                                 jnp.arange(1), max_random_len=64)
   model = trainer.model(params)

@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from selfattn import report
 from selfattn import steps
 from selfattn import train
-from selfattn.config_checks import ConfigError
+from selfattn.errors import ConfigError
 from runs import cli, saved_params
 
 
@@ -236,13 +237,13 @@ def test_table_reach_is_stated_for_huang_beyond_max_len(tiny_config):
   from selfattn.config_checks import task_from_config
   tiny_config.model.position = 'huang'
   tiny_config.eval.lengths = [8, 100]
-  note = train.table_reach_note(tiny_config, task_from_config(tiny_config))
+  note = report.table_reach_note(tiny_config, task_from_config(tiny_config))
   assert 'sequence length 100 > config.model.max_len=64' in note
   tiny_config.model.position = 'xl'
-  assert train.table_reach_note(tiny_config, task_from_config(tiny_config)) is None
+  assert report.table_reach_note(tiny_config, task_from_config(tiny_config)) is None
   tiny_config.model.position = 'huang'
   tiny_config.eval.lengths = [8, 12]
-  assert train.table_reach_note(tiny_config, task_from_config(tiny_config)) is None
+  assert report.table_reach_note(tiny_config, task_from_config(tiny_config)) is None
 
 
 def test_resume_with_different_model_is_refused(tiny_config, tmp_path):
@@ -371,7 +372,7 @@ def test_autoregressive_layout_trains_a_causal_model(tiny_config, tmp_path):
   # wholly right example is wholly right either way.
   at4 = summary['eval']['4']
   assert at4['free_running_sequence_accuracy'] == at4['sequence_accuracy']
-  assert 'free-running token acc' in train.results_table(summary)
+  assert 'free-running token acc' in report.results_table(summary)
 
 
 def test_suite_task_trains_under_reference_layout_with_randomized_positions(

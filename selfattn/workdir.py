@@ -1,0 +1,263 @@
+"""A run's workdir, around its checkpoints: the lock that keeps a second
+live run out, config.json and whether a stored config continues the same
+run (with fields added since runs were stored read as their old
+behaviour), config.train.init_from's checks, and atomic JSON files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from typing import Any, Iterator
+
+import ml_collections
+
+from selfattn.errors import ConfigError
+
+CONFIG_FILE = 'config.json'
+SUMMARY_FILE = 'summary.json'
+LOCK_FILE = '.lock'
+# Fields that shape the parameters, the data or the schedule: a resumed run
+# must agree on them or it would not continue the same run.
+_MUST_MATCH = ('seed', 'task', 'model', 'train.batch_size', 'train.num_steps',
+               'train.learning_rate', 'train.warmup_steps',
+               'train.weight_decay', 'train.grad_clip', 'train.schedule',
+               'train.final_lr_fraction', 'train.b2', 'train.init_from')
+
+# Fields added to the config after runs were already stored, with the value
+# that reproduces what those runs computed: a stored config without the field
+# reads as having it, so upgrading selfattn does not strand a half-finished run.
+_ADDED_FIELDS = {'model.attention_impl': 'plain', 'model.remat': False,
+                 'model.scan_layers': False, 'train.init_from': '',
+                 # 2026-11-24: PoPE's task, the music task, the published
+                 # recipes' optimiser settings (defaults = the old behaviour).
+                 'task.max_shift': 15, 'task.transpose': 0,
+                 'train.final_lr_fraction': 0.0, 'train.b2': 0.999,
+                 # 2026-11-25: RMSNorm for the published recipes.
+                 'model.norm_type': 'layernorm',
+                 # 2026-11-26: the meter (issue 34).
+                 'task.crop_align': 1, 'model.meter_period': 0,
+                 'model.meter_step_tokens': 4}
+
+
+def write_json(path: str, value: Any, sort_keys: bool = False) -> None:
+  """Writes `value` to `path` atomically: another process (or the next run
+  after a crash or a full disk) sees the old file or the whole new one,
+  never a part. The temp file is removed when the write fails."""
+  directory = os.path.dirname(path) or '.'
+  os.makedirs(directory, exist_ok=True)
+  temp = f'{path}.tmp-{os.getpid()}'
+  try:
+    with open(temp, 'w') as f:
+      json.dump(value, f, indent=2, sort_keys=sort_keys)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(temp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(temp)
+    raise
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str, enabled: bool = True) -> Iterator[None]:
+  """Holds an exclusive lock on workdir/.lock while a run uses the workdir.
+
+  A second live process gets a ConfigError naming the holder; the kernel
+  drops the lock when its holder dies, so a killed run never blocks the next.
+  Only process 0 of a multi-process run takes it. A run refused with a
+  ConfigError leaves no trace in a workdir that did not exist: the lock
+  and the directories made for it are removed again.
+  """
+  if not enabled:
+    yield
+    return
+  made = _missing_directories(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, LOCK_FILE)
+  try:
+    handle = open(path, 'a+')
+  except OSError as e:
+    raise ConfigError(f'cannot open the lock file {path}: {e.strerror}; '
+                      f'remove it (no live run holds a lock that is not a '
+                      f'file) or use another --workdir') from None
+  try:
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      handle.seek(0)
+      holder = handle.read().strip() or 'unknown'
+      raise ConfigError(f'workdir {workdir} is in use by another live run '
+                        f'(pid {holder}, lock {path}); wait for it or use '
+                        f'another --workdir') from None
+    try:
+      try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+      except OSError as e:    # e.g. a disk already full when the run starts
+        raise ConfigError(f'cannot write the lock file {path}: '
+                          f'{e.strerror or e}; free space or use another '
+                          f'--workdir') from None
+      yield
+    except ConfigError:
+      if made and os.listdir(workdir) == [LOCK_FILE]:
+        os.remove(path)
+        for directory in made:          # deepest first; only if still empty
+          if not os.listdir(directory):
+            os.rmdir(directory)
+      raise
+  finally:
+    handle.close()         # releases the lock
+
+
+def _missing_directories(workdir: str) -> list[str]:
+  """The directories os.makedirs(workdir) would create, deepest first."""
+  missing, path = [], os.path.abspath(workdir)
+  while not os.path.exists(path):
+    missing.append(path)
+    path = os.path.dirname(path)
+  return missing
+
+
+def _lookup(config: dict, dotted: str):
+  value = config
+  for part in dotted.split('.'):
+    value = value.get(part) if isinstance(value, dict) else None
+  return value
+
+
+def _with_added_fields(stored: dict) -> dict:
+  for dotted, value in _ADDED_FIELDS.items():
+    *parents, leaf = dotted.split('.')
+    node = stored
+    for part in parents:
+      node = node.setdefault(part, {})
+    node.setdefault(leaf, value)
+  return stored
+
+
+def _differences(stored: dict, current: dict, prefix: str = '') -> list[str]:
+  out = []
+  for key in sorted(set(stored) | set(current)):
+    a, b = stored.get(key), current.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += _differences(a, b, f'{prefix}{key}.')
+    elif a != b:
+      out.append(f'config.{prefix}{key}: stored {a!r}, now {b!r}')
+  return out
+
+
+def has_checkpoints(workdir: str) -> bool:
+  """Whether workdir/checkpoints holds any step directory."""
+  directory = os.path.join(workdir, 'checkpoints')
+  return os.path.isdir(directory) and any(
+      name.split('.')[0].isdigit() for name in os.listdir(directory))
+
+
+def init_from_problem(config: ml_collections.ConfigDict) -> str | None:
+  """Why config.train.init_from cannot start this run, in one line (None
+  when it can or is unset): it must be a workdir with checkpoints and a
+  stored config whose model is this one."""
+  source = config.train.init_from
+  if not source:
+    return None
+  path = os.path.join(source, CONFIG_FILE)
+  if not (os.path.isdir(source) and has_checkpoints(source)
+          and os.path.exists(path)):
+    return (f'config.train.init_from={source!r} is not a workdir with '
+            f'checkpoints and a {CONFIG_FILE}')
+  stored = _with_added_fields(read_json_object(
+      path, f'the config of config.train.init_from={source!r}'))
+  current = json.loads(config.to_json_best_effort())
+  # How attention is executed and dropout do not shape the parameters.
+  free = ('attention_impl', 'remat', 'dropout')
+  shaping = lambda model: {k: v for k, v in model.items() if k not in free}
+  differences = _differences(shaping(stored.get('model', {})),
+                             shaping(current['model']), 'model.')
+  if differences:
+    return (f'config.train.init_from={source!r} holds a different model, '
+            f'whose parameters cannot start this one: ' + '; '.join(differences))
+  return None
+
+
+def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
+                          write: bool) -> None:
+  """Stores the config in a new workdir; in a used one, refuses a config
+  that would not continue the same run (raises ConfigError)."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  current = json.loads(config.to_json_best_effort())
+  if os.path.exists(path):
+    stored = _with_added_fields(read_json_object(path, 'the stored config'))
+    problems = []
+    for field in _MUST_MATCH:
+      a, b = _lookup(stored, field), _lookup(current, field)
+      if isinstance(a, dict) and isinstance(b, dict):
+        problems += _differences(a, b, field + '.')
+      elif a != b:
+        problems.append(f'config.{field}: stored {a!r}, now {b!r}')
+    if problems:
+      hint = ''
+      if any(p.startswith('config.train.num_steps') for p in problems):
+        hint = (f'. The learning-rate schedule is built for num_steps, so a '
+                f'run cannot be lengthened in place; to train longer, start a '
+                f'new workdir from this one\'s parameters with '
+                f'--config.train.init_from={workdir}')
+      raise ConfigError(
+          f'workdir {workdir} holds a run with a different config; use a new '
+          f'--workdir or the stored config ({path}). Differences: '
+          + '; '.join(problems) + hint)
+  elif has_checkpoints(workdir):
+    raise ConfigError(
+        f'workdir {workdir} holds checkpoints but no {CONFIG_FILE}, so they '
+        f'cannot be checked against this config; put its {CONFIG_FILE} back or '
+        f'use a new --workdir (--config.train.init_from=DIR starts from '
+        f'another run\'s parameters)')
+  if write and _read_text(path) != json.dumps(current, indent=2,
+                                             sort_keys=True):
+    # Atomic, so another process reading it sees no file or the whole file;
+    # left alone when it already holds this config (its mtime included).
+    try:
+      write_json(path, current, sort_keys=True)
+    except OSError as e:      # e.g. a disk already full when the run starts
+      raise ConfigError(f'cannot write {path}: {e.strerror or e}; free space '
+                        f'or use another --workdir') from None
+
+
+def read_json_object(path: str, what: str) -> dict:
+  """A JSON object from `path`, or a ConfigError in one line naming the
+  file and what to do (empty, truncated, not JSON, not an object, a
+  directory, unreadable)."""
+  try:
+    with open(path) as f:
+      value = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else (
+        ' '.join(str(e).split()))
+    raise ConfigError(f'{path} ({what}) cannot be read: {reason}; fix or '
+                      f'delete it, or use a new --workdir') from None
+  if not isinstance(value, dict):
+    raise ConfigError(f'{path} ({what}) holds a JSON {type(value).__name__}, '
+                      f'not an object; fix or delete it, or use a new '
+                      f'--workdir')
+  return value
+
+
+def _read_text(path: str) -> str | None:
+  try:
+    with open(path) as f:
+      return f.read()
+  except OSError:
+    return None
+
+
+def finished_summary(workdir: str, num_steps: int) -> dict[str, Any] | None:
+  """The workdir's summary if its run trained to num_steps; else None."""
+  path = os.path.join(workdir, SUMMARY_FILE)
+  if not os.path.exists(path):
+    return None
+  summary = read_json_object(path, 'the summary of a finished run')
+  return summary if summary.get('step') == num_steps else None
