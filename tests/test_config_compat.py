@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from data import REQUIRES_JSB
 from configs import tiny
 from selfattn import workdir as workdir_lib
 from selfattn.errors import ConfigError
@@ -96,7 +97,8 @@ def test_a_full_disk_at_start_is_one_clear_error_and_leaves_nothing(
   assert not (tmp_path / 'new').exists()
 
 
-@pytest.mark.parametrize('module', ['music', 'indirect_indexing'])
+@pytest.mark.parametrize('module', [pytest.param('music', marks=REQUIRES_JSB),
+                                    'indirect_indexing'])
 def test_the_published_recipes_validate_and_use_rmsnorm(module):
   """The papers' scales (PoPE's JSB and indirect-indexing recipes) pass
   validation and build RMSNorm blocks, as the paper's models have."""

@@ -2,12 +2,12 @@
 are real (baselines near chance, working encodings clearly above)."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from data import REQUIRES_JSB
 from runs import ROOT
 from runs import subprocess_env
 
@@ -167,8 +167,7 @@ def test_indirect_indexing_quick(tmp_path):
   assert (tmp_path / 'position=pope,seed=0' / 'summary.json').stat().st_mtime == before
 
 
-@pytest.mark.skipif(not os.environ.get('SELFATTN_DATA_DIR'),
-                    reason='JSB data not found (set SELFATTN_DATA_DIR)')
+@REQUIRES_JSB
 def test_music_quick(tmp_path):
   """JSB Chorales end to end in about a minute: training, whole-piece NLL
   on valid and test, NLL by position, samples as MIDI and piano rolls,

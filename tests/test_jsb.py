@@ -3,7 +3,6 @@
 import hashlib
 import io
 import json
-import os
 import pathlib
 import urllib.error
 import urllib.request
@@ -11,19 +10,18 @@ import urllib.request
 import numpy as np
 import pytest
 
+from data import REQUIRES_JSB
+from data import jsb_file
 from selfattn import jsb
 
-DATA_DIR = os.environ.get('SELFATTN_DATA_DIR')
-REAL_FILE = pathlib.Path(DATA_DIR or '/nonexistent') / 'jsb' / jsb.FILENAME
-needs_data = pytest.mark.skipif(
-    not REAL_FILE.is_file(),
-    reason=f'JSB data not found: set SELFATTN_DATA_DIR to a folder holding jsb/{jsb.FILENAME}')
+REAL_FILE = jsb_file()
+needs_data = REQUIRES_JSB
 
 
 @pytest.fixture(scope='module')
 def data():
-  if not REAL_FILE.is_file():
-    pytest.skip(f'JSB data not found: set SELFATTN_DATA_DIR to a folder holding jsb/{jsb.FILENAME}')
+  if REAL_FILE is None:
+    pytest.skip(REQUIRES_JSB.kwargs['reason'])
   return jsb.load()
 
 

@@ -4,12 +4,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from data import REQUIRES_JSB
 from selfattn import config_checks, jsb, tasks
 from selfattn.jsb_task import training_corpus
 
-pytestmark = pytest.mark.skipif(
-    not __import__('os').environ.get('SELFATTN_DATA_DIR'),
-    reason='JSB data not found (set SELFATTN_DATA_DIR; see selfattn/jsb.py)')
+pytestmark = REQUIRES_JSB
 
 
 def _batch(window=64, n=32, seed=0, step=0, transpose=0, crop_align=1):

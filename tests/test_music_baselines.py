@@ -2,17 +2,14 @@
 
 import collections
 import math
-import os
-import pathlib
 
 import numpy as np
 import pytest
 
+from data import REQUIRES_JSB
 from experiments import music_baselines as mb
 from selfattn import jsb
 
-DATA_DIR = os.environ.get('SELFATTN_DATA_DIR') or '/nonexistent'
-REAL_FILE = pathlib.Path(DATA_DIR) / 'jsb' / jsb.FILENAME
 V = jsb.NUM_TARGETS
 
 
@@ -122,9 +119,8 @@ def test_ngram_rejects_bad_settings():
     mb.NGram([np.arange(8)], discount=1.5)
 
 
+@REQUIRES_JSB
 def test_baselines_on_real_data():
-  if not REAL_FILE.is_file():
-    pytest.skip('JSB data not found: set SELFATTN_DATA_DIR')
   got = mb.baselines(jsb.load())
   # The data README: unigram about 3.39 valid, a voice-aware n-gram about
   # 0.86 valid / 0.91 test. Bands around those:

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from data import REQUIRES_JSB
 from selfattn import tasks
 import chomsky_reference as ref
 
@@ -158,7 +159,9 @@ def test_precedes_marks_two_positions_and_is_balanced():
   assert 0.35 < np.mean(labels) < 0.65
 
 
-@pytest.mark.parametrize('name', tasks.TASK_NAMES)
+@pytest.mark.parametrize('name', [
+    pytest.param(n, marks=REQUIRES_JSB) if n == 'jsb_chorales' else n
+    for n in tasks.TASK_NAMES])
 def test_batches_are_a_function_of_seed_step_and_example_index(name):
   """Every task: same (seed, step, index) -> same example; another step or
   seed -> another batch; a shard of the indices -> those rows; every counted

@@ -1,0 +1,33 @@
+"""The data sets the tests read, and the one skip-with-reason for each.
+
+A test that needs a data set is marked `@REQUIRES_JSB` (or takes the mark
+in a parametrization), never hand-checked: on a machine without the data
+(an offline fork's CI, a fresh clone with no ../shared) those tests skip,
+each saying what to set, and the rest of the suite stays green. The data is
+found the way selfattn finds it ($SELFATTN_DATA_DIR, then the user cache),
+without the download: a test must not depend on the network.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from selfattn import jsb
+
+
+def jsb_file() -> pathlib.Path | None:
+  """Jsb16thSeparated.json where jsb.locate would find it, or None."""
+  data_dir = os.environ.get('SELFATTN_DATA_DIR')
+  candidates = [pathlib.Path(data_dir) / jsb.SUBDIR / jsb.FILENAME] if data_dir else []
+  candidates.append(jsb.cache_dir() / jsb.SUBDIR / jsb.FILENAME)
+  return next((p for p in candidates if p.is_file()), None)
+
+
+REQUIRES_JSB = pytest.mark.skipif(
+    jsb_file() is None,
+    reason=f'JSB Chorales data not found: set SELFATTN_DATA_DIR to a folder '
+           f'holding {jsb.SUBDIR}/{jsb.FILENAME} (selfattn/jsb.py says where '
+           f'it comes from)')
