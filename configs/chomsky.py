@@ -3,7 +3,7 @@ al. 2023; Ruoss et al. 2023): placeholders layout, one training length per
 batch, evaluation on every length above the training range, the reference's
 post-LN encoder.
 
-Run one task (any of the 15; see README's task table):
+Run one task (any of the 15; see docs/training.md's task table):
   python -m selfattn.main --config=configs/chomsky.py --workdir=runs/bucket_sort \
       --config.task.name=bucket_sort --config.model.position=rope \
       --config.model.randomize_positions=True

@@ -26,7 +26,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.seed = 0                      # parameters, data and dropout all derive from it
 
   config.task = ml_collections.ConfigDict()
-  config.task.name = 'reverse'         # see README's task table / selfattn/tasks.py
+  config.task.name = 'reverse'         # see docs/training.md's task table / selfattn/tasks.py
   # Data symbols of selfattn's own tasks (None: 8); suite tasks have a fixed alphabet.
   config.task.vocab_size = config_dict.placeholder(int)
   config.task.layout = 'in_place'      # in_place, placeholders (the suite's reference layout) or autoregressive (a causal decoder)
@@ -63,7 +63,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # random subset of [0, max_random_len), drawn per example in training and eval.
   config.model.randomize_positions = False
   config.model.max_random_len = config_dict.placeholder(int)  # >= longest sequence
-  # Options of individual encodings (README's encoding table lists them with
+  # Options of individual encodings (docs/library.md's encoding table lists them with
   # their defaults); None means the encoding's own default. The list comes from
   # selfattn.positions.POSITIONS, so a new encoding's options appear here.
   for name, kind in positions.option_types().items():

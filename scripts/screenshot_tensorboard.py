@@ -1,4 +1,4 @@
-"""The README's picture of TensorBoard's HParams tab, taken in a real browser,
+"""docs/training.md's picture of TensorBoard's HParams tab, taken in a real browser,
 and a check of what a fresh browser shows there by default.
 
   apt-get install chromium-headless-shell && pip install playwright

@@ -6,7 +6,7 @@ produced the published numbers, so where its docstrings disagree with it the
 code is followed; each such place is marked "reference docstring differs".
 Token ids are the reference's (the argmax of its one-hot inputs and outputs);
 `length` is the reference's length argument: what it counts differs by task
-(see `input_length` / `output_length` of each spec, and README's table).
+(see `input_length` / `output_length` of each spec, and docs/training.md's task table).
 
 Ten tasks are generated in JAX. Five need integers of up to `length` bits or a
 recursive grammar (binary_addition, binary_multiplication, compute_sqrt,

@@ -5,7 +5,7 @@ generation is a jitted JAX function, so a resumed run sees exactly the batches
 it would have seen, and a batch is the same whether one device or many, one
 process or many, generate it (each device computes only its own examples).
 
-Four families (see README's task table):
+Four families (see docs/training.md's task table):
   * the 15 tasks of the length-generalization suite of Deletang et al. (2023)
     and Ruoss et al. (2023), defined by their reference code (chomsky_tasks.py);
   * selfattn's own order tasks (order_tasks.py): reverse, sort, shift,

@@ -1,5 +1,5 @@
 """One source of truth: an encoding's registry entry in positions.py is all
-the library and the configs need (README: "Adding an encoding")."""
+the library and the configs need (docs/library.md: "Adding an encoding")."""
 
 import jax.numpy as jnp
 import numpy as np
