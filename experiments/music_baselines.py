@@ -26,9 +26,9 @@ n and D chosen on valid (models fitted on train; valid NLL in nats):
   D at n=7:     0.6    0.7    0.8    0.9    1.0
   valid       0.932  0.912  0.903  0.908  0.943
   skip, n:      5      6      7      8      9      10    (D = 0.9)
-  valid       0.702  0.681  0.667  0.662  0.663  0.659
+  valid       0.702  0.681  0.667  0.662  0.663  0.658
   D at n=10:    0.6    0.7    0.8    0.9    1.0
-  valid       0.734  0.698  0.672  0.659  0.674
+  valid       0.734  0.698  0.672  0.658  0.674
 
   ngram_meter  ngram_skip's lags (the first n - 1) with each target's slot
            (slot_of) in every context: its voice and the phase of its time
