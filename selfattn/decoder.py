@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from selfattn import decoding
 from selfattn import masks
 from selfattn.attention import MultiHeadAttention
 from selfattn.attention import poison
@@ -236,23 +237,7 @@ def greedy_decode(decoder: TransformerDecoder, prompt: jax.Array,
     raise ValueError(f'num_steps must be an int >= 0; got {num_steps!r}')
   if num_steps == 0:
     return prompt
-  b, p = prompt.shape
-  decoder.init_cache(b, p + num_steps)
-  logits = decoder(prompt, enc_outputs, enc_valid_lens, decode=True,
-                   deterministic=True)
-  token = jnp.argmax(logits[:, -1], axis=-1).astype(prompt.dtype)
-  out = jnp.concatenate(
-      [prompt, jnp.zeros((b, num_steps), prompt.dtype)], axis=1
-  ).at[:, p].set(token)
-
-  # One traced step, looped by nnx.fori_loop (as lm1b and gemma loop with
-  # lax.while_loop): the program's size does not grow with num_steps.
-  def step(i, carry):
-    decoder, out, token = carry
-    logits = decoder(token[:, None], enc_outputs, enc_valid_lens, decode=True,
-                     deterministic=True)
-    token = jnp.argmax(logits[:, -1], axis=-1).astype(prompt.dtype)
-    return decoder, out.at[:, p + i].set(token), token
-
-  _, out, _ = nnx.fori_loop(1, num_steps, step, (decoder, out, token))
-  return out
+  # The one decode loop (decoding.generate), greedy.
+  args = () if enc_outputs is None else (enc_outputs, enc_valid_lens)
+  return decoding.generate(decoder, prompt, int(num_steps), method='greedy',
+                           call_args=args).tokens.astype(prompt.dtype)

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from selfattn import decoding
 from selfattn.tasks import Batch
 
 IMPLEMENTATIONS = ('fixed_point', 'cache')
@@ -107,20 +108,13 @@ def cached_free_running_logits(model: nnx.Module, batch: Batch, *,
   """
   inputs = batch.inputs
   b, t = inputs.shape
+  if t < 2:
+    raise ValueError('free-running evaluation needs sequences of length >= 2')
   fed_back = inputs >= first_output_token
-  model.stack.init_cache(b, t)
-
-  def step(i, carry):
-    model, logits, previous = carry
-    token = jnp.where(fed_back[:, i], first_output_token + previous,
-                      inputs[:, i])
-    positions = (None if batch.positions is None else
-                 jax.lax.dynamic_slice_in_dim(batch.positions, i, 1, axis=1))
-    out = model(token[:, None], positions=positions, deterministic=True,
-                decode=True)[:, 0]
-    predicted = jnp.argmax(out, -1).astype(inputs.dtype)
-    return model, logits.at[:, i].set(out), predicted
-
-  start = (model, jnp.zeros((b, t, model.head.out_features), jnp.float32),
-           jnp.zeros((b,), inputs.dtype))
-  return nnx.fori_loop(0, t, step, start)[1]
+  # The one decode loop: the first token is the prompt; after it a fed-back
+  # position takes first_output_token + the greedy class at the position
+  # before, every other position its own token.
+  return decoding.generate(
+      model, inputs[:, :1], t - 1, method='greedy', forced=inputs[:, 1:],
+      forced_mask=~fed_back[:, 1:], positions=batch.positions,
+      return_logits=True, choice_offset=first_output_token).logits

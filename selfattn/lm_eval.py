@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from selfattn import decoding
 from selfattn import jsb
 
 
@@ -93,49 +94,30 @@ def nll_by_position(model: nnx.Module, sequences: Sequence[np.ndarray],
   return totals, counts
 
 
-def _draw(logits: jax.Array, key: jax.Array, temperature: float,
-          top_k: int | None) -> jax.Array:
-  """One token per row of (B, C) logits: softmax(logits / temperature)
-  restricted to the top_k largest (None: all); temperature 0 is argmax."""
-  if temperature == 0:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  logits = logits / temperature
-  if top_k is not None:
-    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
-    logits = jnp.where(logits >= kth, logits, -jnp.inf)
-  return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
-
-
 def sample(model: nnx.Module, prompt: jax.Array, num_steps: int,
            key: jax.Array, *, temperature: float = 1.0,
            top_k: int | None = None, use_cache: bool = True) -> jax.Array:
   """Continues prompt (B, P) by num_steps tokens: (B, P + num_steps).
 
-  Step i draws with jax.random.fold_in(key, i), so the cached path (the
-  prompt fills the key/value caches, then one token per call through
-  model(token, decode=True); the model needs `decoder.init_cache`, as
-  model.LanguageModel has) and the uncached one (a full causal pass over
+  Step i draws with jax.random.fold_in(key, i) (decoding.draw: softmax of
+  logits / temperature among the top_k; temperature 0 is argmax), so the
+  cached path (decoding.generate: the prompt fills the key/value caches,
+  then one token per step) and the uncached one (a full causal pass over
   everything so far, per step) draw the same tokens from the same logits.
   """
   if num_steps < 1:
     raise ValueError(f'num_steps must be >= 1; got {num_steps}')
-  b, p = prompt.shape
   prompt = jnp.asarray(prompt, jnp.int32)
   if not use_cache:
     forward = nnx.jit(lambda m, x: m(x, deterministic=True)[:, -1])
     seq = prompt
     for i in range(num_steps):
-      token = _draw(forward(model, seq), jax.random.fold_in(key, i),
-                    temperature, top_k)
+      token = decoding.draw(forward(model, seq), jax.random.fold_in(key, i),
+                            temperature, top_k)
       seq = jnp.concatenate([seq, token[:, None]], axis=1)
     return seq
-  model.decoder.init_cache(b, p + num_steps)
-  step = nnx.jit(lambda m, x: m(x, deterministic=True, decode=True)[:, -1])
-  logits = step(model, prompt)
-  out = [prompt]
-  for i in range(num_steps):
-    token = _draw(logits, jax.random.fold_in(key, i), temperature, top_k)
-    out.append(token[:, None])
-    if i + 1 < num_steps:
-      logits = step(model, token[:, None])
-  return jnp.concatenate(out, axis=1)
+  method = 'greedy' if temperature == 0 else 'sample'
+  run = nnx.jit(lambda m, x: decoding.generate(
+      m, x, num_steps, method=method, key=key, temperature=temperature,
+      top_k=top_k).tokens)
+  return run(model, prompt)

@@ -164,6 +164,22 @@ class CacheMixin:
     # plain int attributes, travel through nnx.jit as state.
     self.cache_shape = nnx.Cache(jnp.zeros((batch_size, max_length), bool))
 
+  def reorder_cache(self, rows: jax.Array) -> None:
+    """Row i of every cache becomes row rows[i] (beam search: each
+    surviving hypothesis continues its parent's keys and values)."""
+    axis = 1 if self.scan_layers else 0        # scanned caches: (layers, B, ...)
+
+    def reorder(blk):
+      cache = getattr(blk, self._self_attention).cache
+      for name in ('key', 'value', 'positions'):
+        cache[name][...] = jnp.take(cache[name][...], rows, axis=axis)
+
+    if self.scan_layers:
+      reorder(self.blks)
+    else:
+      for blk in self.blks:
+        reorder(blk)
+
   def _start_decode(self, batch: int, length: int,
                     positions: jax.Array | None
                     ) -> tuple[jax.Array, jax.Array]:

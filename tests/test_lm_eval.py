@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from selfattn import jsb, lm_eval
+from selfattn import decoding, jsb, lm_eval
 from selfattn.decoder import TransformerDecoder
 from selfattn.model import LanguageModel
 
@@ -102,5 +102,5 @@ def test_cached_sampling_equals_uncached_sampling_for_a_fixed_key():
 def test_top_k_draws_only_among_the_k_largest():
   logits = jnp.asarray(np.random.default_rng(0).normal(size=(1, 30)))
   keys = jax.random.split(jax.random.key(0), 400)
-  draws = {int(lm_eval._draw(logits, k, 1.0, 3)[0]) for k in keys}
+  draws = {int(decoding.draw(logits, k, 1.0, 3)[0]) for k in keys}
   assert draws == set(np.argsort(-np.asarray(logits[0]))[:3].tolist())

@@ -1,0 +1,127 @@
+"""decoding.generate, the one decode loop: beam search against greedy and
+against exhaustive search, end-of-sentence handling, beams over scanned
+layers and cross-attention, and teacher forcing through the caches against
+one full causal pass."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import selfattn
+from selfattn import decoding
+
+
+def _decoder(vocab=11, position='rope', **kwargs):
+  return selfattn.TransformerDecoder(vocab, 16, 32, 4, 2, position=position,
+                                     max_len=32, rngs=nnx.Rngs(0), **kwargs)
+
+
+def _tokens(shape, vocab=11, seed=1):
+  return jax.random.randint(jax.random.key(seed), shape, 0, vocab)
+
+
+def test_a_beam_of_one_is_greedy():
+  dec = _decoder()
+  prompt = _tokens((3, 3))
+  greedy = decoding.generate(dec, prompt, 6, method='greedy')
+  beam = decoding.generate(dec, prompt, 6, method='beam', beam_size=1,
+                           alpha=0.0)
+  np.testing.assert_array_equal(beam.tokens, greedy.tokens)
+  np.testing.assert_allclose(beam.scores, greedy.scores, rtol=1e-5)
+  np.testing.assert_array_equal(greedy.tokens,
+                                selfattn.greedy_decode(dec, prompt, 6))
+
+
+@pytest.mark.parametrize('alpha', [0.0, 0.6])
+def test_a_full_beam_is_exhaustive_search(alpha):
+  """Vocabulary 3, 3 steps: a beam of 27 keeps every continuation, so it
+  returns the argmax over all 27 of their summed log-probabilities (each
+  scored by one full causal pass here) under the same length penalty."""
+  vocab, steps = 3, 3
+  dec = _decoder(vocab=vocab)
+  prompt = jnp.array([[0], [2]])
+  beam = decoding.generate(dec, prompt, steps, method='beam',
+                           beam_size=vocab ** steps, alpha=alpha)
+  penalty = float(decoding.length_penalty(jnp.float32(steps), alpha))
+  for row in range(2):
+    best = None
+    for seq in itertools.product(range(vocab), repeat=steps):
+      tokens = jnp.array([[int(prompt[row, 0]), *seq]])
+      logp = jax.nn.log_softmax(dec(tokens)[0, :-1], axis=-1)
+      score = sum(float(logp[i, t]) for i, t in enumerate(seq)) / penalty
+      if best is None or score > best[0]:
+        best = (score, seq)
+    np.testing.assert_array_equal(beam.tokens[row, 1:], best[1])
+    assert float(beam.scores[row]) == pytest.approx(best[0], rel=1e-5)
+
+
+def test_end_of_sentence_pads_and_stops():
+  """After eos a sequence holds pad; the length penalty counts the tokens
+  up to and including eos; the loop stops once every sequence is done."""
+  dec = _decoder()
+  prompt = _tokens((2, 2))
+  free = np.asarray(decoding.generate(dec, prompt, 8, method='greedy').tokens)
+  eos = int(free[1, 4])                # row 1's third new token
+  out = np.asarray(decoding.generate(dec, prompt, 8, method='greedy',
+                                     eos=eos, pad=10).tokens)
+  for row in range(2):
+    new = free[row, 2:]
+    hits = np.flatnonzero(new == eos)
+    end = 2 + (hits[0] + 1 if hits.size else 8)
+    np.testing.assert_array_equal(out[row, :end], free[row, :end])
+    assert (out[row, end:] == 10).all()
+  beam = decoding.generate(dec, prompt, 8, method='beam', beam_size=3,
+                           eos=eos, pad=10)
+  for seq in np.asarray(beam.tokens)[:, 2:]:
+    ends = np.flatnonzero(seq == eos)
+    if ends.size:
+      assert (seq[ends[0] + 1:] == 10).all()
+
+
+def test_beams_over_scanned_layers_and_cross_attention():
+  """The caches follow the surviving hypotheses with stacked (scanned)
+  layers too, and a translation decoder's encoder outputs are repeated
+  per hypothesis: beam 1 equals greedy decoding with them."""
+  from reference import stack_loop_into_scan
+  loop = _decoder(position='shaw')
+  scanned = _decoder(position='shaw', scan_layers=True)
+  stack_loop_into_scan(loop, scanned)
+  prompt = _tokens((2, 3))
+  for method, width in (('beam', 3), ('greedy', 1)):
+    a = decoding.generate(loop, prompt, 5, method=method, beam_size=width)
+    b = decoding.generate(scanned, prompt, 5, method=method, beam_size=width)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+
+  cross = _decoder(cross_attention=True)
+  enc = jax.random.normal(jax.random.key(3), (2, 6, 16))
+  lens = jnp.array([6, 4])
+  greedy = selfattn.greedy_decode(cross, prompt, 5, enc_outputs=enc,
+                                  enc_valid_lens=lens)
+  beam = decoding.generate(cross, prompt, 5, method='beam', beam_size=1,
+                           call_args=(enc, lens))
+  np.testing.assert_array_equal(beam.tokens, greedy)
+
+
+@pytest.mark.parametrize('position', ['rope', 'shaw', 'huang'])
+def test_teacher_forcing_through_the_cache_equals_the_full_pass(position):
+  dec = _decoder(position=position)
+  tokens = _tokens((2, 9))
+  np.testing.assert_allclose(decoding.teacher_forced_logits(dec, tokens),
+                             dec(tokens), atol=1e-5)
+
+
+def test_bad_requests_say_what_is_wrong():
+  dec = _decoder()
+  prompt = _tokens((1, 2))
+  with pytest.raises(ValueError, match="method='topk'; valid: greedy"):
+    decoding.generate(dec, prompt, 2, method='topk')
+  with pytest.raises(ValueError, match='needs a key'):
+    decoding.generate(dec, prompt, 2, method='sample')
+  with pytest.raises(ValueError, match='num_steps must be >= 1'):
+    decoding.generate(dec, prompt, 0)
+  with pytest.raises(ValueError, match='beam search takes no forced'):
+    decoding.generate(dec, prompt, 2, method='beam', return_logits=True)
