@@ -455,18 +455,26 @@ class MultiHeadAttention(nnx.Module):
         'positions': nnx.Cache(jnp.zeros((batch_size, max_length), jnp.int32)),
         'index': nnx.Cache(jnp.zeros((), jnp.int32))})
 
-  def _decode_step(self, q, k, v, positions):
-    """Writes k, v (B, H, Lq, D) into the cache; returns every cached key,
-    value, the query and key positions, the causal mask over the cache and
-    `overflow` (a bool scalar: the step ran past the cache's end)."""
+  def _decode_step(self, q, k, v, positions, start=None):
+    """Writes k, v (B, H, Lq, D) into the cache at `start`; returns every
+    cached key, value, the query and key positions, the causal mask over
+    the cache and `overflow` (a bool scalar: the step ran past the cache's
+    end). start None: this module owns the cache (a standalone
+    MultiHeadAttention), keeps its fill index and checks the fit; given, a
+    stack owns it (CacheMixin: one counter, one check, one poisoning for
+    every layer) and overflow is False here."""
     if self.cache is None:
       raise ValueError('decode=True needs a cache: call init_cache(batch_size, '
                        'max_length) first')
     cache = self.cache
     b, _, lq, _ = q.shape
     cache_batch, _, max_length, _ = cache['key'].shape
-    start = cache['index'][...]
-    overflow = check_cache_fit(b, lq, start, cache_batch, max_length)
+    owned = start is None
+    if owned:
+      start = cache['index'][...]
+      overflow = check_cache_fit(b, lq, start, cache_batch, max_length)
+    else:
+      overflow = jnp.zeros((), bool)
     if positions is None:
       positions = jnp.broadcast_to(start + jnp.arange(lq, dtype=jnp.int32),
                                    (b, lq))
@@ -478,7 +486,8 @@ class MultiHeadAttention(nnx.Module):
           (zero, zero, start, zero))
     cache['positions'][...] = jax.lax.dynamic_update_slice(
         cache['positions'][...], positions, (zero, start))
-    cache['index'][...] = start + lq
+    if owned:
+      cache['index'][...] = start + lq
     query_index = start + jnp.arange(lq)
     causal = jnp.arange(max_length)[None, :] <= query_index[:, None]
     return (cache['key'][...], cache['value'][...], positions,
@@ -493,7 +502,8 @@ class MultiHeadAttention(nnx.Module):
                positions: jax.Array | None = None,
                key_positions: jax.Array | None = None,
                deterministic: bool | None = None,
-               decode: bool = False) -> jax.Array:
+               decode: bool = False,
+               cache_start: jax.Array | None = None) -> jax.Array:
     """Attends from the queries to the keys.
 
     Args:
@@ -521,6 +531,10 @@ class MultiHeadAttention(nnx.Module):
         (`poison`), never silently wrong numbers. A batch size other than
         init_cache's, or more new tokens than max_length, raises ValueError
         always.
+      cache_start: set by a stack that owns its layers' caches
+        (stack.CacheMixin): where this step's tokens go. The stack then
+        keeps the one fill counter, checks the fit and poisons the output
+        once; None (a module used on its own): the module does all three.
 
     Padding never changes valid outputs, whatever it holds: keys that no
     query may attend to are zeroed before use on every path, so NaN or inf
@@ -546,13 +560,14 @@ class MultiHeadAttention(nnx.Module):
         raise ValueError('decode=True is for self-attention: pass the new '
                          'tokens as queries only')
       k, v, positions, key_positions, step_mask, overflow = self._decode_step(
-          q, k, v, positions)
+          q, k, v, positions, start=cache_start)
       mask = step_mask if mask is None else mask & step_mask
       causal = False                 # step_mask is the causal mask over the cache
-      return poison(overflow, self._attend(
+      out = self._attend(
           q, k, v, valid_lens, mask=mask, bias=bias, causal=causal,
           positions=positions, key_positions=key_positions,
-          deterministic=deterministic))
+          deterministic=deterministic)
+      return out if cache_start is not None else poison(overflow, out)
     return self._attend(q, k, v, valid_lens, mask=mask, bias=bias,
                         causal=causal, positions=positions,
                         key_positions=key_positions,

@@ -78,11 +78,13 @@ class TransformerDecoderBlock(nnx.Module):
                mask: jax.Array | None = None,
                positions: jax.Array | None = None,
                deterministic: bool | None = None,
-               decode: bool = False) -> jax.Array:
+               decode: bool = False,
+               cache_start: jax.Array | None = None) -> jax.Array:
     X = self.addnorm1(
         X, lambda Z: self.self_attention(
             Z, mask=mask, causal=not decode, positions=positions,
-            deterministic=deterministic, decode=decode),
+            deterministic=deterministic, decode=decode,
+            cache_start=cache_start),
         deterministic=deterministic)
     if self.cross_attention is None:
       if enc_outputs is not None or enc_mask is not None:
@@ -200,22 +202,23 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
           raise ValueError(NO_CROSS_ATTENTION.format(name))
     elif enc_valid_lens is not None and enc_outputs is None:
       raise ValueError('enc_valid_lens was passed without enc_outputs')
-    overflow = None
+    overflow = start = None
     if decode:
-      positions, overflow = self._start_decode(b, length, positions)
+      positions, start, overflow = self._start_decode(b, length, positions)
     enc_mask = None
     if enc_valid_lens is not None:
       enc_mask = masks.make_length_mask(enc_valid_lens, length,
                                         enc_outputs.shape[1])
     X = self.embed(tokens, positions=positions, deterministic=deterministic)
 
-    def run(blk, X, enc_outputs, enc_mask, mask, positions):
+    def run(blk, X, enc_outputs, enc_mask, mask, positions, start):
       return blk(X, enc_outputs, enc_mask, mask=mask, positions=positions,
-                 deterministic=deterministic, decode=decode)
+                 deterministic=deterministic, decode=decode,
+                 cache_start=start)
 
     # remat is for training passes; a decode step has no backward pass.
     X, _ = run_blocks(self, run, X, enc_outputs, enc_mask, mask, positions,
-                      remat=self.remat and not decode)
+                      start, remat=self.remat and not decode)
     logits = self.dense(X).astype(jnp.float32)
     return logits if overflow is None else poison(overflow, logits)
 

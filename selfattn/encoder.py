@@ -59,12 +59,13 @@ class TransformerEncoderBlock(nnx.Module):
                bias: jax.Array | None = None, causal: bool = False,
                positions: jax.Array | None = None,
                deterministic: bool | None = None,
-               decode: bool = False) -> jax.Array:
+               decode: bool = False,
+               cache_start: jax.Array | None = None) -> jax.Array:
     X = self.addnorm1(
         X, lambda Z: self.attention(Z, mask=mask, bias=bias, causal=causal,
                                     positions=positions,
                                     deterministic=deterministic,
-                                    decode=decode),
+                                    decode=decode, cache_start=cache_start),
         deterministic=deterministic)
     return self.addnorm2(X, self.ffn, deterministic=deterministic)
 
@@ -260,15 +261,15 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
     if return_hidden:
       raise ValueError('return_hidden cannot be used with decode=True')
     b, length = inputs.shape[:2]
-    positions, overflow = self._start_decode(b, length, positions)
+    positions, start, overflow = self._start_decode(b, length, positions)
     X = self.embed(inputs, positions=positions, deterministic=deterministic)
 
-    def run(blk, X, positions):
+    def run(blk, X, positions, start):
       return blk(X, positions=positions, deterministic=deterministic,
-                 decode=True)
+                 decode=True, cache_start=start)
 
     # remat is for training passes; a decode step has no backward pass.
-    X, _ = run_blocks(self, run, X, positions, remat=False)
+    X, _ = run_blocks(self, run, X, positions, start, remat=False)
     return poison(overflow, X)
 
 

@@ -182,10 +182,14 @@ class CacheMixin:
 
   def _start_decode(self, batch: int, length: int,
                     positions: jax.Array | None
-                    ) -> tuple[jax.Array, jax.Array]:
-    """One decode step of `length` new tokens: (their positions, overflow).
-    Positions continue from the cache unless given; overflow (a bool
-    scalar) says the step runs past the caches (attention.poison)."""
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One decode step of `length` new tokens: (their positions, where they
+    go in the caches, overflow). The stack owns its layers' caches: this is
+    the one fill counter and the one fit check, and the stack poisons its
+    output once (the layers write at the start given, see
+    MultiHeadAttention's cache_start). Positions continue from the cache
+    unless given; overflow (a bool scalar) says the step runs past the
+    caches (attention.poison)."""
     if self.next_position is None:
       raise ValueError('decode=True needs caches: call init_cache first')
     start = self.next_position[...]
@@ -194,7 +198,7 @@ class CacheMixin:
       positions = jnp.broadcast_to(
           start + jnp.arange(length, dtype=jnp.int32), (batch, length))
     self.next_position[...] = start + length
-    return positions, overflow
+    return positions, start, overflow
 
 
 def relative_layers(kind, options: dict, num_layers: int, *, num_heads: int,

@@ -160,3 +160,22 @@ def test_meter_adds_one_learned_vector_per_step_phase():
   np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
   with pytest.raises(ValueError, match='meter_period'):
     make_decoder('rope', meter_period=-1)
+
+
+def test_the_stack_is_the_one_owner_of_its_caches():
+  """One fill counter per stack, not one per layer as well: the layers
+  write where the stack says (cache_start), and the stack checks the fit
+  and poisons its output once. A standalone attention module still keeps
+  its own counter."""
+  dec = make_decoder('rope')
+  dec.init_cache(2, 6)
+  x = toks((2, 6))
+  dec(x[:, :4], decode=True)
+  dec(x[:, 4:5], decode=True)
+  assert int(dec.next_position[...]) == 5
+  for blk in dec.blks:
+    assert int(blk.self_attention.cache['index'][...]) == 0
+  attn = selfattn.MultiHeadAttention(16, 4, rngs=nnx.Rngs(0))
+  attn.init_cache(2, 6)
+  attn(jnp.ones((2, 3, 16)), decode=True)
+  assert int(attn.cache['index'][...]) == 3
