@@ -19,12 +19,16 @@ def _batch(window=64, n=32, seed=0, step=0, transpose=0, crop_align=1):
 
 
 def _find(crop, sequences):
-  """(piece, start) of every place the crop occurs in a training sequence."""
+  """(piece, start) of every place the crop occurs in a training sequence
+  (tokens < 256, so a byte search finds them)."""
+  needle = np.asarray(crop, np.uint8).tobytes()
   hits = []
   for i, seq in enumerate(sequences):
-    for s in range(0, len(seq) - len(crop) + 1):
-      if np.array_equal(seq[s:s + len(crop)], crop):
-        hits.append((i, s))
+    haystack = np.asarray(seq, np.uint8).tobytes()
+    at = haystack.find(needle)
+    while at >= 0:
+      hits.append((i, at))
+      at = haystack.find(needle, at + 1)
   return hits
 
 
