@@ -25,14 +25,15 @@ input, so the per-token NLL is comparable.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
-import tempfile
-import urllib.request
 
 import numpy as np
+
+from selfattn import data_files
+from selfattn.data_files import DataError  # noqa: F401  (jsb.DataError)
+from selfattn.data_files import cache_dir  # noqa: F401  (jsb.cache_dir)
 
 FILENAME = 'Jsb16thSeparated.json'
 SUBDIR = 'jsb'   # <data dir>/jsb/Jsb16thSeparated.json, as in /work/shared/data
@@ -53,76 +54,13 @@ VOCAB_SIZE = NUM_PITCHES + 3        # 91
 NUM_TARGETS = NUM_PITCHES + 1       # 89: what can follow (pitches, SILENCE)
 
 
-class DataError(Exception):
-  """The data file is missing, corrupt or malformed; the message is one line
-  naming the path and what to do."""
-
-
 # ---------------------------------------------------------------- locating
 
-def cache_dir() -> pathlib.Path:
-  """The user cache: $XDG_CACHE_HOME/selfattn, else ~/.cache/selfattn."""
-  base = os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache')
-  return pathlib.Path(base) / 'selfattn'
-
-
-def _sha256(path: pathlib.Path) -> str:
-  return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _verify(path: pathlib.Path) -> pathlib.Path:
-  got = _sha256(path)
-  if got != SHA256:
-    raise DataError(f'{path}: checksum mismatch (expected sha256 {SHA256}, got '
-                    f'{got}); delete the file and run again to download it, '
-                    f'or copy a good one from {URL}')
-  return path
-
-
-def _download(dest: pathlib.Path) -> None:
-  """Fetches URL into dest atomically: a partial download never lies at dest.
-  The checksum is verified before the rename."""
-  dest.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=FILENAME + '.')
-  try:
-    with os.fdopen(fd, 'wb') as out, urllib.request.urlopen(URL, timeout=60) as r:
-      out.write(r.read())
-    got = _sha256(pathlib.Path(tmp))
-    if got != SHA256:
-      raise DataError(f'{URL}: downloaded file has sha256 {got}, expected '
-                      f'{SHA256}; not saved to {dest}')
-    os.replace(tmp, dest)
-  finally:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-
-
 def locate(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
-  """Path of a verified Jsb16thSeparated.json.
-
-  Looks in <data_dir>/jsb/ (data_dir defaults to $SELFATTN_DATA_DIR), then in
-  <cache_dir()>/jsb/; otherwise downloads into the cache. The first file found
-  is checksum-verified and a mismatch is an error (not a silent re-download:
-  the user should know a file they put there is bad).
-  """
-  data_dir = data_dir if data_dir is not None else os.environ.get(
-      'SELFATTN_DATA_DIR')
-  candidates = [pathlib.Path(data_dir) / SUBDIR / FILENAME] if data_dir else []
-  cached = cache_dir() / SUBDIR / FILENAME
-  candidates.append(cached)
-  for path in candidates:
-    if path.is_file():
-      return _verify(path)
-  try:
-    _download(cached)
-  except DataError:
-    raise
-  except Exception as e:  # URLError, timeouts, HTTP errors, OSError
-    looked = ', '.join(str(p) for p in candidates)
-    raise DataError(f'{FILENAME} not found (looked in {looked}) and the download '
-                    f'from {URL} failed ({type(e).__name__}: {e}); put the file '
-                    'in $SELFATTN_DATA_DIR/jsb/ or the cache dir') from e
-  return _verify(cached)
+  """Path of a verified Jsb16thSeparated.json (data_files.locate: under
+  <data_dir>/jsb/, data_dir defaulting to $SELFATTN_DATA_DIR, then the user
+  cache, else downloaded into the cache; checksum-verified)."""
+  return data_files.locate(SUBDIR, FILENAME, SHA256, URL, data_dir)
 
 
 # ---------------------------------------------------------------- loading

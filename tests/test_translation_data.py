@@ -1,0 +1,116 @@
+"""Translation's data, tokens and scores: the Multi30k loader (checksums,
+refusals, the shared copy), the SentencePiece tokenizer (exact round trip,
+determinism, the cache) and the sacreBLEU call."""
+
+import gzip
+import hashlib
+import urllib.error
+import urllib.request
+
+import pytest
+
+from data import REQUIRES_MULTI30K
+from selfattn import bleu, data_files, multi30k, tokenizer
+
+# A small made-up parallel corpus (the tests' own; the real data is
+# Multi30k's, read only by the tests marked REQUIRES_MULTI30K).
+GERMAN = ['Ein Hund läuft über die Wiese.', 'Zwei Kinder spielen im Park.',
+          'Eine Frau liest ein Buch.', 'Der Mann fährt  Fahrrad.',
+          'Ein kleines Mädchen isst ein Eis.', 'Drei Hunde schlafen.'] * 20
+ENGLISH = ['A dog runs across the meadow.', 'Two children play in the park.',
+           'A woman reads a book.', 'The man rides a  bike.',
+           'A little girl eats an ice cream.', 'Three dogs sleep.'] * 20
+
+
+def _offline(monkeypatch):
+  def refuse(*args, **kwargs):
+    raise urllib.error.URLError('network disabled in tests')
+  monkeypatch.setattr(urllib.request, 'urlopen', refuse)
+
+
+def _gz(path, lines):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with gzip.open(path, 'wt', encoding='utf-8') as f:
+    f.write(''.join(line + '\n' for line in lines))
+  return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_loader_refuses_a_bad_checksum_and_says_where_it_looked(
+    tmp_path, monkeypatch):
+  _offline(monkeypatch)
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+  monkeypatch.setenv('SELFATTN_DATA_DIR', str(tmp_path / 'data'))
+  with pytest.raises(multi30k.DataError, match=r'val\.de\.gz not found '
+                     r'\(looked in .*data/multi30k/val\.de\.gz, .*cache/'
+                     r'selfattn/multi30k/val\.de\.gz\) and the download .* '
+                     r'failed'):
+    multi30k.sentences('val', 'de')
+  _gz(tmp_path / 'data' / 'multi30k' / 'val.de.gz', ['not the data'])
+  with pytest.raises(multi30k.DataError, match='checksum mismatch'):
+    multi30k.sentences('val', 'de')
+  with pytest.raises(ValueError, match="split='dev'; valid: train, val"):
+    multi30k.sentences('dev', 'de')
+
+
+def test_lines_are_read_exactly_and_counted(tmp_path, monkeypatch):
+  """No stripping: spaces inside and around a sentence stay; a file with
+  the wrong number of lines is refused."""
+  lines = [' two  spaces ', 'ü and ß'] + ['x'] * 459
+  digest = _gz(tmp_path / 'multi30k' / 'test_2017_mscoco.en.gz', lines)
+  monkeypatch.setitem(multi30k.SHA256, 'test_2017_mscoco.en.gz', digest)
+  assert multi30k.sentences('test_2017_mscoco', 'en',
+                            data_dir=tmp_path) == lines
+  digest = _gz(tmp_path / 'multi30k' / 'test_2017_mscoco.en.gz', lines[:-1])
+  monkeypatch.setitem(multi30k.SHA256, 'test_2017_mscoco.en.gz', digest)
+  with pytest.raises(multi30k.DataError, match='460 lines, expected 461'):
+    multi30k.sentences('test_2017_mscoco', 'en', data_dir=tmp_path)
+
+
+@REQUIRES_MULTI30K
+def test_the_shared_copy_is_aligned_and_complete():
+  for split, size in multi30k.SIZES.items():
+    de, en = multi30k.pairs(split)
+    assert len(de) == len(en) == size
+  de, en = multi30k.pairs('test_2016_flickr')
+  assert de[0].startswith('Ein Mann mit einem orangefarbenen Hut')
+  assert en[0].startswith('A man in an orange hat')
+
+
+def test_the_tokenizer_round_trips_exactly_and_is_deterministic(tmp_path):
+  texts = GERMAN + ENGLISH
+  a = tokenizer.train(texts, vocab_size=300, cache_dir=tmp_path)
+  b = tokenizer.train(texts, vocab_size=300)            # no cache: retrained
+  assert a.proto == b.proto and a.vocab_size == 300
+  for text in texts + ['Ünbekannte Zeichen: 😀 ñ €', '  leading', 'two  in']:
+    ids = a.encode(text)
+    assert a.decode(ids) == text                        # exact, bytes too
+    assert a.decode([tokenizer.BOS] + ids + [tokenizer.EOS, 7, 8]) == text
+  assert a.decode([a.encode('ein'), a.encode('zwei')]) == ['ein', 'zwei']
+  cached = list(tmp_path.glob('*.model'))
+  assert len(cached) == 1
+  assert tokenizer.train(texts, vocab_size=300, cache_dir=tmp_path).proto == \
+      cached[0].read_bytes()
+  other = tokenizer.train(texts[:50], vocab_size=300, cache_dir=tmp_path)
+  assert len(list(tmp_path.glob('*.model'))) == 2 and other.proto != a.proto
+  with pytest.raises(ValueError, match="model_type='wordpiece'; valid"):
+    tokenizer.train(texts, model_type='wordpiece')
+
+
+def test_bleu_and_chrf_with_their_signatures():
+  refs = ENGLISH[:6]
+  perfect = bleu.score(refs, refs)
+  assert perfect['bleu'] == pytest.approx(100.0)
+  assert perfect['chrf'] == pytest.approx(100.0)
+  assert 'tok:13a' in perfect['bleu_signature']
+  assert 'case:mixed' in perfect['bleu_signature']
+  # Lower-casing costs cased BLEU; an empty output scores 0.
+  assert bleu.score([r.lower() for r in refs], refs)['bleu'] < 100
+  assert bleu.score([''] * 6, refs)['bleu'] == 0
+  with pytest.raises(ValueError, match='5 hypotheses for 6 references'):
+    bleu.score(refs[:5], refs)
+
+
+def test_the_jsb_and_multi30k_loaders_share_one_locator():
+  """One place finds, checks and downloads data files (data_files)."""
+  from selfattn import jsb
+  assert jsb.DataError is multi30k.DataError is data_files.DataError
