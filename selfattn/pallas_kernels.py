@@ -310,6 +310,26 @@ def query_lower(cfg: Config, j, bq: int, bk: int, lq: int, lk: int):
   return floor_div(first, bq, 0)
 
 
+def key_columns_of(cfg: Config, q, a_k_ref):
+  """Shaw's per-offset columns of scale * q a^K^T, (bq, 1) each, or None."""
+  if cfg.kind != 'shaw':
+    return None
+  q_dot_a = dot_t(q, a_k_ref[...].astype(q.dtype)) * cfg.scale  # (bq, rows)
+  return [column(q_dot_a, n) for n in range(num_rows(cfg))]
+
+
+def block_scores(cfg: Config, region: str, q, k_blk, q_idx, k_idx, scalars,
+                 key_columns, lq: int, lk: int, valid):
+  """(s, keep, bucket) of one (bq, bk) block: scale * q k^T plus the
+  encoding's term, which entries are attended, and each entry's table row
+  or bucket (near blocks of Shaw and T5, else None)."""
+  s = dot_t(q, k_blk) * cfg.scale
+  term, bucket = logit_term(cfg, region, k_idx - q_idx, scalars, key_columns)
+  if term is not None:
+    s = s + term
+  return s, keep_mask(cfg, q_idx, k_idx, lq, lk, valid), bucket
+
+
 # --------------------------------------------------------------------------
 # The kernels.
 # --------------------------------------------------------------------------
@@ -325,10 +345,7 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   q = q_ref[...]                                  # (bq, Dq), input dtype
   q_idx = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
   scalars = head_scalars(cfg, r)
-  key_columns = None
-  if cfg.kind == 'shaw':
-    q_dot_a = dot_t(q, r.a_k[...].astype(q.dtype)) * cfg.scale   # (bq, rows)
-    key_columns = [column(q_dot_a, n) for n in range(num_rows(cfg))]
+  key_columns = key_columns_of(cfg, q, r.a_k)
   if r.a_v is not None:
     a_v = r.a_v[...]
 
@@ -337,14 +354,11 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     start = pl.multiple_of(j * bk, bk)
     k_blk = k_ref[pl.ds(start, bk), :]
     v_blk = v_ref[pl.ds(start, bk), :]
-    s = dot_t(q, k_blk) * cfg.scale
     k_idx = start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-    term, bucket = logit_term(cfg, region, k_idx - q_idx, scalars,
-                              key_columns)
-    if term is not None:
-      s = s + term
     valid = None if r.valid is None else r.valid[:, pl.ds(start, bk)]
-    s = jnp.where(keep_mask(cfg, q_idx, k_idx, lq, lk, valid), s, -jnp.inf)
+    s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
+                                   scalars, key_columns, lq, lk, valid)
+    s = jnp.where(keep, s, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     p = jnp.exp(s - m_safe)                     # masked: exp(-inf) = 0
@@ -391,10 +405,7 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   delta = jnp.max(delta_ref[...], axis=1, keepdims=True)
   q_idx = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
   scalars = head_scalars(cfg, r)
-  key_columns = value_columns = None
-  if cfg.kind == 'shaw':
-    q_dot_a = dot_t(q, r.a_k[...].astype(q.dtype)) * cfg.scale
-    key_columns = [column(q_dot_a, n) for n in range(num_rows(cfg))]
+  key_columns, value_columns = key_columns_of(cfg, q, r.a_k), None
   if r.a_v is not None:
     do_dot_a = dot_t(do, r.a_v[...].astype(do.dtype))       # (bq, rows)
     value_columns = [column(do_dot_a, n) for n in range(num_rows(cfg))]
@@ -405,14 +416,10 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     start = pl.multiple_of(j * bk, bk)
     k_blk = k_ref[pl.ds(start, bk), :]
     v_blk = v_ref[pl.ds(start, bk), :]
-    s = dot_t(q, k_blk) * cfg.scale
     k_idx = start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-    term, bucket = logit_term(cfg, region, k_idx - q_idx, scalars,
-                              key_columns)
-    if term is not None:
-      s = s + term
     valid = None if r.valid is None else r.valid[:, pl.ds(start, bk)]
-    keep = keep_mask(cfg, q_idx, k_idx, lq, lk, valid)
+    s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
+                                   scalars, key_columns, lq, lk, valid)
     p = jnp.where(keep, jnp.exp(s - lse), 0.0)
     dp = dot_t(do, v_blk)
     if value_columns is not None:
@@ -489,12 +496,8 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
         key_columns = [key_columns[n] for n in range(rows)]
         value_columns = (None if value_columns is None
                          else [value_columns[n] for n in range(rows)])
-    s = dot_t(q, k_blk) * cfg.scale
-    term, bucket = logit_term(cfg, region, k_idx - q_idx, scalars,
-                              key_columns)
-    if term is not None:
-      s = s + term
-    keep = keep_mask(cfg, q_idx, k_idx, lq, lk, valid)
+    s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
+                                   scalars, key_columns, lq, lk, valid)
     p = jnp.where(keep, jnp.exp(s - lse), 0.0)
     dv = dv + tdot(p.astype(do.dtype), do)
     dp = dot_t(do, v_blk)

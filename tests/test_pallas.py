@@ -127,17 +127,11 @@ def test_far_query_blocks_match_a_brute_force_split():
           assert (i >= left_start) == is_left, (bq, bk, clip, i, j)
 
 
-@pytest.mark.parametrize('per_head', [False, True])
-@pytest.mark.parametrize('causal', [False, True])
-def test_shaw_far_blocks_forward_and_gradients_equal_plain(per_head, causal):
-  """Lengths where most key blocks lie beyond the clip on either side
-  (40 x 56, 8-blocks, k = 2): the edge-row shortcut gives the plain path's
-  outputs and gradients (q, k, v and both tables)."""
-  relative = positions.ShawRelative(H, D, clip_distance=2,
-                                    shared_heads=not per_head,
-                                    rngs=nnx.Rngs(5))
-  q, k, v, g = _qkv(40, 56, seed=3)
-  valid = _key_valid(56, [56, 37])
+def _kernel_and_plain_agree(relative, lq, lk, lengths, causal, seed):
+  """Outputs and gradients (q, k, v and the encoding's tables) of the kernel
+  against the plain path, with key padding."""
+  q, k, v, g = _qkv(lq, lk, seed=seed)
+  valid = _key_valid(lk, lengths)
   graphdef, tables = nnx.split(relative)
 
   def loss(fn, tables, q, k, v):
@@ -158,6 +152,18 @@ def test_shaw_far_blocks_forward_and_gradients_equal_plain(per_head, causal):
       tables, q, k, v)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize('per_head', [False, True])
+@pytest.mark.parametrize('causal', [False, True])
+def test_shaw_far_blocks_forward_and_gradients_equal_plain(per_head, causal):
+  """Lengths where most key blocks lie beyond the clip on either side
+  (40 x 56, 8-blocks, k = 2): the edge-row shortcut gives the plain path's
+  outputs and gradients (q, k, v and both tables)."""
+  relative = positions.ShawRelative(H, D, clip_distance=2,
+                                    shared_heads=not per_head,
+                                    rngs=nnx.Rngs(5))
+  _kernel_and_plain_agree(relative, 40, 56, [56, 37], causal, seed=3)
 
 
 def test_t5_buckets_beyond_max_distance_are_each_directions_last():
@@ -181,29 +187,7 @@ def test_t5_far_blocks_forward_and_gradients_equal_plain(causal):
   """T5 at lengths where most key blocks lie beyond max_distance = 12
   (48 x 72, 8-blocks): the edge-bucket shortcut gives the plain path's
   outputs and gradients (q, k, v and the bias table)."""
-  relative = _relative('t5')
-  q, k, v, g = _qkv(48, 72, seed=4)
-  valid = _key_valid(72, [72, 50])
-  graphdef, tables = nnx.split(relative)
-
-  def loss(fn, tables, q, k, v):
-    return jnp.sum(fn(q, k, v, nnx.merge(graphdef, tables)) * g)
-
-  def kernel(q, k, v, rel):
-    return pa.pallas_attention(q, k, v, relative=rel, causal=causal,
-                               key_valid=valid, **BLOCKS)
-
-  def plain(q, k, v, rel):
-    return _plain(q, k, v, rel, causal, valid)
-
-  np.testing.assert_allclose(kernel(q, k, v, relative),
-                             plain(q, k, v, relative), atol=1e-5, rtol=1e-5)
-  got = jax.grad(functools.partial(loss, kernel), argnums=(0, 1, 2, 3))(
-      tables, q, k, v)
-  want = jax.grad(functools.partial(loss, plain), argnums=(0, 1, 2, 3))(
-      tables, q, k, v)
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(a, b, atol=2e-4, rtol=2e-4)
+  _kernel_and_plain_agree(_relative('t5'), 48, 72, [72, 50], causal, seed=4)
 
 
 @pytest.mark.parametrize('kind', ['none', 't5'])
