@@ -139,6 +139,9 @@ def main(spec: Study):
   """The study's absl main. A damaged file of a run (a truncated
   summary.json, say) is one line naming it, exit status 2."""
   def run(argv):
+    if len(argv) > 1:
+      _fail(f'unexpected arguments {" ".join(argv[1:])} (flags look like '
+            f'--name=value)')
     try:
       _main(spec)
     except ConfigError as e:
