@@ -361,8 +361,9 @@ def peer_case(peer, x, causal, gpu: bool) -> Case | str:
 def grad_step(case: Case):
   """jit of what --mode times. 'train': the loss sum(forward * g) and its
   gradients w.r.t. the case's `diff` (the value too, so that every path
-  runs its forward: a backward that recomputes from the inputs, as the
-  Pallas kernel's does, would otherwise let XLA drop the forward kernel).
+  runs its forward: a backward that needs nothing of the forward's output,
+  as the Pallas kernel's recomputing one did in run 1, would otherwise let
+  XLA drop the forward kernel).
   'forward': the output alone. g is the last argument."""
   def loss(*args):
     out = case.forward(*args[:-1])

@@ -386,11 +386,10 @@ class MultiHeadAttention(nnx.Module):
       'chunked' (chunked.chunked_attention: online softmax over key blocks,
       memory O(L) instead of O(L^2), every encoding) or 'auto' (chunked from
       AUTO_CHUNKED_FROM keys on, plain below) or 'pallas'
-      (pallas_attention.pallas_attention: a Pallas flash-attention forward
-      kernel that computes ALiBi, T5 and Shaw terms per block from their
-      small tables, with a recomputing backward through chunked_attention;
-      Pallas interpret mode on the CPU, so for correctness there, not
-      speed).
+      (pallas_attention.pallas_attention: Pallas flash-attention forward
+      and backward kernels that compute ALiBi, T5 and Shaw terms per block
+      from their small tables; Triton on a GPU, Mosaic on a TPU, Pallas
+      interpret mode on the CPU, so for correctness there, not speed).
       'fused' falls back to 'plain' while dropout is active and for Shaw's
       value term; 'pallas' falls back to 'plain' unless the encoding is none,
       alibi, t5, shaw or rotation-only (rope, pope), there are no explicit
