@@ -175,7 +175,6 @@ def report(workdir: str, runs: list[study.Run], summaries: dict, scale: str
 
 class IndirectIndexing(skeleton.Study):
   """--scale: small (the CPU study), paper (the paper's scale), quick."""
-  title = 'Indirect indexing'
   scales = tuple(ii_config.SCALES)
   default_scale = 'small'
 

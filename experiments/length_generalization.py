@@ -313,7 +313,6 @@ def report(workdir: str, runs: list[study.Run], summaries: dict[str, dict],
 class LengthGeneralization(skeleton.Study):
   """--scale: quick (a smoke test), small (the CPU study, EXPERIMENTS.md's
   defaults), full (the papers')."""
-  title = 'Length generalization'
   scales = ('quick', 'small', 'full')
   default_scale = 'small'
   filters = ('task', 'position')

@@ -317,7 +317,6 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
 
 class Music(skeleton.Study):
   """--scale: cpu (the CPU study), paper (PoPE's JSB recipe), quick."""
-  title = 'JSB Chorales'
   scales = tuple(music_config.SCALES)
   default_scale = 'cpu'
 

@@ -45,7 +45,6 @@ class Study:
   """What one study adds to the skeleton. Subclasses set the attributes and
   implement `runs` and `report`; the rest has defaults."""
 
-  title: str = ''
   scales: tuple[str, ...] = ()
   default_scale: str = ''
   # Tags of the runs that --positions / --tasks filter, with their valid

@@ -33,7 +33,6 @@ import numpy as np
 
 from selfattn import data_files
 from selfattn.data_files import DataError  # noqa: F401  (jsb.DataError)
-from selfattn.data_files import cache_dir  # noqa: F401  (jsb.cache_dir)
 
 FILENAME = 'Jsb16thSeparated.json'
 SUBDIR = 'jsb'   # <data dir>/jsb/Jsb16thSeparated.json, as in /work/shared/data

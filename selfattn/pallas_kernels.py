@@ -318,6 +318,16 @@ def key_columns_of(cfg: Config, q, a_k_ref):
   return [column(q_dot_a, n) for n in range(num_rows(cfg))]
 
 
+def key_block(j, k_ref, v_ref, valid_ref, bq: int, bk: int):
+  """Key block j of a query-major kernel (forward, dQ): its keys, values,
+  (bq, bk) key indices and (1, bk) padding flags (None without a mask)."""
+  start = pl.multiple_of(j * bk, bk)
+  k_idx = start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+  valid = None if valid_ref is None else valid_ref[:, pl.ds(start, bk)]
+  return (k_ref[pl.ds(start, bk), :], v_ref[pl.ds(start, bk), :], k_idx,
+          valid)
+
+
 def block_scores(cfg: Config, region: str, q, k_blk, q_idx, k_idx, scalars,
                  key_columns, lq: int, lk: int, valid):
   """(s, keep, bucket) of one (bq, bk) block: scale * q k^T plus the
@@ -351,11 +361,7 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
 
   def body(j, carry, region):
     acc, m, l = carry
-    start = pl.multiple_of(j * bk, bk)
-    k_blk = k_ref[pl.ds(start, bk), :]
-    v_blk = v_ref[pl.ds(start, bk), :]
-    k_idx = start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-    valid = None if r.valid is None else r.valid[:, pl.ds(start, bk)]
+    k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
     s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
                                    scalars, key_columns, lq, lk, valid)
     s = jnp.where(keep, s, -jnp.inf)
@@ -413,11 +419,7 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
 
   def body(j, carry, region):
     acc, fold_ds, fold_p = carry
-    start = pl.multiple_of(j * bk, bk)
-    k_blk = k_ref[pl.ds(start, bk), :]
-    v_blk = v_ref[pl.ds(start, bk), :]
-    k_idx = start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-    valid = None if r.valid is None else r.valid[:, pl.ds(start, bk)]
+    k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
     s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
                                    scalars, key_columns, lq, lk, valid)
     p = jnp.where(keep, jnp.exp(s - lse), 0.0)

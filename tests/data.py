@@ -11,20 +11,18 @@ without the download: a test must not depend on the network.
 
 from __future__ import annotations
 
-import os
 import pathlib
 
 import pytest
 
+from selfattn import data_files
 from selfattn import jsb
 
 
 def jsb_file() -> pathlib.Path | None:
   """Jsb16thSeparated.json where jsb.locate would find it, or None."""
-  data_dir = os.environ.get('SELFATTN_DATA_DIR')
-  candidates = [pathlib.Path(data_dir) / jsb.SUBDIR / jsb.FILENAME] if data_dir else []
-  candidates.append(jsb.cache_dir() / jsb.SUBDIR / jsb.FILENAME)
-  return next((p for p in candidates if p.is_file()), None)
+  return next((p for p in data_files.candidates(jsb.SUBDIR, jsb.FILENAME)
+               if p.is_file()), None)
 
 
 REQUIRES_JSB = pytest.mark.skipif(
@@ -37,7 +35,7 @@ REQUIRES_JSB = pytest.mark.skipif(
 def multi30k_files() -> list[pathlib.Path] | None:
   """Every Multi30k file where selfattn would find it, or None if one is
   missing."""
-  from selfattn import data_files, multi30k
+  from selfattn import multi30k
   found = []
   for name in multi30k.SHA256:
     path = next((p for p in data_files.candidates(multi30k.SUBDIR, name)
