@@ -47,6 +47,7 @@ class Study:
 
   scales: tuple[str, ...] = ()
   default_scale: str = ''
+  default_seeds: int = DEFAULT_SEEDS     # without --seeds (quick: 1)
   # Tags of the runs that --positions / --tasks filter, with their valid
   # values (`filter_values`).
   filters: tuple[str, ...] = ('position',)
@@ -98,10 +99,11 @@ def chosen_scale(spec: Study) -> str:
   return scale
 
 
-def chosen_seeds(scale: str) -> int:
-  """Five seeds by default (one in quick mode); an explicit --seeds wins."""
+def chosen_seeds(scale: str, default: int = DEFAULT_SEEDS) -> int:
+  """The study's default seeds (five unless it says otherwise; one in quick
+  mode); an explicit --seeds wins."""
   if not flags.FLAGS['seeds'].present:
-    return 1 if scale == 'quick' else DEFAULT_SEEDS
+    return 1 if scale == 'quick' else default
   if common.SEEDS.value < 1:
     _fail(f'--seeds={common.SEEDS.value}: a study needs at least one seed')
   return common.SEEDS.value
@@ -154,7 +156,7 @@ def _main(spec: Study) -> None:
   if not workdir:
     _fail('--workdir is required')
   scale = chosen_scale(spec)
-  seeds = chosen_seeds(scale)
+  seeds = chosen_seeds(scale, spec.default_seeds)
   filters = chosen_filters(spec)
   shard = chosen_shard()
   try:

@@ -18,6 +18,8 @@ def score(hypotheses: Sequence[str], references: Sequence[str]
   if len(hypotheses) != len(references):
     raise ValueError(f'{len(hypotheses)} hypotheses for {len(references)} '
                      f'references')
+  if not references:
+    raise ValueError('no sentences to score')
   bleu, chrf = BLEU(), CHRF()
   return {'bleu': float(bleu.corpus_score(hypotheses, [references]).score),
           'chrf': float(chrf.corpus_score(hypotheses, [references]).score),

@@ -213,6 +213,30 @@ def restore_latest(mngr: ocp.CheckpointManager, state: Any
   return _newest_that_restores(directory, mngr.all_steps(), state, move_aside)
 
 
+def saved_steps(workdir: str) -> list[int]:
+  """The steps of workdir's finished checkpoints, ascending."""
+  directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
+  names = os.listdir(directory) if os.path.isdir(directory) else []
+  # Finished steps only: orbax writes into `<step>.orbax-checkpoint-tmp-*`
+  # and renames it when the checkpoint is complete.
+  return sorted(int(name) for name in names if name.isdigit()
+                and os.path.isdir(os.path.join(directory, name)))
+
+
+def restore_step_read_only(workdir: str, state: Any, step: int) -> Any:
+  """The checkpoint of `step` in workdir, laid out like `state` and
+  verified against its checksum, without modifying the workdir (a study
+  choosing among a run's checkpoints). Raises CheckpointError if it does
+  not restore."""
+  path = os.path.join(os.path.abspath(workdir), 'checkpoints', str(step))
+  target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+  try:
+    return _restore_verified(path, target, step)
+  except Exception as e:     # orbax raises many types for damaged files
+    raise CheckpointError(f'checkpoint at step {step} of {workdir} does not '
+                          f'restore ({_reason(e)})') from None
+
+
 def restore_latest_read_only(workdir: str, state: Any
                              ) -> tuple[Any, int] | None:
   """restore_latest for another run's workdir (config.train.init_from),
@@ -220,11 +244,7 @@ def restore_latest_read_only(workdir: str, state: Any
   creates and cleans up directories) and damaged checkpoints are skipped
   with a warning but left in place."""
   directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
-  names = os.listdir(directory) if os.path.isdir(directory) else []
-  # Finished steps only: orbax writes into `<step>.orbax-checkpoint-tmp-*`
-  # and renames it when the checkpoint is complete.
-  steps = [int(name) for name in names if name.isdigit()
-           and os.path.isdir(os.path.join(directory, name))]
+  steps = saved_steps(workdir)
 
   def leave(step: int, reason: str) -> None:
     logging.warning('skipping checkpoint at step %d of %s, which does not '

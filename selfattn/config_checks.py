@@ -37,6 +37,23 @@ def _model_problem(model: ml_collections.ConfigDict, message: str) -> str:
   return f'config.model: the model cannot be built: {message}'
 
 
+def _check_translation(config: ml_collections.ConfigDict) -> None:
+  """What the encoder_decoder layout cannot do."""
+  m = config.model
+  for field, value, why in (
+      ('model.randomize_positions', m.randomize_positions,
+       'randomized positions are not implemented for translation'),
+      ('task.per_batch_length', config.task.per_batch_length,
+       'translation batches are length-bucketed already'),
+      ('model.scan_layers', m.scan_layers,
+       'the cross-attention picture needs per-layer modules')):
+    if value:
+      raise ConfigError(f'config.{field}=True: {why}; unset it')
+  if m.meter_period:
+    raise ConfigError('config.model.meter_period is the music task\'s '
+                      '(a step phase); set it to 0 for translation')
+
+
 def validate_config(config: ml_collections.ConfigDict,
                     num_devices: int | None = None) -> None:
   """Raises ConfigError for the first problem found in `config`, also for a
@@ -157,8 +174,12 @@ def _validate(config: ml_collections.ConfigDict,
   if not 0.0 < config.train.b2 < 1.0:
     raise ConfigError(f'config.train.b2 must be in (0, 1); got '
                       f'{config.train.b2}')
+  if not 0.0 <= config.train.label_smoothing < 1.0:
+    raise ConfigError(f'config.train.label_smoothing must be in [0, 1); got '
+                      f'{config.train.label_smoothing}')
   for field in ('task.per_batch_length', 'model.residual', 'model.remat',
-                'model.scan_layers', 'model.randomize_positions'):
+                'model.scan_layers', 'model.randomize_positions',
+                'model.tie_embeddings'):
     section, name = field.split('.')
     if not isinstance(config[section][name], bool):
       raise ConfigError(f'config.{field} must be True or False; got '
@@ -182,6 +203,12 @@ def _validate(config: ml_collections.ConfigDict,
           f'{config.task.max_len} and config.eval.lengths={lengths} go '
           f'beyond: shorten them or raise task.vocab_size')
   longest = task.seq_len(max(lengths + [config.task.max_len]))
+  if task.layout == 'encoder_decoder':
+    _check_translation(config)
+  elif m.tie_embeddings:
+    raise ConfigError('config.model.tie_embeddings=True is for the '
+                      'encoder_decoder layout (translation), which has a '
+                      'token table to tie; unset it')
   if m.randomize_positions:
     random_len = m.max_random_len
     if m.position == 'none':

@@ -111,7 +111,8 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
   norm_type, use_bias,
   attention_impl, remat, scan_layers, meter_period, meter_step_tokens,
   dtype, param_dtype, rngs,
-  **position_options), plus cross_attention. With scan_layers the caches
+  **position_options), plus cross_attention, and tie_output (the logits
+  use the token embedding's transpose instead of a dense head). With scan_layers the caches
   too carry the layer axis, and cached decoding runs through nnx.scan; remat
   applies to full (training) passes, not to decode=True steps.
   """
@@ -124,12 +125,16 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
                use_bias: bool = False,
                attention_impl: str = 'plain', remat: bool = False,
                scan_layers: bool = False, meter_period: int = 0,
-               meter_step_tokens: int = 4, dtype=None,
-               param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
+               meter_step_tokens: int = 4, tie_output: bool = False,
+               dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
+               **position_options):
     kind, options = check_stack(
         type(self).__name__, position, position_options, norm=norm,
         num_hiddens=num_hiddens, num_heads=num_heads, num_layers=num_layers,
         norm_type=norm_type)
+    if tie_output and vocab_size is None:
+      raise ValueError('tie_output=True needs a token embedding: give a '
+                       'vocab_size')
     self.num_heads = num_heads
     self.has_cross_attention = cross_attention
     self.dtype = dtype
@@ -156,8 +161,11 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
     self.final_ln = final_norm(norm, num_hiddens, norm_type=norm_type,
                                dtype=dtype,
                                param_dtype=param_dtype, rngs=rngs)
-    self.dense = nnx.Linear(num_hiddens, vocab_size, dtype=dtype,
-                            param_dtype=param_dtype, rngs=rngs)
+    # Tied: the logits are the final states against the token embedding
+    # (Press & Wolf 2017), no separate output matrix.
+    self.dense = None if tie_output else nnx.Linear(
+        num_hiddens, vocab_size, dtype=dtype, param_dtype=param_dtype,
+        rngs=rngs)
     self._init_meter(meter_period, meter_step_tokens, dtype=dtype,
                      param_dtype=param_dtype, rngs=rngs)
     self._init_cache_fields()
@@ -219,7 +227,8 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
     # remat is for training passes; a decode step has no backward pass.
     X, _ = run_blocks(self, run, X, enc_outputs, enc_mask, mask, positions,
                       start, remat=self.remat and not decode)
-    logits = self.dense(X).astype(jnp.float32)
+    logits = (self.embedding.attend(X) if self.dense is None
+              else self.dense(X)).astype(jnp.float32)
     return logits if overflow is None else poison(overflow, logits)
 
 

@@ -94,10 +94,58 @@ class LanguageModel(nnx.Module):
     return logits[..., :self.num_classes]
 
 
+class Seq2SeqModel(nnx.Module):
+  """An encoder and a decoder with cross-attention (translation).
+
+  Call: (sources (B, S) int, source_lens (B,), *, decoder_inputs (B, T)
+  int) -> logits (B, T, vocab) float32, the next target token at every
+  decoder position. Both stacks carry the configured encoding in their
+  self-attention; cross-attention carries none (Shaw et al. 2018).
+  `encode` and the decoder alone serve decoding (translate.py):
+  decoder(tokens, enc_outputs, source_lens, decode=True) after
+  decoder.init_cache.
+
+  tie_embeddings: one token table for the encoder's input, the decoder's
+  input and the decoder's output (a joint vocabulary makes this possible).
+  """
+
+  def __init__(self, encoder: TransformerEncoder, decoder: TransformerDecoder,
+               *, tie_embeddings: bool = False):
+    self.encoder = encoder
+    self.decoder = decoder
+    self.tie_embeddings = tie_embeddings
+    if tie_embeddings:
+      decoder.embedding = encoder.embedding       # one shared nnx.Embed
+
+  causal = False
+
+  @property
+  def stack(self) -> TransformerEncoder:
+    """The encoder: what the attention probe and position table read."""
+    return self.encoder
+
+  def encode(self, sources: jax.Array, source_lens: jax.Array, *,
+             deterministic: bool | None = None) -> jax.Array:
+    """(B, S) -> (B, S, num_hiddens)."""
+    return self.encoder(sources, source_lens, deterministic=deterministic)
+
+  def __call__(self, tokens: jax.Array, valid_lens: jax.Array | None = None, *,
+               decoder_inputs: jax.Array,
+               positions: jax.Array | None = None,
+               deterministic: bool | None = None) -> jax.Array:
+    if positions is not None:
+      raise ValueError('randomized positions are not supported for '
+                       'translation')
+    enc = self.encode(tokens, valid_lens, deterministic=deterministic)
+    return self.decoder(decoder_inputs, enc, valid_lens,
+                        deterministic=deterministic)
+
+
 def build_model(config: ml_collections.ConfigDict, task: Task,
-                rngs: nnx.Rngs) -> SequenceModel | LanguageModel:
+                rngs: nnx.Rngs) -> SequenceModel | LanguageModel | Seq2SeqModel:
   """The config's model for `task`: a LanguageModel (causal decoder) for a
-  language-model task, else a SequenceModel (encoder and a linear head)."""
+  language-model task, a Seq2SeqModel for translation, else a
+  SequenceModel (encoder and a linear head)."""
   m = config.model
   stack = dict(
       position=m.position, max_len=m.max_len, norm=m.norm,
@@ -108,6 +156,12 @@ def build_model(config: ml_collections.ConfigDict, task: Task,
       rngs=rngs, **position_options(m))
   sizes = (task.input_vocab_size, m.num_hiddens, m.ffn_num_hiddens,
            m.num_heads, m.num_layers, m.dropout)
+  if task.spec.seq2seq:
+    tie = bool(m.tie_embeddings)
+    encoder = TransformerEncoder(*sizes, **stack)
+    decoder = TransformerDecoder(*sizes, cross_attention=True,
+                                 tie_output=tie, **stack)
+    return Seq2SeqModel(encoder, decoder, tie_embeddings=tie)
   if task.spec.language_model:
     return LanguageModel(TransformerDecoder(*sizes, **stack), task.num_classes)
   encoder = TransformerEncoder(*sizes, causal=task.causal, **stack)

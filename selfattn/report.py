@@ -48,6 +48,9 @@ def results_table(summary: dict[str, Any]) -> str:
   lo, hi = summary['train_lengths']
   # The autoregressive layout's accuracies are teacher-forced; its
   # free-running ones (own outputs fed back) get their own columns.
+  bleu_header = bleu_rule = ''
+  if any('bleu' in m for m in summary['eval'].values()):
+    bleu_header, bleu_rule = ' BLEU | chrF | sentences |', '---:|---:|---:|'
   free_header = free_rule = ''
   if any('free_running_token_accuracy' in m for m in summary['eval'].values()):
     free_header = ' free-running token acc | free-running sequence acc |'
@@ -56,12 +59,16 @@ def results_table(summary: dict[str, Any]) -> str:
            f'{summary["step"]} (chance {summary["chance"]:.3f}, trained on '
            f'lengths {lo}-{hi})', '',
            '| length | in training range | token acc | sequence acc | loss |'
-           + free_header, '|---:|:---:|---:|---:|---:|' + free_rule]
+           + free_header + bleu_header,
+           '|---:|:---:|---:|---:|---:|' + free_rule + bleu_rule]
   for length, m in summary['eval'].items():
     inside = 'yes' if lo <= int(length) <= hi else 'no'
     free = (f' {m["free_running_token_accuracy"]:.4f} | '
             f'{m["free_running_sequence_accuracy"]:.4f} |'
             if free_header else '')
+    if bleu_header:
+      free += (f' {m["bleu"]:.2f} | {m["chrf"]:.2f} | '
+               f'{int(m["sentences"])} |')
     lines.append(f'| {length} | {inside} | {m["token_accuracy"]:.4f} | '
                  f'{m["sequence_accuracy"]:.4f} | {m["loss"]:.4f} |' + free)
   if summary.get('score') is not None:
@@ -85,16 +92,26 @@ class AttentionProbe:
     length = min(config.task.max_len, 32)
     # Host constants, identical on every process. A randomized run is drawn
     # at the positions it evaluates with, not at 0..T-1.
-    batch = jax.device_get(tasks_lib.make_eval_batch(
-        trainer.task, config.seed, length, jnp.arange(1),
-        max_random_len=steps.max_random_len(config)))
+    seq2seq = trainer.task.layout == 'encoder_decoder'
+    if seq2seq:
+      # Translation: the encoder's self-attention on validation sentence 0
+      # (the cross-attention is TranslationTrainer.cross_attention's).
+      source = trainer.corpus.eval_set('val').source_ids[0]
+      batch = tasks_lib.Batch(inputs=np.asarray([source], np.int32),
+                              targets=None, weights=None,
+                              valid_lens=np.asarray([len(source)], np.int32))
+    else:
+      batch = jax.device_get(tasks_lib.make_eval_batch(
+          trainer.task, config.seed, length, jnp.arange(1),
+          max_random_len=steps.max_random_len(config)))
 
     @jax.jit
     def attention(params):
       model = trainer.model(params)
       if model.stack.scan_layers:
         return []        # nnx.scan's stacked block has no per-layer capture
-      _, weights = attention_weights(model, batch.inputs, batch.valid_lens,
+      _, weights = attention_weights(model.stack if seq2seq else model,
+                                     batch.inputs, batch.valid_lens,
                                      positions=batch.positions)
       return [w[0] for w in weights]
 

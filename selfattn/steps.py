@@ -193,29 +193,51 @@ def forward(graphdef: nnx.GraphDef, rest: nnx.State, params, batch: tasks_lib.Ba
   model = nnx.merge(graphdef, params, rest, copy=True)
   if dropout_key is not None:
     nnx.reseed(model, dropout=jax.random.fold_in(dropout_key, step))
+  # A translation batch also holds the decoder's inputs (tasks.Batch).
+  extra = ({} if batch.decoder_inputs is None
+           else {'decoder_inputs': batch.decoder_inputs})
   return model(batch.inputs, batch.valid_lens, positions=batch.positions,
-               deterministic=dropout_key is None)
+               deterministic=dropout_key is None, **extra)
+
+
+def smoothed_nll_sum(logits: jax.Array, batch: tasks_lib.Batch,
+                     smoothing: float) -> jax.Array:
+  """The summed cross-entropy against targets smoothed uniformly over the
+  classes: (1 - smoothing) on the target plus smoothing / V on each class
+  (Szegedy et al. 2016), weighted by batch.weights."""
+  labels = optax.smooth_labels(
+      jax.nn.one_hot(batch.targets, logits.shape[-1]), smoothing)
+  return jnp.sum(optax.softmax_cross_entropy(logits, labels) * batch.weights)
 
 
 def loss_and_sums(params, batch: tasks_lib.Batch, *, graphdef: nnx.GraphDef,
                   rest: nnx.State, dropout_key: jax.Array | None,
-                  step: jax.Array | None) -> tuple[jax.Array, dict]:
-  """Mean cross-entropy over the counted positions, and the metric sums."""
+                  step: jax.Array | None, label_smoothing: float = 0.0
+                  ) -> tuple[jax.Array, dict]:
+  """Mean cross-entropy over the counted positions (against smoothed
+  labels with label_smoothing > 0), and the metric sums (whose `nll` is
+  always the plain cross-entropy)."""
   logits = forward(graphdef, rest, params, batch, dropout_key=dropout_key,
                    step=step)
   sums = metric_sums(logits, batch)
-  return sums['nll'] / jnp.maximum(sums['weight'], 1.0), sums
+  nll = (smoothed_nll_sum(logits, batch, label_smoothing) if label_smoothing
+         else sums['nll'])
+  return nll / jnp.maximum(sums['weight'], 1.0), sums
 
 
 def train_step(state: dict[str, Any], batch: tasks_lib.Batch, *,
                graphdef: nnx.GraphDef, rest: nnx.State,
                tx: optax.GradientTransformation, schedule: optax.Schedule,
-               dropout_key: jax.Array) -> tuple[dict[str, Any], dict]:
+               dropout_key: jax.Array, label_smoothing: float = 0.0
+               ) -> tuple[dict[str, Any], dict]:
   """One optimiser step: {'step', 'params', 'opt_state'} -> the next state
-  and this step's metrics (loss, accuracies, grad_norm, learning_rate)."""
+  and this step's metrics (loss, accuracies, grad_norm, learning_rate).
+  The loss reported is the one minimised (smoothed, with
+  label_smoothing)."""
   (loss, sums), grads = jax.value_and_grad(loss_and_sums, has_aux=True)(
       state['params'], batch, graphdef=graphdef, rest=rest,
-      dropout_key=dropout_key, step=state['step'])
+      dropout_key=dropout_key, step=state['step'],
+      label_smoothing=label_smoothing)
   updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
   new_state = {'step': state['step'] + 1,
                # Bounded parameters (PoPE's phase bias) go back into range.
@@ -229,6 +251,16 @@ def train_step(state: dict[str, Any], batch: tasks_lib.Batch, *,
              'grad_norm': optax.tree.norm(grads),
              'learning_rate': schedule(state['step'])}
   return new_state, metrics
+
+
+def state_is_healthy(state: dict[str, Any], batch: tasks_lib.Batch,
+                     parts: dict[str, Any]) -> jax.Array:
+  """() bool: finite parameters whose loss on `batch` is finite too (a huge
+  but finite update, lr 1e9, passes the first test, not this)."""
+  loss, _ = loss_and_sums(state['params'], batch, dropout_key=None,
+                          step=None, **parts)
+  leaves = [jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(state['params'])]
+  return jnp.all(jnp.stack(leaves)) & jnp.isfinite(loss)
 
 
 def dropout_key_for(seed: int) -> jax.Array:
@@ -256,26 +288,12 @@ class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict,
                mesh: jax.sharding.Mesh | None = None):
-    self.config = config
-    self.task = task = task_from_config(config)
-    self.mesh = mesh = make_mesh(config) if mesh is None else mesh
-    self.replicated = replicated = NamedSharding(mesh, P())
-    self.by_example = NamedSharding(mesh, P('data'))
-    seed = config.seed
-    model = build_model(config, task, nnx.Rngs(params=seed, dropout=seed + 1))
-    self.graphdef, self._params, self.rest = nnx.split(model, nnx.Param, ...)
-    self.tx = tx = make_optimizer(config.train,
-                                  scan_layers=config.model.scan_layers)
+    self._setup(config, mesh)
+    task, mesh, replicated = self.task, self.mesh, self.replicated
+    seed, seed_arg, parts = config.seed, self.seed_arg, self.parts
+    step_with_key = self.step_with_key
     self.train_batch = make_train_batches(config, task, mesh)
-    parts = dict(graphdef=self.graphdef, rest=self.rest)
-    step_with_key = functools.partial(
-        train_step, tx=tx, schedule=learning_rate_schedule(config.train),
-        **parts)
     step = functools.partial(step_with_key, dropout_key=dropout_key_for(seed))
-    # The seed enters the compiled programs below as an argument (see
-    # batch_generator): one compilation serves every seed of a study.
-    seed_arg = jax.make_array_from_callback(
-        (), replicated, lambda _: np.asarray(seed, np.int32))
 
     random_len = max_random_len(config)
 
@@ -325,16 +343,37 @@ class Trainer:
     # other processes' devices.
     @functools.partial(jax.jit, out_shardings=replicated)
     def healthy(state, indices, seed):
-      # Finite parameters whose loss on the next step's batch is finite too:
-      # a huge but finite update (lr 1e9) passes the first test, not this.
+      # Checked on the next step's batch.
       batch = jax.lax.with_sharding_constraint(
           generate(seed, state['step'], indices), by_example)
-      loss, _ = loss_and_sums(state['params'], batch, dropout_key=None,
-                              step=None, **parts)
-      leaves = [jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(state['params'])]
-      return jnp.all(jnp.stack(leaves)) & jnp.isfinite(loss)
+      return state_is_healthy(state, batch, parts)
 
     self.healthy = lambda state: bool(healthy(state, train_indices, seed_arg))
+
+  def _setup(self, config: ml_collections.ConfigDict,
+             mesh: jax.sharding.Mesh | None) -> None:
+    """What every trainer shares: the task, the mesh and shardings, the
+    model split into graphdef/params/rest, the optimiser, the step with its
+    dropout key still open (step_with_key), and the seed as a replicated
+    argument."""
+    self.config = config
+    self.task = task = task_from_config(config)
+    self.mesh = mesh = make_mesh(config) if mesh is None else mesh
+    self.replicated = replicated = NamedSharding(mesh, P())
+    self.by_example = NamedSharding(mesh, P('data'))
+    seed = config.seed
+    model = build_model(config, task, nnx.Rngs(params=seed, dropout=seed + 1))
+    self.graphdef, self._params, self.rest = nnx.split(model, nnx.Param, ...)
+    self.tx = tx = make_optimizer(config.train,
+                                  scan_layers=config.model.scan_layers)
+    self.parts = parts = dict(graphdef=self.graphdef, rest=self.rest)
+    self.step_with_key = functools.partial(
+        train_step, tx=tx, schedule=learning_rate_schedule(config.train),
+        label_smoothing=float(config.train.label_smoothing), **parts)
+    # The seed enters the compiled programs as an argument (see
+    # batch_generator): one compilation serves every seed of a study.
+    self.seed_arg = jax.make_array_from_callback(
+        (), replicated, lambda _: np.asarray(seed, np.int32))
 
   def model(self, params) -> SequenceModel:
     """A model with these parameters (works inside traced code)."""
@@ -378,3 +417,13 @@ class Trainer:
         total = sums if total is None else jax.tree.map(np.add, total, sums)
       results[length] = metrics_from_sums(total)
     return results
+
+
+def make_trainer(config: ml_collections.ConfigDict,
+                 mesh: jax.sharding.Mesh | None = None) -> Trainer:
+  """The config's trainer: TranslationTrainer for the encoder_decoder
+  layout (translation_steps.py), else Trainer."""
+  if config.task.layout == 'encoder_decoder':
+    from selfattn.translation_steps import TranslationTrainer
+    return TranslationTrainer(config, mesh)
+  return Trainer(config, mesh)

@@ -19,6 +19,9 @@ padded to a static size with its true length alongside. A *layout*
                 teacher-forced; evaluation adds free_running_* accuracies,
                 with the model's own greedy outputs fed back
                 (free_running.py).
+  encoder_decoder  translation: the source goes to an encoder, BOS + target
+                to a decoder with cross-attention that predicts target +
+                EOS (translation_task.py builds these batches).
 
 Token ids of the model input: the task's input symbols 0..S-1 (its alphabet,
 including any operator or separator symbols it uses), then PAD = S, then the
@@ -84,6 +87,10 @@ class TaskSpec:
   order_sensitive: bool = True    # unsolvable without position information
   # A causal language model: next-token targets in place (layout in_place).
   language_model: bool = False
+  # Translation: a source for an encoder, a target for a decoder with
+  # cross-attention (layout encoder_decoder); batches come from
+  # translation_task.py, not from make_sampler's examples.
+  seq2seq: bool = False
   input_symbols: Callable[[int], int] = _same   # S from V
   num_classes: Callable[[int], int] = _same     # output alphabet from V
   input_length: Callable[[int], int] = _same
@@ -105,6 +112,8 @@ class TaskSpec:
     """The layouts this task can use."""
     if self.language_model:
       return ('in_place',)
+    if self.seq2seq:
+      return ('encoder_decoder',)
     if self.aligned or self.classification:
       return ('in_place', 'placeholders', 'autoregressive')
     return ('placeholders', 'autoregressive')

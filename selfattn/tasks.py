@@ -36,13 +36,14 @@ from selfattn.jsb_task import JSB_TASKS
 from selfattn.order_tasks import ORDER_TASKS
 from selfattn.task_spec import Example
 from selfattn.task_spec import TaskSpec
+from selfattn.translation_task import TRANSLATION_TASKS
 
 _TRAIN_STREAM, _EVAL_STREAM = 0, 1   # training and evaluation never share a key
 _POSITIONS_STREAM = 2                # randomized positions, per example
 
-LAYOUTS = ('in_place', 'placeholders', 'autoregressive')
+LAYOUTS = ('in_place', 'placeholders', 'autoregressive', 'encoder_decoder')
 TASKS: dict[str, TaskSpec] = {**CHOMSKY_TASKS, **ORDER_TASKS, **INDIRECT_TASKS,
-                              **JSB_TASKS}
+                              **JSB_TASKS, **TRANSLATION_TASKS}
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
 SUITE_NAMES: tuple[str, ...] = tuple(CHOMSKY_TASKS)
 # Options of selfattn's own tasks, with defaults: shift = k of `shift`
@@ -59,12 +60,18 @@ DEFAULT_OPTIONS = {'shift': 1, 'window': 1, 'max_shift': 15, 'transpose': 0,
 class Batch(NamedTuple):
   """A padded batch: inputs, targets (B, T) int32; weights (B, T) float32;
   valid_lens (B,) int32 (positions >= valid_len are padding); positions
-  (B, T) int32 of randomized positional encodings, or None (0..T-1)."""
+  (B, T) int32 of randomized positional encodings, or None (0..T-1).
+
+  The encoder_decoder layout (translation): inputs (B, S) are the sources
+  and valid_lens their lengths; decoder_inputs (B, T) are BOS + target,
+  targets (B, T) target + EOS, weights (B, T) 1 on those. Other layouts
+  leave decoder_inputs None."""
   inputs: jax.Array
   targets: jax.Array
   weights: jax.Array
   valid_lens: jax.Array
   positions: jax.Array | None = None
+  decoder_inputs: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +98,8 @@ class Task:
 
   @property
   def pad(self) -> int:
+    if self.layout == 'encoder_decoder':
+      return 0                      # the tokenizer's pad id
     return self.input_symbols
 
   @property
@@ -113,6 +122,8 @@ class Task:
 
   @property
   def input_vocab_size(self) -> int:
+    if self.layout == 'encoder_decoder':    # the tokenizer's ids, specials included
+      return self.input_symbols
     if self.layout == 'autoregressive':     # pad, separator, output symbols
       return self.input_symbols + 2 + self.num_classes
     # In-place aligned tasks need no CLS or placeholder token.
@@ -122,6 +133,8 @@ class Task:
   def seq_len(self, length):
     """Model sequence length T of an example of task length `length`."""
     n, m = self.spec.input_length(length), self.spec.output_length(length)
+    if self.layout == 'encoder_decoder':      # the encoder's (source) length
+      return n
     if self.layout in ('placeholders', 'autoregressive'):
       return n + m
     return n + 1 if self.classification else n
@@ -191,9 +204,15 @@ def _lay_out_autoregressive(task_spec: TaskSpec, raw, S: int):
   return _lay_out_after_input(task_spec, raw, S, token)
 
 
+def _lay_out_encoder_decoder(task_spec: TaskSpec, raw, S: int):
+  del task_spec, S
+  return raw        # translation_task.py builds the batches, not examples
+
+
 _LAYOUT_BUILDERS = {'in_place': _lay_out_in_place,
                     'placeholders': _lay_out_placeholders,
-                    'autoregressive': _lay_out_autoregressive}
+                    'autoregressive': _lay_out_autoregressive,
+                    'encoder_decoder': _lay_out_encoder_decoder}
 
 
 def get_task(name: str, vocab_size: int | None = None, *,

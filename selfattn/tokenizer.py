@@ -59,6 +59,10 @@ class Tokenizer:
   def pieces(self, text: str) -> list[str]:
     return self._sp.encode(text, out_type=str)
 
+  def id_pieces(self, ids: Sequence[int]) -> list[str]:
+    """The piece of each id (for labels: '▁' marks a word start)."""
+    return [self._sp.id_to_piece(int(i)) for i in ids]
+
 
 def _key(texts: Sequence[str], options: dict) -> str:
   import sentencepiece as spm
@@ -106,6 +110,16 @@ def _train(texts: Iterable[str], *, vocab_size: int, model_type: str) -> bytes:
 
   import sentencepiece as spm
   model = io.BytesIO()
+  try:
+    _run_trainer(spm, model, texts, vocab_size, model_type)
+  except RuntimeError as e:     # sentencepiece reports bad sizes this way
+    reason = ' '.join(str(e).split())
+    raise ValueError(f'vocab_size={vocab_size}: SentencePiece cannot train '
+                     f'this vocabulary on this text ({reason})') from None
+  return model.getvalue()
+
+
+def _run_trainer(spm, model, texts, vocab_size: int, model_type: str) -> None:
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(texts), model_writer=model,
       vocab_size=vocab_size, model_type=model_type,
@@ -114,7 +128,6 @@ def _train(texts: Iterable[str], *, vocab_size: int, model_type: str) -> bytes:
       split_digits=True, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
       num_threads=1, input_sentence_size=0, shuffle_input_sentence=False,
       max_sentence_length=100000, minloglevel=2)
-  return model.getvalue()
 
 
 __all__ = ['BOS', 'EOS', 'MODEL_TYPES', 'PAD', 'Tokenizer', 'UNK', 'train']

@@ -33,8 +33,10 @@ from selfattn.errors import ConfigError
 from selfattn.errors import NonFiniteError
 from selfattn.errors import TrainingInterrupted
 from selfattn.steps import Trainer
+from selfattn.steps import make_trainer
 from selfattn.timing import StepTimer
 from selfattn.timing import duration
+from selfattn.translation_steps import translation_summaries
 
 
 
@@ -93,7 +95,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
   finished = _prepare_workdir(config, workdir, is_main)
   if finished is not None:
     return finished
-  trainer = Trainer(config)
+  trainer = make_trainer(config)
   start = _starting_point(config, trainer, workdir)
   events = _EventLog(config, trainer, workdir, is_main, start.step)
   loop = _TrainingLoop(config, trainer, workdir, is_main, stop, start, events)
@@ -172,6 +174,7 @@ class _EventLog:
   def __init__(self, config: ml_collections.ConfigDict, trainer: Trainer,
                workdir: str, is_main: bool, start: int):
     self.writer = summaries.Writer(workdir, enabled=is_main)
+    self._trainer = trainer
     if start == 0:
       self.writer.text('config', 0, '```\n' + str(config) + '\n```')
       self.writer.text('images/help', 0, summaries.ATTENTION_IMAGE_HELP
@@ -192,6 +195,16 @@ class _EventLog:
     if table is not None and (trainable or not self._tables_logged):
       writer.image('positions/table', step, summaries.heatmap(table, scale=3))
       self._tables_logged.append(step)
+    # Translation: whole-set validation scores, sample translations and one
+    # sentence's cross-attention (TranslationTrainer.latest).
+    for kind, tag, value in translation_summaries(
+        getattr(self._trainer, 'latest', None)):
+      if kind == 'scalar':
+        writer.scalars(step, {tag: value})
+      elif kind == 'text':
+        writer.text(tag, step, value)
+      else:
+        writer.image(tag, step, value)
     writer.flush()
 
 

@@ -74,3 +74,8 @@ def pytest_collection_modifyitems(config, items):
   xdist workers, a minute-long test that starts near the end keeps one worker
   busy while the other idles; started first, the short tests fill around it."""
   items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+
+
+# The made-up parallel corpus of the translation tests, as a fixture; imported
+# last, after XLA_FLAGS is set, since it imports JAX.
+from tiny_corpus import tiny_multi30k  # noqa: E402,F401

@@ -1,0 +1,90 @@
+"""Multi30k German-English translation: exercise 3's first named task.
+
+An encoder-decoder Transformer (TransformerEncoder, and TransformerDecoder
+with cross-attention) with the chosen encoding in both stacks'
+self-attention; cross-attention carries no positions (Shaw et al. 2018).
+Joint SentencePiece vocabulary of 8000 (unigram, training split only), tied
+embeddings, label smoothing 0.1, length-bucketed batches
+(selfattn/translation_task.py). Needs the data (selfattn/multi30k.py:
+$SELFATTN_DATA_DIR, the user cache, or a checked download).
+
+Run one encoding:
+  python -m selfattn.main --config=configs/translation.py \
+      --workdir=runs/mt_shaw --config.model.position=shaw
+The study (encodings x seeds, checkpoint chosen by validation BLEU, beam
+search on the test sets, sentences longer than any trained):
+  python -m experiments.translation --workdir=experiments/results/translation
+
+Periodic evaluation reads the validation split only: teacher-forced loss
+and accuracy, greedy BLEU and chrF per source-length range
+(config.eval.lengths; 64 holds every Multi30k sentence), and valid/bleu over
+the whole split.
+
+Scales (`--config=configs/translation.py:SCALE`):
+  cpu    (default) 3 + 3 layers of width 128, 4 heads, FFN 512, dropout 0.1,
+         batches of about 32 x 56 = 1792 tokens, 3000 steps.
+  gpu    Shaw et al.'s base model (6 + 6 layers, width 512, 8 heads, FFN
+         2048), batches of about 4096 tokens, 20000 steps. For a GPU.
+  quick  a smoke test for the tests.
+"""
+
+import ml_collections
+
+from configs import default
+
+SCALES = ('cpu', 'gpu', 'quick')
+
+
+def get_config(scale: str | None = None) -> ml_collections.ConfigDict:
+  scale = scale or 'cpu'
+  if scale not in SCALES:
+    raise ValueError(f'configs/translation.py:{scale}: valid scales are '
+                     f'{", ".join(SCALES)}')
+  config = default.get_config()
+  t = config.task
+  t.name = 'multi30k'
+  t.layout = 'encoder_decoder'
+  t.vocab_size = 8000            # the joint SentencePiece vocabulary
+  t.min_len = 1
+  t.max_len = 64                 # longest training source, in tokens: all
+
+  m = config.model
+  m.position = 'sinusoidal'
+  m.norm = 'pre'
+  m.tie_embeddings = True
+  m.max_len = 256
+  tr = config.train
+  tr.schedule = 'cosine'
+  tr.final_lr_fraction = 0.1
+  tr.b2 = 0.98                   # Vaswani et al.
+  tr.weight_decay = 0.0001
+  tr.grad_clip = 1.0
+  tr.label_smoothing = 0.1
+  e = config.eval
+  e.lengths = [64]
+  e.num_examples = 1024          # the whole validation split (1014)
+
+  if scale == 'gpu':
+    m.num_layers, m.num_hiddens, m.num_heads, m.ffn_num_hiddens = 6, 512, 8, 2048
+    m.dropout = 0.1
+    tr.num_steps, tr.batch_size, tr.learning_rate = 20000, 72, 7e-4
+    tr.warmup_steps = 4000
+    tr.log_every, tr.checkpoint_every = 200, 2000
+    e.every = 2000
+  elif scale == 'cpu':
+    m.num_layers, m.num_hiddens, m.num_heads, m.ffn_num_hiddens = 3, 128, 4, 512
+    m.dropout = 0.1
+    tr.num_steps, tr.batch_size, tr.learning_rate = 3000, 32, 1.5e-3
+    tr.warmup_steps = 300
+    tr.log_every, tr.checkpoint_every = 100, 500
+    e.every = 500
+  else:
+    m.num_layers, m.num_hiddens, m.num_heads, m.ffn_num_hiddens = 1, 32, 2, 64
+    m.dropout = 0.0
+    tr.num_steps, tr.batch_size, tr.learning_rate = 40, 8, 3e-3
+    tr.warmup_steps = 4
+    tr.log_every, tr.checkpoint_every = 20, 20
+    e.every = 40
+    e.num_examples = 32
+  tr.keep_checkpoints = tr.num_steps // tr.checkpoint_every   # every one: validation BLEU chooses
+  return config

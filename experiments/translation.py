@@ -1,0 +1,374 @@
+"""Exercise 3 for machine translation: Multi30k German-English, every
+encoding, beside the simple floors.
+
+  python -m experiments.translation --workdir=experiments/results/translation
+  python -m experiments.translation --workdir=... --quick    # a few minutes
+
+Two protocols, each encoding at the study's seeds (configs/translation.py's
+model and training):
+  all     every training pair (sources up to 55 tokens);
+  +short  only training pairs whose source has at most SHORT_MAX_LEN tokens,
+          chosen so that about a fifth of test_2016_flickr (20.1%) is longer
+          than anything trained (76% of the training pairs remain).
+
+Each run is scored once, into its translation.json:
+  * checkpoint choice: greedy BLEU on the validation split at every kept
+    checkpoint (logged to the run's TensorBoard as valid/bleu_checkpoint);
+    the best one is used, so validation BLEU chooses and the test sets
+    tune nothing;
+  * beam search (BEAM_SIZE, GNMT length penalty ALPHA) on the validation
+    split and every test set: sacreBLEU BLEU and chrF (detokenized, cased,
+    signature printed), and BLEU by source length (LENGTH_BINS, tokens);
+  * the detokenized translations, one line per sentence in the test set's
+    order, in the run's translations/<split>.en, so that anyone can
+    recompute a score with `sacrebleu REF -i translations/<split>.en`.
+The driver also computes the floors (experiments/translation_baselines.py).
+Resumable like every study: finished runs are not retrained or rescored.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any
+
+import numpy as np
+from absl import app
+
+from configs import translation as translation_config
+from experiments import common
+from experiments import skeleton
+from experiments import study
+from experiments import translation_baselines
+from selfattn import bleu
+from selfattn import checkpoints
+from selfattn import multi30k
+from selfattn import workdir as workdir_lib
+from selfattn.data_files import DataError
+
+SHORT_MAX_LEN = 18
+POSITIONS = ('none', 'sinusoidal', 'learned', 'shaw', 'rope', 't5', 'alibi')
+SHORT_POSITIONS = ('sinusoidal', 'learned', 'shaw', 'rope', 't5', 'alibi')
+SHORT = {'max_len': SHORT_MAX_LEN}
+ENCODINGS: dict[str, tuple[str, dict, dict]] = {
+    **{p: (p, {}, {}) for p in POSITIONS},
+    **{f'{p} +short': (p, {}, SHORT) for p in SHORT_POSITIONS}}
+QUICK_ENCODINGS = ('sinusoidal', 'shaw +short')
+ABSOLUTE = ('sinusoidal', 'learned')
+RELATIVE = ('shaw', 'rope', 't5', 'alibi')
+BEAM_SIZE, ALPHA = 4, 0.6
+# Source-length bins (tokens): (lo, hi]; SHORT_MAX_LEN is a boundary.
+LENGTH_BINS = ((0, 10), (10, 14), (14, SHORT_MAX_LEN), (SHORT_MAX_LEN, 22),
+               (22, 64))
+MAIN_TEST = 'test_2016_flickr'
+RESULT_FILE = 'translation.json'
+
+
+def study_runs(scale: str, seeds: int, labels) -> list[study.Run]:
+  base = translation_config.get_config(scale)
+  # Validation BLEU at every checkpoint comes from the scoring below, so
+  # the training loop evaluates only at its end.
+  base.eval.every = base.train.num_steps
+  runs = common.encoding_runs(base, seeds, labels, ENCODINGS)
+  for run in runs:
+    if run.config.task.max_len < base.task.max_len:
+      run.config.eval.lengths = [run.config.task.max_len, base.task.max_len]
+  return runs
+
+
+def bin_label(lo: int, hi: int) -> str:
+  return f'{lo + 1}-{hi}'
+
+
+def _write_lines(path: str, lines: list[str]) -> None:
+  # One sentence a line: a line break inside a translation (possible only
+  # through byte fallback) would shift every later line.
+  text = ''.join(line.replace('\n', ' ').replace('\r', ' ') + '\n'
+                 for line in lines)
+  temp = f'{path}.tmp-{os.getpid()}'
+  with open(temp, 'w', encoding='utf-8') as f:
+    f.write(text)
+  os.replace(temp, path)
+
+
+def evaluate_run(run: study.Run, path: str) -> dict[str, Any]:
+  """The run's translation.json (computed once): the checkpoint chosen by
+  validation BLEU, then beam-search scores on every split."""
+  target = os.path.join(path, RESULT_FILE)
+  if os.path.exists(target):
+    return workdir_lib.read_json_object(
+        target, "the run's scores; delete it to rescore")
+  from tensorboardX import SummaryWriter
+
+  from selfattn.translation_steps import TranslationTrainer
+  trainer = TranslationTrainer(run.config)
+  state = trainer.init_state()
+  val = trainer.corpus.eval_set('val')
+  writer = SummaryWriter(logdir=path)
+  by_step = {}
+  for step in checkpoints.saved_steps(path):
+    params = checkpoints.restore_step_read_only(path, state, step)['params']
+    hyps = trainer.translate_texts(params, val.sources)
+    by_step[step] = bleu.score(hyps, val.references)['bleu']
+    writer.add_scalar('valid/bleu_checkpoint', by_step[step], step)
+    print(f'[translation] {run.name}: step {step} greedy valid BLEU '
+          f'{by_step[step]:.2f}', flush=True)
+  if not by_step:
+    raise FileNotFoundError(f'no checkpoint in {path}')
+  chosen = max(by_step, key=lambda s: (by_step[s], s))
+  params = checkpoints.restore_step_read_only(path, state, chosen)['params']
+  result: dict[str, Any] = {
+      'selected_step': chosen,
+      'valid_bleu_greedy_by_step': {str(s): b for s, b in by_step.items()},
+      'beam_size': BEAM_SIZE, 'alpha': ALPHA, 'splits': {}}
+  os.makedirs(os.path.join(path, 'translations'), exist_ok=True)
+  for split in ('val',) + multi30k.TEST_SPLITS:
+    data = trainer.corpus.eval_set(split)
+    hyps = trainer.translate_texts(params, data.sources, method='beam',
+                                   beam_size=BEAM_SIZE, alpha=ALPHA)
+    _write_lines(os.path.join(path, 'translations', f'{split}.en'), hyps)
+    lens = data.source_lens()
+    by_length = {}
+    for lo, hi in LENGTH_BINS:
+      chosen_rows = np.flatnonzero((lens > lo) & (lens <= hi))
+      if len(chosen_rows):
+        s = bleu.score([hyps[i] for i in chosen_rows],
+                       [data.references[i] for i in chosen_rows])
+        by_length[bin_label(lo, hi)] = {'bleu': s['bleu'], 'chrf': s['chrf'],
+                                        'sentences': int(len(chosen_rows))}
+    inside = lens <= SHORT_MAX_LEN
+    split_result = {**bleu.score(hyps, data.references),
+                    'by_length': by_length}
+    for name, rows in (('short_sources', np.flatnonzero(inside)),
+                       ('long_sources', np.flatnonzero(~inside))):
+      split_result[name] = ({'bleu': None, 'chrf': None}
+                            if not len(rows) else
+                            bleu.score([hyps[i] for i in rows],
+                                       [data.references[i] for i in rows]))
+      split_result[name]['sentences'] = int(len(rows))
+    result['splits'][split] = split_result
+    writer.add_scalar(f'beam/{split}/bleu', split_result['bleu'], chosen)
+  writer.close()
+  workdir_lib.write_json(target, result)
+  return result
+
+
+def _cell(values: list[float], digits: int = 2) -> str:
+  if not values:
+    return '–'
+  if len(values) == 1:
+    return f'{values[0]:.{digits}f}'
+  return f'{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}'
+
+
+def _by(results: dict, key) -> dict[str, dict[int, float]]:
+  """label -> seed -> key(result), leaving out None (no sentences)."""
+  out: dict[str, dict[int, float]] = {}
+  for r in results.values():
+    if key(r) is not None:
+      out.setdefault(r['label'], {})[r['seed']] = key(r)
+  return out
+
+
+def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
+           floors: dict) -> str:
+  """results.md, results.json and the BLEU-by-length plot."""
+  labels = list(dict.fromkeys(r.tags['position'] for r in runs))
+  splits = ('val',) + multi30k.TEST_SPLITS
+  score = lambda split, metric='bleu': (
+      lambda r: r['splits'][split][metric])
+  rows = []
+  for label in labels:
+    mine = [r for r in results.values() if r['label'] == label]
+    rows.append([label] + [_cell([score(s)(r) for r in mine]) for s in splits]
+                + [_cell([score(MAIN_TEST, 'chrf')(r) for r in mine]),
+                   str(len(mine))])
+  for name, by_split in floors.items():
+    rows.append([f'{name} (floor)'] + [f'{by_split[s]["bleu"]:.2f}'
+                                       for s in splits]
+                + [f'{by_split[MAIN_TEST]["chrf"]:.2f}', '–'])
+  table = common.markdown_table(
+      ['encoding', 'val BLEU'] + [f'{s} BLEU' for s in splits[1:]]
+      + [f'{MAIN_TEST} chrF', 'seeds'], rows)
+  best_floor = max(floors, key=lambda f: floors[f]['val']['bleu'])
+  floor_line = (f'The strongest floor on validation is `{best_floor}` '
+                f'({floors[best_floor]["val"]["bleu"]:.2f} val, '
+                f'{floors[best_floor][MAIN_TEST]["bleu"]:.2f} {MAIN_TEST}).')
+  beaten = []
+  for label in labels:
+    mine = [r for r in results.values() if r['label'] == label]
+    if mine:
+      wins = sum(r['splits'][MAIN_TEST]['bleu']
+                 > floors[best_floor][MAIN_TEST]['bleu'] for r in mine)
+      beaten.append(f'{label} {wins}/{len(mine)}')
+  if beaten:
+    floor_line += (f' Runs above it on {MAIN_TEST}: ' + ', '.join(beaten)
+                   + '.')
+
+  bins = [bin_label(lo, hi) for lo, hi in LENGTH_BINS]
+  length_rows = []
+  for label in labels:
+    mine = [r for r in results.values() if r['label'] == label]
+    length_rows.append(
+        [label] + [_cell([r['splits'][MAIN_TEST]['by_length'][b]['bleu']
+                          for r in mine
+                          if b in r['splits'][MAIN_TEST]['by_length']])
+                   for b in bins])
+  counts = {}
+  if results:
+    any_run = next(iter(results.values()))
+    counts = {b: v['sentences'] for b, v in
+              any_run['splits'][MAIN_TEST]['by_length'].items()}
+  length_table = common.markdown_table(
+      ['encoding'] + [f'{b} ({counts.get(b, "?")} sentences)' for b in bins],
+      length_rows)
+
+  main_bleu = _by(results, score(MAIN_TEST))
+  long_bleu = _by(results, lambda r: r['splits'][MAIN_TEST]['long_sources']['bleu'])
+  short_labels = tuple(f'{p} +short' for p in RELATIVE)
+  comparisons = [
+      common.paired_by_seed(main_bleu, ('shaw',), ('sinusoidal',),
+                            f'{MAIN_TEST} BLEU, shaw minus sinusoidal (Shaw '
+                            f'et al.\'s comparison)', unit='BLEU', digits=2),
+      common.paired_by_seed(main_bleu, RELATIVE, ABSOLUTE,
+                            f'{MAIN_TEST} BLEU, mean of {", ".join(RELATIVE)} '
+                            f'minus mean of {", ".join(ABSOLUTE)}',
+                            unit='BLEU', digits=2),
+      common.paired_by_seed(main_bleu, ('sinusoidal',), ('none',),
+                            f'{MAIN_TEST} BLEU, sinusoidal minus none',
+                            unit='BLEU', digits=2),
+      common.paired_by_seed(long_bleu, short_labels,
+                            tuple(f'{p} +short' for p in ABSOLUTE),
+                            f'+short protocol, {MAIN_TEST} sources longer than '
+                            f'{SHORT_MAX_LEN} tokens: relative minus absolute',
+                            unit='BLEU', digits=2),
+      common.paired_by_seed(long_bleu, ('shaw',), ('shaw +short',),
+                            f'shaw on sources longer than {SHORT_MAX_LEN}: '
+                            f'trained on all minus trained on short',
+                            unit='BLEU', digits=2),
+  ]
+  base = translation_config.get_config(scale)
+  m, t = base.model, base.train
+  signature = ''
+  if results:
+    signature = next(iter(results.values()))['splits']['val']['bleu_signature']
+  protocol = (
+      f'scale={scale}: Multi30k task 1 German to English (29,000 training '
+      f'pairs; val 1,014; test_2016_flickr 1,000; test_2017_flickr 1,000; '
+      f'test_2017_mscoco 461), a joint SentencePiece unigram vocabulary of '
+      f'{base.task.vocab_size} trained on the training split. Encoder and '
+      f'decoder of {m.num_layers} layers each, width {m.num_hiddens}, '
+      f'{m.num_heads} heads, FFN {m.ffn_num_hiddens}, norm {m.norm}, dropout '
+      f'{m.dropout}, tied embeddings; the encoding in both stacks\' '
+      f'self-attention, none in cross-attention. Length-bucketed batches of '
+      f'about {t.batch_size} sentences of the longest bucket, {t.num_steps} '
+      f'steps, AdamW lr {t.learning_rate} ({t.warmup_steps} warmup, cosine '
+      f'to {t.final_lr_fraction} of the peak), beta2 {t.b2}, label smoothing '
+      f'{t.label_smoothing}. Checkpoint chosen by greedy validation BLEU; '
+      f'scores from beam search (beam {BEAM_SIZE}, length penalty alpha '
+      f'{ALPHA}). sacreBLEU signature: {signature or "(no run yet)"}. Rows '
+      f'"+short": trained only on pairs whose source has at most '
+      f'{SHORT_MAX_LEN} tokens. Cells: mean ± std over seeds (the seed is '
+      f'the unit of replication: it draws the parameters, the batches and '
+      f'dropout).')
+  sections = [
+      ('Status', f'{len(results)} of {len(runs)} runs finished and scored.'),
+      ('Protocol', protocol),
+      ('BLEU', table + '\n\n' + floor_line),
+      (f'BLEU by source length ({MAIN_TEST}, tokens)', length_table),
+      ('Paired by seed', '\n'.join(f'- {c}' for c in comparisons)),
+  ]
+  if results and plot_by_length(results, labels,
+                                os.path.join(workdir, 'bleu_by_length.png')):
+    sections.append(('Plot', '![BLEU by source length](bleu_by_length.png)'))
+  data = {'scale': scale, 'protocol': protocol, 'floors': floors,
+          'runs': results}
+  return common.write_results(workdir, 'Multi30k German-English', sections,
+                              data)
+
+
+def plot_by_length(results: dict, labels, path: str) -> bool:
+  """test_2016 BLEU by source-length bin, one line per encoding (mean over
+  seeds, band min-max), a dashed line where +short training stops."""
+  import matplotlib
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt
+  bins = [bin_label(lo, hi) for lo, hi in LENGTH_BINS]
+  fig, ax = plt.subplots(figsize=(7, 4))
+  drawn = False
+  for i, label in enumerate(labels):
+    curves = [[r['splits'][MAIN_TEST]['by_length'].get(b, {}).get('bleu',
+                                                                 np.nan)
+               for b in bins]
+              for r in results.values() if r['label'] == label]
+    if not curves:
+      continue
+    common.band(ax, np.arange(len(bins)), np.array(curves),
+                color=f'C{i % 10}', label=label,
+                linestyle='--' if '+short' in label else '-')
+    drawn = True
+  if not drawn:
+    plt.close(fig)
+    return False
+  ax.axvline(2.5, color='grey', linestyle=':', linewidth=1)
+  ax.text(2.55, ax.get_ylim()[1], f' longer than {SHORT_MAX_LEN} (+short: '
+          f'never trained)', va='top', fontsize=7, color='grey')
+  ax.set_xticks(range(len(bins)), bins)
+  ax.set_xlabel('source length (SentencePiece tokens)')
+  ax.set_ylabel(f'BLEU ({MAIN_TEST}, beam {BEAM_SIZE})')
+  ax.set_title('Multi30k de-en: BLEU by source length (mean over seeds, '
+               'band min-max)', fontsize=9)
+  ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
+class Translation(skeleton.Study):
+  """--scale: cpu (the CPU study), gpu (Shaw et al.'s base model), quick."""
+  scales = tuple(translation_config.SCALES)
+  default_scale = 'cpu'
+  default_seeds = 3
+
+  def filter_values(self):
+    return {'position': tuple(ENCODINGS)}
+
+  def prepare(self, scale):
+    try:
+      floors = translation_baselines.floors()
+    except DataError as e:
+      raise skeleton.StudyError(str(e)) from None
+    print('floors: ' + '; '.join(
+        f'{name} val {v["val"]["bleu"]:.2f} {MAIN_TEST} '
+        f'{v[MAIN_TEST]["bleu"]:.2f}' for name, v in floors.items()))
+    return {'floors': floors}
+
+  def runs(self, scale, seeds, context):
+    labels = QUICK_ENCODINGS if scale == 'quick' else tuple(ENCODINGS)
+    return study_runs(scale, seeds, labels)
+
+  def score(self, run, path, context):
+    evaluate_run(run, path)
+
+  def results(self, runs, workdir, context, *, score_missing):
+    out = {}
+    for run in runs:
+      summary = study.finished_summary(run, workdir)
+      if summary is None or study.diverged(summary):
+        continue
+      path = os.path.join(workdir, run.name)
+      if not score_missing and not os.path.exists(os.path.join(path, RESULT_FILE)):
+        continue
+      out[run.name] = {**evaluate_run(run, path),
+                       'label': run.tags['position'], 'seed': run.tags['seed']}
+    return out
+
+  def report(self, workdir, runs, results, scale, context):
+    return report(workdir, runs, results, scale, context['floors'])
+
+
+STUDY = Translation()
+
+if __name__ == '__main__':
+  app.run(skeleton.main(STUDY))

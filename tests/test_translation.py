@@ -1,0 +1,255 @@
+"""Translation in the training system: length buckets, batches as a pure
+function of (seed, step), the encoder-decoder model (padding, causality,
+cached decoding, tied embeddings), label smoothing against NumPy, the
+trainer's evaluation against the decoding it reports, and the config
+checks. A small made-up parallel corpus stands in for Multi30k."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from selfattn import bleu
+from selfattn import steps
+from selfattn import tasks
+from selfattn import translate
+from selfattn import translation_data
+from selfattn import translation_task
+from selfattn.config_checks import validate_config
+from selfattn.decoder import TransformerDecoder
+from selfattn.encoder import TransformerEncoder
+from selfattn.errors import ConfigError
+from selfattn.model import Seq2SeqModel
+from selfattn.translation_data import BOS, EOS, PAD
+from selfattn.translation_steps import translation_summaries
+from tiny_corpus import tiny_translation_config
+
+# --------------------------------------------------------------------------
+# Buckets and batches (no tokenizer).
+# --------------------------------------------------------------------------
+
+def _pairs(n=200, seed=0):
+  rng = np.random.default_rng(seed)
+  src = [list(rng.integers(4, 50, rng.integers(1, 40))) for _ in range(n)]
+  tgt = [list(rng.integers(4, 50, rng.integers(1, 40))) for _ in range(n)]
+  return src, tgt
+
+
+def test_every_pair_lands_in_one_bucket_padded_to_its_bound():
+  src, tgt = _pairs()
+  buckets = translation_data.make_buckets(src, tgt)
+  bounds = [b.bound for b in buckets]
+  assert bounds == sorted(set(bounds)) and all(b % 8 == 0 for b in bounds)
+  assert sum(len(b) for b in buckets) == len(src)
+  seen = set()
+  lower = 0
+  for b in buckets:
+    for row in range(len(b)):
+      n, m = b.source_lens[row], b.target_lens[row]
+      assert lower < max(n, m) <= b.bound          # m counts EOS
+      source = tuple(b.sources[row, :n])
+      target = tuple(b.targets[row, :m - 1])
+      assert b.targets[row, m - 1] == EOS
+      assert np.all(b.sources[row, n:] == PAD) and np.all(b.targets[row, m:] == PAD)
+      seen.add((source, target))
+    lower = b.bound
+  assert seen == {(tuple(s), tuple(t)) for s, t in zip(src, tgt)}
+
+
+def test_decoder_inputs_are_bos_then_the_target():
+  targets = np.array([[7, 8, EOS, PAD], [9, EOS, PAD, PAD]], np.int32)
+  np.testing.assert_array_equal(translation_data.decoder_inputs(targets),
+                                [[BOS, 7, 8, PAD], [BOS, 9, PAD, PAD]])
+
+
+class _Corpus:
+  def __init__(self, buckets):
+    self.buckets = buckets
+
+
+def test_a_batch_is_a_pure_function_of_seed_and_step_and_holds_real_pairs():
+  src, tgt = _pairs()
+  buckets = translation_data.make_buckets(src, tgt)
+  batches = translation_task.TrainingBatches(_Corpus(buckets), 256)
+  # Each bucket's batch holds about the budget: sizes * bound <= 256.
+  for size, bound in zip(batches.sizes, batches.bounds):
+    assert size == max(1, 256 // bound)
+  # Bucket probability proportional to pairs over batch size.
+  ratio = np.array([len(b) for b in buckets]) / np.array(batches.sizes)
+  np.testing.assert_allclose(batches.probabilities, ratio / ratio.sum())
+  draws = [int(batches.bucket(jnp.int32(3), jnp.int32(s))) for s in range(400)]
+  empirical = np.bincount(draws, minlength=len(buckets)) / 400
+  assert np.abs(empirical - batches.probabilities).max() < 0.1
+  b = draws[7]
+  indices = jnp.arange(batches.sizes[b])
+  one = batches.batch(b, jnp.int32(3), jnp.int32(7), indices)
+  two = batches.batch(b, jnp.int32(3), jnp.int32(7), indices)
+  other = batches.batch(b, jnp.int32(3), jnp.int32(8), indices)
+  for x, y in zip(jax.tree.leaves(one), jax.tree.leaves(two)):
+    np.testing.assert_array_equal(x, y)
+  assert not np.array_equal(one.inputs, other.inputs)
+  bucket = buckets[b]
+  rows = {(tuple(bucket.sources[i]), tuple(bucket.targets[i]))
+          for i in range(len(bucket))}
+  for i in range(len(indices)):
+    assert (tuple(np.asarray(one.inputs[i])),
+            tuple(np.asarray(one.targets[i]))) in rows
+    n_target = int(np.sum(np.asarray(one.targets[i]) != PAD))
+    np.testing.assert_array_equal(one.weights[i],
+                                  np.arange(bucket.bound) < n_target)
+    assert int(one.valid_lens[i]) == int(np.sum(np.asarray(one.inputs[i]) != PAD))
+  np.testing.assert_array_equal(
+      one.decoder_inputs, translation_data.decoder_inputs(np.asarray(one.targets)))
+
+
+# --------------------------------------------------------------------------
+# The model.
+# --------------------------------------------------------------------------
+
+def _model(position='sinusoidal', tie=False, vocab=23):
+  rngs = nnx.Rngs(0)
+  stack = dict(position=position, max_len=64, rngs=rngs)
+  enc = TransformerEncoder(vocab, 16, 32, 4, 2, **stack)
+  dec = TransformerDecoder(vocab, 16, 32, 4, 2, cross_attention=True,
+                           tie_output=tie, **stack)
+  return Seq2SeqModel(enc, dec, tie_embeddings=tie)
+
+
+@pytest.mark.parametrize('position', ['sinusoidal', 'shaw', 'rope'])
+def test_source_padding_and_future_targets_change_nothing(position):
+  model = _model(position)
+  src = jnp.array([[5, 6, 7, 8, PAD, PAD]], jnp.int32)
+  other_padding = src.at[0, 4:].set(9)
+  lens = jnp.array([4])
+  dec = jnp.array([[BOS, 10, 11, 12, 13]], jnp.int32)
+  a = model(src, lens, decoder_inputs=dec)
+  np.testing.assert_allclose(model(other_padding, lens, decoder_inputs=dec), a,
+                             atol=1e-5)
+  later = dec.at[0, 3:].set(20)
+  np.testing.assert_allclose(model(src, lens, decoder_inputs=later)[:, :3],
+                             a[:, :3], atol=1e-5)
+
+
+def test_cached_greedy_translation_equals_greedy_over_full_passes():
+  model = _model('t5')
+  src = jnp.array([[5, 6, 7, 8, 9], [10, 11, PAD, PAD, PAD]], jnp.int32)
+  lens = jnp.array([5, 2])
+  out = np.asarray(nnx.jit(translate.translate, static_argnums=3)(
+      model, src, lens, 4))
+  # The naive loop: a full decoder pass per step over everything so far.
+  dec = np.full((2, 1), BOS, np.int32)
+  full_pass = nnx.jit(lambda m, d: m(src, lens, decoder_inputs=d))
+  for _ in range(4):
+    logits = full_pass(model, jnp.asarray(dec))
+    dec = np.concatenate([dec, np.argmax(logits[:, -1], -1)[:, None]], 1)
+  expected = dec[:, 1:].copy()
+  for row in expected:                    # after EOS, PAD
+    if EOS in row.tolist():
+      row[row.tolist().index(EOS) + 1:] = PAD
+  np.testing.assert_array_equal(out, expected)
+
+
+def test_tied_embeddings_are_one_table_read_out_by_its_transpose():
+  model = _model(tie=True)
+  assert model.decoder.embedding is model.encoder.embedding
+  assert model.decoder.dense is None
+  params = nnx.state(model, nnx.Param)
+  untied = nnx.state(_model(tie=False), nnx.Param)
+  count = lambda p: sum(x.size for x in jax.tree.leaves(p))
+  table = model.encoder.embedding.embedding[...]
+  # One table fewer, and no output matrix or bias.
+  assert count(untied) - count(params) == table.size + table.size + 23
+  # The logits read the table: moving the row of a token that is not in
+  # the input moves that token's logit and no other (an output matrix of
+  # its own would move nothing).
+  src, lens = jnp.array([[5, 6, 7]], jnp.int32), jnp.array([3])
+  dec = jnp.array([[BOS, 8]], jnp.int32)
+  before = np.asarray(model(src, lens, decoder_inputs=dec))
+  # (Not a constant shift: the final LayerNorm's states sum to zero.)
+  model.encoder.embedding.embedding[...] = table.at[20].add(
+      jnp.linspace(-1.0, 1.0, table.shape[1]))
+  after = np.asarray(model(src, lens, decoder_inputs=dec))
+  assert np.abs(after[..., 20] - before[..., 20]).min() > 1e-3
+  np.testing.assert_allclose(np.delete(after, 20, -1),
+                             np.delete(before, 20, -1), atol=1e-6)
+
+
+def test_label_smoothing_matches_numpy():
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(2, 3, 5)), jnp.float32)
+  targets = jnp.array([[1, 2, 0], [4, 4, 3]])
+  weights = jnp.array([[1, 1, 0], [1, 0, 1]], jnp.float32)
+  batch = tasks.Batch(None, targets, weights, None)
+  got = float(steps.smoothed_nll_sum(logits, batch, 0.1))
+  logp = np.asarray(jax.nn.log_softmax(logits))
+  expected = 0.0
+  for b in range(2):
+    for t in range(3):
+      q = np.full(5, 0.1 / 5)
+      q[int(targets[b, t])] += 0.9
+      expected += float(weights[b, t]) * -(q * logp[b, t]).sum()
+  assert math.isclose(got, expected, rel_tol=1e-5)
+  plain = steps.metric_sums(logits, batch)['nll']
+  np.testing.assert_allclose(steps.smoothed_nll_sum(logits, batch, 0.0), plain,
+                             rtol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# The trainer on the made-up corpus.
+# --------------------------------------------------------------------------
+
+def test_the_trainer_steps_on_the_batch_it_shows_and_evaluates_what_it_decodes(
+    tiny_multi30k):
+  from selfattn.translation_steps import TranslationTrainer
+  config = tiny_translation_config()
+  validate_config(config)
+  trainer = steps.make_trainer(config)
+  assert isinstance(trainer, TranslationTrainer)
+  state = trainer.init_state()
+  # advance draws its batch inside the step: the same as train_step on the
+  # batch train_batch shows for that step.
+  inside, m1 = trainer.advance(jax.tree.map(jnp.copy, state))
+  outside, m2 = trainer.train_step(state, trainer.train_batch(0))
+  for x, y in zip(jax.tree.leaves(inside), jax.tree.leaves(outside)):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+  assert math.isclose(float(m1['loss']), float(m2['loss']), rel_tol=1e-5)
+  assert trainer.healthy(inside)
+  results = trainer.evaluate(inside['params'])
+  val = trainer.corpus.eval_set('val')
+  lens = val.source_lens()
+  # Ranges (0, 8] and (8, 256]: every sentence counted once.
+  assert len(val) == 7 and lens.max() <= 256
+  assert sum(m['sentences'] for m in results.values()) == 7
+  assert results.get(8, {}).get('sentences', 0) == int(np.sum(lens <= 8))
+  hyps = trainer.translate_texts(inside['params'], val.sources)
+  assert math.isclose(trainer.latest['bleu'],
+                      bleu.score(hyps, val.references)['bleu'])
+  cross = trainer.latest['cross_attention']
+  assert cross['weights'].shape == (len(cross['rows']), len(cross['columns']))
+  np.testing.assert_allclose(cross['weights'].sum(axis=1), 1.0, rtol=1e-5)
+  # What TensorBoard gets: the whole-set scores, the samples, the picture.
+  written = {tag: (kind, value) for kind, tag, value in
+             translation_summaries(trainer.latest)}
+  assert written['valid/bleu'] == ('scalar', trainer.latest['bleu'])
+  assert val.references[0] in written['translations/validation'][1]
+  kind, image = written['attention/cross_attention']
+  assert kind == 'image' and image.dtype == np.uint8 and image.shape[2] == 3
+
+
+def test_translation_configs_refuse_what_they_cannot_do(tiny_multi30k):
+  for dotted, value, needle in (
+      ('model.randomize_positions', True, 'config.model.randomize_positions'),
+      ('train.label_smoothing', 1.0, 'config.train.label_smoothing'),
+      ('model.meter_period', 16, 'config.model.meter_period'),
+      ('task.vocab_size', 270, 'vocab_size=270')):
+    with pytest.raises(ConfigError, match=needle.replace('.', r'\.')):
+      validate_config(tiny_translation_config(**{dotted: value}))
+  from configs import default
+  config = default.get_config()
+  config.model.tie_embeddings = True
+  with pytest.raises(ConfigError, match='tie_embeddings=True is for the '
+                     'encoder_decoder layout'):
+    validate_config(config)
