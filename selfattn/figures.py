@@ -53,22 +53,23 @@ def attention_figure(weights_HxQxK: np.ndarray, title: str) -> Figure:
   fixed [0, 1] scale with one colour bar. weights: (H, Lq, Lk)."""
   weights = np.asarray(weights_HxQxK, np.float64)
   heads, lq, lk = weights.shape
-  panel = 2.4
+  panel = min(2.4, 16 / heads)     # inches a head; 8 heads stay 1700 px wide
   fig = Figure(figsize=(0.6 + panel * heads + 0.9, panel + 1.0), dpi=DPI,
                layout='constrained')
   axes = fig.subplots(1, heads, squeeze=False)[0]
   norm = colors.PowerNorm(ATTENTION_NORM_GAMMA, vmin=0.0, vmax=1.0)
-  image = None
+  images = []
   for h, ax in enumerate(axes):
-    image = ax.imshow(weights[h], cmap='viridis', norm=norm,
-                      interpolation='nearest', aspect='equal')
+    images.append(ax.imshow(weights[h], cmap='viridis', norm=norm,
+                            interpolation='nearest', aspect='equal'))
     ax.set_title(f'head {h}')
     ax.set_xticks(_position_ticks(lk))
     ax.set_yticks(_position_ticks(lq))
     ax.set_xlabel('key position')
     if h == 0:
       ax.set_ylabel('query position')
-  cbar = fig.colorbar(image, ax=list(axes), shrink=0.9)
+  # One norm for every panel: any panel's image stands for all in the bar.
+  cbar = fig.colorbar(images[0], ax=list(axes), shrink=0.9)
   cbar.set_label('attention weight')
   fig.suptitle(title, fontsize=10)
   return fig
@@ -138,7 +139,7 @@ def table_figure(table: np.ndarray, position: str, options: Mapping[str, Any],
   fig = Figure(figsize=(width, 4.2), dpi=DPI, layout='constrained')
   axs = fig.subplots(1, len(panels), squeeze=False)[0]
   norm = colors.Normalize(-axes_info.limit, axes_info.limit)
-  image = None
+  images = []
   for i, (ax, (name, block)) in enumerate(zip(axs, panels)):
     rows, cols = block.shape
     if axes_info.offsets:
@@ -149,8 +150,8 @@ def table_figure(table: np.ndarray, position: str, options: Mapping[str, Any],
       extent = (-0.5, cols - 0.5, rows - 0.5, -0.5)
     # aspect='auto': a 2k+1 x D or 128 x 64 table fills a panel of fixed
     # size instead of a strip hundreds of pixels tall.
-    image = ax.imshow(block, cmap=TABLE_CMAP, norm=norm, aspect='auto',
-                      interpolation='nearest', extent=extent)
+    images.append(ax.imshow(block, cmap=TABLE_CMAP, norm=norm, aspect='auto',
+                            interpolation='nearest', extent=extent))
     if name:
       ax.set_title(name)
     ax.set_xlabel(axes_info.columns)
@@ -158,7 +159,7 @@ def table_figure(table: np.ndarray, position: str, options: Mapping[str, Any],
       ax.set_ylabel(axes_info.rows)
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.yaxis.get_major_locator().set_params(integer=True)
-  cbar = fig.colorbar(image, ax=list(axs),
+  cbar = fig.colorbar(images[0], ax=list(axs),
                       extend='neither' if axes_info.bounded else 'both')
   cbar.set_label(f'value (fixed scale +-{axes_info.limit:.3g})')
   fig.suptitle(f'{axes_info.what} of {title}', fontsize=10)

@@ -203,23 +203,36 @@ def researcher_hparams(config: Mapping[str, Any]) -> dict:
           for name, value in {**headline, **flat}.items()}
 
 
+def effective_config(config: Mapping[str, Any]) -> dict[str, Any]:
+  """The flattened config as it ran: unset fields left out, and the
+  encoding's options with their effective values in place of the unset
+  option fields ({'model.clip_distance': 16, ...} for shaw only)."""
+  option_fields = {f'model.{name}' for name in positions.option_types()}
+  flat = {name: value for name, value in flatten_config(config).items()
+          if name not in option_fields}
+  flat.update({f'model.{name}': value for name, value
+               in encoding_options(config['model']).items()})
+  return dict(sorted(flat.items()))
+
+
 def description(config: Mapping[str, Any], chance: float,
                 score: float | None = None, step: int | None = None) -> str:
   """The run's one Text-tab entry (markdown): encoding with its options,
   task and score first, what Score is and its chance level, then the config
-  as JSON. score None: not evaluated yet."""
+  as it ran (effective_config), one `name: value` a line. score None: not
+  evaluated yet."""
   model, task = config['model'], config['task']
   randomized = ', randomized positions' if model['randomize_positions'] else ''
   result = ('not evaluated yet' if score is None
             else f'**{score:.4f}** at step {step}')
   train_lengths = (task['min_len'], task['max_len'])
+  lines = [f'{name}: {value}' for name, value in effective_config(config).items()]
   return '\n\n'.join([
       f'**{model["position"]}** ({options_text(encoding_options(model))}'
       f'{randomized}) on **{task["name"]}** ({task["layout"]}, trained on '
       f'lengths {train_lengths[0]}-{train_lengths[1]}): Score {result}',
       score_meaning(config['eval']['lengths'], train_lengths, chance),
-      '```json\n' + json.dumps(config, indent=1, sort_keys=True,
-                               default=str) + '\n```'])
+      '```\n' + '\n'.join(lines) + '\n```'])
 
 
 def run_title(config: Mapping[str, Any]) -> tuple[str, str]:
@@ -228,9 +241,11 @@ def run_title(config: Mapping[str, Any]) -> tuple[str, str]:
   encoding's options ('-' for none) and whether positions are randomized."""
   model = config['model']
   randomized = ', randomized positions' if model['randomize_positions'] else ''
+  options = encoding_options(model)
   return (f'{model["position"]} on {config["task"]["name"]}, seed '
           f'{config["seed"]}',
-          options_text(encoding_options(model)) + randomized)
+          (options_text(options) if options else 'no encoding options')
+          + randomized)
 
 
 class Writer:

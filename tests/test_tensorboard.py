@@ -259,6 +259,9 @@ def test_encoding_options_are_written_with_their_effective_values():
   text = summaries.description(config.to_dict(), chance=0.125)
   assert text.startswith('**shaw** (clip_distance=16, relative_values=True, '
                          'shared_heads=False) on **reverse**')
+  assert '\nmodel.clip_distance: 16\n' in text    # not null
+  assert 'null' not in text and 'None' not in text
+  assert 'model.rope_base' not in text             # another encoding's
 
 
 def test_score_scalars_cover_every_run_and_sort_first():
