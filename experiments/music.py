@@ -112,7 +112,9 @@ def evaluate_run(run: study.Run, path: str, data: dict) -> dict:
     writer.add_scalar(f'music/{split}_nll', result[f'{split}_nll'],
                       run.config.train.num_steps)
   music_samples.save(grids, os.path.join(path, 'samples'), writer,
-                     run.config.train.num_steps)
+                     run.config.train.num_steps,
+                     label=run.tags.get('position', run.config.model.position),
+                     seed=run.config.seed)
   writer.close()
   with open(target + '.tmp', 'w') as f:
     json.dump(result, f, indent=1)

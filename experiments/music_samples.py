@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from selfattn import jsb, lm_eval, music
+from selfattn import figures, jsb, lm_eval, music
 
 PROMPT_STEPS = 16        # one bar of sixteenths, all four voices
 TEMPERATURE = 1.0
@@ -58,16 +58,39 @@ def data_statistics(grids: list[np.ndarray], train: list[np.ndarray],
   return describe(excerpts, train)
 
 
+def sample_title(label: str, seed: int, index: int) -> str:
+  """'shaw, seed 0, sample 1': what a piano roll and its audio are of."""
+  return f'{label}, seed {seed}, sample {index}'
+
+
+def _tag_part(text: str) -> str:
+  """A TensorBoard tag component: letters, digits and . _ - only."""
+  return ''.join(c if c.isalnum() or c in '._-' else '_' for c in text)
+
+
+def piano_roll(grid: np.ndarray, title: str) -> np.ndarray:
+  """The grid as a labelled piano-roll figure (figures.piano_roll_figure:
+  pitch names, bars, the prompt's end, a voice key): (H, W, 3) uint8."""
+  return figures.render(figures.piano_roll_figure(
+      music.notes(grid), len(grid), PROMPT_STEPS, music.VOICE_COLOURS,
+      f'{title}: test-piece prompt, then sampled (temperature '
+      f'{TEMPERATURE}, top-k {TOP_K})'))
+
+
 def save(grids: list[np.ndarray], directory: str, writer: Any = None,
-         step: int = 0, tag: str = 'samples') -> list[str]:
+         step: int = 0, tag: str = 'samples', label: str = 'model',
+         seed: int = 0) -> list[str]:
   """MIDI and piano-roll PNG per grid under directory; with a tensorboardX
-  writer, the piano rolls as images and 8 s of audio each. Returns paths."""
+  writer, the piano rolls as images and 8 s of audio each, under tags that
+  name the encoding (label), seed and sample:
+  samples/<label>_seed<seed>/sample_<i>_{piano_roll,audio}. Returns paths."""
   import matplotlib.image
   os.makedirs(directory, exist_ok=True)
   paths = []
+  prefix = f'{tag}/{_tag_part(label)}_seed{seed}'
   for i, grid in enumerate(grids):
     base = os.path.join(directory, f'sample_{i}')
-    image = music.piano_roll_image(grid, low=30, high=90, scale=3)
+    image = piano_roll(grid, sample_title(label, seed, i))
     matplotlib.image.imsave(base + '.png', image)
     paths.append(base + '.png')
     try:
@@ -76,7 +99,9 @@ def save(grids: list[np.ndarray], directory: str, writer: Any = None,
     except ImportError:         # pretty_midi is the optional `music` extra
       pass
     if writer is not None:
-      writer.add_image(f'{tag}/piano_roll_{i}', image, step, dataformats='HWC')
+      writer.add_image(f'{prefix}/sample_{i}_piano_roll', image, step,
+                       dataformats='HWC')
       audio = music.synthesize(grid[:32], sample_rate=16000)   # 8 s at 60 bpm
-      writer.add_audio(f'{tag}/audio_{i}', audio, step, sample_rate=16000)
+      writer.add_audio(f'{prefix}/sample_{i}_audio', audio, step,
+                       sample_rate=16000)
   return paths

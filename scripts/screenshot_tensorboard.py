@@ -1,44 +1,61 @@
-"""docs/training.md's picture of TensorBoard's HParams tab, taken in a real browser,
-and a check of what a fresh browser shows there by default.
+"""The README's and docs/training.md's pictures of TensorBoard, taken in a
+real browser, and a check of what a fresh browser shows by default.
 
   apt-get install chromium-headless-shell && pip install playwright
-  python scripts/screenshot_tensorboard.py [--out=PNG] [--logdir=DIR]
+  python scripts/screenshot_tensorboard.py [--outdir=DIR] [--logdir=DIR]
 
-Trains configs/tiny.py four times into a temporary logdir (or reuses
---logdir), runs differing in encoding, task, layout and randomized positions;
-starts `tensorboard` on it (127.0.0.1, a free port), opens the HParams tab in
-headless Chromium, reads the table's column headers, screenshots the tab, and
-fails unless the encoding, the task and the score are among the columns shown
-by default. Playwright is not in requirements.txt: only this script and the
-test that reuses it (tests/test_tensorboard.py, skipped without it) need it;
-`playwright install` is not needed: --browser names the Debian binary.
+Trains a mixed logdir into a temporary directory (or reuses --logdir): six
+configs/tiny.py runs differing in encoding, task, layout and randomized
+positions, each evaluated every 5 of its 20 steps, and the music study's
+--quick runs (JSB Chorales, with piano rolls and audio). Starts
+`tensorboard` on it (127.0.0.1, a free port), opens the Scalars, HParams
+(table and parallel coordinates) and Images tabs in headless Chromium,
+screenshots each to DIR/tensorboard_{scalars,hparams,parallel,images}.png,
+and fails unless the HParams table shows the encoding, the task and every
+Score column by default, and every run has a point inside each Score
+chart's default y range (TensorBoard clips outliers by default; see
+`clipped_range`). Playwright is not in requirements.txt: only this script
+and the test that reuses it (tests/test_tensorboard.py, skipped without it)
+need it; `playwright install` is not needed: --browser names the Debian
+binary.
 """
 
+import json
+import math
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 
 from absl import app
 from absl import flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BROWSER = '/usr/bin/chromium-headless-shell'
-# name -> command-line overrides of configs/tiny.py: a mixed logdir.
+# name -> command-line overrides of configs/tiny.py: a mixed logdir. Every
+# run evaluates 4 times, so each Score is a curve, as in a real run.
+EVERY = ['--config.eval.every=5']
 RUNS = {
     'sinusoidal_reverse': ['--config.model.position=sinusoidal'],
-    'rope_sort_autoregressive': ['--config.model.position=rope',
-                                 '--config.task.name=sort',
-                                 '--config.task.layout=autoregressive'],
+    'learned_reverse': ['--config.model.position=learned'],
     'shaw_reverse_randomized': ['--config.model.position=shaw',
                                 '--config.model.randomize_positions=True',
                                 '--config.model.max_random_len=64'],
+    'pope_reverse': ['--config.model.position=pope'],
+    'rope_sort_autoregressive': ['--config.model.position=rope',
+                                 '--config.task.name=sort',
+                                 '--config.task.layout=autoregressive'],
     'alibi_sort': ['--config.model.position=alibi', '--config.task.name=sort'],
 }
+# The music study's quick scale, one seed: two runs with test NLL, piano
+# rolls and audio.
+MUSIC = ['-m', 'experiments.music', '--quick', '--seeds=1']
 # What must be among the columns a fresh browser shows.
-EXPECTED_HEADERS = ('Encoding', 'Task', 'Score')
+EXPECTED_HEADERS = ('Encoding', 'Task', 'Score', 'Score/above_chance')
 
 # The HParams table's header texts, in order: tf-hparams-table-view's
 # vaadin-grid, through the shadow roots (its header cells slot in their text).
@@ -77,8 +94,11 @@ def train_runs(logdir: str) -> None:
     print(f'training configs/tiny.py: {name}', flush=True)
     subprocess.run([sys.executable, '-m', 'selfattn.main',
                     '--config=configs/tiny.py', f'--workdir={logdir}/{name}',
-                    *overrides],
+                    *EVERY, *overrides],
                    cwd=ROOT, env=env, check=True, capture_output=True)
+  print('training and scoring the music study\'s --quick runs', flush=True)
+  subprocess.run([sys.executable, *MUSIC, f'--workdir={logdir}/music'],
+                 cwd=ROOT, env=env, check=True, capture_output=True)
 
 
 def start_tensorboard(logdir: str) -> tuple[subprocess.Popen, int]:
@@ -92,33 +112,75 @@ def start_tensorboard(logdir: str) -> tuple[subprocess.Popen, int]:
   return server, port
 
 
-def browser_headers(port: int, out: str | None = None,
-                    browser: str = BROWSER, timeout_s: float = 60,
-                    width: int = 1900) -> list[str]:
-  """Opens the HParams tab in a fresh headless Chromium, waits until the
-  table has metric columns (TensorBoard reads the logdir in the background),
-  and returns its column headers; screenshots the tab to `out` if given."""
+def _get(port: int, path: str):
+  with urllib.request.urlopen(f'http://127.0.0.1:{port}{path}',
+                              timeout=10) as response:
+    return json.loads(response.read())
+
+
+def clipped_range(values: list[float]) -> tuple[float, float]:
+  """The y range TensorBoard 2.21's scalar charts keep with their default
+  "Ignore outliers in chart scaling" (the line chart's data extent in
+  webfiles.zip): over every visible point, sorted, the values at indices
+  ceil(0.05 (n-1)) and floor(0.95 (n-1)) when n > 2. The chart then pads it
+  by 5% and rounds it outwards, so a point inside is always drawn."""
+  a = sorted(values)
+  if len(a) > 2:
+    return a[math.ceil(0.05 * (len(a) - 1))], a[math.floor(0.95 * (len(a) - 1))]
+  return a[0], a[-1]
+
+
+def runs_off_chart(port: int, prefix: str = 'Score') -> dict[str, list[str]]:
+  """Per scalar tag starting with `prefix`, the runs with no point inside
+  the chart's default range (clipped_range), read through TensorBoard's
+  HTTP API: {} when every run is on every such chart."""
+  by_tag: dict[str, dict[str, list[float]]] = {}
+  for run, tags in _get(port, '/data/plugin/scalars/tags').items():
+    for tag in tags:
+      if tag.startswith(prefix):
+        query = urllib.parse.urlencode({'run': run, 'tag': tag})
+        points = _get(port, f'/data/plugin/scalars/scalars?{query}')
+        by_tag.setdefault(tag, {})[run] = [value for _, _, value in points]
+  off = {}
+  for tag, runs in by_tag.items():
+    low, high = clipped_range([v for values in runs.values() for v in values])
+    hidden = sorted(run for run, values in runs.items()
+                    if not any(low <= v <= high for v in values))
+    if hidden:
+      off[tag] = hidden
+  return off
+
+
+def _open(page, port: int, route: str, ready) -> None:
+  """Opens #route, retrying until ready(page) (TensorBoard reads the logdir
+  in the background, and the server may still be starting)."""
   from playwright.sync_api import Error as PlaywrightError
+  deadline = time.monotonic() + 60
+  while time.monotonic() < deadline:
+    try:
+      page.goto(f'http://127.0.0.1:{port}/#{route}', wait_until='networkidle')
+    except PlaywrightError:
+      time.sleep(1)
+      continue
+    page.wait_for_timeout(1500)
+    if ready(page):
+      return
+    page.wait_for_timeout(1000)
+
+
+def browser_headers(port: int, out: str | None = None,
+                    browser: str = BROWSER, width: int = 1900) -> list[str]:
+  """Opens the HParams tab in a fresh headless Chromium, waits until the
+  table has metric columns, and returns its column headers; screenshots the
+  tab to `out` if given."""
   from playwright.sync_api import sync_playwright
   with sync_playwright() as p:
     chromium = p.chromium.launch(executable_path=browser)
     try:
       page = chromium.new_page(viewport={'width': width, 'height': 560})
-      headers: list[str] = []
-      deadline = time.monotonic() + timeout_s
-      while time.monotonic() < deadline:
-        # A fresh page each try: the dashboard reads the experiment once.
-        try:
-          page.goto(f'http://127.0.0.1:{port}/#hparams',
-                    wait_until='networkidle')
-        except PlaywrightError:           # the server is still starting
-          time.sleep(1)
-          continue
-        page.wait_for_timeout(1500)
-        headers = page.evaluate(_HEADERS_JS)
-        if any(h in headers for h in EXPECTED_HEADERS[-1:]):
-          break
-        page.wait_for_timeout(1000)
+      _open(page, port, 'hparams',
+            lambda page: 'Score' in page.evaluate(_HEADERS_JS))
+      headers = page.evaluate(_HEADERS_JS)
       if out:
         page.screenshot(path=out)
       return headers
@@ -126,9 +188,44 @@ def browser_headers(port: int, out: str | None = None,
       chromium.close()
 
 
-_OUT = flags.DEFINE_string(
-    'out', os.path.join(ROOT, 'experiments/results/tensorboard_hparams.png'),
-    'Where to write the PNG.')
+def screenshot_views(port: int, outdir: str, browser: str = BROWSER
+                     ) -> list[str]:
+  """The Scalars (Score charts), HParams parallel coordinates and Images
+  tabs, each in a fresh page; returns the PNG paths written."""
+  from playwright.sync_api import sync_playwright
+  paths = []
+  with sync_playwright() as p:
+    chromium = p.chromium.launch(executable_path=browser)
+    try:
+      page = chromium.new_page(viewport={'width': 1600, 'height': 900})
+      _open(page, port, 'scalars&tagFilter=Score',
+            lambda page: page.locator('canvas, svg.line-chart').count() > 0)
+      page.wait_for_timeout(2000)
+      paths.append(os.path.join(outdir, 'tensorboard_scalars.png'))
+      page.screenshot(path=paths[-1])
+
+      page = chromium.new_page(viewport={'width': 1600, 'height': 900})
+      _open(page, port, 'hparams',
+            lambda page: 'Score' in page.evaluate(_HEADERS_JS))
+      page.get_by_text('Parallel Coordinates View').click()
+      page.wait_for_timeout(2500)
+      paths.append(os.path.join(outdir, 'tensorboard_parallel.png'))
+      page.screenshot(path=paths[-1])
+
+      page = chromium.new_page(viewport={'width': 1600, 'height': 1400})
+      _open(page, port, 'images',
+            lambda page: page.locator('img').count() > 2)
+      page.wait_for_timeout(2000)
+      paths.append(os.path.join(outdir, 'tensorboard_images.png'))
+      page.screenshot(path=paths[-1])
+    finally:
+      chromium.close()
+  return paths
+
+
+_OUTDIR = flags.DEFINE_string(
+    'outdir', os.path.join(ROOT, 'experiments/results'),
+    'Where to write tensorboard_{scalars,hparams,parallel,images}.png.')
 _BROWSER = flags.DEFINE_string('browser', BROWSER, 'Chromium executable.')
 _LOGDIR = flags.DEFINE_string(
     'logdir', None, 'An existing logdir to show instead of training RUNS.')
@@ -142,14 +239,20 @@ def main(argv):
       train_runs(logdir)
     server, port = start_tensorboard(logdir)
     try:
-      headers = browser_headers(port, _OUT.value, _BROWSER.value)
+      hparams_png = os.path.join(_OUTDIR.value, 'tensorboard_hparams.png')
+      headers = browser_headers(port, hparams_png, _BROWSER.value)
+      written = [hparams_png, *screenshot_views(port, _OUTDIR.value,
+                                                _BROWSER.value)]
+      off_chart = runs_off_chart(port)
     finally:
       server.terminate()
       server.wait(timeout=30)
-  print(f'wrote {_OUT.value}\ncolumns shown: {headers}')
+  print('wrote ' + ', '.join(written) + f'\ncolumns shown: {headers}')
   missing = [h for h in EXPECTED_HEADERS if h not in headers]
   if missing:
     sys.exit(f'error: the HParams table does not show {missing} by default')
+  if off_chart:
+    sys.exit(f'error: runs outside the default y range: {off_chart}')
 
 
 if __name__ == '__main__':

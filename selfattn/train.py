@@ -23,6 +23,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from selfattn import checkpoints
+from selfattn import figures
 from selfattn import report
 from selfattn import summaries
 from selfattn import tasks as tasks_lib
@@ -167,33 +168,49 @@ def _starting_point(config: ml_collections.ConfigDict, trainer: Trainer,
 
 
 class _EventLog:
-  """The run's TensorBoard events: the config and hyperparameters at the
-  start, and per evaluation its scalars, attention maps and position table.
+  """The run's TensorBoard events: its description and hyperparameters at
+  the start, and per evaluation its scalars (the headline Score/* among
+  them, so each is a curve), attention maps and position table as figures.
   `writer` is also where the loop writes its training scalars."""
 
   def __init__(self, config: ml_collections.ConfigDict, trainer: Trainer,
                workdir: str, is_main: bool, start: int):
     self.writer = summaries.Writer(workdir, enabled=is_main)
     self._trainer = trainer
+    self._config = config.to_dict()
+    self._chance = trainer.task.chance
+    self._run, self._options = summaries.run_title(self._config)
     if start == 0:
-      self.writer.text('config', 0, '```\n' + str(config) + '\n```')
-      self.writer.text('images/help', 0, summaries.ATTENTION_IMAGE_HELP
-                       + '\n\n' + summaries.TABLE_IMAGE_HELP)
-    self.writer.hparams(summaries.researcher_hparams(config.to_dict()))
+      self.writer.text('description', 0,
+                       summaries.description(self._config, self._chance))
+    self.writer.hparams(summaries.researcher_hparams(self._config))
     self._probe = report.AttentionProbe(trainer)
     self._tables_logged: list[int] = []   # a fixed table is logged once per process
 
   def write_eval(self, step: int, params: Any, results: _Results) -> None:
-    writer = self.writer
+    writer, config = self.writer, self._config
     for length, m in results.items():
       writer.scalars(step, {summaries.eval_tag(k, length): v for k, v in m.items()})
+    writer.scalars(step, summaries.score_scalars(
+        results, (config['task']['min_len'], config['task']['max_len']),
+        self._chance))
     # Every process runs the probes (they are computations over global
-    # arrays); the writer only writes on process 0.
-    for layer, weights in enumerate(self._probe.attention(params)):
-      writer.image(f'attention/layer_{layer}', step, summaries.tile_heads(weights))
+    # arrays); only the process that writes draws the figures.
+    attention = self._probe.attention(params)
     table, trainable = self._probe.position_table(params)
+    if not writer.enabled:
+      return
+    for layer, weights in enumerate(attention):
+      figure = figures.attention_figure(
+          weights, f'{self._run}: layer {layer} attention, step {step}\n'
+          f'{self._options}')
+      writer.image(f'attention/layer_{layer}', step, figures.render(figure))
     if table is not None and (trainable or not self._tables_logged):
-      writer.image('positions/table', step, summaries.heatmap(table, scale=3))
+      model = config['model']
+      figure = figures.table_figure(
+          table, model['position'], summaries.encoding_options(model),
+          model['num_heads'], f'{self._run}, step {step}\n{self._options}')
+      writer.image('positions/table', step, figures.render(figure))
       self._tables_logged.append(step)
     # Translation: whole-set validation scores, sample translations and one
     # sentence's cross-attention (TranslationTrainer.latest).
@@ -388,13 +405,21 @@ def _summary(config: ml_collections.ConfigDict, task: tasks_lib.Task,
 def _publish_summary(summary: dict[str, Any], workdir: str, is_main: bool,
                      writer: summaries.Writer) -> None:
   """Writes summary.json and prints the results table (process 0), and
-  logs the score scalars."""
+  the run's description with its final score. The Score/* scalars were
+  written at each evaluation; an invocation that evaluated nothing (a
+  resumed run whose training had finished) writes them here."""
   if is_main:
     # Atomic: a crash or a full disk mid-write leaves no truncated summary,
     # which the next run would read as this one's.
     workdir_lib.write_json(os.path.join(workdir, workdir_lib.SUMMARY_FILE), summary)
     print(report.results_table(summary))
-  writer.scalars(summary['step'], summaries.score_scalars(summary))
+  config, step = summary['config'], summary['step']
+  scores = summaries.score_scalars(summary['eval'], summary['train_lengths'],
+                                   summary['chance'])
+  if not summary['history']:
+    writer.scalars(step, scores)
+  writer.text('description', step, summaries.description(
+      config, summary['chance'], scores.get(summaries.SCORE_TAG), step))
 
 
 def _parameters_from(source: str, config: ml_collections.ConfigDict,

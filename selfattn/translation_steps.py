@@ -26,6 +26,7 @@ import ml_collections
 import numpy as np
 
 from selfattn import bleu
+from selfattn import figures
 from selfattn import translate
 from selfattn import translation_data
 from selfattn.steps import Trainer
@@ -238,32 +239,6 @@ def _capture_cross(model, sources: jax.Array, decoder_inputs: jax.Array):
   return out, found
 
 
-def alignment_figure(cross: dict[str, Any], title: str) -> np.ndarray:
-  """The cross-attention picture d2l shows: (H, W, 3) uint8 of target
-  pieces (rows) against source pieces (columns), weights 0-1 with a colour
-  bar."""
-  import matplotlib
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt
-  weights = np.asarray(cross['weights'])
-  rows, cols = weights.shape
-  fig, ax = plt.subplots(figsize=(2.5 + 0.28 * cols, 2.0 + 0.25 * rows),
-                         dpi=100)
-  shown = ax.imshow(weights, cmap='viridis', vmin=0.0, vmax=1.0,
-                    aspect='auto')
-  ax.set_xticks(range(cols), cross['columns'], rotation=90, fontsize=7)
-  ax.set_yticks(range(rows), cross['rows'], fontsize=7)
-  ax.set_xlabel('source (keys)')
-  ax.set_ylabel('decoder input (queries)')
-  ax.set_title(title, fontsize=8)
-  fig.colorbar(shown, ax=ax, fraction=0.04, label='weight')
-  fig.tight_layout()
-  fig.canvas.draw()
-  image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
-  plt.close(fig)
-  return image
-
-
 def translation_summaries(latest: dict[str, Any] | None):
   """(kind, tag, value) for TensorBoard from TranslationTrainer.latest:
   scalars valid/bleu and valid/chrf, a text table of sample translations,
@@ -279,7 +254,10 @@ def translation_summaries(latest: dict[str, Any] | None):
   out.append(('text', 'translations/validation', '\n'.join(lines)
               + f'\n\nvalidation BLEU {latest["bleu"]:.2f} '
               f'({latest["bleu_signature"]}), greedy decoding'))
-  out.append(('image', 'attention/cross_attention', alignment_figure(
-      latest['cross_attention'],
-      'last decoder layer, mean over heads: validation sentence 0')))
+  cross = latest['cross_attention']
+  out.append(('image', 'attention/cross_attention', figures.render(
+      figures.alignment_figure(
+          cross['weights'], cross['rows'], cross['columns'],
+          'cross-attention of the last decoder layer, mean over heads: '
+          'validation sentence 0, greedy translation'))))
   return out

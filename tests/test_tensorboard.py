@@ -31,46 +31,52 @@ def _post(port: int, path: str, body: dict) -> dict:
     return json.loads(response.read())
 
 
-def _write_run(logdir, position: str, lengths, **overrides) -> None:
-  """A run as train.py logs it: its hparams, eval and train scalars, and
-  its score, without training. overrides: {'task.name': 'sort', ...}."""
-  from configs import tiny
-  config = tiny.get_config()
+def _write_run(logdir, position: str, lengths, config=None, **overrides
+               ) -> None:
+  """A run as train.py logs it: its hparams, eval and train scalars and its
+  Score/* at three evaluations (steps 10, 20, 30), without training.
+  overrides: {'task.name': 'sort', ...}; config: configs/tiny.py if None."""
+  if config is None:
+    from configs import tiny
+    config = tiny.get_config()
   config.model.position = position
   for field, value in overrides.items():
     section, name = field.split('.')
     config[section][name] = value
   writer = summaries.Writer(str(logdir))
   writer.hparams(summaries.researcher_hparams(config.to_dict()))
-  evals = {}
-  for i, n in enumerate(lengths):
-    evals[str(n)] = {'token_accuracy': 0.9 - 0.1 * i, 'loss': 1.0 + i,
-                     'sequence_accuracy': 0.5 - 0.1 * i}
-    writer.scalars(20, {summaries.eval_tag(k, n): v
-                        for k, v in evals[str(n)].items()})
-  writer.scalars(20, {f'train/{k}': 1.0 for k in (
-      'loss', 'token_accuracy', 'grad_norm', 'learning_rate', 'steps_per_sec')})
-  score = report.generalization_score(evals, config.task.max_len)
-  writer.scalars(20, summaries.score_scalars(
-      {'score': score, 'eval': evals, 'step': 20,
-       'train_lengths': [config.task.min_len, config.task.max_len]}))
+  for step in (10, 20, 30):
+    evals = {}
+    for i, n in enumerate(lengths):
+      evals[n] = {'token_accuracy': 0.9 - 0.1 * i, 'loss': 1.0 + i,
+                  'sequence_accuracy': 0.5 - 0.1 * i}
+      writer.scalars(step, {summaries.eval_tag(k, n): v
+                            for k, v in evals[n].items()})
+    writer.scalars(step, {f'train/{k}': 1.0 for k in (
+        'loss', 'token_accuracy', 'grad_norm', 'learning_rate',
+        'steps_per_sec')})
+    writer.scalars(step, summaries.score_scalars(
+        evals, (config.task.min_len, config.task.max_len), 0.125))
   writer.close()
 
 
 def _write_mixed_logdir(logdir) -> None:
-  """Runs differing in encoding, task, layout and randomized positions, one
-  also in its architecture (as a logdir mixing tiny and default runs does):
-  today's first five hparams alphabetically, model.ffn_num_hiddens ...
-  model.num_hiddens, all differ there."""
+  """Runs differing in encoding (and its options), task, layout and
+  randomized positions, one also in its architecture (as a logdir mixing
+  tiny and default runs does), and a music run (configs/music.py:quick:
+  evaluated at its training window only, its own architecture)."""
+  from configs import music
   _write_run(logdir / 'sinusoidal', 'sinusoidal', (8, 16))
   _write_run(logdir / 'rope', 'rope', (8, 16, 32, 64), **{
       'task.name': 'sort', 'task.layout': 'autoregressive'})
   _write_run(logdir / 'shaw', 'shaw', (8, 16), **{
-      'model.randomize_positions': True, 'model.max_random_len': 64})
+      'model.randomize_positions': True, 'model.max_random_len': 64,
+      'model.clip_distance': 4})
   _write_run(logdir / 'alibi', 'alibi', (8, 16), **{
       'model.num_hiddens': 32, 'model.num_heads': 4, 'model.num_layers': 2,
       'model.ffn_num_hiddens': 64, 'model.max_len': 128,
       'model.max_random_len': 128, 'model.randomize_positions': True})
+  _write_run(logdir / 'music_shaw', 'shaw', (64,), music.get_config('quick'))
 
 
 class _TensorBoard:
@@ -148,83 +154,185 @@ def test_hparams_tab_shows_each_runs_encoding_and_all_metrics(tmp_path):
 
 @pytest.mark.slow
 def test_hparams_tab_shows_the_comparison_by_default_sorted_by_score(tmp_path):
-  """Issue 25 §4: over a mixed logdir a fresh browser showed the first five
-  hparams alphabetically (model.ffn_num_hiddens ... model.num_hiddens) and
-  five eval/loss metrics; it must show the encoding, task, layout and
-  randomization, and the score, by which runs can be sorted."""
+  """Issues 25 and 36: over a mixed logdir (a music run among them) a fresh
+  browser's columns are the headline hparams and the five Score metrics;
+  every run has a value in each of them (parallel coordinates drop a run
+  that lacks one), no constant hparam is among them, and runs sort by
+  Score."""
   _write_mixed_logdir(tmp_path)
   with _TensorBoard(tmp_path) as tb:
-    experiment = tb.experiment(runs=4)
+    experiment = tb.experiment(runs=5)
     hparams, metrics = _default_columns(experiment)
-    assert set(summaries.HEADLINE_HPARAMS.values()) <= set(hparams), hparams
-    assert metrics[:2] == [summaries.SCORE_TAG,
-                           summaries.TRAINING_LENGTHS_SCORE_TAG], metrics
+    assert hparams == list(summaries.HEADLINE_HPARAMS.values()), hparams
+    assert metrics == list(summaries.SCORE_TAGS), metrics
     infos = {h['name']: h for h in experiment['hparamInfos']}
-    # Numeric hparams stay numeric: an unset max_random_len (None in the
-    # sinusoidal and rope runs) is absent, not the string "default".
-    assert infos['model.max_random_len']['type'] == 'DATA_TYPE_FLOAT64'
-    assert infos['model.max_random_len']['domainInterval'] == {
-        'minValue': 64.0, 'maxValue': 128.0}
+    assert not any(infos[name].get('differs') is not True
+                   for name in hparams), 'a constant hparam is shown'
+    groups = tb.session_groups()
+    assert len(groups) == 5
+    for group in groups:
+      assert set(hparams) <= set(group['hparams']), group['hparams']
+      tags = {v['name']['tag'] for v in group['metricValues']}
+      assert set(metrics) <= tags, (group['hparams']['Task'], tags)
+    # Integers are strings ("64", not 64.000); unset ones are absent, not
+    # the string "default"; booleans stay booleans.
+    assert infos['model.max_random_len']['type'] == 'DATA_TYPE_STRING'
+    assert set(infos['model.max_random_len']['domainDiscrete']) == {
+        '64', '128'}
+    assert infos['train.learning_rate']['type'] == 'DATA_TYPE_FLOAT64'
     for info in experiment['hparamInfos']:
       assert 'default' not in info.get('domainDiscrete', []), info
     assert infos['Encoding randomized']['type'] == 'DATA_TYPE_BOOL'
+    # Encoding options with their effective values, one column.
+    assert set(infos['Encoding options']['domainDiscrete']) == {
+        '-', 'alibi_symmetric=False', 'rope_base=10000.0',
+        'clip_distance=4, relative_values=True, shared_heads=True',
+        'clip_distance=16, relative_values=True, shared_heads=True'}
+    assert 'model.clip_distance' not in infos
     # Sorted by score, best first. The score averages token accuracy over
     # the lengths above max_len 8: 0.8 (length 16) for three runs, and
-    # (0.8 + 0.7 + 0.6) / 3 for rope's lengths 16, 32, 64.
+    # (0.8 + 0.7 + 0.6) / 3 for rope's lengths 16, 32, 64; the music run
+    # evaluates only its window (64 = max_len): 0.9 there.
     by_score = tb.session_groups([{
         'metric': {'tag': summaries.SCORE_TAG}, 'order': 'ORDER_DESC'}])
     scores = [next(v['value'] for v in g['metricValues']
                    if v['name']['tag'] == summaries.SCORE_TAG)
               for g in by_score]
-    assert scores == pytest.approx([0.8, 0.8, 0.8, 0.7])
+    assert scores == pytest.approx([0.9, 0.8, 0.8, 0.8, 0.7])
+    assert by_score[0]['hparams']['Task'] == 'jsb_chorales'
     assert by_score[-1]['hparams']['Encoding'] == 'rope'
+    # Every run keeps a point inside each Score chart's default y range.
+    from scripts import screenshot_tensorboard
+    assert screenshot_tensorboard.runs_off_chart(tb.port) == {}
+
+
+def test_outlier_clipping_hides_runs_that_are_single_points():
+  """What the Score chart did before issue 36: one point per run, and
+  TensorBoard's default range drops the lowest and highest point, so the
+  best and worst runs vanished. With a curve per run, each keeps a point."""
+  from scripts import screenshot_tensorboard
+  clipped_range = screenshot_tensorboard.clipped_range
+  assert clipped_range([0.12, 0.15, 0.16, 0.182]) == (0.15, 0.16)
+  worst, best = [0.10, 0.12], [0.17, 0.182]
+  low, high = clipped_range([0.15, 0.16, *worst, *best])
+  assert any(low <= v <= high for v in worst)
+  assert any(low <= v <= high for v in best)
 
 
 def test_hparams_are_typed_and_headline_fields_come_first():
-  """No "default" strings: unset fields are absent, integers stay integers,
-  booleans booleans; the headline fields come first under names that sort
-  before every config name (TensorBoard orders hparams by name)."""
+  """No "default" strings: unset fields are absent, integers are strings
+  (TensorBoard would show 16 as 16.000), floats floats, booleans booleans;
+  the headline fields come first under names that sort before every config
+  name (TensorBoard orders hparams by name)."""
   from configs import tiny
   config = tiny.get_config()
   hparams = summaries.researcher_hparams(config.to_dict())
-  assert list(hparams)[:4] == list(summaries.HEADLINE_HPARAMS.values())
+  assert list(hparams)[:5] == list(summaries.HEADLINE_HPARAMS.values())
   assert hparams['Encoding'] == 'sinusoidal' and hparams['Task'] == 'reverse'
   assert hparams['Encoding randomized'] is False
+  assert hparams['Encoding options'] == '-'
   assert 'model.position' not in hparams and 'task.name' not in hparams
   assert 'model.max_random_len' not in hparams      # None: unset
   assert 'train.init_from' not in hparams           # '': unset
   assert 'default' not in hparams.values()
-  assert type(hparams['model.num_hiddens']) is int
+  assert hparams['model.num_hiddens'] == '16'
+  assert hparams['seed'] == '0'
   assert type(hparams['train.learning_rate']) is float
   others = [name for name in hparams
             if name not in summaries.HEADLINE_HPARAMS.values()]
   assert max(summaries.HEADLINE_HPARAMS.values()) < min(others)
   config.model.max_random_len = 64
   assert summaries.researcher_hparams(config.to_dict())[
-      'model.max_random_len'] == 64
+      'model.max_random_len'] == '64'
 
 
-def test_score_scalars_sort_first_and_match_the_summary():
-  summary = {'score': 0.25, 'train_lengths': [1, 8], 'step': 20,
-             'eval': {'4': {'token_accuracy': 1.0}, '8': {'token_accuracy': 0.5},
-                      '12': {'token_accuracy': 0.25}}}
-  assert summaries.score_scalars(summary) == {
-      summaries.SCORE_TAG: 0.25, summaries.TRAINING_LENGTHS_SCORE_TAG: 0.75}
-  summary['score'] = None        # no evaluated length beyond training
-  assert summaries.SCORE_TAG not in summaries.score_scalars(summary)
+def test_encoding_options_are_written_with_their_effective_values():
+  """Shaw's clip_distance left at its default is 16, not absent or null."""
+  from configs import tiny
+  config = tiny.get_config()
+  config.model.position = 'shaw'
+  config.model.shared_heads = False
+  hparams = summaries.researcher_hparams(config.to_dict())
+  assert hparams['Encoding options'] == (
+      'clip_distance=16, relative_values=True, shared_heads=False')
+  assert 'model.shared_heads' not in hparams       # one column, not three
+  text = summaries.description(config.to_dict(), chance=0.125)
+  assert text.startswith('**shaw** (clip_distance=16, relative_values=True, '
+                         'shared_heads=False) on **reverse**')
+  assert '\nmodel.clip_distance: 16\n' in text    # not null
+  assert 'null' not in text and 'None' not in text
+  assert 'model.rope_base' not in text             # another encoding's
+
+
+def test_score_scalars_cover_every_run_and_sort_first():
+  results = {4: {'token_accuracy': 1.0, 'loss': 0.1, 'sequence_accuracy': 1.0},
+             8: {'token_accuracy': 0.5, 'loss': 1.0, 'sequence_accuracy': 0.5},
+             12: {'token_accuracy': 0.25, 'loss': 2.0,
+                  'sequence_accuracy': 0.0}}
+  assert summaries.score_scalars(results, (1, 8), 0.125) == pytest.approx({
+      summaries.SCORE_TAG: 0.25, summaries.ABOVE_CHANCE_TAG: 1 / 7,
+      summaries.SCORE_SEQUENCE_TAG: 0.0,
+      summaries.TRAINING_LENGTHS_SCORE_TAG: 0.75,
+      summaries.TRAINING_LENGTHS_SEQUENCE_TAG: 0.75})
+  # A run that evaluates no length beyond training (music: its window) is
+  # scored at the lengths it evaluates, and its description says so.
+  window = summaries.score_scalars({64: results[8]}, (64, 64), 1 / 90)
+  assert window[summaries.SCORE_TAG] == 0.5
+  assert 'none is beyond training' in summaries.score_meaning([64], (64, 64),
+                                                              1 / 90)
+  assert 'beyond the training lengths 1-8' in summaries.score_meaning(
+      [4, 8, 12], (1, 8), 0.125)
   # TensorBoard's HParams tab ticks the first five metrics by tag.
-  assert summaries.SCORE_TAG < summaries.TRAINING_LENGTHS_SCORE_TAG < min(
-      summaries.eval_tag('free_running_sequence_accuracy', 1), 'train/')
+  assert list(summaries.SCORE_TAGS) == sorted(summaries.SCORE_TAGS)
+  assert max(summaries.SCORE_TAGS) < min(
+      summaries.eval_tag('free_running_sequence_accuracy', 1), 'music/',
+      'train/')
 
 
-def test_tiny_run_logs_its_score_as_a_scalar(tiny_run):
+def test_score_is_a_curve_with_one_point_per_evaluation(tiny_config, tmp_path):
+  """Issue 36: Score was written once, at the end, so every run was one dot
+  that outlier clipping hid. Each evaluation writes it, as it writes the
+  per-length accuracies; the attention figure per evaluation, and a table
+  that cannot change (sinusoidal) once."""
+  from tensorboard.backend.event_processing import event_accumulator
+  from selfattn import steps
+  from selfattn import train
+  trainer = steps.Trainer(tiny_config)
+  params = trainer.init_state()['params']
+  events = train._EventLog(tiny_config, trainer, str(tmp_path), True, 0)
+  for step, accuracy in ((5, 0.2), (10, 0.4), (15, 0.6)):
+    events.write_eval(step, params, {n: {
+        'token_accuracy': accuracy, 'loss': 1.0, 'sequence_accuracy': 0.0}
+        for n in tiny_config.eval.lengths})
+  events.writer.close()
+  acc = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={
+      event_accumulator.IMAGES: 0, event_accumulator.TENSORS: 0})
+  acc.Reload()
+  for tag in summaries.SCORE_TAGS:
+    assert [e.step for e in acc.Scalars(tag)] == [5, 10, 15], tag
+  assert [e.value for e in acc.Scalars(summaries.SCORE_TAG)] == pytest.approx(
+      [0.2, 0.4, 0.6])
+  assert [e.step for e in acc.Images('attention/layer_0')] == [5, 10, 15]
+  assert [e.step for e in acc.Images('positions/table')] == [5]
+  assert 'description/text_summary' in acc.Tags()['tensors']
+
+
+def test_tiny_run_describes_itself_and_scores_each_evaluation(tiny_run):
   from tensorboard.backend.event_processing import event_accumulator
   workdir, summary, _ = tiny_run
-  acc = event_accumulator.EventAccumulator(str(workdir))
+  acc = event_accumulator.EventAccumulator(str(workdir), size_guidance={
+      event_accumulator.TENSORS: 0})
   acc.Reload()
-  score = acc.Scalars(summaries.SCORE_TAG)[-1]
-  assert score.step == summary['step']
-  assert score.value == pytest.approx(summary['score'])
+  score = acc.Scalars(summaries.SCORE_TAG)
+  assert [e.step for e in score] == [h['step'] for h in summary['history']]
+  assert score[-1].value == pytest.approx(summary['score'])
+  texts = acc.Tensors('description/text_summary')
+  assert [t.step for t in texts] == [0, summary['step']]
+  final = texts[-1].tensor_proto.string_val[0].decode()
+  assert final.startswith('**sinusoidal** (-) on **reverse**')
+  assert f'Score **{summary["score"]:.4f}**' in final
+  assert 'chance 0.' in final
+  assert 'images/help' not in acc.Tags()['tensors']
 
 
 def _browser_check():
@@ -250,25 +358,9 @@ def test_fresh_browser_shows_encoding_task_and_score(tmp_path):
   finally:
     server.terminate()
     server.wait(timeout=30)
-  for header in (*summaries.HEADLINE_HPARAMS.values(), summaries.SCORE_TAG):
+  for header in (*summaries.HEADLINE_HPARAMS.values(), *summaries.SCORE_TAGS):
     assert header in headers, headers
   assert (tmp_path / 'hparams.png').stat().st_size > 0
-
-
-def test_attention_image_normalises_each_head_and_marks_gaps_white():
-  """A broad head (max weight 0.2) is drawn with the full colour range, like
-  a sharp one; the gap between heads is white, unlike any weight."""
-  import numpy as np
-  weights = np.full((2, 3, 3), 0.1)
-  weights[0, 0, 0] = 0.2
-  weights[1] = np.eye(3)
-  image = summaries.tile_heads(weights, scale=1)
-  assert image.shape == (3, 7, 3) and image.dtype == np.uint8
-  assert np.all(image[:, 3] == 255)
-  np.testing.assert_array_equal(image[0, 0], image[0, 4])   # each head's max
-  assert not np.array_equal(image[0, 0], image[0, 1])
-  table = summaries.heatmap(np.arange(6.0).reshape(2, 3), scale=2)
-  assert table.shape == (4, 6, 3)
 
 
 def test_randomized_runs_draw_attention_at_the_positions_they_used(tiny_config):
