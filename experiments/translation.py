@@ -91,6 +91,27 @@ def _write_lines(path: str, lines: list[str]) -> None:
   os.replace(temp, path)
 
 
+def scores_by_length(hyps: list[str], references: list[str],
+                     source_lens: np.ndarray) -> dict[str, Any]:
+  """bleu.score of the whole set, plus BLEU/chrF per LENGTH_BINS bin
+  (by_length) and for sources up to and beyond SHORT_MAX_LEN tokens
+  (short_sources, long_sources; None where a group is empty)."""
+  def part(rows):
+    if not len(rows):
+      return {'bleu': None, 'chrf': None, 'sentences': 0}
+    s = bleu.score([hyps[i] for i in rows], [references[i] for i in rows])
+    return {'bleu': s['bleu'], 'chrf': s['chrf'], 'sentences': int(len(rows))}
+  by_length = {}
+  for lo, hi in LENGTH_BINS:
+    rows = np.flatnonzero((source_lens > lo) & (source_lens <= hi))
+    if len(rows):
+      by_length[bin_label(lo, hi)] = part(rows)
+  inside = source_lens <= SHORT_MAX_LEN
+  return {**bleu.score(hyps, references), 'by_length': by_length,
+          'short_sources': part(np.flatnonzero(inside)),
+          'long_sources': part(np.flatnonzero(~inside))}
+
+
 def evaluate_run(run: study.Run, path: str) -> dict[str, Any]:
   """The run's translation.json (computed once): the checkpoint chosen by
   validation BLEU, then beam-search scores on every split."""
@@ -127,25 +148,7 @@ def evaluate_run(run: study.Run, path: str) -> dict[str, Any]:
     hyps = trainer.translate_texts(params, data.sources, method='beam',
                                    beam_size=BEAM_SIZE, alpha=ALPHA)
     _write_lines(os.path.join(path, 'translations', f'{split}.en'), hyps)
-    lens = data.source_lens()
-    by_length = {}
-    for lo, hi in LENGTH_BINS:
-      chosen_rows = np.flatnonzero((lens > lo) & (lens <= hi))
-      if len(chosen_rows):
-        s = bleu.score([hyps[i] for i in chosen_rows],
-                       [data.references[i] for i in chosen_rows])
-        by_length[bin_label(lo, hi)] = {'bleu': s['bleu'], 'chrf': s['chrf'],
-                                        'sentences': int(len(chosen_rows))}
-    inside = lens <= SHORT_MAX_LEN
-    split_result = {**bleu.score(hyps, data.references),
-                    'by_length': by_length}
-    for name, rows in (('short_sources', np.flatnonzero(inside)),
-                       ('long_sources', np.flatnonzero(~inside))):
-      split_result[name] = ({'bleu': None, 'chrf': None}
-                            if not len(rows) else
-                            bleu.score([hyps[i] for i in rows],
-                                       [data.references[i] for i in rows]))
-      split_result[name]['sentences'] = int(len(rows))
+    split_result = scores_by_length(hyps, data.references, data.source_lens())
     result['splits'][split] = split_result
     writer.add_scalar(f'beam/{split}/bleu', split_result['bleu'], chosen)
   writer.close()
@@ -214,6 +217,11 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
                           for r in mine
                           if b in r['splits'][MAIN_TEST]['by_length']])
                    for b in bins])
+  length_rows.append(
+      [f'{best_floor} (floor)'] + [
+          f'{floors[best_floor][MAIN_TEST]["by_length"][b]["bleu"]:.2f}'
+          if b in floors[best_floor][MAIN_TEST]['by_length'] else '–'
+          for b in bins])
   counts = {}
   if results:
     any_run = next(iter(results.values()))
@@ -278,8 +286,9 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
       (f'BLEU by source length ({MAIN_TEST}, tokens)', length_table),
       ('Paired by seed', '\n'.join(f'- {c}' for c in comparisons)),
   ]
-  if results and plot_by_length(results, labels,
-                                os.path.join(workdir, 'bleu_by_length.png')):
+  if results and plot_by_length(
+      results, labels, os.path.join(workdir, 'bleu_by_length.png'),
+      floor=(best_floor, floors[best_floor][MAIN_TEST]['by_length'])):
     sections.append(('Plot', '![BLEU by source length](bleu_by_length.png)'))
   data = {'scale': scale, 'protocol': protocol, 'floors': floors,
           'runs': results}
@@ -287,9 +296,11 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
                               data)
 
 
-def plot_by_length(results: dict, labels, path: str) -> bool:
+def plot_by_length(results: dict, labels, path: str,
+                   floor: tuple[str, dict] | None = None) -> bool:
   """test_2016 BLEU by source-length bin, one line per encoding (mean over
-  seeds, band min-max), a dashed line where +short training stops."""
+  seeds, band min-max), the floor's (name, by_length) dotted, and a line
+  where +short training stops."""
   import matplotlib
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt
@@ -310,6 +321,11 @@ def plot_by_length(results: dict, labels, path: str) -> bool:
   if not drawn:
     plt.close(fig)
     return False
+  if floor is not None:
+    name, by_length = floor
+    ax.plot(np.arange(len(bins)), [by_length.get(b, {}).get('bleu', np.nan)
+                                   for b in bins],
+            color='black', linestyle=':', marker='x', label=f'{name} (floor)')
   ax.axvline(2.5, color='grey', linestyle=':', linewidth=1)
   ax.text(2.55, ax.get_ylim()[1], f' longer than {SHORT_MAX_LEN} (+short: '
           f'never trained)', va='top', fontsize=7, color='grey')
@@ -336,7 +352,14 @@ class Translation(skeleton.Study):
 
   def prepare(self, scale):
     try:
-      floors = translation_baselines.floors()
+      from selfattn import translation_data
+      tokens = translation_data.tokenizer_for(
+          translation_config.get_config(scale).task.vocab_size)
+      lengths = lambda split: np.array(
+          [len(ids) for ids in tokens.encode(multi30k.pairs(split)[0])])
+      floors = translation_baselines.floors(
+          scorer=lambda split, hyps, refs: scores_by_length(
+              hyps, refs, lengths(split)))
     except DataError as e:
       raise skeleton.StudyError(str(e)) from None
     print('floors: ' + '; '.join(

@@ -27,7 +27,7 @@ from __future__ import annotations
 import collections
 import math
 import re
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -145,22 +145,25 @@ class Retrieval:
 FLOORS = ('copy', 'word', 'retrieval')
 
 
-def floors(data_dir: str | None = None, splits: Sequence[str] | None = None
-           ) -> dict[str, dict[str, dict[str, float | str]]]:
-  """{floor: {split: bleu.score(...)}} on the validation and test splits."""
+def floors(data_dir: str | None = None, splits: Sequence[str] | None = None,
+           scorer=None) -> dict[str, dict[str, dict[str, Any]]]:
+  """{floor: {split: scores}} on the validation and test splits; scores
+  are scorer(split, hypotheses, references), bleu.score by default (the
+  study adds BLEU by source length)."""
   from selfattn import bleu
   from selfattn import multi30k
   splits = list(splits or ('val',) + multi30k.TEST_SPLITS)
+  scorer = scorer or (lambda split, hyps, refs: bleu.score(hyps, refs))
   train_src, train_tgt = multi30k.pairs('train', data_dir=data_dir)
   systems = {'copy': copy_source,
              'word': WordByWord(train_src, train_tgt).translate,
              'retrieval': Retrieval(train_src, train_tgt).translate}
-  out: dict[str, dict[str, dict[str, float | str]]] = {}
+  out: dict[str, dict[str, dict[str, Any]]] = {}
   for name, system in systems.items():
     out[name] = {}
     for split in splits:
       src, ref = multi30k.pairs(split, data_dir=data_dir)
-      out[name][split] = bleu.score(system(src), ref)
+      out[name][split] = scorer(split, system(src), ref)
   return out
 
 
