@@ -343,20 +343,11 @@ class Music(skeleton.Study):
     evaluate_run(run, path, context['data'])
 
   def results(self, runs, workdir, context, *, score_missing):
-    """{name: music.json + tags} of the finished runs; score_missing: score
-    the ones not yet scored (a study stopped between training and
-    scoring), else leave them out."""
-    out = {}
-    for run in runs:
-      summary = study.finished_summary(run, workdir)
-      if summary is None or study.diverged(summary):
-        continue
-      path = os.path.join(workdir, run.name)
-      if not score_missing and not os.path.exists(os.path.join(path, 'music.json')):
-        continue
-      out[run.name] = {**evaluate_run(run, path, context['data']),
-                       'label': run.tags['position'], 'seed': run.tags['seed']}
-    return out
+    """{name: music.json + tags} of the finished runs (skeleton.scored_results)."""
+    return skeleton.scored_results(
+        runs, workdir, 'music.json',
+        lambda run, path: evaluate_run(run, path, context['data']),
+        score_missing=score_missing)
 
   def report(self, workdir, runs, results, scale, context):
     data = context['data']

@@ -79,6 +79,25 @@ class Study:
     raise NotImplementedError
 
 
+def scored_results(runs: Sequence[study.Run], workdir: str, result_file: str,
+                   evaluate, *, score_missing: bool) -> dict[str, Any]:
+  """{name: evaluate(run, path) with the run's label and seed} for every
+  finished run that did not diverge. score_missing: score the ones without
+  their result_file yet (a study stopped between training and scoring),
+  else leave them out (--collect_only trains and scores nothing)."""
+  out = {}
+  for run in runs:
+    summary = study.finished_summary(run, workdir)
+    if summary is None or study.diverged(summary):
+      continue
+    path = os.path.join(workdir, run.name)
+    if not score_missing and not os.path.exists(os.path.join(path, result_file)):
+      continue
+    out[run.name] = {**evaluate(run, path), 'label': run.tags['position'],
+                     'seed': run.tags['seed']}
+  return out
+
+
 class StudyError(Exception):
   """Input the study cannot run with: printed as one line, exit status 2."""
 

@@ -375,17 +375,8 @@ class Translation(skeleton.Study):
     evaluate_run(run, path)
 
   def results(self, runs, workdir, context, *, score_missing):
-    out = {}
-    for run in runs:
-      summary = study.finished_summary(run, workdir)
-      if summary is None or study.diverged(summary):
-        continue
-      path = os.path.join(workdir, run.name)
-      if not score_missing and not os.path.exists(os.path.join(path, RESULT_FILE)):
-        continue
-      out[run.name] = {**evaluate_run(run, path),
-                       'label': run.tags['position'], 'seed': run.tags['seed']}
-    return out
+    return skeleton.scored_results(runs, workdir, RESULT_FILE, evaluate_run,
+                                   score_missing=score_missing)
 
   def report(self, workdir, runs, results, scale, context):
     return report(workdir, runs, results, scale, context['floors'])

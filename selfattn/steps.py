@@ -417,13 +417,3 @@ class Trainer:
         total = sums if total is None else jax.tree.map(np.add, total, sums)
       results[length] = metrics_from_sums(total)
     return results
-
-
-def make_trainer(config: ml_collections.ConfigDict,
-                 mesh: jax.sharding.Mesh | None = None) -> Trainer:
-  """The config's trainer: TranslationTrainer for the encoder_decoder
-  layout (translation_steps.py), else Trainer."""
-  if config.task.layout == 'encoder_decoder':
-    from selfattn.translation_steps import TranslationTrainer
-    return TranslationTrainer(config, mesh)
-  return Trainer(config, mesh)

@@ -21,7 +21,7 @@ padded to a static size with its true length alongside. A *layout*
                 (free_running.py).
   encoder_decoder  translation: the source goes to an encoder, BOS + target
                 to a decoder with cross-attention that predicts target +
-                EOS (translation_task.py builds these batches).
+                EOS (translation_batches.py builds these batches).
 
 Token ids of the model input: the task's input symbols 0..S-1 (its alphabet,
 including any operator or separator symbols it uses), then PAD = S, then the
@@ -89,7 +89,7 @@ class TaskSpec:
   language_model: bool = False
   # Translation: a source for an encoder, a target for a decoder with
   # cross-attention (layout encoder_decoder); batches come from
-  # translation_task.py, not from make_sampler's examples.
+  # translation_batches.py, not from make_sampler's examples.
   seq2seq: bool = False
   input_symbols: Callable[[int], int] = _same   # S from V
   num_classes: Callable[[int], int] = _same     # output alphabet from V

@@ -38,7 +38,7 @@ from selfattn.task_spec import Example
 from selfattn.task_spec import TaskSpec
 from selfattn.translation_task import TRANSLATION_TASKS
 
-_TRAIN_STREAM, _EVAL_STREAM = 0, 1   # training and evaluation never share a key
+TRAIN_STREAM, _EVAL_STREAM = 0, 1   # training and evaluation never share a key
 _POSITIONS_STREAM = 2                # randomized positions, per example
 
 LAYOUTS = ('in_place', 'placeholders', 'autoregressive', 'encoder_decoder')
@@ -206,7 +206,7 @@ def _lay_out_autoregressive(task_spec: TaskSpec, raw, S: int):
 
 def _lay_out_encoder_decoder(task_spec: TaskSpec, raw, S: int):
   del task_spec, S
-  return raw        # translation_task.py builds the batches, not examples
+  return raw        # translation_batches.py builds the batches, not examples
 
 
 _LAYOUT_BUILDERS = {'in_place': _lay_out_in_place,
@@ -309,7 +309,7 @@ def make_batch(task: Task, seed: int, step: jax.Array, indices: jax.Array,
   one per example (or one for the whole batch, as the reference does, with
   per_batch_length), padded to task.seq_len(max_len). `indices` (B,) are global
   example indices. With max_random_len, also randomized positions."""
-  keys = example_keys(seed, _TRAIN_STREAM, step, indices)
+  keys = example_keys(seed, TRAIN_STREAM, step, indices)
   batch_length = None
   if per_batch_length:
     # Depends on (seed, step) only, so every device and process draws it alike.

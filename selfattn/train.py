@@ -34,7 +34,7 @@ from selfattn.errors import ConfigError
 from selfattn.errors import NonFiniteError
 from selfattn.errors import TrainingInterrupted
 from selfattn.steps import Trainer
-from selfattn.steps import make_trainer
+from selfattn.trainers import make_trainer
 from selfattn.timing import StepTimer
 from selfattn.timing import duration
 from selfattn.translation_steps import translation_summaries

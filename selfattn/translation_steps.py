@@ -35,7 +35,7 @@ from selfattn.steps import global_indices
 from selfattn.steps import state_is_healthy
 from selfattn.tasks import Batch
 from selfattn.translation_data import PAD
-from selfattn.translation_task import TrainingBatches
+from selfattn.translation_batches import TrainingBatches
 
 NUM_SAMPLES = 4          # validation sentences shown as text per evaluation
 

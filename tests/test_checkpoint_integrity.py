@@ -181,7 +181,7 @@ def test_divergence_after_a_rejected_checkpoint_names_the_restored_one(
       super().__init__(config)
       self.healthy = lambda state: False
 
-  monkeypatch.setattr(train, 'Trainer', Diverging)
+  monkeypatch.setattr(train, 'make_trainer', Diverging)
   with pytest.raises(errors.NonFiniteError,
                      match=r'the last good checkpoint is step 10 in '):
     train.train_and_evaluate(thirty_steps_config(), str(workdir))

@@ -17,7 +17,7 @@ from selfattn import steps
 from selfattn import tasks
 from selfattn import translate
 from selfattn import translation_data
-from selfattn import translation_task
+from selfattn import translation_batches
 from selfattn.config_checks import validate_config
 from selfattn.decoder import TransformerDecoder
 from selfattn.encoder import TransformerEncoder
@@ -73,7 +73,7 @@ class _Corpus:
 def test_a_batch_is_a_pure_function_of_seed_and_step_and_holds_real_pairs():
   src, tgt = _pairs()
   buckets = translation_data.make_buckets(src, tgt)
-  batches = translation_task.TrainingBatches(_Corpus(buckets), 256)
+  batches = translation_batches.TrainingBatches(_Corpus(buckets), 256)
   # Each bucket's batch holds about the budget: sizes * bound <= 256.
   for size, bound in zip(batches.sizes, batches.bounds):
     assert size == max(1, 256 // bound)
@@ -206,7 +206,8 @@ def test_the_trainer_steps_on_the_batch_it_shows_and_evaluates_what_it_decodes(
   from selfattn.translation_steps import TranslationTrainer
   config = tiny_translation_config()
   validate_config(config)
-  trainer = steps.make_trainer(config)
+  from selfattn.trainers import make_trainer
+  trainer = make_trainer(config)
   assert isinstance(trainer, TranslationTrainer)
   state = trainer.init_state()
   # advance draws its batch inside the step: the same as train_step on the
