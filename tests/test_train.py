@@ -55,12 +55,13 @@ def test_tensorboard_events_read_back_with_tags_images_and_hparams(tiny_run):
   assert 'positions/table' in tags['images']
   image = acc.Images('attention/layer_0')[-1]
   assert image.width > image.height > 0        # heads side by side
-  assert 'config/text_summary' in tags['tensors']
+  assert 'description/text_summary' in tags['tensors']
   content = acc.PluginTagToContent('hparams')
   start = plugin_data_pb2.HParamsPluginData.FromString(
       content['_hparams_/session_start_info']).session_start_info
   assert start.hparams['Encoding'].string_value == 'sinusoidal'   # model.position
-  assert start.hparams['model.num_hiddens'].number_value == 16
+  # Integers as strings (summaries.py: TensorBoard has no integer type).
+  assert start.hparams['model.num_hiddens'].string_value == '16'
   assert 'mesh.data' not in start.hparams
   assert 'model.attention_impl' not in start.hparams
   # No per-run experiment summary: TensorBoard builds one from all sessions.
