@@ -112,9 +112,10 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
   attention_impl, remat, scan_layers, meter_period, meter_step_tokens,
   dtype, param_dtype, rngs,
   **position_options), plus cross_attention, and tie_output (the logits
-  use the token embedding's transpose instead of a dense head). With scan_layers the caches
-  too carry the layer axis, and cached decoding runs through nnx.scan; remat
-  applies to full (training) passes, not to decode=True steps.
+  use the token embedding's transpose instead of a dense head). With
+  scan_layers the caches too carry the layer axis, and cached decoding runs
+  through nnx.scan; remat applies to full (training) passes, not to
+  decode=True steps.
   """
 
   def __init__(self, vocab_size: int, num_hiddens: int, ffn_num_hiddens: int,

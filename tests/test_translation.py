@@ -201,6 +201,7 @@ def test_label_smoothing_matches_numpy():
 # The trainer on the made-up corpus.
 # --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_trainer_steps_on_the_batch_it_shows_and_evaluates_what_it_decodes(
     tiny_multi30k):
   from selfattn.translation_steps import TranslationTrainer
@@ -254,3 +255,29 @@ def test_translation_configs_refuse_what_they_cannot_do(tiny_multi30k):
   with pytest.raises(ConfigError, match='tie_embeddings=True is for the '
                      'encoder_decoder layout'):
     validate_config(config)
+
+
+@pytest.mark.slow
+def test_a_resumed_translation_run_ends_with_the_same_parameters(
+    tiny_multi30k, tmp_path):
+  """Dropout on and buckets switching: resumed from its step-2 checkpoint,
+  as after a crash, the run redraws the buckets, pairs and masks it drew
+  the first time."""
+  import os
+  import shutil
+
+  from runs import saved_params
+  from selfattn import train
+  config = tiny_translation_config(**{
+      'train.num_steps': 6, 'train.checkpoint_every': 2,
+      'train.keep_checkpoints': 3, 'eval.every': 6, 'model.dropout': 0.2})
+  straight = tmp_path / 'straight'
+  train.train_and_evaluate(config, str(straight))
+  resumed = tmp_path / 'resumed'
+  os.makedirs(resumed / 'checkpoints')
+  shutil.copy(straight / 'config.json', resumed / 'config.json')
+  shutil.copytree(straight / 'checkpoints' / '2', resumed / 'checkpoints' / '2')
+  assert train.train_and_evaluate(config, str(resumed))['step'] == 6
+  for a, b in zip(saved_params(straight), saved_params(resumed), strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+  assert not np.allclose(saved_params(straight, 2)[0], saved_params(straight)[0])

@@ -6,6 +6,7 @@ protocol's cut against the real test set."""
 import os
 
 import numpy as np
+import pytest
 
 from data import REQUIRES_MULTI30K
 from experiments import translation as translation_study
@@ -39,6 +40,7 @@ def test_retrieval_returns_the_nearest_training_target():
   assert baselines.detokenize(['A', 'dog', '.']) == 'A dog.'
 
 
+@pytest.mark.slow
 def test_a_scored_run_commits_translations_that_reproduce_its_scores(
     tiny_multi30k, tmp_path):
   from selfattn.train import train_and_evaluate
