@@ -76,3 +76,36 @@ def test_the_short_protocol_leaves_about_a_fifth_of_the_test_set_longer():
   lengths = np.array([len(ids) for ids in tok.encode(sources)])
   longer = float(np.mean(lengths > translation_study.SHORT_MAX_LEN))
   assert 0.17 <= longer <= 0.23, longer
+
+
+def _fake_result(bleu_main: float, long_bleu: float) -> dict:
+  by_length = {translation_study.bin_label(lo, hi): {
+      'bleu': bleu_main + i, 'chrf': 50.0, 'sentences': 10}
+      for i, (lo, hi) in enumerate(translation_study.LENGTH_BINS)}
+  split = {'bleu': bleu_main, 'chrf': 50.0, 'bleu_signature': 'SIG',
+           'by_length': by_length,
+           'short_sources': {'bleu': bleu_main, 'chrf': 1.0, 'sentences': 80},
+           'long_sources': {'bleu': long_bleu, 'chrf': 1.0, 'sentences': 20}}
+  return {'splits': {s: split for s in ('val',) + multi30k.TEST_SPLITS}}
+
+
+def test_the_report_tables_floors_and_pairs_by_seed(tmp_path):
+  """report() on made-up run results: mean ± std cells, the floor named and
+  counted against, and a paired line that is the per-seed difference."""
+  runs = translation_study.study_runs('quick', 2, ('sinusoidal', 'shaw'))
+  results = {}
+  for run, (main, long) in zip(runs, [(30, 20), (31, 22), (32, 21), (34, 25)]):
+    results[run.name] = {**_fake_result(main, long),
+                         'label': run.tags['position'], 'seed': run.tags['seed']}
+  floor = _fake_result(25.0, 20.0)['splits']
+  text = translation_study.report(str(tmp_path), runs, results, 'quick',
+                                  {'word': floor, 'copy': _fake_result(1, 1)['splits']})
+  # Seed-major runs: seed 0 sinusoidal 30, shaw 31; seed 1 sinusoidal 32, shaw 34.
+  assert '| sinusoidal | 31.00 ± 1.41 |' in text
+  assert '| shaw | 32.50 ± 2.12 |' in text
+  assert 'The strongest floor on validation is `word`' in text
+  assert 'sinusoidal 2/2, shaw 2/2' in text
+  assert ('shaw minus sinusoidal (Shaw et al.\'s comparison): +1.50 BLEU over '
+          '2 seeds') in text
+  assert '| word (floor) | 25.00 | 26.00 | 27.00 |' in text      # by length
+  assert (tmp_path / 'bleu_by_length.png').exists()
