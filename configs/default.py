@@ -75,6 +75,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.train = ml_collections.ConfigDict()
   config.train.num_steps = 2000
   config.train.batch_size = 64           # global batch, split over the `data` mesh axis
+  # Translation's length-bucketed batches: about this many (padded) tokens a
+  # batch, whatever the bucket (0: batch_size x the longest bucket's length).
+  config.train.batch_tokens = 0
   config.train.learning_rate = 3e-3      # peak, after linear warmup; cosine decay to 0
   config.train.warmup_steps = 100
   config.train.schedule = 'cosine'       # cosine (decay at num_steps to final_lr_fraction of the peak) or constant

@@ -31,9 +31,10 @@ vocabularies could tie only the decoder's two.
 
 Scales (`--config=configs/translation.py:SCALE`):
   cpu    (default) 3 + 3 layers of width 128, 4 heads, FFN 512, dropout 0.1,
-         batches of about 32 x 56 = 1792 tokens, 3000 steps.
+         batches of about 1792 padded tokens (train.batch_tokens; 32
+         sentences of the longest bucket, 56 tokens), 3000 steps.
   gpu    Shaw et al.'s base model (6 + 6 layers, width 512, 8 heads, FFN
-         2048), batches of about 4096 tokens, 20000 steps. For a GPU.
+         2048), batches of about 4096 padded tokens, 20000 steps. For a GPU.
   quick  a smoke test for the tests.
 """
 
@@ -77,6 +78,7 @@ def get_config(scale: str | None = None) -> ml_collections.ConfigDict:
     m.num_layers, m.num_hiddens, m.num_heads, m.ffn_num_hiddens = 6, 512, 8, 2048
     m.dropout = 0.1
     tr.num_steps, tr.batch_size, tr.learning_rate = 20000, 72, 7e-4
+    tr.batch_tokens = 4096
     tr.warmup_steps = 4000
     tr.log_every, tr.checkpoint_every = 200, 2000
     e.every = 2000
@@ -84,6 +86,7 @@ def get_config(scale: str | None = None) -> ml_collections.ConfigDict:
     m.num_layers, m.num_hiddens, m.num_heads, m.ffn_num_hiddens = 3, 128, 4, 512
     m.dropout = 0.1
     tr.num_steps, tr.batch_size, tr.learning_rate = 3000, 32, 1.5e-3
+    tr.batch_tokens = 1792         # 32 sentences of the longest bucket (56)
     tr.warmup_steps = 300
     tr.log_every, tr.checkpoint_every = 100, 500
     e.every = 500

@@ -174,6 +174,12 @@ def _validate(config: ml_collections.ConfigDict,
   if not 0.0 < config.train.b2 < 1.0:
     raise ConfigError(f'config.train.b2 must be in (0, 1); got '
                       f'{config.train.b2}')
+  batch_tokens = config.train.batch_tokens
+  if not isinstance(batch_tokens, int) or isinstance(batch_tokens, bool) or (
+      batch_tokens < 0):
+    raise ConfigError(f'config.train.batch_tokens must be an integer >= 0 '
+                      f'(0: batch_size x the longest bucket); got '
+                      f'{batch_tokens!r}')
   if not 0.0 <= config.train.label_smoothing < 1.0:
     raise ConfigError(f'config.train.label_smoothing must be in [0, 1); got '
                       f'{config.train.label_smoothing}')

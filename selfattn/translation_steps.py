@@ -74,8 +74,9 @@ class TranslationTrainer(Trainer):
   """Trainer (steps.py) for the encoder_decoder layout.
 
   Extra attributes: corpus (translation_data.Corpus), batches
-  (TrainingBatches), token_budget (source or target tokens a training
-  batch holds: train.batch_size sentences of the longest bucket), latest
+  (TrainingBatches), token_budget (padded tokens a training batch holds:
+  train.batch_tokens, or train.batch_size sentences of the longest
+  bucket), latest
   (after evaluate: whole-set valid BLEU/chrF, samples, and one sentence's
   cross-attention), translate_ids(params, source_ids, method=...).
   """
@@ -86,7 +87,10 @@ class TranslationTrainer(Trainer):
     task, seed_arg = self.task, self.seed_arg
     self.corpus = corpus = translation_data.prepare(task.vocab_size,
                                                     config.task.max_len)
-    self.token_budget = config.train.batch_size * corpus.buckets[-1].bound
+    # A fixed budget keeps the protocols' batches alike: +short's buckets end
+    # lower, and batch_size x its longest bucket would hold fewer tokens.
+    self.token_budget = (config.train.batch_tokens or
+                         config.train.batch_size * corpus.buckets[-1].bound)
     self.batches = batches = TrainingBatches(corpus, self.token_budget,
                                              self.mesh.size)
     by_example, replicated = self.by_example, self.replicated

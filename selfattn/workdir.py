@@ -41,7 +41,8 @@ _ADDED_FIELDS = {'model.attention_impl': 'plain', 'model.remat': False,
                  'task.crop_align': 1, 'model.meter_period': 0,
                  'model.meter_step_tokens': 4,
                  # 2026-11-26: translation (issue 33).
-                 'model.tie_embeddings': False, 'train.label_smoothing': 0.0}
+                 'model.tie_embeddings': False, 'train.label_smoothing': 0.0,
+                 'train.batch_tokens': 0}
 
 
 def write_json(path: str, value: Any, sort_keys: bool = False) -> None:

@@ -246,7 +246,8 @@ def test_translation_configs_refuse_what_they_cannot_do(tiny_multi30k):
       ('model.randomize_positions', True, 'config.model.randomize_positions'),
       ('train.label_smoothing', 1.0, 'config.train.label_smoothing'),
       ('model.meter_period', 16, 'config.model.meter_period'),
-      ('task.vocab_size', 270, 'vocab_size=270')):
+      ('task.vocab_size', 270, 'vocab_size=270'),
+      ('train.batch_tokens', -1, 'config.train.batch_tokens')):
     with pytest.raises(ConfigError, match=needle.replace('.', r'\.')):
       validate_config(tiny_translation_config(**{dotted: value}))
   from configs import default

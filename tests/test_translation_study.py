@@ -68,6 +68,16 @@ def test_a_scored_run_commits_translations_that_reproduce_its_scores(
   assert translation_study.evaluate_run(run, path) == result
 
 
+def test_both_protocols_train_on_batches_of_the_same_tokens():
+  """+short's buckets end lower; its batches must not shrink with them."""
+  runs = {r.tags['position']: r.config for r in translation_study.study_runs(
+      'cpu', 1, ('shaw', 'shaw +short'))}
+  full, short = runs['shaw'], runs['shaw +short']
+  assert short.task.max_len == translation_study.SHORT_MAX_LEN < full.task.max_len
+  assert short.train.batch_tokens == full.train.batch_tokens == 1792
+  assert short.eval.lengths == [translation_study.SHORT_MAX_LEN, 64]
+
+
 @REQUIRES_MULTI30K
 def test_the_short_protocol_leaves_about_a_fifth_of_the_test_set_longer():
   from selfattn import translation_data
