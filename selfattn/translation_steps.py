@@ -34,6 +34,7 @@ from selfattn.steps import dropout_key_for
 from selfattn.steps import global_indices
 from selfattn.steps import state_is_healthy
 from selfattn.tasks import Batch
+from selfattn.translation_data import BOS
 from selfattn.translation_data import PAD
 from selfattn.translation_batches import TrainingBatches
 
@@ -76,9 +77,9 @@ class TranslationTrainer(Trainer):
   Extra attributes: corpus (translation_data.Corpus), batches
   (TrainingBatches), token_budget (padded tokens a training batch holds:
   train.batch_tokens, or train.batch_size sentences of the longest
-  bucket), latest
-  (after evaluate: whole-set valid BLEU/chrF, samples, and one sentence's
-  cross-attention), translate_ids(params, source_ids, method=...).
+  bucket), latest (after evaluate: whole-set valid BLEU/chrF, samples, and
+  one sentence's cross-attention), translate_ids(params, source_ids,
+  method=...), translate_texts(params, sentences, method=...).
   """
 
   def __init__(self, config: ml_collections.ConfigDict,
@@ -220,7 +221,6 @@ class TranslationTrainer(Trainer):
     """The last decoder layer's cross-attention, averaged over heads, for
     one sentence pair: {'weights' (T, S) rows the target tokens (BOS +
     target) and columns the source tokens, 'rows', 'columns' the pieces}."""
-    from selfattn.translation_data import BOS
     model = self.model(params)
     src = jnp.asarray([source], jnp.int32)
     dec = jnp.asarray([[BOS] + list(target)], jnp.int32)
