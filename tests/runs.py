@@ -1,6 +1,7 @@
 """Helpers for tests that train: reading checkpoints and running the CLI."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -75,3 +76,14 @@ def thirty_steps_config():
   config.train.num_steps = config.eval.every = 30
   config.train.checkpoint_every = 10
   return config
+
+
+def crashed_copy(workdir, dest, step: int):
+  """dest: a copy of `workdir` as a crash right after checkpoint `step`
+  would leave it (its config.json and that checkpoint only)."""
+  os.makedirs(os.path.join(dest, 'checkpoints'))
+  shutil.copy(os.path.join(workdir, 'config.json'),
+              os.path.join(dest, 'config.json'))
+  shutil.copytree(os.path.join(workdir, 'checkpoints', str(step)),
+                  os.path.join(dest, 'checkpoints', str(step)))
+  return dest

@@ -15,7 +15,7 @@ from selfattn import report
 from selfattn import steps
 from selfattn import train
 from selfattn.errors import ConfigError
-from runs import cli, saved_params
+from runs import cli, crashed_copy, saved_params
 
 
 def test_tiny_run_writes_summary_table_and_checkpoints(tiny_run):
@@ -79,10 +79,7 @@ def test_resumed_run_ends_with_the_same_parameters(tiny_config, tmp_path):
   straight = tmp_path / 'straight'
   train.train_and_evaluate(tiny_config, str(straight))
   # Resume from the step-10 checkpoint of the same run, as after a crash.
-  resumed = tmp_path / 'resumed'
-  os.makedirs(resumed / 'checkpoints')
-  shutil.copy(straight / 'config.json', resumed / 'config.json')
-  shutil.copytree(straight / 'checkpoints' / '10', resumed / 'checkpoints' / '10')
+  resumed = crashed_copy(straight, tmp_path / 'resumed', 10)
   summary = train.train_and_evaluate(tiny_config, str(resumed))
   assert summary['step'] == 30
   assert sorted(os.listdir(resumed / 'checkpoints')) == ['10', '20', '30']
@@ -408,10 +405,7 @@ def test_scanned_layers_train_and_resume_exactly(tiny_config, tmp_path):
   summary = train.train_and_evaluate(tiny_config, str(straight))
   assert summary['step'] == 20
   assert all(np.isfinite(m['loss']) for m in summary['eval'].values())
-  resumed = tmp_path / 'resumed'
-  os.makedirs(resumed / 'checkpoints')
-  shutil.copy(straight / 'config.json', resumed / 'config.json')
-  shutil.copytree(straight / 'checkpoints' / '10', resumed / 'checkpoints' / '10')
+  resumed = crashed_copy(straight, tmp_path / 'resumed', 10)
   train.train_and_evaluate(tiny_config, str(resumed))
   for a, b in zip(saved_params(straight), saved_params(resumed), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)

@@ -264,9 +264,7 @@ def test_a_resumed_translation_run_ends_with_the_same_parameters(
   """Dropout on and buckets switching: resumed from its step-2 checkpoint,
   as after a crash, the run redraws the buckets, pairs and masks it drew
   the first time."""
-  import os
-  import shutil
-
+  from runs import crashed_copy
   from runs import saved_params
   from selfattn import train
   config = tiny_translation_config(**{
@@ -274,10 +272,7 @@ def test_a_resumed_translation_run_ends_with_the_same_parameters(
       'train.keep_checkpoints': 3, 'eval.every': 6, 'model.dropout': 0.2})
   straight = tmp_path / 'straight'
   train.train_and_evaluate(config, str(straight))
-  resumed = tmp_path / 'resumed'
-  os.makedirs(resumed / 'checkpoints')
-  shutil.copy(straight / 'config.json', resumed / 'config.json')
-  shutil.copytree(straight / 'checkpoints' / '2', resumed / 'checkpoints' / '2')
+  resumed = crashed_copy(straight, tmp_path / 'resumed', 2)
   assert train.train_and_evaluate(config, str(resumed))['step'] == 6
   for a, b in zip(saved_params(straight), saved_params(resumed), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
