@@ -197,27 +197,22 @@ def screenshot_views(port: int, outdir: str, browser: str = BROWSER
   with sync_playwright() as p:
     chromium = p.chromium.launch(executable_path=browser)
     try:
-      page = chromium.new_page(viewport={'width': 1600, 'height': 900})
-      _open(page, port, 'scalars&tagFilter=Score',
+      def shoot(name, query, ready, height=900, click=None, wait=2000):
+        page = chromium.new_page(viewport={'width': 1600, 'height': height})
+        _open(page, port, query, ready)
+        if click:
+          page.get_by_text(click).click()
+        page.wait_for_timeout(wait)
+        paths.append(os.path.join(outdir, f'tensorboard_{name}.png'))
+        page.screenshot(path=paths[-1])
+
+      shoot('scalars', 'scalars&tagFilter=Score',
             lambda page: page.locator('canvas, svg.line-chart').count() > 0)
-      page.wait_for_timeout(2000)
-      paths.append(os.path.join(outdir, 'tensorboard_scalars.png'))
-      page.screenshot(path=paths[-1])
-
-      page = chromium.new_page(viewport={'width': 1600, 'height': 900})
-      _open(page, port, 'hparams',
-            lambda page: 'Score' in page.evaluate(_HEADERS_JS))
-      page.get_by_text('Parallel Coordinates View').click()
-      page.wait_for_timeout(2500)
-      paths.append(os.path.join(outdir, 'tensorboard_parallel.png'))
-      page.screenshot(path=paths[-1])
-
-      page = chromium.new_page(viewport={'width': 1600, 'height': 1400})
-      _open(page, port, 'images',
-            lambda page: page.locator('img').count() > 2)
-      page.wait_for_timeout(2000)
-      paths.append(os.path.join(outdir, 'tensorboard_images.png'))
-      page.screenshot(path=paths[-1])
+      shoot('parallel', 'hparams',
+            lambda page: 'Score' in page.evaluate(_HEADERS_JS),
+            click='Parallel Coordinates View', wait=2500)
+      shoot('images', 'images', lambda page: page.locator('img').count() > 2,
+            height=1400)
     finally:
       chromium.close()
   return paths

@@ -302,6 +302,22 @@ def key_upper(cfg: Config, i, bq: int, bk: int, lq: int, lk: int,
   return jnp.clip(floor_div(seen + bk - 1, bk, lq - lk), 0, num_key_blocks)
 
 
+def over_key_blocks(cfg: Config, body, carry, i, bq: int, bk: int, lq: int,
+                    lk: int, num_key_blocks: int):
+  """Query block i's loop over its key blocks (the forward and dQ kernels):
+  body(j, carry, region) -> carry, run region by region (near and far
+  blocks apart for the bucketed encodings, so far blocks skip the bucket
+  search)."""
+  upper = key_upper(cfg, i, bq, bk, lq, lk, num_key_blocks)
+  split = None
+  if cfg.kind in ('shaw', 't5'):
+    split = (*far_blocks(i, bq, bk, reach(cfg), upper), ('left', 'right'))
+  for lo, hi, region in regions(cfg, split, 0, upper):
+    carry = jax.lax.fori_loop(lo, hi, functools.partial(body, region=region),
+                              carry)
+  return carry
+
+
 def query_lower(cfg: Config, j, bq: int, bk: int, lq: int, lk: int):
   """The first query block that may see key block j."""
   if not cfg.causal:
@@ -381,13 +397,7 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   dv = v_ref.shape[-1]
   carry = (jnp.zeros((bq, dv), F32), jnp.full((bq, 1), -jnp.inf, F32),
            jnp.zeros((bq, 1), F32))
-  upper = key_upper(cfg, i, bq, bk, lq, lk, num_key_blocks)
-  split = None
-  if cfg.kind in ('shaw', 't5'):
-    split = (*far_blocks(i, bq, bk, reach(cfg), upper), ('left', 'right'))
-  for lo, hi, region in regions(cfg, split, 0, upper):
-    carry = jax.lax.fori_loop(lo, hi, functools.partial(body, region=region),
-                              carry)
+  carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks)
   acc, m, l = carry
   has_key = l > 0
   out = jnp.where(has_key, acc / jnp.where(has_key, l, 1.0), 0.0)
@@ -437,13 +447,7 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
 
   carry = (jnp.zeros((bq, q_ref.shape[-1]), F32), jnp.zeros((bq, width), F32),
            jnp.zeros((bq, width), F32))
-  upper = key_upper(cfg, i, bq, bk, lq, lk, num_key_blocks)
-  split = None
-  if cfg.kind in ('shaw', 't5'):
-    split = (*far_blocks(i, bq, bk, reach(cfg), upper), ('left', 'right'))
-  for lo, hi, region in regions(cfg, split, 0, upper):
-    carry = jax.lax.fori_loop(lo, hi, functools.partial(body, region=region),
-                              carry)
+  carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks)
   acc, fold_ds, fold_p = carry
   if cfg.kind == 'shaw':
     # s = scale q (k + a^K[bucket]): dq = scale (ds k + fold(ds) a^K), and
