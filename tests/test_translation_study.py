@@ -96,7 +96,9 @@ def _fake_result(bleu_main: float, long_bleu: float) -> dict:
            'by_length': by_length,
            'short_sources': {'bleu': bleu_main, 'chrf': 1.0, 'sentences': 80},
            'long_sources': {'bleu': long_bleu, 'chrf': 1.0, 'sentences': 20}}
-  return {'splits': {s: split for s in ('val',) + multi30k.TEST_SPLITS}}
+  return {'splits': {s: split for s in ('val',) + multi30k.TEST_SPLITS},
+          'valid_bleu_greedy_by_step': {'500': bleu_main - 10,
+                                        '1000': bleu_main}}
 
 
 def test_the_report_tables_floors_and_pairs_by_seed(tmp_path):
@@ -119,3 +121,33 @@ def test_the_report_tables_floors_and_pairs_by_seed(tmp_path):
           '2 seeds') in text
   assert '| word (floor) | 25.00 | 26.00 | 27.00 |' in text      # by length
   assert (tmp_path / 'bleu_by_length.png').exists()
+  assert (tmp_path / 'bleu_by_step.png').exists()
+
+
+def test_the_plan_trains_tier_by_tier_each_at_its_seeds():
+  """Core encodings at 5 seeds come first (seed-major), then +short at 3,
+  then single runs; --seeds caps every tier."""
+  runs = translation_study.study_runs('cpu', 5, tuple(translation_study.ENCODINGS))
+  names = [r.name for r in runs]
+  assert len(names) == len(set(names)) == 20 + 9 + 3
+  assert names[:5] == ['position=sinusoidal,seed=0', 'position=learned,seed=0',
+                       'position=shaw,seed=0', 'position=rope,seed=0',
+                       'position=sinusoidal,seed=1']
+  assert names[20] == 'position=sinusoidal+short,seed=0'
+  assert names[-3:] == ['position=none,seed=0', 'position=t5,seed=0',
+                        'position=alibi,seed=0']
+  short = [r for r in runs if r.tags['position'].endswith('+short')]
+  assert {r.config.model.position for r in short} == {'sinusoidal', 'shaw', 'rope'}
+  assert all(r.config.task.max_len == translation_study.SHORT_MAX_LEN
+             for r in short)
+  capped = translation_study.study_runs('cpu', 2, tuple(translation_study.ENCODINGS))
+  assert len(capped) == 4 * 2 + 3 * 2 + 3
+
+
+def test_a_row_with_one_run_gets_a_difference_but_no_interval():
+  line = translation_study.single_run_line(
+      {'sinusoidal': {0: 30.0, 1: 31.0}, 'none': {0: 12.5},
+       'shaw': {0: 31.0, 1: 33.0}})
+  assert line is not None and 'none minus sinusoidal at seed 0: -17.50' in line
+  assert 'shaw' not in line and 'interval' in line   # 'no interval'
+  assert translation_study.single_run_line({'sinusoidal': {0: 1.0}}) is None
