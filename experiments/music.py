@@ -36,30 +36,42 @@ from experiments import study
 from selfattn import jsb
 from selfattn import lm_eval
 
-# Study label -> (position, encoding options, task options).
-ENCODINGS = {
-    'none': ('none', {}, {}),
-    'sinusoidal': ('sinusoidal', {}, {}),
-    'learned': ('learned', {}, {}),
-    'shaw': ('shaw', {}, {}),
-    'huang': ('huang', {}, {}),
-    'rope': ('rope', {}, {}),
-    'pope': ('pope', {}, {}),
-    # PoPE as its paper initialises it for JSB (Table 6): delta ~ U(-2 pi, 0).
-    'pope_uniform': ('pope', {'pope_delta_init': 'uniform'}, {}),
-    'alibi': ('alibi', {}, {}),
-    't5': ('t5', {}, {}),
-    'xl': ('xl', {}, {}),
-    'rope +transpose': ('rope', {}, {'transpose': 3}),
-}
+# Section 6's first pass ran before the CPU default knew the meter: its rows
+# turn the meter off, so that they keep the configs they were trained with.
+NO_METER_MODEL = {'meter_period': 0}
+NO_METER_TASK = {'crop_align': 1}
 # The meter as position information (issue 34): bar-aligned crops (every
 # crop starts on a 4/4 bar line, so target i always has step phase
 # (i // 4) % 16), and on top of them a learned embedding of that phase.
-METER_POSITIONS = ('shaw', 'xl', 'rope', 'pope', 'sinusoidal')
 BAR = {'crop_align': 16}
 METER = {'meter_period': 16, 'meter_step_tokens': 4}
+
+
+def _first_pass(position: str, model: dict | None = None,
+                task: dict | None = None) -> tuple[str, dict, dict]:
+  return (position, {**NO_METER_MODEL, **(model or {})},
+          {**NO_METER_TASK, **(task or {})})
+
+
+# Study label -> (position, encoding options, task options).
+ENCODINGS = {
+    'none': _first_pass('none'),
+    'sinusoidal': _first_pass('sinusoidal'),
+    'learned': _first_pass('learned'),
+    'shaw': _first_pass('shaw'),
+    'huang': _first_pass('huang'),
+    'rope': _first_pass('rope'),
+    'pope': _first_pass('pope'),
+    # PoPE as its paper initialises it for JSB (Table 6): delta ~ U(-2 pi, 0).
+    'pope_uniform': _first_pass('pope', {'pope_delta_init': 'uniform'}),
+    'alibi': _first_pass('alibi'),
+    't5': _first_pass('t5'),
+    'xl': _first_pass('xl'),
+    'rope +transpose': _first_pass('rope', task={'transpose': 3}),
+}
+METER_POSITIONS = ('shaw', 'xl', 'rope', 'pope', 'sinusoidal')
 for _p in METER_POSITIONS:
-  ENCODINGS[f'{_p} +bar'] = (_p, {}, BAR)
+  ENCODINGS[f'{_p} +bar'] = (_p, NO_METER_MODEL, BAR)
   ENCODINGS[f'{_p} +bar+meter'] = (_p, METER, BAR)
 METER_RELATIVE = ('shaw', 'xl', 'rope', 'pope')
 ABSOLUTE = ('sinusoidal', 'learned')

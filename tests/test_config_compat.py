@@ -116,3 +116,26 @@ def test_the_published_recipes_validate_and_use_rmsnorm(module):
   abstract = nnx.eval_shape(
       lambda: model_lib.build_model(config, task, nnx.Rngs(0)))
   assert isinstance(abstract.stack.final_ln, nnx.RMSNorm)
+
+
+def test_every_committed_music_run_still_matches_its_study_config():
+  """The CPU music default gained the meter; each committed run of the
+  study (first pass and meter rows) must still be the config the study
+  would train it with, or resuming and re-collecting would mix configs."""
+  import pathlib
+  from experiments import music as music_study
+  committed = pathlib.Path(__file__).parent.parent / 'experiments/results/music'
+  runs = music_study.study_runs('cpu', 5)
+  checked = 0
+  for run in runs:
+    path = committed / run.name
+    if (path / 'config.json').exists():
+      workdir_lib.check_or_store_config(str(path), run.config, write=False)
+      checked += 1
+  assert checked >= 80, checked      # 55 first pass + 5 pope_uniform + meter rows
+  # And the check would catch the meter left on in a first-pass row.
+  shaw = next(r for r in runs if r.name == 'position=shaw,seed=0')
+  shaw.config.model.meter_period = 16
+  with pytest.raises(ConfigError, match='meter_period'):
+    workdir_lib.check_or_store_config(str(committed / shaw.name), shaw.config,
+                                      write=False)
