@@ -29,6 +29,13 @@
 #               (default 480) would be passed; results.md/json and the plot
 #               copied to $OUT. Needs the JSB data (`prepare` puts it in
 #               .whl/data).                                          <= 9 min
+#   translation configs/translation.py:gpu (Shaw et al.'s base model) for
+#               TRANSLATION_BUDGET s (default 240) per encoding in
+#               TRANSLATION_POSITIONS (default "sinusoidal shaw"), stopped
+#               by SIGINT (the run checkpoints and exits): steps/s, the
+#               loss and, past step 2000, greedy validation BLEU, to size
+#               the GPU study (20,000 steps a run). Needs Multi30k
+#               (`prepare` puts it in .whl/data).                    <= 9 min
 #
 # The device call (the `run` tool), from the repository root:
 #   command: bash scripts/gpu_session.sh suite      carry: [".whl"]
@@ -58,7 +65,9 @@ PY=${PYTHON:-python3}
 WHL=${WHL_DIR:-.whl}
 
 usage() {
-  sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
+  # The header comment, up to the device-call notes.
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" \
+    | sed '/^The device call/,$d'
   exit 2
 }
 
@@ -67,7 +76,7 @@ usage() {
 # --------------------------------------------------------------------------
 # Missing from the GPU image (KINDS.md's list); versions from requirements.txt
 # where it pins them.
-MISSING="ml-collections tensorboardX pretty_midi mido importlib_resources soundfile cffi pycparser mypy ast-serialize librt"
+MISSING="ml-collections tensorboardX pretty_midi mido importlib_resources soundfile cffi pycparser mypy ast-serialize librt sentencepiece sacrebleu portalocker regex tabulate colorama lxml"
 PINS="flax optax orbax-checkpoint"
 
 pinned() {   # NAME -> NAME==VERSION from requirements.txt (case-insensitive)
@@ -107,6 +116,14 @@ prepare() {
     echo "warning: no $data/jsb/Jsb16thSeparated.json: the music step and the" \
          "JSB tests will have no data" >&2
   fi
+  if [ -f "$data/multi30k/SHA256SUMS" ]; then
+    mkdir -p "$WHL/data/multi30k"
+    cp "$data"/multi30k/*.gz "$data/multi30k/SHA256SUMS" "$WHL/data/multi30k/"
+    echo "copied $data/multi30k into $WHL/data/multi30k/"
+  else
+    echo "warning: no $data/multi30k: the translation step and the" \
+         "Multi30k tests will have no data" >&2
+  fi
   du -sh "$WHL"
   { git check-ignore -q "$WHL/x.whl" && git check-ignore -q "$WHL/data/jsb/x.json"; } \
     || echo "warning: $WHL is not git-ignored" >&2
@@ -130,11 +147,12 @@ setup() {
          "and carry $WHL): ml-collections and tensorboardX are missing" >&2
     export PYTHONPATH=$ROOT
   fi
-  # JSB Chorales for the music step and the real-data tests (they skip
-  # without it); an explicit SELFATTN_DATA_DIR wins.
+  # JSB Chorales and Multi30k for the music and translation steps and the
+  # real-data tests (they skip without them); an explicit SELFATTN_DATA_DIR
+  # wins.
   if [ -z "${SELFATTN_DATA_DIR:-}" ]; then
     for d in "$WHL/data" shared/data ../shared/data; do
-      if [ -f "$d/jsb/Jsb16thSeparated.json" ]; then
+      if [ -f "$d/jsb/Jsb16thSeparated.json" ] || [ -f "$d/multi30k/SHA256SUMS" ]; then
         export SELFATTN_DATA_DIR=$(cd "$d" && pwd)
         break
       fi
@@ -266,6 +284,31 @@ music() {
   ls -la "$OUT"
 }
 
+translation() {
+  if [ -z "${SELFATTN_DATA_DIR:-}" ] || [ ! -f "$SELFATTN_DATA_DIR/multi30k/SHA256SUMS" ]; then
+    echo "error: no Multi30k data (run 'scripts/gpu_session.sh prepare'" \
+         "here and carry $WHL)" | tee "$OUT/translation.log"
+    return 2
+  fi
+  local budget=${TRANSLATION_BUDGET:-240} pos
+  for pos in ${TRANSLATION_POSITIONS:-sinusoidal shaw}; do
+    echo "[translation] $pos: ${budget}s of configs/translation.py:gpu" \
+      | tee -a "$OUT/translation.log"
+    # SIGINT is the training loop's own stop: it checkpoints and exits 0.
+    timeout -s INT -k 60 "$budget" "$PY" -m selfattn.main \
+      --config=configs/translation.py:gpu --workdir="/tmp/mt_$pos" \
+      --config.model.position="$pos" "$@" 2>&1 \
+      | grep -v -E '^W[0-9]{4} ' | tee -a "$OUT/translation.log"
+    local status=${PIPESTATUS[0]}
+    # 124: timeout sent the SIGINT (the budget ended the run, as planned).
+    echo "[translation] $pos: exit $status$([ "$status" = 124 ] && echo ' (stopped at the budget)')" \
+      | tee -a "$OUT/translation.log"
+  done
+  grep -E 'steps/s|eval at step|\[translation\]' "$OUT/translation.log" \
+    > "$OUT/translation_summary.txt"
+  cat "$OUT/translation_summary.txt"
+}
+
 case "$STEP" in
   prepare) prepare ;;
   info) setup; info ;;
@@ -275,6 +318,7 @@ case "$STEP" in
   bench_long) setup; info >/dev/null
     bench bench_gpu_long 16384,32768 480 400 --check=false "$@" ;;
   music) setup; info >/dev/null; music "$@" ;;
+  translation) setup; info >/dev/null; translation "$@" ;;
   kernel) setup; info >/dev/null
     SUITE_MARK=${SUITE_MARK:-not slow} SUITE_TIMEOUT=${SUITE_TIMEOUT:-150} \
       SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q tests/test_pallas.py tests/test_attention.py} \
