@@ -349,49 +349,69 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
                               data)
 
 
-def plot_by_length(results: dict, labels, path: str,
-                   floor: tuple[str, dict] | None = None) -> bool:
-  """test_2016 BLEU by source-length bin, one line per encoding (mean over
-  seeds, band min-max), the floor's (name, by_length) dotted, and a line
-  where +short training stops."""
+def _plot_by_label(path: str, labels, curves_of, decorate, *, xlabel: str,
+                   ylabel: str, title: str) -> bool:
+  """One band per label (mean over seeds, min-max band; dashed for +short
+  rows) from curves_of(label) -> (x, seeds x points) or None, then
+  decorate(ax) for floors and marks. False (and no file) with no curve."""
   import matplotlib
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt
-  bins = [bin_label(lo, hi) for lo, hi in LENGTH_BINS]
   fig, ax = plt.subplots(figsize=(7, 4))
   drawn = False
   for i, label in enumerate(labels):
-    curves = [[r['splits'][MAIN_TEST]['by_length'].get(b, {}).get('bleu',
-                                                                 np.nan)
-               for b in bins]
-              for r in results.values() if r['label'] == label]
-    if not curves:
+    curves = curves_of(label)
+    if curves is None:
       continue
-    common.band(ax, np.arange(len(bins)), np.array(curves),
-                color=f'C{i % 10}', label=label,
+    x, values = curves
+    common.band(ax, x, values, color=f'C{i % 10}', label=label,
                 linestyle='--' if '+short' in label else '-')
     drawn = True
   if not drawn:
     plt.close(fig)
     return False
-  if floor is not None:
-    name, by_length = floor
-    ax.plot(np.arange(len(bins)), [by_length.get(b, {}).get('bleu', np.nan)
-                                   for b in bins],
-            color='black', linestyle=':', marker='x', label=f'{name} (floor)')
-  ax.axvline(2.5, color='grey', linestyle=':', linewidth=1)
-  ax.text(2.55, ax.get_ylim()[1], f' longer than {SHORT_MAX_LEN} (+short: '
-          f'never trained)', va='top', fontsize=7, color='grey')
-  ax.set_xticks(range(len(bins)), bins)
-  ax.set_xlabel('source length (SentencePiece tokens)')
-  ax.set_ylabel(f'BLEU ({MAIN_TEST}, beam {BEAM_SIZE})')
-  ax.set_title('Multi30k de-en: BLEU by source length (mean over seeds, '
-               'band min-max)', fontsize=9)
+  decorate(ax)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title, fontsize=9)
   ax.legend(fontsize=7, ncol=2)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
   return True
+
+
+def plot_by_length(results: dict, labels, path: str,
+                   floor: tuple[str, dict] | None = None) -> bool:
+  """test_2016 BLEU by source-length bin, one line per encoding (mean over
+  seeds, band min-max), the floor's (name, by_length) dotted, and a line
+  where +short training stops."""
+  bins = [bin_label(lo, hi) for lo, hi in LENGTH_BINS]
+  x = np.arange(len(bins))
+
+  def curves_of(label):
+    curves = [[r['splits'][MAIN_TEST]['by_length'].get(b, {}).get(
+        'bleu', np.nan) for b in bins]
+              for r in results.values() if r['label'] == label]
+    return (x, np.array(curves)) if curves else None
+
+  def decorate(ax):
+    if floor is not None:
+      name, by_length = floor
+      ax.plot(x, [by_length.get(b, {}).get('bleu', np.nan) for b in bins],
+              color='black', linestyle=':', marker='x',
+              label=f'{name} (floor)')
+    ax.axvline(2.5, color='grey', linestyle=':', linewidth=1)
+    ax.text(2.55, ax.get_ylim()[1], f' longer than {SHORT_MAX_LEN} (+short: '
+            f'never trained)', va='top', fontsize=7, color='grey')
+    ax.set_xticks(range(len(bins)), bins)
+
+  return _plot_by_label(
+      path, labels, curves_of, decorate,
+      xlabel='source length (SentencePiece tokens)',
+      ylabel=f'BLEU ({MAIN_TEST}, beam {BEAM_SIZE})',
+      title='Multi30k de-en: BLEU by source length (mean over seeds, band '
+            'min-max)')
 
 
 def plot_by_step(results: dict, labels, path: str,
@@ -399,38 +419,27 @@ def plot_by_step(results: dict, labels, path: str,
   """Greedy validation BLEU against the training step, one line per
   encoding (mean over seeds, band min-max), the floor's validation BLEU
   dotted: whether the runs had stopped improving."""
-  import matplotlib
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt
-  fig, ax = plt.subplots(figsize=(7, 4))
-  drawn = False
-  for i, label in enumerate(labels):
+  def curves_of(label):
     mine = [r['valid_bleu_greedy_by_step'] for r in results.values()
             if r['label'] == label]
-    steps = sorted(set.intersection(*[set(int(s) for s in m) for m in mine])
-                   if mine else ())
+    if not mine:
+      return None
+    steps = sorted(set.intersection(*[{int(s) for s in m} for m in mine]))
     if not steps:
-      continue
-    common.band(ax, np.array(steps),
-                np.array([[m[str(s)] for s in steps] for m in mine]),
-                color=f'C{i % 10}', label=label,
-                linestyle='--' if '+short' in label else '-')
-    drawn = True
-  if not drawn:
-    plt.close(fig)
-    return False
-  if floor is not None:
-    ax.axhline(floor[1], color='black', linestyle=':',
-               label=f'{floor[0]} (floor)')
-  ax.set_xlabel('training step')
-  ax.set_ylabel('greedy validation BLEU')
-  ax.set_title('Multi30k de-en: validation BLEU by step (mean over seeds, '
-               'band min-max)', fontsize=9)
-  ax.legend(fontsize=7, ncol=2)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return True
+      return None
+    return (np.array(steps),
+            np.array([[m[str(s)] for s in steps] for m in mine]))
+
+  def decorate(ax):
+    if floor is not None:
+      ax.axhline(floor[1], color='black', linestyle=':',
+                 label=f'{floor[0]} (floor)')
+
+  return _plot_by_label(
+      path, labels, curves_of, decorate, xlabel='training step',
+      ylabel='greedy validation BLEU',
+      title='Multi30k de-en: validation BLEU by step (mean over seeds, band '
+            'min-max)')
 
 
 class Translation(skeleton.Study):
