@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 
 import numpy as np
 from absl import app
@@ -141,6 +142,30 @@ def _cell(values: list[float]) -> str:
 def _paired(by_label: dict, a: tuple[str, ...], b: tuple[str, ...],
             name: str) -> str:
   return common.paired_by_seed(by_label, a, b, name, unit='nats')
+
+
+def against_floor(by: dict, label: str, floor_name: str,
+                  floor: dict) -> str:
+  """One report line: a row's NLL minus a floor's (a constant), on valid
+  and test, with a 95% t-interval across the row's seeds and the number of
+  seeds below the floor on both splits."""
+  values = {split: by[f'{split}_nll'].get(label, {})
+            for split in ('valid', 'test')}
+  seeds = sorted(set(values['valid']) & set(values['test']))
+  name = f'{label} minus the {floor_name} floor'
+  if len(seeds) < 2:
+    return f'{name}: fewer than two seeds finished.'
+  parts = []
+  for split, by_seed in values.items():
+    diffs = [by_seed[s] - floor[split] for s in seeds]
+    lo, hi = common.seed_interval(diffs)
+    parts.append(f'{split} {statistics.mean(diffs):+.4f} [{lo:+.4f}, '
+                 f'{hi:+.4f}]')
+  below = sum(all(values[split][s] < floor[split] for split in values)
+              for s in seeds)
+  return (f'{name}: ' + ', '.join(parts) + f' nats over {len(seeds)} seeds '
+          f'(95% t-intervals across seeds); below it on valid and test on '
+          f'{below} of {len(seeds)} seeds')
 
 
 def plot_by_position(results: dict, labels, window: int, path: str) -> None:
@@ -284,7 +309,14 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
       _paired(by['test_nll'], METER_RELATIVE, ('sinusoidal',),
               'test NLL without it (section 6 runs), the same mean minus '
               'sinusoidal'),
+      _paired(by['test_nll'], ('shaw +bar+meter',), ('xl +bar+meter',),
+              'test NLL with the meter, shaw minus xl'),
   ]
+  if floors:
+    strongest = min(floors, key=lambda f: floors[f]['valid'])
+    comparisons += [against_floor(by, f'{p} +bar+meter', strongest,
+                                  floors[strongest])
+                    for p in METER_POSITIONS if f'{p} +bar+meter' in labels]
   m, t = base.model, base.train
   protocol = (
       f'scale={scale}: JSB Chorales (Jsb16thSeparated.json, 229/76/77 '

@@ -134,3 +134,22 @@ def test_baselines_on_real_data():
   for name, (valid, test) in pinned.items():
     assert got[name]['valid'] == pytest.approx(valid, abs=1e-4)
     assert got[name]['test'] == pytest.approx(test, abs=1e-4)
+
+
+def test_a_row_against_the_floor_by_hand():
+  """experiments.music.against_floor: per-seed differences from a constant
+  floor, their mean and t-interval (t(0.975, 2) = 4.303), and the seeds
+  below it on both splits."""
+  from experiments import music as music_study
+  by = {'valid_nll': {'x': {0: 0.50, 1: 0.52, 2: 0.54}},
+        'test_nll': {'x': {0: 0.52, 1: 0.53, 2: 0.55}}}
+  line = music_study.against_floor(by, 'x', 'meter', {'valid': 0.53,
+                                                      'test': 0.54})
+  # valid diffs -0.03, -0.01, +0.01: mean -0.01, std 0.02, half 4.303 * 0.02 / sqrt 3.
+  half = 4.302653 * 0.02 / math.sqrt(3)
+  assert f'valid -0.0100 [{-0.01 - half:+.4f}, {-0.01 + half:+.4f}]' in line
+  assert 'test -0.0067' in line
+  assert 'below it on valid and test on 2 of 3 seeds' in line
+  assert 'fewer than two seeds' in music_study.against_floor(
+      {'valid_nll': {'x': {0: 0.5}}, 'test_nll': {'x': {0: 0.5}}}, 'x', 'm',
+      {'valid': 0.6, 'test': 0.6})
