@@ -139,3 +139,14 @@ def test_every_committed_music_run_still_matches_its_study_config():
   with pytest.raises(ConfigError, match='meter_period'):
     workdir_lib.check_or_store_config(str(committed / shaw.name), shaw.config,
                                       write=False)
+
+
+def test_the_cpu_music_default_is_the_study_row_it_was_chosen_as():
+  """configs/music.py:cpu claims the numbers of the study's 'shaw
+  +bar+meter' row (EXPERIMENTS.md section 6): it must be that config."""
+  from configs import music as music_config
+  from experiments import music as music_study
+  row = music_study.study_runs('cpu', 1, ('shaw +bar+meter',))[0].config
+  default = music_config.get_config('cpu')
+  row.seed = default.seed
+  assert row.to_dict() == default.to_dict()
