@@ -32,10 +32,16 @@
 #   translation configs/translation.py:gpu (Shaw et al.'s base model) for
 #               TRANSLATION_BUDGET s (default 240) per encoding in
 #               TRANSLATION_POSITIONS (default "sinusoidal shaw"), stopped
-#               by SIGINT (the run checkpoints and exits): steps/s, the
-#               loss and, past step 2000, greedy validation BLEU, to size
-#               the GPU study (20,000 steps a run). Needs Multi30k
-#               (`prepare` puts it in .whl/data).                    <= 9 min
+#               by SIGINT (the run checkpoints and exits): steps/s (a
+#               progress line every TRANSLATION_LOG_EVERY steps, default
+#               25; the first one includes the compile), the loss and,
+#               past step 2000, greedy validation BLEU, to size the GPU
+#               study (20,000 steps a run). On an H100 (2026-11-26) the
+#               start (SentencePiece, data, compiling the base model's
+#               4-bucket step) took most of 210 s: 28 steps in all, so
+#               give it 300 s or more. A SIGINT before the first step is
+#               not answered in time (the 90 s try was killed).
+#               Needs Multi30k (`prepare` puts it in .whl/data). <= 9 min
 #
 # The device call (the `run` tool), from the repository root:
 #   command: bash scripts/gpu_session.sh suite      carry: [".whl"]
@@ -297,7 +303,8 @@ translation() {
     # SIGINT is the training loop's own stop: it checkpoints and exits 0.
     timeout -s INT -k 60 "$budget" "$PY" -m selfattn.main \
       --config=configs/translation.py:gpu --workdir="/tmp/mt_$pos" \
-      --config.model.position="$pos" "$@" 2>&1 \
+      --config.model.position="$pos" \
+      --config.train.log_every="${TRANSLATION_LOG_EVERY:-25}" "$@" 2>&1 \
       | grep -v -E '^W[0-9]{4} ' | tee -a "$OUT/translation.log"
     local status=${PIPESTATUS[0]}
     # 124: timeout sent the SIGINT (the budget ended the run, as planned).

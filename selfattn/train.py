@@ -295,7 +295,8 @@ class _TrainingLoop:
     is_last = done == self._num_steps
     return _Boundary(
         done=done,
-        log=done % self._log_every == 0 or is_last,
+        # A stop request logs too: a run cut short says how far and how fast.
+        log=done % self._log_every == 0 or is_last or stopping,
         checkpoint=done % self._checkpoint_every == 0 or is_last or stopping,
         stopping=stopping,
         evaluate=(done % self._eval_every == 0 or is_last) and not stopping)
