@@ -272,6 +272,13 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
 
   main_bleu = _by(results, score(MAIN_TEST))
   long_bleu = _by(results, lambda r: r['splits'][MAIN_TEST]['long_sources']['bleu'])
+  short_bleu = _by(results, lambda r: r['splits'][MAIN_TEST]['short_sources']['bleu'])
+  # Per run, long minus short: paired by seed, it says whether an
+  # encoding's lead grows with the source's length (a difference of
+  # differences; BLEU of a subset is its own corpus score, not a sum).
+  length_gap = {label: {seed: long_bleu[label][seed] - by_seed[seed]
+                        for seed in by_seed if seed in long_bleu.get(label, {})}
+                for label, by_seed in short_bleu.items()}
   pair = lambda by_label, a, b, name: common.paired_by_seed(
       by_label, a, b, name, unit='BLEU', digits=2)
   comparisons = [
@@ -281,6 +288,16 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
       pair(main_bleu, RELATIVE, ABSOLUTE,
            f'{MAIN_TEST} BLEU, mean of {", ".join(RELATIVE)} minus mean of '
            f'{", ".join(ABSOLUTE)}'),
+      pair(short_bleu, RELATIVE, ABSOLUTE,
+           f'{MAIN_TEST} sources of at most {SHORT_MAX_LEN} tokens, mean of '
+           f'{", ".join(RELATIVE)} minus mean of {", ".join(ABSOLUTE)}'),
+      pair(long_bleu, RELATIVE, ABSOLUTE,
+           f'{MAIN_TEST} sources longer than {SHORT_MAX_LEN} tokens (trained '
+           f'on all), mean of {", ".join(RELATIVE)} minus mean of '
+           f'{", ".join(ABSOLUTE)}'),
+      pair(length_gap, RELATIVE, ABSOLUTE,
+           f'how much more the relative encodings lead on the longer sources '
+           f'(the line above minus the one before it)'),
       pair(main_bleu, ('rope',), ('shaw',),
            f'{MAIN_TEST} BLEU, rope minus shaw'),
       pair(main_bleu, ('learned',), ('sinusoidal',),
@@ -297,6 +314,18 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
            f'sinusoidal on sources longer than {SHORT_MAX_LEN}: trained on '
            f'all minus trained on short'),
   ]
+  # The other test sets, for whether an ordering holds beyond the standard
+  # one (test_2017_mscoco is out of domain).
+  for split in multi30k.TEST_SPLITS:
+    if split == MAIN_TEST:
+      continue
+    bleu = _by(results, score(split))
+    comparisons += [
+        pair(bleu, ('shaw',), ('sinusoidal',), f'{split} BLEU, shaw minus sinusoidal'),
+        pair(bleu, RELATIVE, ABSOLUTE,
+             f'{split} BLEU, mean of {", ".join(RELATIVE)} minus mean of '
+             f'{", ".join(ABSOLUTE)}'),
+        pair(bleu, ('rope',), ('shaw',), f'{split} BLEU, rope minus shaw')]
   single = single_run_line(main_bleu)
   if single:
     comparisons.append(single)

@@ -124,6 +124,40 @@ def test_the_report_tables_floors_and_pairs_by_seed(tmp_path):
   assert (tmp_path / 'bleu_by_step.png').exists()
 
 
+def test_the_relative_lead_is_paired_on_short_and_long_sources(tmp_path):
+  """The length lines: relative minus absolute on the short and the long
+  sources, and their difference, each paired by seed (made-up scores)."""
+  labels = ('sinusoidal', 'learned', 'shaw', 'rope')
+  runs = translation_study.study_runs('quick', 2, labels)
+  # (short, long) BLEU per label, per seed; _fake_result's main = short.
+  scores = {0: {'sinusoidal': (40, 20), 'learned': (42, 22),
+                'shaw': (43, 27), 'rope': (43, 25)},
+            1: {'sinusoidal': (41, 21), 'learned': (41, 21),
+                'shaw': (42, 25), 'rope': (44, 25)}}
+  results = {}
+  for run in runs:
+    label, seed = run.tags['position'], run.tags['seed']
+    results[run.name] = {**_fake_result(*scores[seed][label]),
+                         'label': label, 'seed': seed}
+  floor = _fake_result(25.0, 20.0)['splits']
+  text = translation_study.report(str(tmp_path), runs, results, 'quick',
+                                  {'word': floor})
+  # Short: seed 0 43 - 41 = +2, seed 1 43 - 41 = +2. Long: seed 0 26 - 21 =
+  # +5, seed 1 25 - 21 = +4. Their difference: +3, +2.
+  assert ('sources of at most 18 tokens, mean of shaw, rope minus mean of '
+          'sinusoidal, learned: +2.00 BLEU over 2 seeds') in text
+  assert ('(trained on all), mean of shaw, rope minus mean of sinusoidal, '
+          'learned: +4.50 BLEU over 2 seeds') in text
+  assert 'per seed +5.00, +4.00)' in text
+  assert ('(the line above minus the one before it): +2.50 BLEU over 2 '
+          'seeds') in text
+  assert 'per seed +3.00, +2.00)' in text
+  # _fake_result gives every test set the short sources' score.
+  assert ('test_2017_mscoco BLEU, mean of shaw, rope minus mean of '
+          'sinusoidal, learned: +2.00 BLEU over 2 seeds') in text
+  assert 'test_2017_flickr BLEU, rope minus shaw: +1.00 BLEU' in text
+
+
 def test_the_plan_trains_tier_by_tier_each_at_its_seeds():
   """Core encodings at 5 seeds come first (seed-major), then +short at 3,
   then single runs; --seeds caps every tier."""
