@@ -296,8 +296,8 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
            f'on all), mean of {", ".join(RELATIVE)} minus mean of '
            f'{", ".join(ABSOLUTE)}'),
       pair(length_gap, RELATIVE, ABSOLUTE,
-           f'how much more the relative encodings lead on the longer sources '
-           f'(the line above minus the one before it)'),
+           'how much more the relative encodings lead on the longer sources '
+           '(the line above minus the one before it)'),
       pair(main_bleu, ('rope',), ('shaw',),
            f'{MAIN_TEST} BLEU, rope minus shaw'),
       pair(main_bleu, ('learned',), ('sinusoidal',),
