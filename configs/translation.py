@@ -29,6 +29,9 @@ encoder input, decoder input and decoder output share (names and numbers,
 which the two languages write alike, get one row), where separate
 vocabularies could tie only the decoder's two.
 
+The default encoding is shaw (k = 16, keys and values), chosen on validation
+BLEU; `--config.model.position` picks any other.
+
 Scales (`--config=configs/translation.py:SCALE`):
   cpu    (default) 3 + 3 layers of width 128, 4 heads, FFN 512, dropout 0.1,
          batches of about 1792 padded tokens (train.batch_tokens; 32
@@ -59,7 +62,11 @@ def get_config(scale: str | None = None) -> ml_collections.ConfigDict:
   t.max_len = 64                 # longest training source, in tokens: all
 
   m = config.model
-  m.position = 'sinusoidal'
+  # Chosen on validation BLEU (section 8, 3 seeds): shaw and rope lead
+  # sinusoidal by about 2.5 and are not told apart (rope minus shaw +0.02
+  # [-0.78, +0.82]); shaw breaks the tie as the exercise's own encoding and
+  # section 6's music default. The test sets chose nothing.
+  m.position = 'shaw'
   m.norm = 'pre'
   m.tie_embeddings = True
   m.max_len = 256
