@@ -39,8 +39,10 @@
 #               study (20,000 steps a run). On an H100 (2026-11-26) the
 #               start (SentencePiece, data, compiling the base model's
 #               4-bucket step) took most of 210 s: 28 steps in all, so
-#               give it 300 s or more. A SIGINT before the first step is
-#               not answered in time (the 90 s try was killed).
+#               give it 300 s or more. A SIGINT is answered after the
+#               step in flight: a 90 s try, stopped while its first step
+#               compiled, outlasted a 60 s grace and was killed; the
+#               grace is now 180 s.
 #               Needs Multi30k (`prepare` puts it in .whl/data). <= 9 min
 #
 # The device call (the `run` tool), from the repository root:
@@ -301,7 +303,9 @@ translation() {
     echo "[translation] $pos: ${budget}s of configs/translation.py:gpu" \
       | tee -a "$OUT/translation.log"
     # SIGINT is the training loop's own stop: it checkpoints and exits 0.
-    timeout -s INT -k 60 "$budget" "$PY" -m selfattn.main \
+    # The loop answers SIGINT at its next step; the first step compiles for
+    # minutes on a GPU (2-2.5 min on an H100), hence the long grace.
+    timeout -s INT -k 180 "$budget" "$PY" -m selfattn.main \
       --config=configs/translation.py:gpu --workdir="/tmp/mt_$pos" \
       --config.model.position="$pos" \
       --config.train.log_every="${TRANSLATION_LOG_EVERY:-25}" "$@" 2>&1 \
