@@ -304,7 +304,7 @@ translation() {
       | tee -a "$OUT/translation.log"
     # SIGINT is the training loop's own stop: it checkpoints and exits 0.
     # The loop answers SIGINT at its next step; the first step compiles for
-    # minutes on a GPU (2-2.5 min on an H100), hence the long grace.
+    # minutes on a GPU (over 2 min on an H100), hence the long grace.
     timeout -s INT -k 180 "$budget" "$PY" -m selfattn.main \
       --config=configs/translation.py:gpu --workdir="/tmp/mt_$pos" \
       --config.model.position="$pos" \
