@@ -212,9 +212,59 @@ def single_run_line(by_label: dict[str, dict[int, float]]) -> str | None:
           f'anecdote): ' + '; '.join(parts))
 
 
+def example_rows(source_lens: np.ndarray) -> list[int]:
+  """The first sentence of each LENGTH_BINS bin, in test-set order: a rule
+  fixed before any translation is read, so the examples are not chosen
+  for flattering (or damning) any encoding."""
+  rows = []
+  for lo, hi in LENGTH_BINS:
+    inside = np.flatnonzero((source_lens > lo) & (source_lens <= hi))
+    if len(inside):
+      rows.append(int(inside[0]))
+  return rows
+
+
+def example_translations(workdir: str, results: dict, labels,
+                         examples: dict) -> str | None:
+  """Markdown: for each of example_rows, the German source, the reference
+  and each label's committed translation at the lowest seed every listed
+  label has. examples: {'sources', 'references', 'source_lens'} of
+  MAIN_TEST. None when no run has translations yet."""
+  by_label: dict[str, dict[int, str]] = {}
+  for name, r in results.items():
+    by_label.setdefault(r['label'], {})[r['seed']] = name
+  shown = [label for label in labels if label in by_label]
+  if not shown:
+    return None
+  seeds = set.intersection(*(set(by_label[label]) for label in shown))
+  seed = min(seeds) if seeds else None
+  if seed is None:       # no seed shared by all: show each label's lowest
+    names = {label: by_label[label][min(by_label[label])] for label in shown}
+  else:
+    names = {label: by_label[label][seed] for label in shown}
+  lines_of = {}
+  for label, name in names.items():
+    path = os.path.join(workdir, name, 'translations', f'{MAIN_TEST}.en')
+    with open(path, encoding='utf-8') as f:
+      lines_of[label] = f.read().split('\n')
+  where = (f'seed {seed}' if seed is not None
+           else 'each row\'s lowest seed')
+  parts = [f'The first sentence of {MAIN_TEST} in each source-length bin '
+           f'(a rule fixed before reading any translation), beam search, '
+           f'{where}:']
+  lens = examples['source_lens']
+  for row in example_rows(lens):
+    parts.append(f'\n**Sentence {row + 1}** ({int(lens[row])} source tokens)\n')
+    parts.append(f'- German: {examples["sources"][row]}')
+    parts.append(f'- reference: {examples["references"][row]}')
+    parts += [f'- {label}: {lines_of[label][row]}' for label in shown]
+  return '\n'.join(parts)
+
+
 def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
-           floors: dict) -> str:
-  """results.md, results.json and the BLEU-by-length plot."""
+           floors: dict, examples: dict | None = None) -> str:
+  """results.md, results.json and the BLEU-by-length plot; with
+  examples (see example_translations), a few translations side by side."""
   labels = list(dict.fromkeys(r.tags['position'] for r in runs))
   splits = ('val',) + multi30k.TEST_SPLITS
   score = lambda split, metric='bleu': (
@@ -372,6 +422,10 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
                      'Greedy validation BLEU at every kept checkpoint (the '
                      'numbers that choose the checkpoint):\n\n'
                      '![validation BLEU by step](bleu_by_step.png)'))
+  shown = examples and example_translations(workdir, results, labels,
+                                            examples)
+  if shown:
+    sections.append(('A few translations', shown))
   data = {'scale': scale, 'protocol': protocol, 'floors': floors,
           'runs': results}
   return common.write_results(workdir, 'Multi30k German-English', sections,
@@ -490,12 +544,15 @@ class Translation(skeleton.Study):
       floors = translation_baselines.floors(
           scorer=lambda split, hyps, refs: scores_by_length(
               hyps, refs, lengths(split)))
+      sources, references = multi30k.pairs(MAIN_TEST)
+      examples = {'sources': sources, 'references': references,
+                  'source_lens': lengths(MAIN_TEST)}
     except DataError as e:
       raise skeleton.StudyError(str(e)) from None
     print('floors: ' + '; '.join(
         f'{name} val {v["val"]["bleu"]:.2f} {MAIN_TEST} '
         f'{v[MAIN_TEST]["bleu"]:.2f}' for name, v in floors.items()))
-    return {'floors': floors}
+    return {'floors': floors, 'examples': examples}
 
   def runs(self, scale, seeds, context):
     labels = QUICK_ENCODINGS if scale == 'quick' else tuple(ENCODINGS)
@@ -509,7 +566,8 @@ class Translation(skeleton.Study):
                                    score_missing=score_missing)
 
   def report(self, workdir, runs, results, scale, context):
-    return report(workdir, runs, results, scale, context['floors'])
+    return report(workdir, runs, results, scale, context['floors'],
+                  context['examples'])
 
 
 STUDY = Translation()

@@ -185,3 +185,31 @@ def test_a_row_with_one_run_gets_a_difference_but_no_interval():
   assert line is not None and 'none minus sinusoidal at seed 0: -17.50' in line
   assert 'shaw' not in line and 'interval' in line   # 'no interval'
   assert translation_study.single_run_line({'sinusoidal': {0: 1.0}}) is None
+
+
+def test_the_examples_are_the_first_sentence_of_each_length_bin(tmp_path):
+  """example_rows picks by a rule fixed in advance (first of each bin, in
+  test order), and the report quotes each run's committed line for it."""
+  # Bins (0,10], (10,14], (14,18], (18,22], (22,64]: rows 1, 0, 4, 2, 5.
+  lens = np.array([12, 3, 20, 9, 15, 40, 13])
+  assert translation_study.example_rows(lens) == [1, 0, 4, 2, 5]
+  runs = translation_study.study_runs('quick', 2, ('sinusoidal', 'shaw'))
+  results = {}
+  for run in runs:
+    label, seed = run.tags['position'], run.tags['seed']
+    results[run.name] = {**_fake_result(30, 20), 'label': label, 'seed': seed}
+    out = tmp_path / run.name / 'translations'
+    out.mkdir(parents=True)
+    (out / f'{translation_study.MAIN_TEST}.en').write_text(
+        ''.join(f'{label} s{seed} line {i}\n' for i in range(len(lens))))
+  examples = {'sources': [f'de {i}' for i in range(len(lens))],
+              'references': [f'en {i}' for i in range(len(lens))],
+              'source_lens': lens}
+  text = translation_study.report(str(tmp_path), runs, results, 'quick',
+                                  {'word': _fake_result(25, 20)['splits']},
+                                  examples)
+  assert '## A few translations' in text and 'seed 0' in text
+  assert ('**Sentence 2** (3 source tokens)\n\n- German: de 1\n'
+          '- reference: en 1\n- sinusoidal: sinusoidal s0 line 1\n'
+          '- shaw: shaw s0 line 1') in text
+  assert 'Sentence 7' not in text and 's1 line' not in text
