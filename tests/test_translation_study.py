@@ -213,3 +213,39 @@ def test_the_examples_are_the_first_sentence_of_each_length_bin(tmp_path):
           '- reference: en 1\n- sinusoidal: sinusoidal s0 line 1\n'
           '- shaw: shaw s0 line 1') in text
   assert 'Sentence 7' not in text and 's1 line' not in text
+
+
+def test_the_short_protocol_pairs_extrapolation_by_seed(tmp_path):
+  """The +short lines (made-up scores): the relative lead inside and beyond
+  the trained lengths, its growth, and each encoding's cost of never
+  having seen a long source, all paired by seed."""
+  labels = ('sinusoidal', 'shaw', 'rope', 'sinusoidal +short', 'shaw +short',
+            'rope +short')
+  runs = translation_study.study_runs('quick', 2, labels)
+  # (short, long) BLEU per label, per seed.
+  scores = {0: {'sinusoidal': (40, 30), 'shaw': (42, 33), 'rope': (42, 31),
+                'sinusoidal +short': (39, 20), 'shaw +short': (41, 28),
+                'rope +short': (41, 26)},
+            1: {'sinusoidal': (41, 31), 'shaw': (43, 34), 'rope': (41, 31),
+                'sinusoidal +short': (40, 22), 'shaw +short': (43, 29),
+                'rope +short': (42, 25)}}
+  results = {}
+  for run in runs:
+    label, seed = run.tags['position'], run.tags['seed']
+    results[run.name] = {**_fake_result(*scores[seed][label]),
+                         'label': label, 'seed': seed}
+  text = translation_study.report(str(tmp_path), runs, results, 'quick',
+                                  {'word': _fake_result(25.0, 20.0)['splits']})
+  # Inside: seed 0 41 - 39 = +2, seed 1 42.5 - 40 = +2.5. Beyond: seed 0
+  # 27 - 20 = +7, seed 1 27 - 22 = +5. Growth: +5, +2.5.
+  assert ('(the trained range): mean of shaw, rope minus sinusoidal: +2.25 '
+          'BLEU over 2 seeds') in text
+  assert ('(never trained): mean of shaw, rope minus sinusoidal: +6.00 BLEU '
+          'over 2 seeds') in text
+  assert ('beyond the trained lengths (the line above minus the one before '
+          'it): +3.75 BLEU over 2 seeds') in text
+  # Trained on all minus on short, long sources: sinusoidal +10, +9; shaw
+  # +5, +5; rope +5, +6.
+  assert 'sinusoidal on sources longer than 18: trained on all minus trained on short: +9.50 BLEU' in text
+  assert 'shaw on sources longer than 18: trained on all minus trained on short: +5.00 BLEU' in text
+  assert 'rope on sources longer than 18: trained on all minus trained on short: +5.50 BLEU' in text
