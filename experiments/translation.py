@@ -72,6 +72,11 @@ QUICK_ENCODINGS = ('sinusoidal', 'shaw +short')
 ABSOLUTE = ('sinusoidal', 'learned')
 RELATIVE = ('shaw', 'rope')
 BEAM_SIZE, ALPHA = 4, 0.6
+# Which beam search scored a run (translation.json's 'beam_search'). Runs
+# scored before 2026-11-26 13:00 UTC have none: their search let finished
+# hypotheses take live ones' places, which favours short outputs. The
+# study rescores them (the checkpoint choice, by greedy BLEU, is kept).
+BEAM_SEARCH = 'finished-apart'
 # Source-length bins (tokens): (lo, hi]; SHORT_MAX_LEN is a boundary.
 LENGTH_BINS = ((0, 10), (10, 14), (14, SHORT_MAX_LEN), (SHORT_MAX_LEN, 22),
                (22, 64))
@@ -133,36 +138,52 @@ def scores_by_length(hyps: list[str], references: list[str],
           'long_sources': part(np.flatnonzero(~inside))}
 
 
+def is_current(result: dict) -> bool:
+  """Whether a run's translation.json comes from today's beam search."""
+  return result.get('beam_search') == BEAM_SEARCH
+
+
 def evaluate_run(run: study.Run, path: str) -> dict[str, Any]:
   """The run's translation.json (computed once): the checkpoint chosen by
-  validation BLEU, then beam-search scores on every split."""
+  validation BLEU, then beam-search scores on every split. A result from
+  an older beam search (is_current) is rescored from the same checkpoint."""
   target = os.path.join(path, RESULT_FILE)
+  old = None
   if os.path.exists(target):
-    return workdir_lib.read_json_object(
+    old = workdir_lib.read_json_object(
         target, "the run's scores; delete it to rescore")
+    if is_current(old):
+      return old
   from tensorboardX import SummaryWriter
 
   from selfattn.translation_steps import TranslationTrainer
   trainer = TranslationTrainer(run.config)
   state = trainer.init_state()
-  val = trainer.corpus.eval_set('val')
   writer = SummaryWriter(logdir=path)
-  by_step = {}
-  for step in checkpoints.saved_steps(path):
-    params = checkpoints.restore_step_read_only(path, state, step)['params']
-    hyps = trainer.translate_texts(params, val.sources)
-    by_step[step] = bleu.score(hyps, val.references)['bleu']
-    writer.add_scalar('valid/bleu_checkpoint', by_step[step], step)
-    print(f'[translation] {run.name}: step {step} greedy valid BLEU '
-          f'{by_step[step]:.2f}', flush=True)
-  if not by_step:
-    raise FileNotFoundError(f'no checkpoint in {path}')
-  chosen = max(by_step, key=lambda s: (by_step[s], s))
+  if old is None:
+    val = trainer.corpus.eval_set('val')
+    by_step = {}
+    for step in checkpoints.saved_steps(path):
+      params = checkpoints.restore_step_read_only(path, state, step)['params']
+      hyps = trainer.translate_texts(params, val.sources)
+      by_step[step] = bleu.score(hyps, val.references)['bleu']
+      writer.add_scalar('valid/bleu_checkpoint', by_step[step], step)
+      print(f'[translation] {run.name}: step {step} greedy valid BLEU '
+            f'{by_step[step]:.2f}', flush=True)
+    if not by_step:
+      raise FileNotFoundError(f'no checkpoint in {path}')
+    chosen = max(by_step, key=lambda s: (by_step[s], s))
+  else:
+    by_step = {int(s): b for s, b in old['valid_bleu_greedy_by_step'].items()}
+    chosen = old['selected_step']
+    print(f'[translation] {run.name}: rescoring step {chosen} with the '
+          f'{BEAM_SEARCH} beam search', flush=True)
   params = checkpoints.restore_step_read_only(path, state, chosen)['params']
   result: dict[str, Any] = {
       'selected_step': chosen,
       'valid_bleu_greedy_by_step': {str(s): b for s, b in by_step.items()},
-      'beam_size': BEAM_SIZE, 'alpha': ALPHA, 'splits': {}}
+      'beam_size': BEAM_SIZE, 'alpha': ALPHA, 'beam_search': BEAM_SEARCH,
+      'splits': {}}
   os.makedirs(os.path.join(path, 'translations'), exist_ok=True)
   for split in ('val',) + multi30k.TEST_SPLITS:
     data = trainer.corpus.eval_set(split)
@@ -320,7 +341,26 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
       ['encoding'] + [f'{b} ({counts.get(b, "?")} sentences)' for b in bins],
       length_rows)
 
+  # Output length: BLEU's brevity penalty multiplies the n-gram precisions,
+  # so a BLEU difference can be length alone; BLEU / BP is the part that
+  # is not.
+  has_bp = lambda r: 'bp' in r['splits'][MAIN_TEST]
+  ratio_rows = []
+  for label in labels:
+    mine = [r['splits'][MAIN_TEST] for r in results.values()
+            if r['label'] == label and has_bp(r)]
+    if mine:
+      ratio_rows.append([label, _cell([m['sys_len'] / m['ref_len'] for m in mine], 3),
+                          _cell([m['bp'] for m in mine], 3),
+                          _cell([m['bleu'] / m['bp'] for m in mine])])
+  output_length = None
+  if ratio_rows:
+    output_length = common.markdown_table(
+        ['encoding', 'length ratio (output / reference)', 'brevity penalty',
+         'BLEU / brevity penalty'], ratio_rows)
   main_bleu = _by(results, score(MAIN_TEST))
+  precision_bleu = _by(results, lambda r: r['splits'][MAIN_TEST]['bleu']
+                       / r['splits'][MAIN_TEST]['bp'] if has_bp(r) else None)
   long_bleu = _by(results, lambda r: r['splits'][MAIN_TEST]['long_sources']['bleu'])
   short_bleu = _by(results, lambda r: r['splits'][MAIN_TEST]['short_sources']['bleu'])
   # Per run, long minus short: paired by seed, it says whether an
@@ -349,6 +389,12 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
       pair(length_gap, RELATIVE, ABSOLUTE,
            'how much more the relative encodings lead on the longer sources '
            '(the line above minus the one before it)'),
+      pair(precision_bleu, ('shaw',), ('sinusoidal',),
+           f'{MAIN_TEST} BLEU without its brevity penalty (BLEU / BP, the '
+           f'part that is not output length), shaw minus sinusoidal'),
+      pair(precision_bleu, RELATIVE, ABSOLUTE,
+           f'{MAIN_TEST} BLEU / BP, mean of {", ".join(RELATIVE)} minus '
+           f'mean of {", ".join(ABSOLUTE)}'),
       pair(main_bleu, ('rope',), ('shaw',),
            f'{MAIN_TEST} BLEU, rope minus shaw'),
       pair(main_bleu, ('learned',), ('sinusoidal',),
@@ -370,6 +416,12 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
            f'{label} on sources longer than {SHORT_MAX_LEN}: trained on all '
            f'minus trained on short')
       for label in ('sinusoidal',) + RELATIVE]
+  # Validation, the split that chooses (checkpoints, the CPU default).
+  val_bleu = _by(results, score('val'))
+  comparisons += [
+      pair(val_bleu, ('shaw',), ('sinusoidal',),
+           'val BLEU (the split that chooses), shaw minus sinusoidal'),
+      pair(val_bleu, ('rope',), ('shaw',), 'val BLEU, rope minus shaw')]
   # The other test sets, for whether an ordering holds beyond the standard
   # one (test_2017_mscoco is out of domain).
   for split in multi30k.TEST_SPLITS:
@@ -403,8 +455,9 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
       f'in both protocols, {t.num_steps} steps, AdamW lr {t.learning_rate} ({t.warmup_steps} warmup, cosine '
       f'to {t.final_lr_fraction} of the peak), beta2 {t.b2}, label smoothing '
       f'{t.label_smoothing}. Checkpoint chosen by greedy validation BLEU; '
-      f'scores from beam search (beam {BEAM_SIZE}, length penalty alpha '
-      f'{ALPHA}). sacreBLEU signature: {signature or "(no run yet)"}. Rows '
+      f'scores from beam search (beam {BEAM_SIZE}, GNMT length penalty '
+      f'alpha {ALPHA}, finished hypotheses kept apart from the live ones). '
+      f'sacreBLEU signature: {signature or "(no run yet)"}. Rows '
       f'"+short": trained only on pairs whose source has at most '
       f'{SHORT_MAX_LEN} tokens. Cells: mean ± std over seeds (the seed is '
       f'the unit of replication: it draws the parameters, the batches and '
@@ -414,8 +467,12 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
       ('Protocol', protocol),
       ('BLEU', table + '\n\n' + floor_line),
       (f'BLEU by source length ({MAIN_TEST}, tokens)', length_table),
-      ('Paired by seed', '\n'.join(f'- {c}' for c in comparisons)),
   ]
+  if output_length:
+    sections.append((f'Output length ({MAIN_TEST}, 13a tokens)',
+                     output_length))
+  sections.append(('Paired by seed',
+                   '\n'.join(f'- {c}' for c in comparisons)))
   if results and plot_by_length(
       results, labels, os.path.join(workdir, 'bleu_by_length.png'),
       floor=(best_floor, floors[best_floor][MAIN_TEST]['by_length'])):
@@ -531,6 +588,12 @@ def plot_by_step(results: dict, labels, path: str,
             'min-max)')
 
 
+def _outdated(path: str) -> bool:
+  target = os.path.join(path, RESULT_FILE)
+  return os.path.exists(target) and not is_current(
+      workdir_lib.read_json_object(target, "the run's scores"))
+
+
 class Translation(skeleton.Study):
   """--scale: cpu (the CPU study), gpu (Shaw et al.'s base model), quick."""
   scales = tuple(translation_config.SCALES)
@@ -568,6 +631,16 @@ class Translation(skeleton.Study):
     evaluate_run(run, path)
 
   def results(self, runs, workdir, context, *, score_missing):
+    if not score_missing:
+      # --collect_only rescores nothing, and one table must not mix two
+      # beam searches: runs scored by the older one are left out, said so.
+      outdated = {r.name for r in runs
+                  if _outdated(os.path.join(workdir, r.name))}
+      if outdated:
+        print(f'[translation] {len(outdated)} runs scored by an older beam '
+              f'search are left out; run the study without --collect_only '
+              f'to rescore them', flush=True)
+        runs = [r for r in runs if r.name not in outdated]
     return skeleton.scored_results(runs, workdir, RESULT_FILE, evaluate_run,
                                    score_missing=score_missing)
 

@@ -12,7 +12,9 @@ from typing import Sequence
 def score(hypotheses: Sequence[str], references: Sequence[str]
           ) -> dict[str, float | str]:
   """{'bleu', 'chrf', 'bleu_signature', 'chrf_signature'} of one reference
-  per hypothesis, corpus-level."""
+  per hypothesis, corpus-level, and BLEU's brevity penalty with the lengths
+  it comes from ('bp', 'sys_len', 'ref_len': 13a tokens), since part of a
+  BLEU difference can be output length alone."""
   from sacrebleu.metrics import BLEU, CHRF
   hypotheses, references = list(hypotheses), list(references)
   if len(hypotheses) != len(references):
@@ -21,7 +23,11 @@ def score(hypotheses: Sequence[str], references: Sequence[str]
   if not references:
     raise ValueError('no sentences to score')
   bleu, chrf = BLEU(), CHRF()
-  return {'bleu': float(bleu.corpus_score(hypotheses, [references]).score),
+  bleu_score = bleu.corpus_score(hypotheses, [references])
+  return {'bleu': float(bleu_score.score),
+          'bp': float(bleu_score.bp),
+          'sys_len': int(bleu_score.sys_len),
+          'ref_len': int(bleu_score.ref_len),
           'chrf': float(chrf.corpus_score(hypotheses, [references]).score),
           'bleu_signature': str(bleu.get_signature()),
           'chrf_signature': str(chrf.get_signature())}

@@ -14,12 +14,19 @@ TransformerEncoder, or a wrapper with a `stack` (model.py's). The loop is an
 nnx.while_loop: one traced step, however many steps, and it stops early
 once every sequence has produced `eos`.
 
-Beam search keeps `beam_size` hypotheses per example, scored by their
-summed log-probabilities; a finished hypothesis (it produced eos) only
-extends with `pad` at no cost. The best is chosen with GNMT's length
-penalty, score / ((5 + length) / 6) ** alpha (Wu et al. 2016), the length
-counting the generated tokens up to and including eos. The caches follow
-the surviving hypotheses (CacheMixin.reorder_cache).
+Beam search keeps, per example, `beam_size` live hypotheses ranked by
+their summed log-probabilities and, apart from them, the `beam_size` best
+finished ones (they produced eos), each scored with GNMT's length penalty,
+score / ((5 + length) / 6) ** alpha (Wu et al. 2016), the length counting
+the generated tokens up to and including eos. Each step ranks 2 x
+beam_size continuations of the live hypotheses: those ending in eos join
+the finished set, the best beam_size others stay live. A finished
+hypothesis therefore never takes a live one's place, which would favour
+short outputs (the Tensor2Tensor / Flax WMT search). An example stops once
+no live hypothesis can still beat its worst finished one (log-probabilities
+only fall; the bound uses the largest penalty ahead); at num_steps the
+live hypotheses compete with the finished ones under the same penalty. The
+caches follow the live hypotheses (CacheMixin.reorder_cache).
 """
 
 from __future__ import annotations
@@ -148,23 +155,47 @@ def generate(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
   scores = jnp.broadcast_to(scores, (b, k)).astype(jnp.float32)
   finished = jnp.zeros((b, k), bool)
   lengths = jnp.zeros((b, k), jnp.int32)
+  # Beam search's finished set: (B, k, P + num_steps) tokens and their
+  # length-penalised scores, -inf where empty.
+  done_tokens = (jnp.full((b, k, total), pad, jnp.int32) if method == 'beam'
+                 else jnp.zeros((), jnp.int32))
+  done_scores = jnp.full((b, k), -jnp.inf, jnp.float32)
+  penalty = lambda n: length_penalty(jnp.asarray(n, jnp.float32), alpha)
   kept = (jnp.zeros((rows, num_steps, vocab), jnp.float32)
           if return_logits else jnp.zeros((), jnp.float32))
 
-  def beam_choice(logp, scores, finished, lengths):
-    # A finished hypothesis extends only with pad, at no cost.
-    ext = jnp.where(finished.reshape(rows)[:, None],
-                    jnp.where(jnp.arange(vocab) == pad, 0.0, -jnp.inf), logp)
-    candidates = (scores.reshape(rows)[:, None] + ext).reshape(b, k * vocab)
-    scores, flat = jax.lax.top_k(candidates, k)              # (B, k)
-    parent = flat // vocab
+  def beam_choice(i, logp, scores, tokens, done_tokens, done_scores):
+    # 2k continuations of the k live hypotheses: at most k end in eos, so
+    # at least k stay live.
+    width = min(2 * k, k * vocab)
+    candidates = (scores.reshape(rows)[:, None] + logp).reshape(b, k * vocab)
+    top, flat = jax.lax.top_k(candidates, width)              # (B, 2k)
     token = (flat % vocab).astype(jnp.int32)
-    was_finished = jnp.take_along_axis(finished, parent, 1)
-    finished = was_finished | ((token == eos) if eos is not None else False)
-    lengths = (jnp.take_along_axis(lengths, parent, 1)
-               + (~was_finished).astype(jnp.int32))
-    rows_from = (jnp.arange(b)[:, None] * k + parent).reshape(rows)
-    return token.reshape(rows), scores, finished, lengths, rows_from
+    rows_from = jnp.arange(b)[:, None] * k + flat // vocab     # (B, 2k)
+    grown = tokens[rows_from.reshape(-1)].reshape(b, width, total)
+    grown = jax.lax.dynamic_update_slice(
+        grown, token[:, :, None], (0, 0, p + i))
+    ends = (token == eos) if eos is not None else jnp.zeros_like(token, bool)
+    # Finished: the old set and the new eos continuations, best k kept.
+    pool = jnp.concatenate(
+        [done_scores, jnp.where(ends, top / penalty(i + 1), -jnp.inf)], 1)
+    done_scores, keep = jax.lax.top_k(pool, k)
+    done_tokens = jnp.take_along_axis(
+        jnp.concatenate([done_tokens, grown], 1), keep[:, :, None], 1)
+    # Live: the best k continuations that did not end.
+    scores, keep = jax.lax.top_k(jnp.where(ends, -jnp.inf, top), k)
+    token = jnp.take_along_axis(token, keep, 1).reshape(rows)
+    rows_from = jnp.take_along_axis(rows_from, keep, 1).reshape(rows)
+    tokens = jnp.take_along_axis(grown, keep[:, :, None], 1).reshape(
+        rows, total)
+    return token, scores, tokens, done_tokens, done_scores, rows_from
+
+  def beam_settled(i, scores, done_scores):
+    # (B,): no live hypothesis can beat the worst finished one. Scores are
+    # <= 0 and only fall, so the best a live one can reach is its score
+    # over the largest penalty of any length still ahead.
+    best_live = scores[:, 0] / jnp.maximum(penalty(i + 1), penalty(num_steps))
+    return done_scores[:, -1] >= best_live
 
   def single_choice(i, logits, logp, scores, finished, lengths):
     if method == 'sample':
@@ -185,35 +216,42 @@ def generate(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
     return token, scores + gained.reshape(b, k), finished, lengths
 
   def step(carry):
-    model, i, logits, tokens, scores, finished, lengths, kept = carry
+    (model, i, logits, tokens, scores, finished, lengths, kept, done_tokens,
+     done_scores) = carry
     if return_logits:
       kept = kept.at[:, i].set(logits)
     logp = jax.nn.log_softmax(logits, axis=-1)
     if method == 'beam':
-      token, scores, finished, lengths, rows_from = beam_choice(
-          logp, scores, finished, lengths)
-      tokens = tokens[rows_from]
+      token, scores, tokens, done_tokens, done_scores, rows_from = (
+          beam_choice(i, logp, scores, tokens, done_tokens, done_scores))
+      finished = jnp.broadcast_to(
+          beam_settled(i + 1, scores, done_scores)[:, None], (b, k))
       stack_of(model).reorder_cache(rows_from)
     else:
       token, scores, finished, lengths = single_choice(
           i, logits, logp, scores, finished, lengths)
-    tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, p + i))
+      tokens = jax.lax.dynamic_update_slice(tokens, token[:, None],
+                                            (0, p + i))
     logits = call(model, token[:, None], p + i, 1)
-    return model, i + 1, logits, tokens, scores, finished, lengths, kept
+    return (model, i + 1, logits, tokens, scores, finished, lengths, kept,
+            done_tokens, done_scores)
 
   def more(carry):
-    _, i, _, _, _, finished, _, _ = carry
-    return (i < num_steps) & ~jnp.all(finished)
+    finished = carry[5]
+    return (carry[1] < num_steps) & ~jnp.all(finished)
 
   carry = (model, jnp.zeros((), jnp.int32), logits, tokens, scores, finished,
-           lengths, kept)
-  _, _, logits, tokens, scores, finished, lengths, kept = nnx.while_loop(
-      more, step, carry)
+           lengths, kept, done_tokens, done_scores)
+  (_, steps, logits, tokens, scores, finished, lengths, kept, done_tokens,
+   done_scores) = nnx.while_loop(more, step, carry)
   if method == 'beam':
-    normalized = scores / length_penalty(lengths.astype(jnp.float32), alpha)
-    best = jnp.argmax(normalized, axis=1)
-    tokens = tokens.reshape(b, k, total)[jnp.arange(b), best]
-    return Generated(tokens, normalized[jnp.arange(b), best])
+    # The live hypotheses, at the length reached, against the finished set
+    # (a stopped example's live ones cannot win: beam_settled).
+    pool = jnp.concatenate([done_scores, scores / penalty(steps)], 1)
+    best = jnp.argmax(pool, axis=1)
+    tokens = jnp.concatenate(
+        [done_tokens, tokens.reshape(b, k, total)], 1)[jnp.arange(b), best]
+    return Generated(tokens, pool[jnp.arange(b), best])
   return Generated(tokens, scores[:, 0],
                    jnp.concatenate([kept, logits[:, None]], axis=1)
                    if return_logits else None)

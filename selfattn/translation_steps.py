@@ -151,9 +151,11 @@ class TranslationTrainer(Trainer):
 
   @property
   def decode_limit(self) -> int:
-    """The most target tokens a translation may have: the decoder's table
-    length for encodings with one (learned), else 4x the longest bucket."""
-    return min(self.config.model.max_len, 4 * self.corpus.buckets[-1].bound)
+    """The most target tokens a translation may have: 4x the longest
+    bucket, and fewer than the decoder's positions (max_len), since BOS
+    takes position 0 (a learned table has no row past max_len - 1)."""
+    return min(self.config.model.max_len - 1,
+               4 * self.corpus.buckets[-1].bound)
 
   def translate_ids(self, params, source_ids, *, method: str = 'greedy',
                     beam_size: int = 4, alpha: float = 0.6

@@ -59,6 +59,78 @@ def test_a_full_beam_is_exhaustive_search(alpha):
     assert float(beam.scores[row]) == pytest.approx(best[0], rel=1e-5)
 
 
+@pytest.mark.parametrize('alpha', [0.0, 0.6, 2.0])
+def test_a_full_beam_with_eos_is_exhaustive_search(alpha):
+  """Vocabulary 3 with eos = 2, 3 steps: the hypotheses are every sequence
+  that ends at its first eos, plus the eos-free ones cut at 3 tokens, each
+  scored by its summed log-probability over the length penalty of its own
+  length (eos counted). A beam of 8 holds every live one (2^3) and every
+  finished one (1 + 2 + 4), so it must return their argmax; a search whose
+  finished hypotheses took live ones' places would not (it favours short
+  outputs)."""
+  vocab, steps, eos, pad = 3, 3, 2, 0
+  dec = _decoder(vocab=vocab)
+  prompt = jnp.array([[0], [1], [2]])
+  beam = decoding.generate(dec, prompt, steps, method='beam', beam_size=8,
+                           alpha=alpha, eos=eos, pad=pad)
+  hypotheses = [seq for n in range(1, steps + 1)
+                for seq in itertools.product(range(vocab), repeat=n)
+                if eos not in seq[:-1] and (seq[-1] == eos or n == steps)]
+  assert len(hypotheses) == 7 + 8
+  for row in range(prompt.shape[0]):
+    best = None
+    for seq in hypotheses:
+      tokens = jnp.array([[int(prompt[row, 0]), *seq]])
+      logp = jax.nn.log_softmax(dec(tokens)[0], axis=-1)
+      total = sum(float(logp[i, t]) for i, t in enumerate(seq))
+      score = total / float(decoding.length_penalty(jnp.float32(len(seq)),
+                                                    alpha))
+      if best is None or score > best[0]:
+        best = (score, seq)
+    padded = list(best[1]) + [pad] * (steps - len(best[1]))
+    np.testing.assert_array_equal(beam.tokens[row, 1:], padded)
+    assert float(beam.scores[row]) == pytest.approx(best[0], rel=1e-5)
+
+
+class _Bigram(nnx.Module):
+  """A causal 'model' whose next-token log-probabilities depend only on the
+  last token (a table), so a search's answer can be worked out by hand; it
+  has no caches to make or reorder."""
+
+  def __init__(self, probs):
+    self.table = nnx.Variable(jnp.log(jnp.asarray(probs, jnp.float32)))
+
+  def init_cache(self, rows, total):
+    del rows, total
+
+  def reorder_cache(self, rows_from):
+    del rows_from
+
+  def __call__(self, tokens, positions=None, deterministic=True, decode=True):
+    return self.table[...][tokens]
+
+
+@pytest.mark.parametrize('beam_size', [1, 2])
+def test_an_early_eos_does_not_take_a_live_hypothesis_place(beam_size):
+  """Eos = 2. After the prompt, eos has p 0.55 and token 1 p 0.45; after 1,
+  eos has p 0.999. With alpha 2: [eos] scores log 0.55 / 1 = -0.598 and
+  [1, eos] scores (log 0.45 + log 0.999) / (7/6)^2 = -0.587, so [1, eos]
+  is the best output. Greedy stops at [eos]; a beam of one whose finished
+  hypothesis kept the only slot would too."""
+  tiny = 1e-4
+  model = _Bigram([[tiny, 0.45 - tiny, 0.55],
+                   [tiny, tiny, 1 - 2 * tiny],
+                   [1 / 3, 1 / 3, 1 / 3]])
+  prompt = jnp.zeros((1, 1), jnp.int32)
+  beam = decoding.generate(model, prompt, 4, method='beam',
+                           beam_size=beam_size, alpha=2.0, eos=2, pad=0)
+  np.testing.assert_array_equal(beam.tokens[0], [0, 1, 2, 0, 0])
+  expected = (np.log(0.45 - tiny) + np.log(1 - 2 * tiny)) / (7 / 6) ** 2
+  assert float(beam.scores[0]) == pytest.approx(expected, rel=1e-5)
+  greedy = decoding.generate(model, prompt, 4, method='greedy', eos=2, pad=0)
+  np.testing.assert_array_equal(greedy.tokens[0], [0, 2, 0, 0, 0])
+
+
 def test_end_of_sentence_pads_and_stops():
   """After eos a sequence holds pad; the length penalty counts the tokens
   up to and including eos; the loop stops once every sequence is done."""

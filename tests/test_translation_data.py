@@ -3,6 +3,7 @@ refusals, the shared copy), the SentencePiece tokenizer (exact round trip,
 determinism, the cache) and the sacreBLEU call."""
 
 import gzip
+import math
 import hashlib
 import urllib.error
 import urllib.request
@@ -106,6 +107,15 @@ def test_bleu_and_chrf_with_their_signatures():
   # Lower-casing costs cased BLEU; an empty output scores 0.
   assert bleu.score([r.lower() for r in refs], refs)['bleu'] < 100
   assert bleu.score([''] * 6, refs)['bleu'] == 0
+  # The brevity penalty: 1 at the reference's length, exp(1 - ref/sys)
+  # below it (sacreBLEU's 13a token counts).
+  assert perfect['bp'] == 1.0 and perfect['sys_len'] == perfect['ref_len']
+  shorter = [' '.join(r.split()[:-1]) for r in refs]
+  short = bleu.score(shorter, refs)
+  assert short['ref_len'] == perfect['ref_len']
+  assert short['sys_len'] < short['ref_len']
+  assert short['bp'] == pytest.approx(
+      math.exp(1 - short['ref_len'] / short['sys_len']))
   with pytest.raises(ValueError, match='5 hypotheses for 6 references'):
     bleu.score(refs[:5], refs)
 

@@ -249,3 +249,34 @@ def test_the_short_protocol_pairs_extrapolation_by_seed(tmp_path):
   assert 'sinusoidal on sources longer than 18: trained on all minus trained on short: +9.50 BLEU' in text
   assert 'shaw on sources longer than 18: trained on all minus trained on short: +5.00 BLEU' in text
   assert 'rope on sources longer than 18: trained on all minus trained on short: +5.50 BLEU' in text
+
+
+def test_output_length_is_reported_and_divided_out(tmp_path):
+  """With the brevity penalty stored, the report tables the length ratio
+  and BP, and pairs BLEU / BP by seed (made-up scores: shaw 33 at BP 1.0,
+  sinusoidal 30 at BP 0.95, i.e. 31.58 without it: +1.42 at both seeds)."""
+  runs = translation_study.study_runs('quick', 2, ('sinusoidal', 'shaw'))
+  results = {}
+  for run in runs:
+    label, seed = run.tags['position'], run.tags['seed']
+    main, bp, sys_len = (33.0, 1.0, 1000) if label == 'shaw' else (30.0, 0.95, 950)
+    result = _fake_result(main, main)
+    main_split = {**result['splits'][translation_study.MAIN_TEST], 'bp': bp,
+                  'sys_len': sys_len, 'ref_len': 1000}
+    result['splits'] = {**result['splits'],
+                        translation_study.MAIN_TEST: main_split}
+    results[run.name] = {**result, 'label': label, 'seed': seed}
+  text = translation_study.report(str(tmp_path), runs, results, 'quick',
+                                  {'word': _fake_result(25.0, 20.0)['splits']})
+  assert ('| sinusoidal | 0.950 ± 0.000 | 0.950 ± 0.000 | 31.58 ± 0.00 |'
+          in text)
+  assert '| shaw | 1.000 ± 0.000 | 1.000 ± 0.000 | 33.00 ± 0.00 |' in text
+  assert ('BLEU without its brevity penalty (BLEU / BP, the part that is not '
+          'output length), shaw minus sinusoidal: +1.42 BLEU over 2 seeds') in text
+  assert 'val BLEU (the split that chooses), shaw minus sinusoidal: +3.00' in text
+
+
+def test_a_result_from_the_older_beam_search_is_not_current():
+  assert not translation_study.is_current({'splits': {}})
+  assert translation_study.is_current(
+      {'beam_search': translation_study.BEAM_SEARCH})
