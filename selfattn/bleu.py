@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 
 def score(hypotheses: Sequence[str], references: Sequence[str]
           ) -> dict[str, float | str]:
@@ -31,3 +33,28 @@ def score(hypotheses: Sequence[str], references: Sequence[str]
           'chrf': float(chrf.corpus_score(hypotheses, [references]).score),
           'bleu_signature': str(bleu.get_signature()),
           'chrf_signature': str(chrf.get_signature())}
+
+
+def sentence_statistics(hypotheses: Sequence[str], references: Sequence[str]
+                        ) -> np.ndarray:
+  """(N, 10) float64: sacreBLEU's sufficient statistics of each sentence
+  (output length, reference length, matches of 1- to 4-grams, 1- to 4-grams
+  in the output). Summed over any subset of rows, they give that subset's
+  corpus BLEU (bleu_of_statistics): what a bootstrap over sentences needs
+  (sacrebleu.significance computes its paired bootstrap the same way)."""
+  from sacrebleu.metrics import BLEU
+  if len(hypotheses) != len(references):
+    raise ValueError(f'{len(hypotheses)} hypotheses for {len(references)} '
+                     f'references')
+  return np.asarray(BLEU()._extract_corpus_statistics(
+      list(hypotheses), [list(references)]), np.float64)
+
+
+def bleu_of_statistics(summed: np.ndarray) -> np.ndarray:
+  """(..., 10) summed sentence_statistics -> (...) corpus BLEU, with
+  sacreBLEU's default smoothing."""
+  from sacrebleu.metrics import BLEU
+  metric = BLEU()
+  flat = np.asarray(summed).reshape(-1, 10)
+  out = [metric._compute_score_from_stats(row.tolist()).score for row in flat]
+  return np.asarray(out, np.float64).reshape(np.shape(summed)[:-1])

@@ -246,9 +246,9 @@ def test_the_short_protocol_pairs_extrapolation_by_seed(tmp_path):
           'it): +3.75 BLEU over 2 seeds') in text
   # Trained on all minus on short, long sources: sinusoidal +10, +9; shaw
   # +5, +5; rope +5, +6.
-  assert 'sinusoidal on sources longer than 18: trained on all minus trained on short: +9.50 BLEU' in text
-  assert 'shaw on sources longer than 18: trained on all minus trained on short: +5.00 BLEU' in text
-  assert 'rope on sources longer than 18: trained on all minus trained on short: +5.50 BLEU' in text
+  assert 'sinusoidal on sources longer than 18: trained on all minus trained on short (never seeing a long source, and 24% fewer distinct pairs, as many steps): +9.50 BLEU' in text
+  assert 'shaw on sources longer than 18: trained on all minus trained on short (never seeing a long source, and 24% fewer distinct pairs, as many steps): +5.00 BLEU' in text
+  assert 'rope on sources longer than 18: trained on all minus trained on short (never seeing a long source, and 24% fewer distinct pairs, as many steps): +5.50 BLEU' in text
 
 
 def test_output_length_is_reported_and_divided_out(tmp_path):
@@ -280,3 +280,31 @@ def test_a_result_from_the_older_beam_search_is_not_current():
   assert not translation_study.is_current({'splits': {}})
   assert translation_study.is_current(
       {'beam_search': translation_study.BEAM_SEARCH})
+
+
+def test_the_sentence_bootstrap_is_paired_and_centred_on_the_corpus_difference():
+  """Over made-up outputs: the point is the seed-mean of corpus BLEU
+  differences (bleu.score's), identical systems differ by exactly 0 in every
+  resample, and a real difference gets an interval around it."""
+  refs = [f'a man number {i} walks his dog to the park' for i in range(40)]
+  good = list(refs)
+  bad = [r.replace('walks', 'runs') if i % 2 else r for i, r in enumerate(refs)]
+  worse = [r.replace('park', 'beach') for r in bad]
+  stats = {'shaw': {0: bleu.sentence_statistics(good, refs),
+                    1: bleu.sentence_statistics(bad, refs)},
+           'sinusoidal': {0: bleu.sentence_statistics(bad, refs),
+                          1: bleu.sentence_statistics(worse, refs)}}
+  line = translation_study.sentence_bootstrap(
+      stats, ('shaw',), ('sinusoidal',), 'x', resamples=200)
+  expected = np.mean([bleu.score(good, refs)['bleu'] - bleu.score(bad, refs)['bleu'],
+                      bleu.score(bad, refs)['bleu'] - bleu.score(worse, refs)['bleu']])
+  point = float(line.split(': ')[1].split(' BLEU')[0])
+  assert point == pytest.approx(expected, abs=0.005) and point > 0
+  lo, hi = (float(x) for x in line.split('seeds fixed: [')[1].rstrip('])').split(', '))
+  assert lo < point < hi and lo > 0
+  same = {'shaw': stats['shaw'], 'sinusoidal': stats['shaw']}
+  assert translation_study.sentence_bootstrap(
+      same, ('shaw',), ('sinusoidal',), 'x', resamples=50).endswith(
+          '[+0.00, +0.00])')
+  assert 'no seed' in translation_study.sentence_bootstrap(
+      {'shaw': {0: stats['shaw'][0]}}, ('shaw',), ('sinusoidal',), 'x')
