@@ -269,16 +269,56 @@ def sentence_bootstrap(stats: dict[str, dict[int, np.ndarray]], a, b, name: str,
           f'[{lo:+.2f}, {hi:+.2f}])')
 
 
+def _translations(workdir: str, name: str, split: str) -> list[str]:
+  """A run's committed translations of a split, one per sentence."""
+  path = os.path.join(workdir, name, 'translations', f'{split}.en')
+  with open(path, encoding='utf-8') as f:
+    return f.read().split('\n')[:-1]      # the file ends with a newline
+
+
 def _sentence_stats(workdir: str, results: dict, references: list[str]
                     ) -> dict[str, dict[int, np.ndarray]]:
   out: dict[str, dict[int, np.ndarray]] = {}
   for name, r in results.items():
-    path = os.path.join(workdir, name, 'translations', f'{MAIN_TEST}.en')
-    with open(path, encoding='utf-8') as f:
-      hyps = f.read().split('\n')[:len(references)]
+    hyps = _translations(workdir, name, MAIN_TEST)
     out.setdefault(r['label'], {})[r['seed']] = bleu.sentence_statistics(
         hyps, references)
   return out
+
+
+def repeats_a_trigram(sentence: str) -> bool:
+  """Whether some run of three whitespace words occurs twice: the mark of
+  a decoder looping ("... in front of a white fence in front of a white
+  fence"), rare in the references (7, 5 and 1 in the three test sets)."""
+  words = sentence.split()
+  grams = [tuple(words[i:i + 3]) for i in range(len(words) - 2)]
+  return len(grams) != len(set(grams))
+
+
+def repetition_table(workdir: str, results: dict, labels) -> str | None:
+  """Per encoding and test set (mean ± std over seeds): output length over
+  reference length (13a tokens), and how many outputs repeat a 3-gram."""
+  rows = []
+  for label in labels:
+    mine = {name: r for name, r in results.items()
+            if r['label'] == label and 'sys_len' in r['splits'][MAIN_TEST]}
+    if not mine:
+      continue
+    row = [label]
+    for split in multi30k.TEST_SPLITS:
+      row.append(_cell([r['splits'][split]['sys_len']
+                        / r['splits'][split]['ref_len']
+                        for r in mine.values()], 3))
+      row.append(_cell([float(sum(map(repeats_a_trigram,
+                                      _translations(workdir, name, split))))
+                        for name in mine], 1))
+    rows.append(row)
+  if not rows:
+    return None
+  header = ['encoding']
+  for split in multi30k.TEST_SPLITS:
+    header += [f'{split} length ratio', f'{split} outputs repeating a 3-gram']
+  return common.markdown_table(header, rows)
 
 
 def example_rows(source_lens: np.ndarray) -> list[int]:
@@ -529,8 +569,11 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
       (f'BLEU by source length ({MAIN_TEST}, tokens)', length_table),
   ]
   if output_length:
+    repetition = repetition_table(workdir, results, labels)
     sections.append((f'Output length ({MAIN_TEST}, 13a tokens)',
-                     output_length))
+                     output_length + '\n\nEvery test set: the length ratio, '
+                     'and how many outputs repeat a run of three words (a '
+                     'decoder looping):\n\n' + repetition))
   sections.append(('Paired by seed',
                    '\n'.join(f'- {c}' for c in comparisons)))
   if results and plot_by_length(

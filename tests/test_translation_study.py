@@ -261,19 +261,34 @@ def test_output_length_is_reported_and_divided_out(tmp_path):
     label, seed = run.tags['position'], run.tags['seed']
     main, bp, sys_len = (33.0, 1.0, 1000) if label == 'shaw' else (30.0, 0.95, 950)
     result = _fake_result(main, main)
-    main_split = {**result['splits'][translation_study.MAIN_TEST], 'bp': bp,
-                  'sys_len': sys_len, 'ref_len': 1000}
-    result['splits'] = {**result['splits'],
-                        translation_study.MAIN_TEST: main_split}
+    # Every split gets the same lengths (_fake_result has none).
+    split = {**result['splits'][translation_study.MAIN_TEST], 'bp': bp,
+             'sys_len': sys_len, 'ref_len': 1000}
+    result['splits'] = {name: split for name in result['splits']}
     results[run.name] = {**result, 'label': label, 'seed': seed}
+    # Shaw loops in 2 of its 5 outputs at seed 0, in 1 at seed 1.
+    loops = 2 - seed if label == 'shaw' else 0
+    lines = ['a man in a hat in a hat'] * loops + ['a dog runs'] * (5 - loops)
+    out = tmp_path / run.name / 'translations'
+    out.mkdir(parents=True)
+    for split in multi30k.TEST_SPLITS:
+      (out / f'{split}.en').write_text(''.join(f'{line}\n' for line in lines))
   text = translation_study.report(str(tmp_path), runs, results, 'quick',
                                   {'word': _fake_result(25.0, 20.0)['splits']})
   assert ('| sinusoidal | 0.950 ± 0.000 | 0.950 ± 0.000 | 31.58 ± 0.00 |'
           in text)
   assert '| shaw | 1.000 ± 0.000 | 1.000 ± 0.000 | 33.00 ± 0.00 |' in text
+  assert ('| sinusoidal' + ' | 0.950 ± 0.000 | 0.0 ± 0.0' * 3 + ' |') in text
+  assert ('| shaw' + ' | 1.000 ± 0.000 | 1.5 ± 0.7' * 3 + ' |') in text
   assert ('BLEU without its brevity penalty (BLEU / BP, the part that is not '
           'output length), shaw minus sinusoidal: +1.42 BLEU over 2 seeds') in text
   assert 'val BLEU (the split that chooses), shaw minus sinusoidal: +3.00' in text
+
+
+def test_a_looping_output_repeats_a_trigram():
+  assert translation_study.repeats_a_trigram(
+      'A dog runs in front of a fence in front of a fence.')
+  assert not translation_study.repeats_a_trigram('A man in a hat, a man.')
 
 
 def test_a_result_from_the_older_beam_search_is_not_current():
