@@ -432,7 +432,8 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
   # Output length: BLEU's brevity penalty multiplies the n-gram precisions,
   # so a BLEU difference can be length alone; BLEU / BP is the part that
   # is not.
-  has_bp = lambda r: 'bp' in r['splits'][MAIN_TEST]
+  # bp is 0 only for an empty output; such a run has no BLEU / BP.
+  has_bp = lambda r: r['splits'][MAIN_TEST].get('bp', 0) > 0
   ratio_rows = []
   for label in labels:
     mine = [r['splits'][MAIN_TEST] for r in results.values()
@@ -478,8 +479,9 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
            'how much more the relative encodings lead on the longer sources '
            '(the line above minus the one before it)'),
       pair(precision_bleu, ('shaw',), ('sinusoidal',),
-           f'{MAIN_TEST} BLEU without its brevity penalty (BLEU / BP, the '
-           f'part that is not output length), shaw minus sinusoidal'),
+           f'{MAIN_TEST} BLEU without its brevity penalty (BLEU / BP: the '
+           f'n-gram precisions, which shorter outputs tend to raise), shaw '
+           f'minus sinusoidal'),
       pair(precision_bleu, RELATIVE, ABSOLUTE,
            f'{MAIN_TEST} BLEU / BP, mean of {", ".join(RELATIVE)} minus '
            f'mean of {", ".join(ABSOLUTE)}'),

@@ -46,8 +46,10 @@ def sentence_statistics(hypotheses: Sequence[str], references: Sequence[str]
   if len(hypotheses) != len(references):
     raise ValueError(f'{len(hypotheses)} hypotheses for {len(references)} '
                      f'references')
+  if not references:
+    raise ValueError('no sentences to score')
   return np.asarray(BLEU()._extract_corpus_statistics(
-      list(hypotheses), [list(references)]), np.float64)
+      list(hypotheses), [list(references)]), np.float64).reshape(-1, 10)
 
 
 def bleu_of_statistics(summed: np.ndarray) -> np.ndarray:

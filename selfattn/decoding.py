@@ -245,9 +245,11 @@ def generate(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
   (_, steps, logits, tokens, scores, finished, lengths, kept, done_tokens,
    done_scores) = nnx.while_loop(more, step, carry)
   if method == 'beam':
-    # The live hypotheses, at the length reached, against the finished set
-    # (a stopped example's live ones cannot win: beam_settled).
-    pool = jnp.concatenate([done_scores, scores / penalty(steps)], 1)
+    # The live hypotheses, at the length reached, against the finished set;
+    # a settled example's live ones are out (with alpha < 0 a prefix cut
+    # short could otherwise beat every finished hypothesis).
+    live = jnp.where(finished, -jnp.inf, scores / penalty(steps))
+    pool = jnp.concatenate([done_scores, live], 1)
     best = jnp.argmax(pool, axis=1)
     tokens = jnp.concatenate(
         [done_tokens, tokens.reshape(b, k, total)], 1)[jnp.arange(b), best]

@@ -131,6 +131,25 @@ def test_an_early_eos_does_not_take_a_live_hypothesis_place(beam_size):
   np.testing.assert_array_equal(greedy.tokens[0], [0, 2, 0, 0, 0])
 
 
+def test_a_settled_search_returns_a_finished_hypothesis_even_for_negative_alpha():
+  """Eos = 2. After the prompt, token 1 has p 0.5 and eos 0.4999; after 1,
+  token 1 again has p ~1. Beam 1 and alpha -1, so the penalty shrinks with
+  length and longer outputs score worse: step 1 finishes [eos] at
+  log 0.4999 = -0.6933 and keeps [1] live at -0.6931, whose every ending
+  (length 2 or more) scores at most -0.6931 x 7/6 = -0.809, so the search
+  settles. The answer is [eos], not the prefix [1], cut off without eos,
+  which would score -0.6931 at length 1."""
+  tiny = 1e-6
+  model = _Bigram([[tiny, 0.5, 0.5 - tiny],
+                   [tiny, 1 - 2 * tiny, tiny],
+                   [1 / 3, 1 / 3, 1 / 3]])
+  prompt = jnp.zeros((1, 1), jnp.int32)
+  beam = decoding.generate(model, prompt, 4, method='beam', beam_size=1,
+                           alpha=-1.0, eos=2, pad=0)
+  assert int(beam.tokens[0, 1]) == 2
+  assert float(beam.scores[0]) == pytest.approx(np.log(0.5 - tiny), rel=1e-5)
+
+
 def test_end_of_sentence_pads_and_stops():
   """After eos a sequence holds pad; the length penalty counts the tokens
   up to and including eos; the loop stops once every sequence is done."""
