@@ -351,11 +351,8 @@ def example_translations(workdir: str, results: dict, labels,
     names = {label: by_label[label][min(by_label[label])] for label in shown}
   else:
     names = {label: by_label[label][seed] for label in shown}
-  lines_of = {}
-  for label, name in names.items():
-    path = os.path.join(workdir, name, 'translations', f'{MAIN_TEST}.en')
-    with open(path, encoding='utf-8') as f:
-      lines_of[label] = f.read().split('\n')
+  lines_of = {label: _translations(workdir, name, MAIN_TEST)
+              for label, name in names.items()}
   where = (f'seed {seed}' if seed is not None
            else 'each row\'s lowest seed')
   parts = [f'The first sentence of {MAIN_TEST} in each source-length bin '
@@ -430,8 +427,8 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
       length_rows)
 
   # Output length: BLEU's brevity penalty multiplies the n-gram precisions,
-  # so a BLEU difference can be length alone; BLEU / BP is the part that
-  # is not.
+  # so a BLEU difference can be length alone; BLEU / BP leaves the
+  # precisions.
   # bp is 0 only for an empty output; such a run has no BLEU / BP.
   has_bp = lambda r: r['splits'][MAIN_TEST].get('bp', 0) > 0
   ratio_rows = []
