@@ -24,6 +24,16 @@ from typing import Iterable, Sequence
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 MODEL_TYPES = ('unigram', 'bpe')
 
+# Every trainer option besides the two a caller picks. The cache key hashes
+# this table, so editing any entry trains a new model instead of silently
+# reusing one trained under other options.
+_TRAINER_OPTIONS = dict(
+    character_coverage=1.0, byte_fallback=True,
+    normalization_rule_name='identity', remove_extra_whitespaces=False,
+    split_digits=True, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+    num_threads=1, input_sentence_size=0, shuffle_input_sentence=False,
+    max_sentence_length=100000)
+
 
 class Tokenizer:
   """A trained SentencePiece model: text <-> ids (lists of ints)."""
@@ -67,7 +77,8 @@ class Tokenizer:
 def _key(texts: Sequence[str], options: dict) -> str:
   import sentencepiece as spm
   digest = hashlib.sha256()
-  digest.update(json.dumps({**options, 'sentencepiece': spm.__version__},
+  digest.update(json.dumps({**options, **_TRAINER_OPTIONS,
+                            'sentencepiece': spm.__version__},
                            sort_keys=True).encode())
   for text in texts:
     digest.update(text.encode('utf-8'))
@@ -122,12 +133,8 @@ def _train(texts: Iterable[str], *, vocab_size: int, model_type: str) -> bytes:
 def _run_trainer(spm, model, texts, vocab_size: int, model_type: str) -> None:
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(texts), model_writer=model,
-      vocab_size=vocab_size, model_type=model_type,
-      character_coverage=1.0, byte_fallback=True,
-      normalization_rule_name='identity', remove_extra_whitespaces=False,
-      split_digits=True, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
-      num_threads=1, input_sentence_size=0, shuffle_input_sentence=False,
-      max_sentence_length=100000, minloglevel=2)
+      vocab_size=vocab_size, model_type=model_type, **_TRAINER_OPTIONS,
+      minloglevel=2)
 
 
 __all__ = ['BOS', 'EOS', 'MODEL_TYPES', 'PAD', 'Tokenizer', 'UNK', 'train']

@@ -97,6 +97,19 @@ def test_the_tokenizer_round_trips_exactly_and_is_deterministic(tmp_path):
     tokenizer.train(texts, model_type='wordpiece')
 
 
+def test_a_changed_trainer_option_trains_a_new_model(tmp_path, monkeypatch):
+  texts = GERMAN + ENGLISH
+  kept = tokenizer.train(texts, vocab_size=300, cache_dir=tmp_path)
+  monkeypatch.setitem(tokenizer._TRAINER_OPTIONS, 'remove_extra_whitespaces',
+                      True)
+  changed = tokenizer.train(texts, vocab_size=300, cache_dir=tmp_path)
+  assert len(list(tmp_path.glob('*.model'))) == 2  # not the cached model
+  assert changed.proto != kept.proto
+  text = 'two  spaces'                              # the option took effect
+  assert kept.decode(kept.encode(text)) == text
+  assert changed.decode(changed.encode(text)) == 'two spaces'
+
+
 def test_bleu_and_chrf_with_their_signatures():
   refs = ENGLISH[:6]
   perfect = bleu.score(refs, refs)
