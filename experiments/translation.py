@@ -499,11 +499,46 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
            'beyond the trained lengths (the line above minus the one before '
            'it)'),
   ] + [
-      pair(long_bleu, (label,), (f'{label} +short',),
-           f'{label} on sources longer than {SHORT_MAX_LEN}: trained on all '
+      pair(long_bleu, (f'{label} +short',), ('sinusoidal +short',),
+           f'+short protocol, {MAIN_TEST} sources longer than '
+           f'{SHORT_MAX_LEN} tokens: {label} minus sinusoidal')
+      for label in RELATIVE
+  ] + [
+      pair(bleu_of, (label,), (f'{label} +short',),
+           f'{label} on sources {where} {SHORT_MAX_LEN}: trained on all '
            f'minus trained on short (never seeing a long source, and 24% '
            f'fewer distinct pairs, as many steps)')
+      for bleu_of, where in ((long_bleu, 'longer than'),
+                             (short_bleu, 'of at most'))
       for label in ('sinusoidal',) + RELATIVE]
+  # Whose cost of short training is larger (each encoding's all-minus-short
+  # on the long sources, paired by seed), and whether the relative lead
+  # grows with length more when the long sources were never trained than
+  # when they were (the growth line of each protocol, paired by seed).
+  cost = {}
+  for label in ('sinusoidal',) + RELATIVE:
+    trained_short = long_bleu.get(f'{label} +short', {})
+    cost[label] = {seed: bleu_all - trained_short[seed]
+                   for seed, bleu_all in long_bleu.get(label, {}).items()
+                   if seed in trained_short}
+  comparisons += [pair(cost, (a,), (b,),
+                       f'cost of short training on sources longer than '
+                       f'{SHORT_MAX_LEN}, {a} minus {b}')
+                  for a, b in (('sinusoidal', 'shaw'), ('sinusoidal', 'rope'),
+                               ('rope', 'shaw'))]
+  relative_growth = {
+      protocol: {seed: statistics.mean(length_gap[f'{p}{suffix}'][seed]
+                                       for p in RELATIVE)
+                 - length_gap[f'sinusoidal{suffix}'][seed]
+                 for seed in set.intersection(*[
+                     set(length_gap.get(f'{p}{suffix}', {}))
+                     for p in ('sinusoidal',) + RELATIVE])}
+      for protocol, suffix in (('+short', ' +short'), ('all', ''))}
+  comparisons.append(pair(
+      relative_growth, ('+short',), ('all',),
+      'growth of the relative lead (mean of shaw, rope minus sinusoidal, '
+      'long minus short sources) under +short minus under all pairs: '
+      'whether never seeing a long source widens it more'))
   # Validation, the split that chooses (checkpoints, the CPU default).
   val_bleu = _by(results, score('val'))
   comparisons += [

@@ -269,6 +269,21 @@ def test_the_short_protocol_pairs_extrapolation_by_seed(tmp_path):
   assert 'sinusoidal on sources longer than 18: trained on all minus trained on short (never seeing a long source, and 24% fewer distinct pairs, as many steps): +9.50 BLEU' in text
   assert 'shaw on sources longer than 18: trained on all minus trained on short (never seeing a long source, and 24% fewer distinct pairs, as many steps): +5.00 BLEU' in text
   assert 'rope on sources longer than 18: trained on all minus trained on short (never seeing a long source, and 24% fewer distinct pairs, as many steps): +5.50 BLEU' in text
+  # Each relative encoding beyond the range: shaw 8, 7; rope 6, 3.
+  assert '18 tokens: shaw minus sinusoidal: +7.50 BLEU over 2 seeds' in text
+  assert '18 tokens: rope minus sinusoidal: +4.50 BLEU over 2 seeds' in text
+  # On the short sources: sinusoidal 1, 1; shaw 1, 0; rope 1, -1.
+  assert 'sinusoidal on sources of at most 18: trained on all minus trained on short (never seeing a long source, and 24% fewer distinct pairs, as many steps): +1.00 BLEU' in text
+  assert 'rope on sources of at most 18: trained on all minus trained on short (never seeing a long source, and 24% fewer distinct pairs, as many steps): +0.00 BLEU' in text
+  # Whose cost is larger: sinusoidal's minus shaw's 5, 4; minus rope's 5,
+  # 3; rope's minus shaw's 0, 1.
+  assert 'longer than 18, sinusoidal minus shaw: +4.50 BLEU' in text
+  assert 'longer than 18, sinusoidal minus rope: +4.00 BLEU' in text
+  assert 'longer than 18, rope minus shaw: +0.50 BLEU' in text
+  # The relative lead's growth with length: +short 5, 2.5 (as above); all
+  # pairs: seed 0 -10 - -10 = 0, seed 1 -9.5 - -10 = +0.5; difference 5, 2.
+  assert ('whether never seeing a long source widens it more: +3.50 BLEU '
+          'over 2 seeds') in text
 
 
 def test_output_length_is_reported_and_divided_out(tmp_path):
