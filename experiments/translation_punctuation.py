@@ -8,7 +8,8 @@ on test_2017_flickr than on test_2016_flickr, RoPE's most of all. 99.1% of
 Multi30k's training sources end with '.', as do 98.0% of test_2016_flickr's,
 but only 79.3% of test_2017_flickr's and 79.6% of test_2017_mscoco's: the
 rest end in a word. This probe changes only that character and translates
-again, with each core run's chosen checkpoint and the study's beam search:
+again, with each run's chosen checkpoint and the study's beam search (the
+core tier's 20 runs and the extras' single runs):
 
   add    the sources of a test set that end in a letter or digit get a '.';
   strip  test_2016_flickr's sources that end with '.' lose it.
@@ -19,7 +20,8 @@ sacreBLEU and the share of outputs that repeat a 3-gram. Differences are
 paired by seed (5 seeds, each run its own model), with 95% t-intervals
 across seeds. Each run's numbers are kept in its punctuation.json and its
 changed translations in translations/punctuation/; the report goes to
-punctuation.md in the workdir. Needs the study's core runs, finished.
+punctuation.md in the workdir. Needs those runs of the study, finished; a
+row with one run gets no interval.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ from selfattn import workdir as workdir_lib
 
 RESULT_FILE = 'punctuation.json'
 REPORT_FILE = 'punctuation.md'
-CORE = study_lib.TIERS[0][0]
-SEEDS = study_lib.TIERS[0][1]
+# Every all-pairs row of the study (the +short runs answer another question).
+LABELS = tuple(label for labels, _ in study_lib.TIERS for label in labels
+               if '+short' not in label)
 # (intervention, test set): 'add' where sources lack a final stop, 'strip'
 # where nearly all have one.
 PROBES = (('add', 'test_2017_flickr'), ('add', 'test_2017_mscoco'),
@@ -144,7 +147,11 @@ def report(results: dict[str, dict[int, dict]]) -> str:
     lines += [common.markdown_table(
         ['encoding', 'seeds', 'BLEU as given', 'BLEU changed',
          '% looping as given', '% looping changed'], rows), '']
-    for enc in results:
+    single = [enc for enc in results if len(results[enc]) < 2]
+    if single:
+      lines.append(f'- {", ".join(single)}: one run each, so no interval '
+                   f'(an anecdote, in the table only).')
+    for enc in (enc for enc in results if enc not in single):
       for metric, unit in (('bleu', 'BLEU'), ('loops_percent', 'points')):
         by = {'changed': value(enc, 'changed', metric),
               'given': value(enc, 'given', metric)}
@@ -164,7 +171,7 @@ def report(results: dict[str, dict[int, dict]]) -> str:
 def main(argv):
   del argv
   workdir = common.WORKDIR.value or DEFAULT_WORKDIR
-  runs = study_lib.study_runs('cpu', SEEDS, CORE)
+  runs = study_lib.study_runs('cpu', study_lib.TIERS[0][1], LABELS)
   results: dict[str, dict[int, dict]] = {}
   for i, run in enumerate(runs):
     print(f'[punctuation] run {i + 1}/{len(runs)}: {run.name}', flush=True)

@@ -48,8 +48,13 @@ def test_the_report_pairs_each_change_and_rope_against_shaw_by_seed():
   results = {
       'shaw': {0: _made_up(30, 31, 10, 4), 1: _made_up(32, 33, 12, 6)},
       'rope': {0: _made_up(25, 31, 30, 2), 1: _made_up(27, 35, 34, 4)},
+      'alibi': {0: _made_up(20, 30, 40, 1)},
   }
   text = probe.report(results)
+  # A row with one run is tabled, with no interval.
+  assert '| alibi | 1 | 20.00 | 30.00 | 40.00 | 1.00 |' in text
+  assert '- alibi: one run each, so no interval' in text
+  assert 'alibi, bleu' not in text
   assert '## add test_2017_flickr (7 sentences changed)' in text
   # rope's BLEU gains are 6 and 8 (mean 7), its loops fall by 28 and 30.
   assert ('rope, bleu: changed minus as given: +7.00 BLEU over 2 seeds'
