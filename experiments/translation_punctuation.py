@@ -80,12 +80,32 @@ def scores(hyps: list[str], refs: list[str]) -> dict[str, float]:
           'loops_percent': 100.0 * loops / len(hyps)}
 
 
+def unchanged_scores(path: str, how: str, split: str) -> dict[str, float]:
+  """Scores of the run's committed translations of the sentences a probe
+  leaves alone (no decoding): is a gap still there on them?"""
+  sources, references = multi30k.pairs(split)
+  changed = set(changed_sources(sources, how)[0])
+  kept = [i for i in range(len(sources)) if i not in changed]
+  given = study_lib._translations(*os.path.split(path), split)
+  return {'sentences': len(kept),
+          **scores([given[i] for i in kept], [references[i] for i in kept])}
+
+
 def probe_run(run, path: str) -> dict[str, Any]:
   """The run's punctuation.json, computed once: for every probe, the scores
-  of the committed translations and of the changed sources' ones."""
+  of the committed translations and of the changed sources' ones, and of
+  the committed translations of the sentences left unchanged."""
   target = os.path.join(path, RESULT_FILE)
   if os.path.exists(target):
-    return workdir_lib.read_json_object(target, "the probe's scores")
+    result = workdir_lib.read_json_object(target, "the probe's scores")
+    missing = [(how, split) for how, split in PROBES
+               if 'unchanged' not in result['probes'][f'{how} {split}']]
+    for how, split in missing:      # files written before 'unchanged' was
+      result['probes'][f'{how} {split}']['unchanged'] = unchanged_scores(
+          path, how, split)
+    if missing:
+      workdir_lib.write_json(target, result)
+    return result
   scored = workdir_lib.read_json_object(
       os.path.join(path, study_lib.RESULT_FILE),
       'the study scores every run before this probe reads it')
@@ -111,7 +131,8 @@ def probe_run(run, path: str) -> dict[str, Any]:
     probe = result['probes'][f'{how} {split}'] = {
         'sentences': len(indices),
         'given': scores([given[i] for i in indices], refs),
-        'changed': scores(hyps, refs)}
+        'changed': scores(hyps, refs),
+        'unchanged': unchanged_scores(path, how, split)}
     print(f'[punctuation] {run.name}: {how} {split} ({len(indices)} '
           f'sentences): BLEU {probe["given"]["bleu"]:.2f} -> '
           f'{probe["changed"]["bleu"]:.2f}, looping '
@@ -135,8 +156,8 @@ def report(results: dict[str, dict[int, dict]]) -> str:
     value = lambda enc, which, metric: {
         seed: r['probes'][probe][which][metric]
         for seed, r in results[enc].items()}
-    n = next(iter(next(iter(results.values())).values()))['probes'][probe][
-        'sentences']
+    first = next(iter(next(iter(results.values())).values()))['probes'][probe]
+    n, unchanged = first['sentences'], first['unchanged']['sentences']
     lines += [f'## {probe} ({n} sentences changed)', '']
     rows = []
     for enc in results:
@@ -159,11 +180,13 @@ def report(results: dict[str, dict[int, dict]]) -> str:
             by, ('changed',), ('given',), f'{enc}, {metric}: changed minus as '
             f'given', unit=unit, digits=2))
     if 'rope' in results and 'shaw' in results:
-      for which in ('given', 'changed'):
+      for which in ('given', 'changed', 'unchanged'):
         by = {enc: value(enc, which, 'bleu') for enc in ('rope', 'shaw')}
+        name = (f'rope minus shaw, BLEU {which}' if which != 'unchanged' else
+                f'rope minus shaw, BLEU on the {unchanged} sentences this '
+                f'probe leaves alone')
         lines.append('- ' + common.paired_by_seed(
-            by, ('rope',), ('shaw',), f'rope minus shaw, BLEU {which}',
-            unit='BLEU', digits=2))
+            by, ('rope',), ('shaw',), name, unit='BLEU', digits=2))
     lines.append('')
   return '\n'.join(lines)
 

@@ -40,7 +40,9 @@ def _made_up(bleu_given, bleu_changed, loops_given, loops_changed):
       f'{how} {split}': {
           'sentences': 7,
           'given': {'bleu': bleu_given, 'loops_percent': loops_given},
-          'changed': {'bleu': bleu_changed, 'loops_percent': loops_changed}}
+          'changed': {'bleu': bleu_changed, 'loops_percent': loops_changed},
+          'unchanged': {'sentences': 93, 'bleu': bleu_given + 10,
+                        'loops_percent': 1.0}}
       for how, split in probe.PROBES}}
 
 
@@ -64,6 +66,9 @@ def test_the_report_pairs_each_change_and_rope_against_shaw_by_seed():
   # rope minus shaw: -5 both seeds as given; 0 and +2 once changed.
   assert 'rope minus shaw, BLEU given: -5.00 BLEU' in text
   assert 'rope minus shaw, BLEU changed: +1.00 BLEU' in text
+  # On the sentences left alone (made up as given + 10): -5 again.
+  assert ('rope minus shaw, BLEU on the 93 sentences this probe leaves '
+          'alone: -5.00 BLEU') in text
   # The table holds the means: rope as given 26.00 BLEU, 32.00% looping.
   assert '| rope | 2 | 26.00 | 33.00 | 32.00 | 3.00 |' in text
 
@@ -87,3 +92,5 @@ def test_committed_probe_translations_reproduce_their_scores():
     refs = [references[i] for i in indices]
     assert bleu.score(hyps, refs)['bleu'] == pytest.approx(
         stored[f'{how} {split}']['changed']['bleu'], abs=1e-9)
+    kept = [i for i in range(len(sources)) if i not in set(indices)]
+    assert stored[f'{how} {split}']['unchanged']['sentences'] == len(kept)
