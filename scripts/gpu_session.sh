@@ -42,8 +42,17 @@
 #               give it 300 s or more. A SIGINT is answered after the
 #               step in flight: a 90 s try, stopped while its first step
 #               compiled, outlasted a 60 s grace and was killed; the
-#               grace is now 180 s.
+#               grace is now 180 s. Third H100 call (21:16 UTC): shaw's
+#               start took 248 s to step 1, sinusoidal's 209 s to step 25,
+#               then 31.4 steps/s: give one encoding 330 s or more.
 #               Needs Multi30k (`prepare` puts it in .whl/data). <= 9 min
+#               The whole .whl with the repository was refused as over the
+#               64 MiB a call carries (2026-11-26); carry the translation's
+#               wheels and data alone (9.3 MiB), with WHL_DIR=.whl/mt:
+#                 mkdir -p .whl/mt/data && cp -r .whl/data/multi30k .whl/mt/data/
+#                 for n in colorama lxml ml_collections portalocker regex \
+#                   sacrebleu sentencepiece tabulate tensorboardx \
+#                   importlib_resources; do cp .whl/$n-*.whl .whl/mt/; done
 #
 # The device call (the `run` tool), from the repository root:
 #   command: bash scripts/gpu_session.sh suite      carry: [".whl"]
