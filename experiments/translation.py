@@ -106,9 +106,11 @@ def bin_label(lo: int, hi: int) -> str:
   return f'{lo + 1}-{hi}'
 
 
-def _write_lines(path: str, lines: list[str]) -> None:
-  # One sentence a line: a line break inside a translation (possible only
-  # through byte fallback) would shift every later line.
+def write_lines(path: str, lines: list[str]) -> None:
+  """Writes one sentence a line, atomically (read back by
+  read_translations). A line break inside a translation (possible only
+  through byte fallback) would shift every later line: it becomes a
+  space."""
   text = ''.join(line.replace('\n', ' ').replace('\r', ' ') + '\n'
                  for line in lines)
   temp = f'{path}.tmp-{os.getpid()}'
@@ -189,7 +191,7 @@ def evaluate_run(run: study.Run, path: str) -> dict[str, Any]:
     data = trainer.corpus.eval_set(split)
     hyps = trainer.translate_texts(params, data.sources, method='beam',
                                    beam_size=BEAM_SIZE, alpha=ALPHA)
-    _write_lines(os.path.join(path, 'translations', f'{split}.en'), hyps)
+    write_lines(os.path.join(path, 'translations', f'{split}.en'), hyps)
     split_result = scores_by_length(hyps, data.references, data.source_lens())
     result['splits'][split] = split_result
     writer.add_scalar(f'beam/{split}/bleu', split_result['bleu'], chosen)
@@ -269,7 +271,7 @@ def sentence_bootstrap(stats: dict[str, dict[int, np.ndarray]], a, b, name: str,
           f'[{lo:+.2f}, {hi:+.2f}])')
 
 
-def _translations(workdir: str, name: str, split: str) -> list[str]:
+def read_translations(workdir: str, name: str, split: str) -> list[str]:
   """A run's committed translations of a split, one per sentence."""
   path = os.path.join(workdir, name, 'translations', f'{split}.en')
   with open(path, encoding='utf-8') as f:
@@ -280,7 +282,7 @@ def _sentence_stats(workdir: str, results: dict, references: list[str]
                     ) -> dict[str, dict[int, np.ndarray]]:
   out: dict[str, dict[int, np.ndarray]] = {}
   for name, r in results.items():
-    hyps = _translations(workdir, name, MAIN_TEST)
+    hyps = read_translations(workdir, name, MAIN_TEST)
     out.setdefault(r['label'], {})[r['seed']] = bleu.sentence_statistics(
         hyps, references)
   return out
@@ -310,7 +312,7 @@ def repetition_table(workdir: str, results: dict, labels) -> str | None:
                         / r['splits'][split]['ref_len']
                         for r in mine.values()], 3))
       row.append(_cell([float(sum(map(repeats_a_trigram,
-                                      _translations(workdir, name, split))))
+                                      read_translations(workdir, name, split))))
                         for name in mine], 1))
     rows.append(row)
   if not rows:
@@ -351,7 +353,7 @@ def example_translations(workdir: str, results: dict, labels,
     names = {label: by_label[label][min(by_label[label])] for label in shown}
   else:
     names = {label: by_label[label][seed] for label in shown}
-  lines_of = {label: _translations(workdir, name, MAIN_TEST)
+  lines_of = {label: read_translations(workdir, name, MAIN_TEST)
               for label, name in names.items()}
   where = (f'seed {seed}' if seed is not None
            else 'each row\'s lowest seed')

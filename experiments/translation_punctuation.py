@@ -86,7 +86,7 @@ def unchanged_scores(path: str, how: str, split: str) -> dict[str, float]:
   sources, references = multi30k.pairs(split)
   changed = set(changed_sources(sources, how)[0])
   kept = [i for i in range(len(sources)) if i not in changed]
-  given = study_lib._translations(*os.path.split(path), split)
+  given = study_lib.read_translations(*os.path.split(path), split)
   return {'sentences': len(kept),
           **scores([given[i] for i in kept], [references[i] for i in kept])}
 
@@ -122,11 +122,11 @@ def probe_run(run, path: str) -> dict[str, Any]:
   for how, split in PROBES:
     sources, references = multi30k.pairs(split)
     indices, changed = changed_sources(sources, how)
-    given = study_lib._translations(*os.path.split(path), split)
+    given = study_lib.read_translations(*os.path.split(path), split)
     hyps = trainer.translate_texts(params, changed, method='beam',
                                    beam_size=study_lib.BEAM_SIZE,
                                    alpha=study_lib.ALPHA)
-    study_lib._write_lines(os.path.join(out_dir, f'{how}_{split}.en'), hyps)
+    study_lib.write_lines(os.path.join(out_dir, f'{how}_{split}.en'), hyps)
     refs = [references[i] for i in indices]
     probe = result['probes'][f'{how} {split}'] = {
         'sentences': len(indices),
