@@ -56,14 +56,15 @@ SHORT = {'max_len': SHORT_MAX_LEN}
 #           (20 runs, about 5.5 h);
 #   +short  length generalization, Shaw's comparison plus rope, 3 seeds
 #           (9 runs, about 2.5 h);
-#   extras  one look each at no encoding, t5 and alibi (3 runs, about 50
-#           min, past the budget): a single run is an anecdote, and the
-#           report says so by giving no interval for it.
+#   extras  one look each at no encoding, t5, alibi, xl and pope (5 runs,
+#           about 1.5 h, past the budget; xl and pope added in a later
+#           sitting): a single run is an anecdote, and the report says so
+#           by giving no interval for it.
 # --seeds=N caps every tier at N seeds.
 TIERS: tuple[tuple[tuple[str, ...], int], ...] = (
     (('sinusoidal', 'learned', 'shaw', 'rope'), 5),
     (('sinusoidal +short', 'shaw +short', 'rope +short'), 3),
-    (('none', 't5', 'alibi'), 1),
+    (('none', 't5', 'alibi', 'xl', 'pope'), 1),
 )
 ENCODINGS: dict[str, tuple[str, dict, dict]] = {
     label: (label.split()[0], {}, SHORT if label.endswith('+short') else {})

@@ -183,19 +183,20 @@ def test_the_plan_trains_tier_by_tier_each_at_its_seeds():
   then single runs; --seeds caps every tier."""
   runs = translation_study.study_runs('cpu', 5, tuple(translation_study.ENCODINGS))
   names = [r.name for r in runs]
-  assert len(names) == len(set(names)) == 20 + 9 + 3
+  assert len(names) == len(set(names)) == 20 + 9 + 5
   assert names[:5] == ['position=sinusoidal,seed=0', 'position=learned,seed=0',
                        'position=shaw,seed=0', 'position=rope,seed=0',
                        'position=sinusoidal,seed=1']
   assert names[20] == 'position=sinusoidal+short,seed=0'
-  assert names[-3:] == ['position=none,seed=0', 'position=t5,seed=0',
-                        'position=alibi,seed=0']
+  assert names[-5:] == ['position=none,seed=0', 'position=t5,seed=0',
+                        'position=alibi,seed=0', 'position=xl,seed=0',
+                        'position=pope,seed=0']
   short = [r for r in runs if r.tags['position'].endswith('+short')]
   assert {r.config.model.position for r in short} == {'sinusoidal', 'shaw', 'rope'}
   assert all(r.config.task.max_len == translation_study.SHORT_MAX_LEN
              for r in short)
   capped = translation_study.study_runs('cpu', 2, tuple(translation_study.ENCODINGS))
-  assert len(capped) == 4 * 2 + 3 * 2 + 3
+  assert len(capped) == 4 * 2 + 3 * 2 + 5
 
 
 def test_a_row_with_one_run_gets_a_difference_but_no_interval():
