@@ -56,15 +56,18 @@ SHORT = {'max_len': SHORT_MAX_LEN}
 #           (20 runs, about 5.5 h);
 #   +short  length generalization, Shaw's comparison plus rope, 3 seeds
 #           (9 runs, about 2.5 h);
-#   extras  one look each at no encoding, t5, alibi, xl and pope (5 runs,
-#           about 1.5 h, past the budget; xl and pope added in a later
-#           sitting): a single run is an anecdote, and the report says so
-#           by giving no interval for it.
+#   extras  one look each at no encoding, t5 and alibi (3 runs, about 50
+#           min, past the budget): a single run is an anecdote, and the
+#           report says so by giving no interval for it;
+#   more relative  xl and pope, 3 seeds (6 runs, about 1.7 h, past the
+#           budget; added in later sittings): enough for an interval
+#           against shaw and rope, the relative encodings they compete with.
 # --seeds=N caps every tier at N seeds.
 TIERS: tuple[tuple[tuple[str, ...], int], ...] = (
     (('sinusoidal', 'learned', 'shaw', 'rope'), 5),
     (('sinusoidal +short', 'shaw +short', 'rope +short'), 3),
-    (('none', 't5', 'alibi', 'xl', 'pope'), 1),
+    (('none', 't5', 'alibi'), 1),
+    (('xl', 'pope'), 3),
 )
 ENCODINGS: dict[str, tuple[str, dict, dict]] = {
     label: (label.split()[0], {}, SHORT if label.endswith('+short') else {})
@@ -72,6 +75,11 @@ ENCODINGS: dict[str, tuple[str, dict, dict]] = {
 QUICK_ENCODINGS = ('sinusoidal', 'shaw +short')
 ABSOLUTE = ('sinusoidal', 'learned')
 RELATIVE = ('shaw', 'rope')
+# The later relative encodings, each against the core encoding nearest to
+# it: Transformer-XL's offset terms (sinusoids of the offset through a
+# learned projection) against Shaw's learned offset embeddings; PoPE (a
+# rotary variant) against RoPE, as its paper compares.
+PEERS = (('xl', 'shaw'), ('pope', 'rope'))
 BEAM_SIZE, ALPHA = 4, 0.6
 # Which beam search scored a run (translation.json's 'beam_search'). Runs
 # scored before 2026-11-26 13:00 UTC have none: their search let finished
@@ -548,6 +556,17 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
       pair(val_bleu, ('shaw',), ('sinusoidal',),
            'val BLEU (the split that chooses), shaw minus sinusoidal'),
       pair(val_bleu, ('rope',), ('shaw',), 'val BLEU, rope minus shaw')]
+  comparisons += [
+      line
+      for a, b in PEERS
+      for line in (
+          pair(main_bleu, (a,), (b,), f'{MAIN_TEST} BLEU, {a} minus {b}'),
+          pair(main_bleu, (a,), ('sinusoidal',),
+               f'{MAIN_TEST} BLEU, {a} minus sinusoidal'),
+          pair(long_bleu, (a,), (b,),
+               f'{MAIN_TEST} sources longer than {SHORT_MAX_LEN} tokens, '
+               f'{a} minus {b}'),
+          pair(val_bleu, (a,), (b,), f'val BLEU, {a} minus {b}'))]
   # The other test sets, for whether an ordering holds beyond the standard
   # one (test_2017_mscoco is out of domain).
   for split in multi30k.TEST_SPLITS:
@@ -561,7 +580,9 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
              f'{split} BLEU, mean of {", ".join(RELATIVE)} minus mean of '
              f'{", ".join(ABSOLUTE)}'),
         pair(split_bleu, ('rope',), ('shaw',),
-             f'{split} BLEU, rope minus shaw')]
+             f'{split} BLEU, rope minus shaw')] + [
+        pair(split_bleu, (a,), (b,), f'{split} BLEU, {a} minus {b}')
+        for a, b in PEERS]
   if examples:
     stats = _sentence_stats(workdir, results, examples['references'])
     comparisons += [

@@ -9,7 +9,8 @@ Multi30k's training sources end with '.', as do 98.0% of test_2016_flickr's,
 but only 79.3% of test_2017_flickr's and 79.6% of test_2017_mscoco's: the
 rest end in a word. This probe changes only that character and translates
 again, with each run's chosen checkpoint and the study's beam search (the
-core tier's 20 runs and the extras' single runs):
+study's every run that trained on all pairs: the core tier's 20, the
+extras' single runs, xl and pope at 3 seeds):
 
   add    the sources of a test set that end in a letter or digit get a '.';
   strip  test_2016_flickr's sources that end with '.' lose it.
@@ -17,7 +18,7 @@ core tier's 20 runs and the extras' single runs):
 Each change is scored on the changed sentences only, against their usual
 references, beside the study's committed translations of the same sentences:
 sacreBLEU and the share of outputs that repeat a 3-gram. Differences are
-paired by seed (5 seeds, each run its own model), with 95% t-intervals
+paired by seed (each run its own model), with 95% t-intervals
 across seeds. Each run's numbers are kept in its punctuation.json and its
 changed translations in translations/punctuation/; the report goes to
 punctuation.md in the workdir. Needs those runs of the study, finished; a
@@ -44,6 +45,10 @@ REPORT_FILE = 'punctuation.md'
 # Every all-pairs row of the study (the +short runs answer another question).
 LABELS = tuple(label for labels, _ in study_lib.TIERS for label in labels
                if '+short' not in label)
+# Pairs whose BLEU difference each probe reports, paired by seed: rope
+# against shaw (the gap the probe was built to explain), and each relative
+# encoding of the later tier against its nearest peer (study_lib.PEERS).
+PEERS = (('rope', 'shaw'),) + study_lib.PEERS
 # (intervention, test set): 'add' where sources lack a final stop, 'strip'
 # where nearly all have one.
 PROBES = (('add', 'test_2017_flickr'), ('add', 'test_2017_mscoco'),
@@ -179,14 +184,16 @@ def report(results: dict[str, dict[int, dict]]) -> str:
         lines.append('- ' + common.paired_by_seed(
             by, ('changed',), ('given',), f'{enc}, {metric}: changed minus as '
             f'given', unit=unit, digits=2))
-    if 'rope' in results and 'shaw' in results:
+    for a, b in PEERS:
+      if a not in results or b not in results:
+        continue
       for which in ('given', 'changed', 'unchanged'):
-        by = {enc: value(enc, which, 'bleu') for enc in ('rope', 'shaw')}
-        name = (f'rope minus shaw, BLEU {which}' if which != 'unchanged' else
-                f'rope minus shaw, BLEU on the {unchanged} sentences this '
+        by = {enc: value(enc, which, 'bleu') for enc in (a, b)}
+        name = (f'{a} minus {b}, BLEU {which}' if which != 'unchanged' else
+                f'{a} minus {b}, BLEU on the {unchanged} sentences this '
                 f'probe leaves alone')
         lines.append('- ' + common.paired_by_seed(
-            by, ('rope',), ('shaw',), name, unit='BLEU', digits=2))
+            by, (a,), (b,), name, unit='BLEU', digits=2))
     lines.append('')
   return '\n'.join(lines)
 

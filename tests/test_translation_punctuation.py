@@ -71,6 +71,20 @@ def test_the_report_pairs_each_change_and_rope_against_shaw_by_seed():
           'alone: -5.00 BLEU') in text
   # The table holds the means: rope as given 26.00 BLEU, 32.00% looping.
   assert '| rope | 2 | 26.00 | 33.00 | 32.00 | 3.00 |' in text
+  # Pairs whose members are missing (xl, pope) print nothing.
+  assert 'xl minus' not in text and 'pope minus' not in text
+
+
+def test_the_report_pairs_pope_with_rope_when_both_have_seeds():
+  results = {
+      'rope': {0: _made_up(25, 31, 30, 2), 1: _made_up(27, 35, 34, 4)},
+      'pope': {0: _made_up(24, 33, 30, 2), 1: _made_up(29, 34, 34, 4)},
+  }
+  text = probe.report(results)
+  # pope - rope as given: -1, +2; changed: +2, -1.
+  assert 'pope minus rope, BLEU given: +0.50 BLEU over 2 seeds' in text
+  assert 'pope minus rope, BLEU changed: +0.50 BLEU over 2 seeds' in text
+  assert 'rope minus shaw' not in text
 
 
 @REQUIRES_MULTI30K

@@ -144,6 +144,37 @@ def test_the_report_tables_floors_and_pairs_by_seed(tmp_path):
   assert (tmp_path / 'bleu_by_step.png').exists()
 
 
+def test_the_later_relative_encodings_are_paired_with_their_peers(tmp_path):
+  """xl against shaw and pope against rope, paired by seed on the main
+  test set, its long sources, validation and the other test sets."""
+  labels = ('sinusoidal', 'shaw', 'rope', 'xl', 'pope')
+  runs = translation_study.study_runs('quick', 2, labels)
+  # (main, long) BLEU per label, per seed.
+  scores = {0: {'sinusoidal': (30, 20), 'shaw': (33, 24), 'rope': (34, 23),
+                'xl': (32, 25), 'pope': (35, 21)},
+            1: {'sinusoidal': (31, 21), 'shaw': (34, 26), 'rope': (33, 24),
+                'xl': (34, 25), 'pope': (35, 22)}}
+  results = {}
+  for run in runs:
+    label, seed = run.tags['position'], run.tags['seed']
+    results[run.name] = {**_fake_result(*scores[seed][label]),
+                         'label': label, 'seed': seed}
+  floors = {'word': _fake_result(25.0, 20.0)['splits']}
+  text = translation_study.report(str(tmp_path), runs, results, 'quick', floors)
+  # xl - shaw: -1, 0; xl - sinusoidal: +2, +3; long: +1, -1.
+  assert 'test_2016_flickr BLEU, xl minus shaw: -0.50 BLEU over 2 seeds' in text
+  assert 'xl minus sinusoidal: +2.50 BLEU over 2 seeds' in text
+  assert ('sources longer than 18 tokens, xl minus shaw: +0.00 BLEU over 2 '
+          'seeds') in text
+  # pope - rope: +1, +2 (every split holds the main score); long -2, -2.
+  assert 'val BLEU, pope minus rope: +1.50 BLEU over 2 seeds' in text
+  assert 'test_2017_mscoco BLEU, pope minus rope: +1.50 BLEU' in text
+  assert ('sources longer than 18 tokens, pope minus rope: -2.00 BLEU over 2 '
+          'seeds') in text
+  # Two seeds each: no row is reported as a single run.
+  assert 'rows with a single run' not in text
+
+
 def test_the_relative_lead_is_paired_on_short_and_long_sources(tmp_path):
   """The length lines: relative minus absolute on the short and the long
   sources, and their difference, each paired by seed (made-up scores)."""
@@ -183,20 +214,21 @@ def test_the_plan_trains_tier_by_tier_each_at_its_seeds():
   then single runs; --seeds caps every tier."""
   runs = translation_study.study_runs('cpu', 5, tuple(translation_study.ENCODINGS))
   names = [r.name for r in runs]
-  assert len(names) == len(set(names)) == 20 + 9 + 5
+  assert len(names) == len(set(names)) == 20 + 9 + 3 + 6
   assert names[:5] == ['position=sinusoidal,seed=0', 'position=learned,seed=0',
                        'position=shaw,seed=0', 'position=rope,seed=0',
                        'position=sinusoidal,seed=1']
   assert names[20] == 'position=sinusoidal+short,seed=0'
-  assert names[-5:] == ['position=none,seed=0', 'position=t5,seed=0',
-                        'position=alibi,seed=0', 'position=xl,seed=0',
-                        'position=pope,seed=0']
+  assert names[29:32] == ['position=none,seed=0', 'position=t5,seed=0',
+                          'position=alibi,seed=0']
+  assert names[32:] == [f'position={p},seed={s}' for s in range(3)
+                        for p in ('xl', 'pope')]
   short = [r for r in runs if r.tags['position'].endswith('+short')]
   assert {r.config.model.position for r in short} == {'sinusoidal', 'shaw', 'rope'}
   assert all(r.config.task.max_len == translation_study.SHORT_MAX_LEN
              for r in short)
   capped = translation_study.study_runs('cpu', 2, tuple(translation_study.ENCODINGS))
-  assert len(capped) == 4 * 2 + 3 * 2 + 5
+  assert len(capped) == 4 * 2 + 3 * 2 + 3 + 2 * 2
 
 
 def test_a_row_with_one_run_gets_a_difference_but_no_interval():
