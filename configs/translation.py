@@ -11,6 +11,8 @@ $SELFATTN_DATA_DIR, the user cache, or a checked download).
 Run one encoding:
   python -m selfattn.main --config=configs/translation.py \
       --workdir=runs/mt_shaw --config.model.position=shaw
+English to German (same tokenizer; the study and its floors are German to
+English only): add --config.task.name=multi30k_en_de.
 The study (encodings x seeds, checkpoint chosen by validation BLEU, beam
 search on the test sets, sentences longer than any trained):
   python -m experiments.translation --workdir=experiments/results/translation

@@ -95,6 +95,8 @@ class Corpus:
   buckets: tuple[Bucket, ...]
   max_source_len: int          # training sources are at most this long
   dropped: int                 # training pairs left out by max_source_len
+  source: str = 'de'           # languages, as multi30k.pairs names them
+  target: str = 'en'
 
   @property
   def vocab_size(self) -> int:
@@ -105,7 +107,8 @@ class Corpus:
     return sum(len(b) for b in self.buckets)
 
   def eval_set(self, split: str, data_dir: str | None = None) -> EvalSet:
-    return _eval_set(self.tokenizer, split, data_dir)
+    return _eval_set(self.tokenizer, split, self.source, self.target,
+                     data_dir)
 
 
 def make_buckets(source_ids: list[list[int]], target_ids: list[list[int]],
@@ -163,13 +166,14 @@ def prepare(vocab_size: int, max_source_len: int, source: str = 'de',
                      f'that short')
   buckets = make_buckets([src_ids[i] for i in kept], [tgt_ids[i] for i in kept])
   return Corpus(tokenizer=tok, buckets=buckets, max_source_len=max_source_len,
-                dropped=len(src_ids) - len(kept))
+                dropped=len(src_ids) - len(kept), source=source,
+                target=target)
 
 
 @functools.lru_cache(maxsize=8)
-def _eval_set(tok: tokenizer_lib.Tokenizer, split: str,
-              data_dir: str | None = None) -> EvalSet:
-  src, ref = multi30k.pairs(split, 'de', 'en', data_dir)
+def _eval_set(tok: tokenizer_lib.Tokenizer, split: str, source: str = 'de',
+              target: str = 'en', data_dir: str | None = None) -> EvalSet:
+  src, ref = multi30k.pairs(split, source, target, data_dir)
   return EvalSet(split=split, sources=src, references=ref,
                  source_ids=tok.encode(src), target_ids=tok.encode(ref))
 

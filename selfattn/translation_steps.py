@@ -29,6 +29,7 @@ from selfattn import bleu
 from selfattn import figures
 from selfattn import translate
 from selfattn import translation_data
+from selfattn import translation_task
 from selfattn.steps import Trainer
 from selfattn.steps import dropout_key_for
 from selfattn.steps import global_indices
@@ -86,8 +87,9 @@ class TranslationTrainer(Trainer):
                mesh: jax.sharding.Mesh | None = None):
     self._setup(config, mesh)
     task, seed_arg = self.task, self.seed_arg
-    self.corpus = corpus = translation_data.prepare(task.vocab_size,
-                                                    config.task.max_len)
+    self.corpus = corpus = translation_data.prepare(
+        task.vocab_size, config.task.max_len,
+        *translation_task.LANGUAGES[task.name])
     # A fixed budget keeps the protocols' batches alike: +short's buckets end
     # lower, and batch_size x its longest bucket would hold fewer tokens.
     self.token_budget = (config.train.batch_tokens or

@@ -241,6 +241,29 @@ def test_the_trainer_steps_on_the_batch_it_shows_and_evaluates_what_it_decodes(
   assert kind == 'image' and image.dtype == np.uint8 and image.shape[2] == 3
 
 
+def test_english_to_german_trains_and_evaluates_the_other_way(tiny_multi30k):
+  """task.name=multi30k_en_de: English sources, German targets, in the
+  training buckets and in every evaluation split; the default stays German
+  to English."""
+  from tiny_corpus import ENGLISH, GERMAN
+  from selfattn.trainers import make_trainer
+  config = tiny_translation_config(**{'task.name': 'multi30k_en_de'})
+  validate_config(config)
+  trainer = make_trainer(config)
+  corpus = trainer.corpus
+  assert 'English to German' in trainer.task.spec.description
+  val = corpus.eval_set('val')
+  assert val.sources == ENGLISH and val.references == GERMAN
+  tok = corpus.tokenizer
+  assert val.source_ids == tok.encode(ENGLISH)
+  # A training bucket's first pair: an English source, its German target.
+  bucket = corpus.buckets[0]
+  source = tok.decode([int(t) for t in bucket.sources[0][:bucket.source_lens[0]]])
+  target = tok.decode([int(t) for t in bucket.targets[0][:bucket.target_lens[0] - 1]])
+  assert source in ENGLISH and target == GERMAN[ENGLISH.index(source)]
+  assert translation_data.prepare(300, 64).eval_set('val').sources == GERMAN
+
+
 def test_translation_configs_refuse_what_they_cannot_do(tiny_multi30k):
   for dotted, value, needle in (
       ('model.randomize_positions', True, 'config.model.randomize_positions'),
