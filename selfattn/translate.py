@@ -20,7 +20,7 @@ def max_steps(source_width: int, limit: int) -> int:
   width plus 10, at most `limit` (the decoder's positions). With the joint
   8000 vocabulary this admits every Multi30k reference, in either
   direction, even with its source padded alone, but one: test_2017_mscoco's
-  sentence 6, whose English reference is in capitals (46 tokens for 12
+  line 7, whose English reference is in capitals (46 tokens for 12
   German ones; limit 42). A decoder that loops stops here."""
   return max(1, min(2 * source_width + 10, limit))
 
