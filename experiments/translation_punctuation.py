@@ -21,8 +21,9 @@ sacreBLEU and the share of outputs that repeat a 3-gram. Differences are
 paired by seed (each run its own model), with 95% t-intervals
 across seeds. Each run's numbers are kept in its punctuation.json and its
 changed translations in translations/punctuation/; the report goes to
-punctuation.md in the workdir. Needs those runs of the study, finished; a
-row with one run gets no interval.
+punctuation.md in the workdir. Probes the runs of the study that are
+finished and scored, and names the ones it leaves out; a row with one run
+gets no interval.
 """
 
 from __future__ import annotations
@@ -198,18 +199,36 @@ def report(results: dict[str, dict[int, dict]]) -> str:
   return '\n'.join(lines)
 
 
-def main(argv):
-  del argv
-  workdir = common.WORKDIR.value or DEFAULT_WORKDIR
+def probe_study(workdir: str) -> str | None:
+  """Probes every finished all-pairs run of the study in `workdir`, writes
+  punctuation.md there and returns it (None: no run finished yet)."""
   runs = study_lib.study_runs('cpu', study_lib.TIERS[0][1], LABELS)
   results: dict[str, dict[int, dict]] = {}
   for i, run in enumerate(runs):
+    path = os.path.join(workdir, run.name)
+    if not os.path.exists(os.path.join(path, study_lib.RESULT_FILE)):
+      # A study stopped part-way: probe what it finished, say what it left.
+      print(f'[punctuation] run {i + 1}/{len(runs)}: {run.name} not yet '
+            f'scored by the study; left out', flush=True)
+      continue
     print(f'[punctuation] run {i + 1}/{len(runs)}: {run.name}', flush=True)
-    result = probe_run(run, os.path.join(workdir, run.name))
+    result = probe_run(run, path)
     results.setdefault(run.tags['position'], {})[run.tags['seed']] = result
+  if not results:
+    return None
   text = report(results)
   with open(os.path.join(workdir, REPORT_FILE), 'w') as f:
     f.write(text + '\n')
+  return text
+
+
+def main(argv):
+  del argv
+  workdir = common.WORKDIR.value or DEFAULT_WORKDIR
+  text = probe_study(workdir)
+  if text is None:
+    raise SystemExit(f'{workdir}: no finished run of the translation study '
+                     f'to probe; run python -m experiments.translation first')
   print(text)
 
 

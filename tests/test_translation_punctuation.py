@@ -3,6 +3,7 @@ its paired report on made-up numbers, and the committed probe translations
 against the scores stored beside them."""
 
 import glob
+import json
 import os
 
 import pytest
@@ -85,6 +86,24 @@ def test_the_report_pairs_pope_with_rope_when_both_have_seeds():
   assert 'pope minus rope, BLEU given: +0.50 BLEU over 2 seeds' in text
   assert 'pope minus rope, BLEU changed: +0.50 BLEU over 2 seeds' in text
   assert 'rope minus shaw' not in text
+
+
+def test_a_study_stopped_part_way_is_probed_where_it_finished(tmp_path, capsys):
+  """Runs the study has not scored are left out by name; the finished ones
+  (here with their probe already stored, so nothing decodes) are reported."""
+  assert probe.probe_study(str(tmp_path)) is None
+  assert not (tmp_path / probe.REPORT_FILE).exists()
+  for seed, scores in ((0, (30, 31, 10, 4)), (1, (32, 33, 12, 6))):
+    run = tmp_path / f'position=shaw,seed={seed}'
+    run.mkdir()
+    (run / 'translation.json').write_text('{}')
+    (run / probe.RESULT_FILE).write_text(json.dumps(_made_up(*scores)))
+  text = probe.probe_study(str(tmp_path))
+  assert '| shaw | 2 | 31.00 | 32.00 | 11.00 | 5.00 |' in text
+  assert '| sinusoidal |' not in text
+  assert (tmp_path / probe.REPORT_FILE).read_text() == text + '\n'
+  out = capsys.readouterr().out
+  assert 'position=sinusoidal,seed=0 not yet scored by the study; left out' in out
 
 
 @REQUIRES_MULTI30K
