@@ -659,7 +659,7 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
 def _plot_by_label(path: str, labels, curves_of, decorate, *, xlabel: str,
                    ylabel: str, title: str) -> bool:
   """One band per label (mean over seeds, min-max band; dashed for +short
-  rows) from curves_of(label) -> (x, seeds x points) or None, then
+  rows, dash-dot past the tenth label) from curves_of(label) -> (x, seeds x points) or None, then
   decorate(ax) for floors and marks. False (and no file) with no curve."""
   import matplotlib
   matplotlib.use('Agg')
@@ -671,8 +671,11 @@ def _plot_by_label(path: str, labels, curves_of, decorate, *, xlabel: str,
     if curves is None:
       continue
     x, values = curves
+    # Ten colours, so from the eleventh label on, a colour comes back with
+    # a dash-dot line.
+    style = '--' if '+short' in label else ('-.' if i >= 10 else '-')
     common.band(ax, x, values, color=f'C{i % 10}', label=label,
-                linestyle='--' if '+short' in label else '-')
+                linestyle=style)
     drawn = True
   if not drawn:
     plt.close(fig)
