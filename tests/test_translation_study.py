@@ -121,6 +121,17 @@ def _fake_result(bleu_main: float, long_bleu: float) -> dict:
                                         '1000': bleu_main}}
 
 
+def _report_on_made_up_scores(tmp_path, scores: dict) -> str:
+  """report() on seed -> label -> (main, long) BLEU, beside a word floor
+  of 25 / 20."""
+  runs = translation_study.study_runs('quick', len(scores), tuple(scores[0]))
+  results = {run.name: {**_fake_result(*scores[run.tags['seed']][run.tags['position']]),
+                        'label': run.tags['position'], 'seed': run.tags['seed']}
+             for run in runs}
+  floors = {'word': _fake_result(25.0, 20.0)['splits']}
+  return translation_study.report(str(tmp_path), runs, results, 'quick', floors)
+
+
 def test_the_report_tables_floors_and_pairs_by_seed(tmp_path):
   """report() on made-up run results: mean ± std cells, the floor named and
   counted against, and a paired line that is the per-seed difference."""
@@ -147,20 +158,12 @@ def test_the_report_tables_floors_and_pairs_by_seed(tmp_path):
 def test_the_later_relative_encodings_are_paired_with_their_peers(tmp_path):
   """xl against shaw and pope against rope, paired by seed on the main
   test set, its long sources, validation and the other test sets."""
-  labels = ('sinusoidal', 'shaw', 'rope', 'xl', 'pope')
-  runs = translation_study.study_runs('quick', 2, labels)
   # (main, long) BLEU per label, per seed.
-  scores = {0: {'sinusoidal': (30, 20), 'shaw': (33, 24), 'rope': (34, 23),
-                'xl': (32, 25), 'pope': (35, 21)},
-            1: {'sinusoidal': (31, 21), 'shaw': (34, 26), 'rope': (33, 24),
-                'xl': (34, 25), 'pope': (35, 22)}}
-  results = {}
-  for run in runs:
-    label, seed = run.tags['position'], run.tags['seed']
-    results[run.name] = {**_fake_result(*scores[seed][label]),
-                         'label': label, 'seed': seed}
-  floors = {'word': _fake_result(25.0, 20.0)['splits']}
-  text = translation_study.report(str(tmp_path), runs, results, 'quick', floors)
+  text = _report_on_made_up_scores(tmp_path, {
+      0: {'sinusoidal': (30, 20), 'shaw': (33, 24), 'rope': (34, 23),
+          'xl': (32, 25), 'pope': (35, 21)},
+      1: {'sinusoidal': (31, 21), 'shaw': (34, 26), 'rope': (33, 24),
+          'xl': (34, 25), 'pope': (35, 22)}})
   # xl - shaw: -1, 0; xl - sinusoidal: +2, +3; long: +1, -1.
   assert 'test_2016_flickr BLEU, xl minus shaw: -0.50 BLEU over 2 seeds' in text
   assert 'xl minus sinusoidal: +2.50 BLEU over 2 seeds' in text
@@ -178,21 +181,12 @@ def test_the_later_relative_encodings_are_paired_with_their_peers(tmp_path):
 def test_the_relative_lead_is_paired_on_short_and_long_sources(tmp_path):
   """The length lines: relative minus absolute on the short and the long
   sources, and their difference, each paired by seed (made-up scores)."""
-  labels = ('sinusoidal', 'learned', 'shaw', 'rope')
-  runs = translation_study.study_runs('quick', 2, labels)
   # (short, long) BLEU per label, per seed; _fake_result's main = short.
-  scores = {0: {'sinusoidal': (40, 20), 'learned': (42, 22),
-                'shaw': (43, 27), 'rope': (43, 25)},
-            1: {'sinusoidal': (41, 21), 'learned': (41, 21),
-                'shaw': (42, 25), 'rope': (44, 25)}}
-  results = {}
-  for run in runs:
-    label, seed = run.tags['position'], run.tags['seed']
-    results[run.name] = {**_fake_result(*scores[seed][label]),
-                         'label': label, 'seed': seed}
-  floor = _fake_result(25.0, 20.0)['splits']
-  text = translation_study.report(str(tmp_path), runs, results, 'quick',
-                                  {'word': floor})
+  text = _report_on_made_up_scores(tmp_path, {
+      0: {'sinusoidal': (40, 20), 'learned': (42, 22), 'shaw': (43, 27),
+          'rope': (43, 25)},
+      1: {'sinusoidal': (41, 21), 'learned': (41, 21), 'shaw': (42, 25),
+          'rope': (44, 25)}})
   # Short: seed 0 43 - 41 = +2, seed 1 43 - 41 = +2. Long: seed 0 26 - 21 =
   # +5, seed 1 25 - 21 = +4. Their difference: +3, +2.
   assert ('sources of at most 18 tokens, mean of shaw, rope minus mean of '
