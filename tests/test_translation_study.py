@@ -205,7 +205,7 @@ def test_the_relative_lead_is_paired_on_short_and_long_sources(tmp_path):
 
 def test_the_plan_trains_tier_by_tier_each_at_its_seeds():
   """Core encodings at 5 seeds come first (seed-major), then +short at 3,
-  then single runs; --seeds caps every tier."""
+  then single runs, then xl and pope at 3; --seeds caps every tier."""
   runs = translation_study.study_runs('cpu', 5, tuple(translation_study.ENCODINGS))
   names = [r.name for r in runs]
   assert len(names) == len(set(names)) == 20 + 9 + 3 + 6
