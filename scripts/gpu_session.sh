@@ -66,11 +66,12 @@
 # ml-collections, tensorboardX, pretty_midi, soundfile, mypy, and it cannot
 # reach PyPI. `prepare` downloads those wheels (about 27 MB) into the
 # git-ignored .whl/ and copies the JSB Chorales file into .whl/data/jsb/.
-# The image's own Flax, Optax and Orbax are used: requirements.txt's Flax
-# 0.12.8 does not import under JAX 0.11.2 (2026-11-26); GPU_PINS=1 adds the
-# pins anyway, for an image whose JAX matches them. The README's line
-# (pip install "jax[cuda12]==0.10.2") cannot be installed there: no index, and
-# jaxlib, the CUDA 12 plugin/PJRT and the nvidia-*-cu12 libraries it pulls are
+# The image's own JAX, Flax, Optax and Orbax are used: its JAX 0.11.2 and Flax
+# 0.12.10 are inside pyproject's ranges, which the suite is checked against
+# (BENCHMARKS.md); GPU_PINS=1 adds requirements.txt's Flax, Optax and Orbax
+# anyway, for an image whose JAX matches them. The README's line
+# (pip install "jax[cuda13]==0.12.0.1") cannot be installed there: no index, and
+# jaxlib, the CUDA plugin/PJRT and the nvidia-* libraries it pulls are
 # far over the 64 MiB a call carries; `info` records that and what the image
 # has instead.
 set -uo pipefail
@@ -79,6 +80,8 @@ ROOT=$PWD
 STEP=${1:-}
 shift || true
 PY=${PYTHON:-python3}
+# README's GPU install line (requirements.txt's JAX with its CUDA 13 extra).
+README_GPU_LINE="jax[cuda13]==$(sed -n 's/^jax==//p' requirements.txt)"
 WHL=${WHL_DIR:-.whl}
 
 usage() {
@@ -225,9 +228,9 @@ try:
 except Exception as e:
   print('pallas gpu attention.mha: not importable', e)
 EOF
-    echo "## the README's GPU install line: pip install \"jax[cuda12]==0.10.2\""
+    echo "## the README's GPU install line: pip install \"$README_GPU_LINE\""
     if "$PY" -m pip install --dry-run --no-index --find-links "$WHL" \
-        "jax[cuda12]==0.10.2" >/tmp/readme_line.txt 2>&1; then
+        "$README_GPU_LINE" >/tmp/readme_line.txt 2>&1; then
       echo "installable from $WHL:"; tail -3 /tmp/readme_line.txt
     else
       echo "NOT verified here: no package index on this machine and no such" \

@@ -215,9 +215,9 @@ def test_fused_path_asks_for_cudnn_where_it_applies(monkeypatch):
   # The branch is chosen by the platform lowered for, not by this host:
   # lowered for 'cuda' the step holds the (stand-in) cuDNN call, for 'cpu'
   # it does not.
-  fused = jax.jit(lambda q, k, v: attention.fused_attention(q, k, v,
-                                                            causal=True))
-  lowered = {p: fused.trace(q, k, v).lower(lowering_platforms=(p,)).as_text()
+  from selfattn.lowering import lowered_text
+  fused = functools.partial(attention.fused_attention, causal=True)
+  lowered = {p: lowered_text(fused, q, k, v, platform=p)
              for p in ('cuda', 'cpu')}
   assert '4.096' in lowered['cuda'] and '4.096' not in lowered['cpu']
   # Shapes cuDNN does not take never ask for it, on any platform.

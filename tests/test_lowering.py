@@ -9,7 +9,9 @@ errors therefore surface here, on every commit. Nothing is compiled:
 Triton's PTX stage, XLA's GPU passes and libtpu's Mosaic passes run only on
 a device (BENCHMARKS.md, GPU section, says what the lent GPU checked).
 
-Each platform is lowered on its own: Pallas refuses a module lowered for
+`selfattn.lowering.lowered_text` lowers inside an abstract H100 for 'cuda'
+(JAX 0.11 and later ask which GPU a Pallas kernel is for). Each platform is
+lowered on its own: Pallas refuses a module lowered for
 several platforms at once when a kernel names its backend's compiler
 parameters (the Triton branch would be lowered for 'tpu' too).
 
@@ -30,6 +32,7 @@ import pytest
 from flax import nnx
 
 from selfattn import attention
+from selfattn.lowering import lowered_text
 from selfattn import pallas_attention as pa
 from selfattn import positions
 from selfattn import steps
@@ -61,9 +64,6 @@ def _square(text: str, length: int) -> bool:
   return re.search(rf'[<x]{length}x{length}x', text) is not None
 
 
-def _lower(fn, *args, platform: str) -> str:
-  return jax.jit(fn).trace(*args).lower(
-      lowering_platforms=(platform,)).as_text()
 
 
 # --------------------------------------------------------------------------
@@ -110,7 +110,8 @@ def test_kernel_lowers_forward_and_gradient(platform, kind, length):
         both.astype(jnp.float32))
 
   fn = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))
-  text = _lower(fn, tables, shape, shape, shape, valid, platform=platform)
+  text = lowered_text(fn, tables, shape, shape, shape, valid,
+                      platform=platform)
   # Two calls, each a forward, a dQ and a dK/dV kernel.
   assert text.count(KERNEL_CALL[platform]) == 6
   if length > pa.BLOCK_K:      # at 128 the backward's one block is (L, L)
@@ -154,7 +155,7 @@ def _lowered_train_step(model, length: int, platform: str) -> str:
   step = functools.partial(steps.train_step, graphdef=graphdef, rest=rest,
                            tx=tx, schedule=optax.constant_schedule(1e-3),
                            dropout_key=jax.random.key(0))
-  return _lower(step, state, batch, platform=platform)
+  return lowered_text(step, state, batch, platform=platform)
 
 
 def _check_step(text: str, impl: str, position: str, length: int,
@@ -228,7 +229,7 @@ def test_cached_decode_step_lowers(platform, impl):
     return logits, nnx.state(m)
 
   token = jax.ShapeDtypeStruct((2, 1), jnp.int32)
-  text = _lower(decode, _abstract(state), token, platform=platform)
+  text = lowered_text(decode, _abstract(state), token, platform=platform)
   assert not _square(text, STEP_LENGTH)
   assert f'2x{HEADS}x{STEP_LENGTH}x{HEAD_DIM}xbf16' in text   # the cache
 
@@ -244,3 +245,19 @@ def test_fused_step_holds_cudnn_lowered_for_cuda():
   for kind in ('encoder', 'decoder'):
     model = _model(kind, 'rope', 'fused', 1024)
     assert CUDNN_CALL in _lowered_train_step(model, 1024, 'cuda')
+
+
+@pytest.mark.skipif(jax.default_backend() == 'gpu',
+                    reason='a GPU host answers for itself')
+def test_gpu_lowering_without_a_gpu_needs_the_abstract_target():
+  """From JAX 0.11 on, a Pallas GPU kernel lowered on a host without a GPU
+  asks which GPU it is for: refused outside selfattn.lowering's abstract
+  H100, lowered inside it (so the helper every test here uses is needed,
+  and sufficient)."""
+  shape = jax.ShapeDtypeStruct((1, HEADS, 128, HEAD_DIM), jnp.bfloat16)
+  attend = lambda q, k, v: pa.pallas_attention(q, k, v)
+  with pytest.raises(RuntimeError, match='abstract GPU device'):
+    jax.jit(attend).trace(shape, shape, shape).lower(
+        lowering_platforms=('cuda',))
+  assert KERNEL_CALL['cuda'] in lowered_text(attend, shape, shape, shape,
+                                             platform='cuda')

@@ -46,3 +46,37 @@ def test_relative_links_point_at_files():
       path = os.path.normpath(os.path.join(os.path.dirname(page), target))
       assert os.path.exists(path), f'{page}: broken link {target}'
 
+
+
+def _pins() -> dict[str, str]:
+  with open(os.path.join(ROOT, 'requirements.txt')) as f:
+    return dict(re.findall(r'^([\w.-]+)==(\S+)$', f.read(), re.M))
+
+
+def test_accelerator_install_lines_name_the_pinned_jax_and_its_extras():
+  """Every `jax[EXTRA]==V` the README and docs tell a GPU/TPU user to
+  install names requirements.txt's JAX and an extra that JAX release has
+  (jax 0.10.2's `cuda12` line outlived the pin once)."""
+  import importlib.metadata
+  extras = set(importlib.metadata.metadata('jax').get_all('Provides-Extra'))
+  pinned = _pins()['jax']
+  assert importlib.metadata.version('jax') == pinned   # the extras read are its
+  lines = []
+  for page in PAGES + [os.path.join(ROOT, 'scripts', 'gpu_session.sh')]:
+    with open(page) as f:
+      lines += re.findall(r'jax\[(\w+)\]==([\w.]+)', f.read())
+  assert len(lines) >= 4
+  for extra, version in lines:
+    assert version == pinned, (extra, version)
+    assert extra in extras, f'jax {pinned} has no extra {extra!r}: {extras}'
+
+
+def test_one_python_floor():
+  """.python-version, pyproject's requires-python and the README agree."""
+  with open(os.path.join(ROOT, '.python-version')) as f:
+    selected = f.read().strip()
+  with open(os.path.join(ROOT, 'pyproject.toml')) as f:
+    floor = re.search(r'requires-python = ">=([\d.]+)"', f.read()).group(1)
+  with open(os.path.join(ROOT, 'README.md')) as f:
+    assert f'only Python {floor}+' in f.read()
+  assert selected == floor
