@@ -25,6 +25,7 @@ from absl import logging
 from selfattn import checkpoints
 from selfattn import figures
 from selfattn import report
+from selfattn import software
 from selfattn import summaries
 from selfattn import tasks as tasks_lib
 from selfattn import workdir as workdir_lib
@@ -400,6 +401,8 @@ def _summary(config: ml_collections.ConfigDict, task: tasks_lib.Task,
       'steps_per_sec': loop.timer.warm_rate,
       'wall_seconds': time.perf_counter() - loop.run_start,
       'config': json.loads(config.to_json_best_effort()),
+      # Which stack made these numbers (JAX's numerics move between releases).
+      'versions': software.versions(),
   }
 
 

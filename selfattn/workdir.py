@@ -133,7 +133,9 @@ def _lookup(config: dict, dotted: str):
   return value
 
 
-def _with_added_fields(stored: dict) -> dict:
+def with_added_fields(stored: dict) -> dict:
+  """`stored` (a config.json's dict), with every field added since it was
+  written set to the value that reproduces what it computed; in place."""
   for dotted, value in _ADDED_FIELDS.items():
     *parents, leaf = dotted.split('.')
     node = stored
@@ -173,7 +175,7 @@ def init_from_problem(config: ml_collections.ConfigDict) -> str | None:
           and os.path.exists(path)):
     return (f'config.train.init_from={source!r} is not a workdir with '
             f'checkpoints and a {CONFIG_FILE}')
-  stored = _with_added_fields(read_json_object(
+  stored = with_added_fields(read_json_object(
       path, f'the config of config.train.init_from={source!r}'))
   current = json.loads(config.to_json_best_effort())
   # How attention is executed and dropout do not shape the parameters.
@@ -194,7 +196,7 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
   path = os.path.join(workdir, CONFIG_FILE)
   current = json.loads(config.to_json_best_effort())
   if os.path.exists(path):
-    stored = _with_added_fields(read_json_object(path, 'the stored config'))
+    stored = with_added_fields(read_json_object(path, 'the stored config'))
     problems = []
     for field in _MUST_MATCH:
       a, b = _lookup(stored, field), _lookup(current, field)

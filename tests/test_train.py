@@ -300,8 +300,12 @@ def test_cli_overrides_list_fields(tmp_path):
                '--config.train.log_every=5', '--config.train.checkpoint_every=5',
                '--config.eval.every=5', '--config.eval.lengths=[4,12]')
   assert result.returncode == 0, result.stderr[-2000:]
-  summary = json.load(open(tmp_path / 'run' / 'summary.json'))
+  with open(tmp_path / 'run' / 'summary.json') as f:
+    summary = json.load(f)
   assert list(summary['eval']) == ['4', '12']
+  # The run names the stack that made its numbers.
+  assert summary['versions']['jax'] == jax.__version__
+  assert summary['versions']['backend'] == 'cpu'
   bad = cli(tmp_path / 'bad', '--config.eval.lengths=[4,')
   assert bad.returncode != 0 and 'is not a list' in bad.stderr
   assert 'Traceback' not in bad.stderr
