@@ -16,7 +16,7 @@ Watch with: tensorboard --logdir runs
 import ml_collections
 from ml_collections import config_dict
 
-from selfattn import positions
+from selfattn.nn import positions
 from selfattn import tasks
 
 
@@ -26,7 +26,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.seed = 0                      # parameters, data and dropout all derive from it
 
   config.task = ml_collections.ConfigDict()
-  config.task.name = 'reverse'         # see docs/training.md's task table / selfattn/tasks.py
+  config.task.name = 'reverse'         # see docs/training.md's task table / selfattn/tasks/registry.py
   # Data symbols of selfattn's own tasks (None: 8); suite tasks have a fixed alphabet.
   config.task.vocab_size = config_dict.placeholder(int)
   config.task.layout = 'in_place'      # in_place, placeholders (the suite's reference layout) or autoregressive (a causal decoder)
@@ -68,7 +68,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.max_random_len = config_dict.placeholder(int)  # >= longest sequence
   # Options of individual encodings (docs/library.md's encoding table lists them with
   # their defaults); None means the encoding's own default. The list comes from
-  # selfattn.positions.POSITIONS, so a new encoding's options appear here.
+  # selfattn.nn.positions.POSITIONS, so a new encoding's options appear here.
   for name, kind in positions.option_types().items():
     config.model[name] = config_dict.placeholder(kind)
 

@@ -1,7 +1,7 @@
 """Indirect indexing, the PoPE paper's task (Gopalakrishnan et al. 2025):
 find a letter in a string of distinct letters, move by a signed shift, name
 the letter there. A causal decoder reads `string , letter , +-shift` and is
-scored on the target letter alone (selfattn/indirect_indexing.py).
+scored on the target letter alone (selfattn/tasks/synthetic/indirect_indexing.py).
 
 Run one encoding:
   python -m selfattn.main --config=configs/indirect_indexing.py:small \

@@ -2,8 +2,8 @@
 
 A causal TransformerDecoder predicts the next token of the Music
 Transformer's serialization (S, A, T, B per sixteenth note) on random crops
-of the training pieces (selfattn/jsb_task.py). Needs the data (see
-selfattn/jsb.py: $SELFATTN_DATA_DIR, the user cache, or a checked download).
+of the training pieces (selfattn/tasks/music/task.py). Needs the data (see
+selfattn/tasks/music/jsb.py: $SELFATTN_DATA_DIR, the user cache, or a checked download).
 
 Run one encoding:
   python -m selfattn.main --config=configs/music.py --workdir=runs/jsb_shaw

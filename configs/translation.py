@@ -5,7 +5,7 @@ with cross-attention) with the chosen encoding in both stacks'
 self-attention; cross-attention carries no positions (Shaw et al. 2018).
 Joint SentencePiece vocabulary of 8000 (unigram, training split only), tied
 embeddings, label smoothing 0.1, length-bucketed batches
-(selfattn/translation_task.py). Needs the data (selfattn/multi30k.py:
+(selfattn/tasks/translation/task.py). Needs the data (selfattn/tasks/translation/multi30k.py:
 $SELFATTN_DATA_DIR, the user cache, or a checked download).
 
 Run one encoding:

@@ -22,7 +22,7 @@ from absl import flags  # noqa: E402
 
 from configs import default  # noqa: E402
 from experiments import study  # noqa: E402
-from selfattn.log_setup import configure_logging  # noqa: E402
+from selfattn.training.log_setup import configure_logging  # noqa: E402
 
 WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory: one '
                               'TensorBoard subdirectory per run, results.md, PNGs.')
@@ -250,8 +250,8 @@ def main_wrapper(fn: Callable[[str, int, bool], None]):
 
 def trained_model(config: ml_collections.ConfigDict, path: str):
   """The model of a finished run in `path` (its latest checkpoint)."""
-  from selfattn import checkpoints
-  from selfattn.steps import Trainer
+  from selfattn.training import checkpoints
+  from selfattn.training.steps import Trainer
   trainer = Trainer(config)
   # Read only: collecting results never moves a run's checkpoints.
   restored = checkpoints.restore_latest_read_only(path, trainer.init_state())

@@ -13,7 +13,7 @@ from absl import app
 from absl import flags
 
 from experiments import common
-from selfattn.positions import POSITION_NAMES
+from selfattn.nn.positions import POSITION_NAMES
 from selfattn.tasks import TASK_NAMES
 from selfattn.tasks import get_task
 

@@ -33,8 +33,8 @@ import selfattn
 from experiments import common
 from experiments import study
 from selfattn import tasks as tasks_lib
-from selfattn.steps import Trainer
-from selfattn.steps import metric_sums
+from selfattn.training.steps import Trainer
+from selfattn.training.steps import metric_sums
 
 # --------------------------------------------------------------------------
 # 1. Rank collapse.

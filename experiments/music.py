@@ -9,7 +9,7 @@ Each run trains a causal TransformerDecoder on random crops of N tokens
   * per-token NLL in nats over whole valid and test pieces ([START] + the
     serialized piece, every token scored once), pieces longer than N in
     strided windows of N tokens (stride N/2: each token sees at least N/2 of
-    context; selfattn/lm_eval.py, tested equal to one pass where it fits);
+    context; selfattn/tasks/music/lm_eval.py, tested equal to one pass where it fits);
   * NLL by position on whole test pieces scored in one pass of up to 4N
     tokens: does NLL stay flat past the trained window?
   * samples: continuations of test-piece prompts through the key/value cache
@@ -34,8 +34,8 @@ from experiments import music_baselines
 from experiments import music_samples
 from experiments import skeleton
 from experiments import study
-from selfattn import jsb
-from selfattn import lm_eval
+from selfattn.tasks.music import jsb
+from selfattn.tasks.music import lm_eval
 
 # Section 6's first pass ran before the CPU default knew the meter: its rows
 # turn the meter off, so that they keep the configs they were trained with.
@@ -208,7 +208,7 @@ def plot_samples(workdir: str, results: dict, labels, real: np.ndarray,
   (its one-bar prompt, then what the model drew; the white line is where
   the prompt ends), beside the real continuation of the same prompt."""
   import matplotlib.pyplot as plt
-  from selfattn import music
+  from selfattn.tasks.music import listening as music
   panels = [('data (the real continuation)', real)]
   for label in labels:
     name = next((n for n, r in results.items()

@@ -3,7 +3,7 @@
   python -m experiments.music_baselines [--data_dir=...]
 
 Per-token negative log-likelihood (nats) over whole pieces read as
-[START] + tokens (selfattn.jsb's serialization): every piece token is a
+[START] + tokens (selfattn.tasks.music.jsb's serialization): every piece token is a
 target exactly once, START never is. Models are fitted on the train split.
 
   unigram  train token frequencies with add-one smoothing over the 89 tokens
@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from selfattn import jsb
+from selfattn.tasks.music import jsb
 
 V = jsb.NUM_TARGETS   # 89 possible targets: token ids 0..88
 _BASE = jsb.START + 1  # history tokens take 90 values: pitches, SILENCE, START

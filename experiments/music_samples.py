@@ -1,7 +1,7 @@
 """Samples of a trained JSB model: continuations of test-piece prompts, drawn
 through the key/value cache, saved as MIDI and piano-roll PNGs, logged to
 TensorBoard (image and audio) and described by statistics that need no
-listener (selfattn/music.py says what each can and cannot show)."""
+listener (selfattn/tasks/music/listening.py says what each can and cannot show)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from selfattn import figures, jsb, lm_eval, music
+from selfattn.training import figures
+from selfattn.tasks.music import jsb
+from selfattn.tasks.music import lm_eval
+from selfattn.tasks.music import listening as music
 
 PROMPT_STEPS = 16        # one bar of sixteenths, all four voices
 TEMPERATURE = 1.0

@@ -29,8 +29,8 @@ from absl import app
 from absl import flags
 
 from experiments import common
-from selfattn import train
-from selfattn import workdir as workdir_lib
+from selfattn.training import train
+from selfattn.training import workdir as workdir_lib
 
 _STUDY = flags.DEFINE_string('study', None, 'A committed study directory.',
                              required=True)

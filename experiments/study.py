@@ -27,12 +27,12 @@ import jax
 import ml_collections
 from absl import logging
 
-from selfattn import workdir as workdir_lib
+from selfattn.training import workdir as workdir_lib
 from selfattn.errors import ConfigError
 from selfattn.errors import NonFiniteError
 from selfattn.errors import TrainingInterrupted
-from selfattn.timing import duration
-from selfattn.train import train_and_evaluate
+from selfattn.training.timing import duration
+from selfattn.training.train import train_and_evaluate
 
 
 @dataclasses.dataclass(frozen=True)

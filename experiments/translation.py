@@ -40,11 +40,11 @@ from experiments import common
 from experiments import skeleton
 from experiments import study
 from experiments import translation_baselines
-from selfattn import bleu
-from selfattn import checkpoints
-from selfattn import multi30k
-from selfattn import workdir as workdir_lib
-from selfattn.data_files import DataError
+from selfattn.tasks.translation import bleu
+from selfattn.training import checkpoints
+from selfattn.tasks.translation import multi30k
+from selfattn.training import workdir as workdir_lib
+from selfattn.tasks.data_files import DataError
 
 SHORT_MAX_LEN = 18
 SHORT = {'max_len': SHORT_MAX_LEN}
@@ -167,7 +167,7 @@ def evaluate_run(run: study.Run, path: str) -> dict[str, Any]:
       return old
   from tensorboardX import SummaryWriter
 
-  from selfattn.translation_steps import TranslationTrainer
+  from selfattn.training.translation_steps import TranslationTrainer
   trainer = TranslationTrainer(run.config)
   state = trainer.init_state()
   writer = SummaryWriter(logdir=path)
@@ -767,7 +767,7 @@ class Translation(skeleton.Study):
 
   def prepare(self, scale):
     try:
-      from selfattn import translation_data
+      from selfattn.tasks.translation import data as translation_data
       tokens = translation_data.tokenizer_for(
           translation_config.get_config(scale).task.vocab_size)
       lengths = lambda split: np.array(

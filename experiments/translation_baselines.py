@@ -150,8 +150,8 @@ def floors(data_dir: str | None = None, splits: Sequence[str] | None = None,
   """{floor: {split: scores}} on the validation and test splits; scores
   are scorer(split, hypotheses, references), bleu.score by default (the
   study adds BLEU by source length)."""
-  from selfattn import bleu
-  from selfattn import multi30k
+  from selfattn.tasks.translation import bleu
+  from selfattn.tasks.translation import multi30k
   splits = list(splits or ('val',) + multi30k.TEST_SPLITS)
   scorer = scorer or (lambda split, hyps, refs: bleu.score(hyps, refs))
   train_src, train_tgt = multi30k.pairs('train', data_dir=data_dir)

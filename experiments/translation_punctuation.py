@@ -36,10 +36,10 @@ from absl import app
 
 from experiments import common
 from experiments import translation as study_lib
-from selfattn import bleu
-from selfattn import checkpoints
-from selfattn import multi30k
-from selfattn import workdir as workdir_lib
+from selfattn.tasks.translation import bleu
+from selfattn.training import checkpoints
+from selfattn.tasks.translation import multi30k
+from selfattn.training import workdir as workdir_lib
 
 RESULT_FILE = 'punctuation.json'
 REPORT_FILE = 'punctuation.md'
@@ -118,7 +118,7 @@ def probe_run(run, path: str) -> dict[str, Any]:
   if not study_lib.is_current(scored):
     raise ValueError(f'{path}: scored by an older beam search; run the '
                      f'study to rescore it first')
-  from selfattn.translation_steps import TranslationTrainer
+  from selfattn.training.translation_steps import TranslationTrainer
   trainer = TranslationTrainer(run.config)
   params = checkpoints.restore_step_read_only(
       path, trainer.init_state(), scored['selected_step'])['params']

@@ -6,7 +6,7 @@ JAX 0.10.2 on Python 3.11 to JAX 0.12 on Python 3.12):
     python scripts/backfill_versions.py
 
 Since then `train_and_evaluate` records the stack itself
-(`selfattn.software.versions`); runs trained before it did not. What they ran
+(`selfattn.training.software.versions`); runs trained before it did not. What they ran
 on is known from the repository's history, and each backfilled record says so
 in its `recorded` field:
 
@@ -31,7 +31,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from selfattn import workdir as workdir_lib  # noqa: E402
+from selfattn.training import workdir as workdir_lib  # noqa: E402
 
 CPU_STACK = {
     'python': '3.11.7', 'jax': '0.10.2', 'jaxlib': '0.10.2', 'flax': '0.12.8',

@@ -54,8 +54,8 @@ import bench_long  # noqa: E402
 import bench_pope  # noqa: E402
 from measure import (compare_times, grad_fn, matmul_gflops, step_rates,  # noqa: E402
                      temp_bytes)
-from selfattn.positions import RelativePosition  # noqa: E402
-from selfattn.positions import relative_offsets  # noqa: E402
+from selfattn.nn.positions import RelativePosition  # noqa: E402
+from selfattn.nn.positions import relative_offsets  # noqa: E402
 
 _QUICK = flags.DEFINE_bool('quick', False, 'Small shapes, few repeats (65 s on the 2-core CPU).')
 _JSON = flags.DEFINE_string('json', None, 'Write the results as JSON here.')
@@ -240,8 +240,8 @@ def bench_training(config_name: str, steps: int, repeats: int):
   checkpoint and eval cadence; its warm steps/s excludes compilation, eval
   and checkpoint saving) against the same compiled step called back to back
   on pre-generated batches, measured before and after the loop."""
-  from selfattn.steps import Trainer
-  from selfattn.train import train_and_evaluate
+  from selfattn.training.steps import Trainer
+  from selfattn.training.train import train_and_evaluate
   module = __import__(f'configs.{config_name}', fromlist=['get_config'])
   config = module.get_config()
   config.train.num_steps = steps
@@ -319,11 +319,11 @@ def table(header, rows):
 
 
 def bench_causal_chunked(length: int, repeats: int) -> dict:
-  """Causal over bidirectional chunked attention (selfattn.chunked, blocks
+  """Causal over bidirectional chunked attention (selfattn.nn.chunked, blocks
   of 256), one call on (1, 8, L, 32) q, k, v, forward and forward+backward,
   measured in alternation. Key blocks wholly above the causal diagonal are
   skipped, so the ideal ratio tends to about one half as L grows."""
-  from selfattn import chunked
+  from selfattn.nn import chunked
   keys = jax.random.split(jax.random.key(0), 3)
   q, k, v = (jax.random.normal(key, (1, 8, length, 32)) for key in keys)
   out = {}

@@ -3,7 +3,7 @@
   python scripts/bench_free_running.py [--quick]
 
 The autoregressive layout's free-running accuracy feeds the model's own
-greedy outputs back (selfattn/free_running.py). Two ways compute the same
+greedy outputs back (selfattn/training/free_running.py). Two ways compute the same
 logits: `fixed_point` repeats full causal passes until the fed-back tokens
 stop changing (1 to M - 1 passes for M output slots, after the
 teacher-forced pass evaluation makes anyway), `cache` steps through all T
@@ -31,10 +31,10 @@ import jax.numpy as jnp  # noqa: E402
 
 from configs import chomsky  # noqa: E402
 from measure import compare_times  # noqa: E402
-from selfattn import steps  # noqa: E402
+from selfattn.training import steps  # noqa: E402
 from selfattn import tasks as tasks_lib  # noqa: E402
-from selfattn.free_running import cached_free_running_logits  # noqa: E402
-from selfattn.free_running import free_running_logits  # noqa: E402
+from selfattn.training.free_running import cached_free_running_logits  # noqa: E402
+from selfattn.training.free_running import free_running_logits  # noqa: E402
 
 
 def _config(quick: bool):

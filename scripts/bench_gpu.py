@@ -87,7 +87,7 @@ from absl import flags  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import selfattn  # noqa: E402
-from selfattn import attention as sa_attention  # noqa: E402
+from selfattn.nn import attention as sa_attention  # noqa: E402
 
 ENCODINGS = ('none', 'rope', 'alibi', 't5', 'shaw', 'xl')
 IMPLS = tuple(i for i in ('plain', 'chunked', 'fused', 'pallas')
@@ -253,7 +253,7 @@ def selfattn_path(impl: str, relative) -> str:
   if impl == 'fused' and not sa_attention.can_fuse(relative):
     return 'plain (fallback: value term)'
   if impl == 'pallas':
-    from selfattn import pallas_attention
+    from selfattn.nn import pallas_attention
     if not pallas_attention.supports(relative):
       return 'plain (fallback: not in kernel)'
   return impl

@@ -26,7 +26,7 @@ ENCODINGS = ('none', 'rope', 'alibi', 't5', 'shaw', 'huang', 'xl')
 def relative_for(name: str, max_len: int):
   if name == 'none':
     return None
-  kind, options = selfattn.positions.get_position(name)
+  kind, options = selfattn.nn.positions.get_position(name)
   return kind.build(num_heads=HEADS, head_dim=WIDTH // HEADS, max_len=max_len,
                     param_dtype=jnp.float32, rngs=nnx.Rngs(0), **options)
 

@@ -37,8 +37,8 @@ from absl import flags  # noqa: E402
 
 from configs import music as music_config  # noqa: E402
 from measure import matmul_gflops, step_rates  # noqa: E402
-from selfattn import jsb  # noqa: E402
-from selfattn.steps import Trainer  # noqa: E402
+from selfattn.tasks.music import jsb  # noqa: E402
+from selfattn.training.steps import Trainer  # noqa: E402
 
 _QUICK = flags.DEFINE_bool('quick', False, 'Fewer steps and rounds.')
 _POSITIONS = flags.DEFINE_list('positions', ['none', 'rope', 'shaw', 'pope'],

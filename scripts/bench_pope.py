@@ -27,7 +27,7 @@ from flax import nnx  # noqa: E402
 
 import selfattn  # noqa: E402
 from measure import compare_times, grad_fn, temp_bytes  # noqa: E402
-from selfattn.positions import PolarEncoding, RotaryEncoding  # noqa: E402
+from selfattn.nn.positions import PolarEncoding, RotaryEncoding  # noqa: E402
 
 WIDTH, HEADS = 256, 8
 

@@ -17,7 +17,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from configs import default  # noqa: E402
-from selfattn.steps import Trainer  # noqa: E402
+from selfattn.training.steps import Trainer  # noqa: E402
 
 _DEPTHS = flags.DEFINE_list('depths', ['2', '12', '24'], 'Numbers of layers.')
 _POSITION = flags.DEFINE_string('position', 'shaw', 'Positional encoding.')

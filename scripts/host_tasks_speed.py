@@ -20,7 +20,7 @@ from absl import app
 from absl import flags
 
 from measure import compare_times
-from selfattn import chomsky_tasks
+from selfattn.tasks.synthetic import chomsky as chomsky_tasks
 from selfattn import tasks
 
 _BATCH = flags.DEFINE_integer('batch_size', 128, 'Examples per batch.')

@@ -13,7 +13,7 @@
 # exercise2 23 min, exercise3 53 min; length_generalization about 6.5 h
 # (390 runs at about 62 s each; EXPERIMENTS.md section 5; PoPE adds 60),
 # indirect_indexing about 2.5 h (50 runs), music needs the JSB data file
-# (selfattn/jsb.py). `--shard=i/n` on
+# (selfattn/tasks/music/jsb.py). `--shard=i/n` on
 # length_generalization splits it over machines.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -12,39 +12,43 @@ Public names (a contract; import them from `selfattn`):
   TransformerDecoderBlock, TransformerDecoder, greedy_decode,
   make_padding_mask, make_causal_mask, make_length_mask.
 
-Mask convention (masks.py): boolean, True = attend, four axes broadcastable to
+Mask convention (nn/masks.py): boolean, True = attend, four axes broadcastable to
 (B, H, Lq, Lk); `valid_lens` (B,) or (B, Lq); `causal=True`; float `bias`.
+
+The package by role: `selfattn.nn` (the reusable modules; these names come
+from there), `selfattn.tasks` (tasks and their data) and `selfattn.training`
+(the training system behind `python -m selfattn.main`).
 """
 
-from selfattn.attention import MultiHeadAttention
-from selfattn.attention import dot_product_attention
-from selfattn.attention import masked_softmax
-from selfattn.decoder import TransformerDecoder
-from selfattn.decoder import TransformerDecoderBlock
-from selfattn.decoder import greedy_decode
-from selfattn.encoder import attention_weights
-from selfattn.layers import AddNorm
-from selfattn.layers import PositionWiseFFN
-from selfattn.masks import make_causal_mask
-from selfattn.masks import make_length_mask
-from selfattn.masks import make_padding_mask
-from selfattn.encoder import TransformerEncoder
-from selfattn.encoder import TransformerEncoderBlock
-from selfattn.positions import ALiBi
-from selfattn.positions import HuangRelative
-from selfattn.positions import LearnedEncoding
-from selfattn.positions import NoEncoding
-from selfattn.positions import POSITION_NAMES
-from selfattn.positions import PolarEncoding
-from selfattn.positions import RELATIVE_NAMES
-from selfattn.positions import RotaryEncoding
-from selfattn.positions import ShawRelative
-from selfattn.positions import SinusoidalEncoding
-from selfattn.positions import T5RelativeBias
-from selfattn.positions import TransformerXLRelative
-from selfattn.positions import get_position
-from selfattn.positions import sinusoidal_table
-from selfattn.positions import t5_bucket
+from selfattn.nn.attention import MultiHeadAttention
+from selfattn.nn.attention import dot_product_attention
+from selfattn.nn.attention import masked_softmax
+from selfattn.nn.decoder import TransformerDecoder
+from selfattn.nn.decoder import TransformerDecoderBlock
+from selfattn.nn.decoder import greedy_decode
+from selfattn.nn.encoder import attention_weights
+from selfattn.nn.layers import AddNorm
+from selfattn.nn.layers import PositionWiseFFN
+from selfattn.nn.masks import make_causal_mask
+from selfattn.nn.masks import make_length_mask
+from selfattn.nn.masks import make_padding_mask
+from selfattn.nn.encoder import TransformerEncoder
+from selfattn.nn.encoder import TransformerEncoderBlock
+from selfattn.nn.positions import ALiBi
+from selfattn.nn.positions import HuangRelative
+from selfattn.nn.positions import LearnedEncoding
+from selfattn.nn.positions import NoEncoding
+from selfattn.nn.positions import POSITION_NAMES
+from selfattn.nn.positions import PolarEncoding
+from selfattn.nn.positions import RELATIVE_NAMES
+from selfattn.nn.positions import RotaryEncoding
+from selfattn.nn.positions import ShawRelative
+from selfattn.nn.positions import SinusoidalEncoding
+from selfattn.nn.positions import T5RelativeBias
+from selfattn.nn.positions import TransformerXLRelative
+from selfattn.nn.positions import get_position
+from selfattn.nn.positions import sinusoidal_table
+from selfattn.nn.positions import t5_bucket
 
 __version__ = '0.1.0'
 

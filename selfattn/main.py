@@ -23,8 +23,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from selfattn.errors import ConfigError
-from selfattn.list_flag import ListParser
-from selfattn.log_setup import configure_logging
+from selfattn.training.list_flag import ListParser
+from selfattn.training.log_setup import configure_logging
 
 config_flags.register_flag_parser_for_type(list, ListParser())
 
@@ -157,10 +157,10 @@ def main(argv):
   elif _DISTRIBUTED.value:
     jax.distributed.initialize()
   # After distributed init.
-  from selfattn.checkpoints import CheckpointError
+  from selfattn.training.checkpoints import CheckpointError
   from selfattn.errors import NonFiniteError
   from selfattn.errors import TrainingInterrupted
-  from selfattn.train import train_and_evaluate
+  from selfattn.training.train import train_and_evaluate
   try:
     train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except ConfigError as e:

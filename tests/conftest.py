@@ -61,7 +61,7 @@ def tiny_run(tmp_path_factory):
   import contextlib
   import io
   from configs import tiny
-  from selfattn import train
+  from selfattn.training import train
   workdir = tmp_path_factory.mktemp('tiny')
   out = io.StringIO()
   with contextlib.redirect_stdout(out):

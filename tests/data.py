@@ -15,8 +15,8 @@ import pathlib
 
 import pytest
 
-from selfattn import data_files
-from selfattn import jsb
+from selfattn.tasks import data_files
+from selfattn.tasks.music import jsb
 
 
 def jsb_file() -> pathlib.Path | None:
@@ -28,14 +28,14 @@ def jsb_file() -> pathlib.Path | None:
 REQUIRES_JSB = pytest.mark.skipif(
     jsb_file() is None,
     reason=f'JSB Chorales data not found: set SELFATTN_DATA_DIR to a folder '
-           f'holding {jsb.SUBDIR}/{jsb.FILENAME} (selfattn/jsb.py says where '
-           f'it comes from)')
+           f'holding {jsb.SUBDIR}/{jsb.FILENAME} (selfattn/tasks/music/jsb.py '
+           f'says where it comes from)')
 
 
 def multi30k_files() -> list[pathlib.Path] | None:
   """Every Multi30k file where selfattn would find it, or None if one is
   missing."""
-  from selfattn import multi30k
+  from selfattn.tasks.translation import multi30k
   found = []
   for name in multi30k.SHA256:
     path = next((p for p in data_files.candidates(multi30k.SUBDIR, name)

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from selfattn import checkpoints
+from selfattn.training import checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

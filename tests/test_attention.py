@@ -159,7 +159,7 @@ def test_fused_path_asks_for_cudnn_where_it_applies(monkeypatch):
   cuDNN is simulated (a host that can trace it, a stand-in for jax.nn):
   this checks the choice, not cuDNN (scripts/bench_gpu.py does, on a
   GPU)."""
-  from selfattn import attention
+  from selfattn.nn import attention
   bf16, f32 = jnp.bfloat16, jnp.float32
   assert attention.cudnn_takes(bf16, 64)
   assert attention.cudnn_takes(jnp.float16, 128)
@@ -215,7 +215,7 @@ def test_fused_path_asks_for_cudnn_where_it_applies(monkeypatch):
   # The branch is chosen by the platform lowered for, not by this host:
   # lowered for 'cuda' the step holds the (stand-in) cuDNN call, for 'cpu'
   # it does not.
-  from selfattn.lowering import lowered_text
+  from selfattn.nn.lowering import lowered_text
   fused = functools.partial(attention.fused_attention, causal=True)
   lowered = {p: lowered_text(fused, q, k, v, platform=p)
              for p in ('cuda', 'cpu')}
@@ -231,7 +231,7 @@ def test_fused_module_reaches_cudnns_own_causal_mask(monkeypatch):
   nothing else hands cuDNN is_causal, not an (L, L) mask (it used to fold
   causal into the mask first, so cuDNN's causal kernel was never reached
   from a module). cuDNN is simulated as in the test above."""
-  from selfattn import attention
+  from selfattn.nn import attention
   monkeypatch.setattr(attention, 'cudnn_traceable', lambda: True)
   asked = []
   real = jax.nn.dot_product_attention

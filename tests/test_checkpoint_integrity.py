@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from runs import thirty_steps_config
-from selfattn import checkpoints
+from selfattn.training import checkpoints
 from selfattn import errors
-from selfattn import train
-from selfattn import workdir as workdir_lib
-from selfattn.steps import Trainer
+from selfattn.training import train
+from selfattn.training import workdir as workdir_lib
+from selfattn.training.steps import Trainer
 from runs import saved_params
 
 # A probe that makes tensorstore's reading fail (below) can leave a late

@@ -7,7 +7,10 @@ import pytest
 from flax import nnx
 
 import selfattn
-from selfattn import attention, chunked, masks, positions
+from selfattn.nn import attention
+from selfattn.nn import chunked
+from selfattn.nn import masks
+from selfattn.nn import positions
 from reference import assert_encoders_agree
 
 

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from runs import cli
-from selfattn import workdir as workdir_lib
+from selfattn.training import workdir as workdir_lib
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import pytest
 
 from data import REQUIRES_JSB
 from configs import tiny
-from selfattn import workdir as workdir_lib
+from selfattn.training import workdir as workdir_lib
 from selfattn.errors import ConfigError
 
 
@@ -39,7 +39,7 @@ def test_a_config_json_from_before_the_newer_fields_still_matches(tmp_path):
     'train.final_lr_fraction', 'train.b2', 'train.init_from',
     'model.attention_impl', 'model.remat', 'model.randomize_positions'])
 def test_a_config_without_a_field_is_refused_naming_it(tiny_config, dotted):
-  from selfattn import config_checks
+  from selfattn.training import config_checks
 
   section, field = dotted.split('.')
   del tiny_config[section][field]
@@ -53,7 +53,8 @@ def test_validation_builds_the_model_abstractly(monkeypatch, tiny_config):
   before any work: the model is built with nnx.eval_shape (a constructor
   made to refuse stands in for a check that only it makes). A message that
   starts with a model field's name names it as config.model.<field>."""
-  from selfattn import config_checks, encoder
+  from selfattn.training import config_checks
+  from selfattn.nn import encoder
 
   config_checks.validate_config(tiny_config)
   for message, expected in (
@@ -80,7 +81,7 @@ def test_a_full_disk_at_start_is_one_clear_error_and_leaves_nothing(
   file and the reason (the CLI prints it in one line, exit 2), and the new
   workdir is removed again."""
   import errno
-  from selfattn import train
+  from selfattn.training import train
 
   def full(*args, **kwargs):
     raise OSError(errno.ENOSPC, 'No space left on device')
@@ -106,15 +107,15 @@ def test_the_published_recipes_validate_and_use_rmsnorm(module):
 
   from flax import nnx
 
-  from selfattn import config_checks
-  from selfattn import model as model_lib
+  from selfattn.training import config_checks
+  from selfattn.training import build as build_lib
 
   config = importlib.import_module(f'configs.{module}').get_config('paper')
   assert config.model.norm_type == 'rmsnorm'
   config_checks.validate_config(config)
-  task = model_lib.task_from_config(config)
+  task = build_lib.task_from_config(config)
   abstract = nnx.eval_shape(
-      lambda: model_lib.build_model(config, task, nnx.Rngs(0)))
+      lambda: build_lib.build_model(config, task, nnx.Rngs(0)))
   assert isinstance(abstract.stack.final_ln, nnx.RMSNorm)
 
 

@@ -9,7 +9,7 @@ from flax import nnx
 import selfattn
 from reference import assert_scanned_grads_match
 from reference import stack_loop_into_scan
-from selfattn import positions as P
+from selfattn.nn import positions as P
 
 ALL = selfattn.POSITION_NAMES
 

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 import selfattn
-from selfattn import decoding
+from selfattn.nn import decoding
 
 
 def _decoder(vocab=11, position='rope', **kwargs):

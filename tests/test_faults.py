@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from selfattn import errors
-from selfattn import log_setup
-from selfattn import train
-from selfattn import workdir as workdir_lib
+from selfattn.training import log_setup
+from selfattn.training import train
+from selfattn.training import workdir as workdir_lib
 from selfattn.errors import ConfigError
 from runs import ROOT, cli, saved_params, subprocess_env, thirty_steps_config
 
@@ -154,7 +154,8 @@ def test_log_filter_reads_the_emitting_module_not_a_path_substring():
                           'orbax', 'checkpoint', 'x.py')
   assert not keep.filter(record(venv_lib))
   assert not keep.filter(record('/elsewhere/selfattn/experiments/lib.py'))
-  assert keep.filter(record(os.path.join(ROOT, 'selfattn', 'train.py')))
+  assert keep.filter(record(os.path.join(ROOT, 'selfattn', 'training',
+                                         'train.py')))
   assert keep.filter(record(venv_lib, std_logging.WARNING))
 
 

@@ -1,4 +1,4 @@
-"""selfattn/figures.py: every TensorBoard picture carries its own axes,
+"""selfattn/training/figures.py: every TensorBoard picture carries its own axes,
 titles and a fixed colour scale (issue 36)."""
 
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from selfattn import figures
+from selfattn.training import figures
 
 
 def _images(fig):
@@ -77,7 +77,7 @@ def test_every_encoding_with_a_picture_has_table_axes():
   """A new encoding with a picture() must say what its rows and columns are."""
   from flax import nnx
   import jax.numpy as jnp
-  from selfattn import positions
+  from selfattn.nn import positions
   for name, kind in positions.POSITIONS.items():
     shared = dict(max_len=8, param_dtype=jnp.float32, rngs=nnx.Rngs(0),
                   **kind.options)

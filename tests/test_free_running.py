@@ -8,11 +8,11 @@ import pytest
 from flax import nnx
 
 from configs import tiny
-from selfattn import steps
+from selfattn.training import steps
 from selfattn import tasks as tasks_lib
-from selfattn.free_running import cached_free_running_logits
-from selfattn.free_running import free_running_logits
-from selfattn.model import build_model
+from selfattn.training.free_running import cached_free_running_logits
+from selfattn.training.free_running import free_running_logits
+from selfattn.training.build import build_model
 
 
 def _model_and_batch(length=6, padded=8, examples=2, position='rope',

@@ -5,8 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from selfattn import config_checks, tasks
-from selfattn.indirect_indexing import COMMA, DIGIT0, MINUS, PLUS
+from selfattn import tasks
+from selfattn.training import config_checks
+from selfattn.tasks.synthetic.indirect_indexing import COMMA, DIGIT0, MINUS, PLUS
 
 def _decode(inputs, num_inputs, V=52):
   """Token ids -> (string, source letter, shift), read back independently of

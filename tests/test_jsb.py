@@ -1,4 +1,4 @@
-"""selfattn.jsb: locating and validating the data, serialization, crops, scoring plan."""
+"""selfattn.tasks.music.jsb: locating and validating the data, serialization, crops, scoring plan."""
 
 import hashlib
 import io
@@ -12,7 +12,7 @@ import pytest
 
 from data import REQUIRES_JSB
 from data import jsb_file
-from selfattn import jsb
+from selfattn.tasks.music import jsb
 
 REAL_FILE = jsb_file()
 needs_data = REQUIRES_JSB

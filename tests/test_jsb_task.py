@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 
 from data import REQUIRES_JSB
-from selfattn import config_checks, jsb, tasks
-from selfattn.jsb_task import training_corpus
+from selfattn import tasks
+from selfattn.training import config_checks
+from selfattn.tasks.music import jsb
+from selfattn.tasks.music.task import training_corpus
 
 pytestmark = REQUIRES_JSB
 

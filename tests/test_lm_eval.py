@@ -1,5 +1,5 @@
 """Whole-sequence scoring and sampling of a causal language model
-(selfattn/lm_eval.py) against direct NumPy computations."""
+(selfattn/tasks/music/lm_eval.py) against direct NumPy computations."""
 
 import jax
 import jax.numpy as jnp
@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from selfattn import decoding, jsb, lm_eval
-from selfattn.decoder import TransformerDecoder
-from selfattn.model import LanguageModel
+from selfattn.nn import decoding
+from selfattn.tasks.music import jsb
+from selfattn.tasks.music import lm_eval
+from selfattn.nn.decoder import TransformerDecoder
+from selfattn.nn.models import LanguageModel
 
 
 def _model(position='rope', seed=0):

@@ -9,7 +9,7 @@ errors therefore surface here, on every commit. Nothing is compiled:
 Triton's PTX stage, XLA's GPU passes and libtpu's Mosaic passes run only on
 a device (BENCHMARKS.md, GPU section, says what the lent GPU checked).
 
-`selfattn.lowering.lowered_text` lowers inside an abstract H100 for 'cuda'
+`selfattn.nn.lowering.lowered_text` lowers inside an abstract H100 for 'cuda'
 (JAX 0.11 and later ask which GPU a Pallas kernel is for). Each platform is
 lowered on its own: Pallas refuses a module lowered for
 several platforms at once when a kernel names its backend's compiler
@@ -31,16 +31,16 @@ import optax
 import pytest
 from flax import nnx
 
-from selfattn import attention
-from selfattn.lowering import lowered_text
-from selfattn import pallas_attention as pa
-from selfattn import positions
-from selfattn import steps
+from selfattn.nn import attention
+from selfattn.nn.lowering import lowered_text
+from selfattn.nn import pallas_attention as pa
+from selfattn.nn import positions
+from selfattn.training import steps
 from selfattn import tasks as tasks_lib
-from selfattn.decoder import TransformerDecoder
-from selfattn.encoder import TransformerEncoder
-from selfattn.model import LanguageModel
-from selfattn.model import SequenceModel
+from selfattn.nn.decoder import TransformerDecoder
+from selfattn.nn.encoder import TransformerEncoder
+from selfattn.nn.models import LanguageModel
+from selfattn.nn.models import SequenceModel
 
 PLATFORMS = ('cuda', 'tpu')
 KERNEL_CALL = {'cuda': '@__gpu$xla.gpu.triton', 'tpu': '@tpu_custom_call'}
@@ -251,7 +251,7 @@ def test_fused_step_holds_cudnn_lowered_for_cuda():
                     reason='a GPU host answers for itself')
 def test_gpu_lowering_without_a_gpu_needs_the_abstract_target():
   """From JAX 0.11 on, a Pallas GPU kernel lowered on a host without a GPU
-  asks which GPU it is for: refused outside selfattn.lowering's abstract
+  asks which GPU it is for: refused outside selfattn.nn.lowering's abstract
   H100, lowered inside it (so the helper every test here uses is needed,
   and sufficient)."""
   shape = jax.ShapeDtypeStruct((1, HEADS, 128, HEAD_DIM), jnp.bfloat16)

@@ -1,4 +1,4 @@
-"""The mask convention (selfattn/masks.py): every mask means one thing, and
+"""The mask convention (selfattn/nn/masks.py): every mask means one thing, and
 anything that could be misread raises."""
 
 import jax

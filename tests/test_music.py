@@ -1,4 +1,4 @@
-"""selfattn.music: MIDI round trip, piano rolls, audio and sample statistics."""
+"""selfattn.tasks.music.listening: MIDI round trip, piano rolls, audio and sample statistics."""
 
 import os
 import pathlib
@@ -6,8 +6,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from selfattn import jsb
-from selfattn import music
+from selfattn.tasks.music import jsb
+from selfattn.tasks.music import listening as music
 
 pytest.importorskip('pretty_midi', reason='pip install "selfattn[music]"')
 

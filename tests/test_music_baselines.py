@@ -8,7 +8,7 @@ import pytest
 
 from data import REQUIRES_JSB
 from experiments import music_baselines as mb
-from selfattn import jsb
+from selfattn.tasks.music import jsb
 
 V = jsb.NUM_TARGETS
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from selfattn import attention, positions
-from selfattn import pallas_attention as pa
+from selfattn.nn import attention
+from selfattn.nn import positions
+from selfattn.nn import pallas_attention as pa
 
 B, H, D = 2, 2, 8
 BLOCKS = dict(block_q=8, block_k=8)

@@ -11,7 +11,11 @@ import pytest
 from flax import nnx
 
 import selfattn
-from selfattn import attention, bounded, chunked, positions, steps
+from selfattn.nn import attention
+from selfattn.nn import bounded
+from selfattn.nn import chunked
+from selfattn.nn import positions
+from selfattn.training import steps
 
 
 def _pope(delta_init='uniform', num_heads=2, head_dim=6, seed=0):

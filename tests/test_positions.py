@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import selfattn
-from selfattn.positions import alibi_slopes, relative_to_absolute
+from selfattn.nn.positions import alibi_slopes, relative_to_absolute
 import reference
 
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from selfattn import positions
-from selfattn.config_checks import task_from_config
-from selfattn.config_checks import validate_config
+from selfattn.nn import positions
+from selfattn.training.config_checks import task_from_config
+from selfattn.training.config_checks import validate_config
 from selfattn.errors import ConfigError
-from selfattn.model import build_model
+from selfattn.training.build import build_model
 
 
 class _Toy(positions.RelativePosition):

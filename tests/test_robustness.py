@@ -12,7 +12,9 @@ import pytest
 from flax import nnx
 
 import selfattn
-from selfattn import attention, chunked, positions
+from selfattn.nn import attention
+from selfattn.nn import chunked
+from selfattn.nn import positions
 
 
 def make_decoder(position='rope', **kwargs):

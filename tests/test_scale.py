@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from selfattn import train
+from selfattn.training import train
 from runs import ROOT, cli, saved_params
 
 EIGHT = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
@@ -47,8 +47,8 @@ def test_batch_is_sharded_over_eight_devices():
 import jax
 from jax.sharding import PartitionSpec as P
 from configs import tiny
-from selfattn import steps
-from selfattn.config_checks import task_from_config
+from selfattn.training import steps
+from selfattn.training.config_checks import task_from_config
 config = tiny.get_config()
 mesh = steps.make_mesh(config)
 batch = steps.make_train_batches(config, task_from_config(config), mesh)(3)

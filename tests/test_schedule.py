@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from selfattn import steps
+from selfattn.training import steps
 
 PEAK = 0.01
 
@@ -161,15 +161,15 @@ def test_weight_decay_skips_norm_scales_and_biases_with_scan_layers_too():
   from flax import nnx
 
   from configs import tiny
-  from selfattn import model as model_lib
+  from selfattn.training import build as build_lib
 
   masks = {}
   for scan in (False, True):
     config = tiny.get_config()
     config.model.num_layers, config.model.scan_layers = 2, scan
     config.model.position = 't5'          # a per-layer relative table too
-    task = model_lib.task_from_config(config)
-    model = model_lib.build_model(config, task, nnx.Rngs(0))
+    task = build_lib.task_from_config(config)
+    model = build_lib.build_model(config, task, nnx.Rngs(0))
     mask = steps.decay_mask(nnx.state(model, nnx.Param), scan_layers=scan)
     masks[scan] = {
         tuple(getattr(k, 'key', getattr(k, 'idx', None)) for k in path

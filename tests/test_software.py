@@ -1,4 +1,4 @@
-"""selfattn.software: the stack a run records in its summary."""
+"""selfattn.training.software: the stack a run records in its summary."""
 
 import importlib.metadata
 import platform
@@ -6,7 +6,7 @@ import platform
 import flax
 import jax
 
-from selfattn import software
+from selfattn.training import software
 
 
 def test_versions_name_the_installed_stack():

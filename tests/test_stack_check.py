@@ -9,7 +9,7 @@ import scipy.stats
 
 from experiments import stack_check
 from runs import ROOT
-from selfattn import config_checks
+from selfattn.training import config_checks
 
 COMMITTED = os.path.join(ROOT, 'experiments', 'results', 'compare',
                          'position=shaw,seed=3')

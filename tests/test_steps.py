@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from selfattn import steps
+from selfattn.training import steps
 
 # configs/tiny.py, seed 0, three steps from initialisation on the batches of
 # steps 0, 1, 2: (loss, gradient norm, learning rate). Recorded with the pinned
@@ -56,7 +56,7 @@ def test_dropout_masks_change_with_the_step(tiny_config):
 
 
 def test_step_timer_leaves_compilation_out_of_the_warm_rate(monkeypatch):
-  from selfattn import timing
+  from selfattn.training import timing
   clock = iter([0.0, 10.0, 10.0, 11.0, 11.0, 12.0])
   monkeypatch.setattr(timing.time, 'perf_counter', lambda: next(clock))
   timer = timing.StepTimer()                 # t = 0

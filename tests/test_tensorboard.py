@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from selfattn import report
-from selfattn import summaries
+from selfattn.training import report
+from selfattn.training import summaries
 
 
 def _free_port() -> int:
@@ -295,8 +295,8 @@ def test_score_is_a_curve_with_one_point_per_evaluation(tiny_config, tmp_path):
   per-length accuracies; the attention figure per evaluation, and a table
   that cannot change (sinusoidal) once."""
   from tensorboard.backend.event_processing import event_accumulator
-  from selfattn import steps
-  from selfattn import train
+  from selfattn.training import steps
+  from selfattn.training import train
   trainer = steps.Trainer(tiny_config)
   params = trainer.init_state()['params']
   events = train._EventLog(tiny_config, trainer, str(tmp_path), True, 0)
@@ -370,7 +370,8 @@ def test_randomized_runs_draw_attention_at_the_positions_they_used(tiny_config):
   import jax.numpy as jnp
   import numpy as np
   from flax import nnx
-  from selfattn import steps, tasks
+  from selfattn import tasks
+  from selfattn.training import steps
   tiny_config.model.position = 'alibi'
   tiny_config.model.randomize_positions = True
   tiny_config.model.max_random_len = 64

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from selfattn import report
-from selfattn import steps
-from selfattn import train
+from selfattn.training import report
+from selfattn.training import steps
+from selfattn.training import train
 from selfattn.errors import ConfigError
 from runs import cli, crashed_copy, saved_params
 
@@ -122,7 +122,7 @@ def test_no_position_information_stays_near_chance_on_order_tasks(tiny_config,
   # `precedes` depends on nothing but the order of two markers, so a model
   # without positions is held to chance exactly. (On token tasks such as
   # reverse an order-blind model beats 1/V by guessing the commonest input
-  # symbol; see selfattn/tasks.py.)
+  # symbol; see selfattn/tasks/registry.py.)
   c = tiny_config
   c.task.name, c.task.vocab_size = 'precedes', 4
   c.task.min_len, c.task.max_len = 4, 8
@@ -145,7 +145,7 @@ def test_no_position_information_stays_near_chance_on_order_tasks(tiny_config,
 
 def test_bfloat16_activations_train_with_float32_parameters(tiny_config, tmp_path):
   import jax.numpy as jnp
-  from selfattn.steps import Trainer
+  from selfattn.training.steps import Trainer
   tiny_config.model.dtype = 'bfloat16'
   tiny_config.train.num_steps = 10
   trainer = Trainer(tiny_config)
@@ -232,7 +232,7 @@ def test_eval_length_beyond_learned_table_is_rejected(tiny_config, tmp_path):
 def test_table_reach_is_stated_for_huang_beyond_max_len(tiny_config):
   """huang's learned table ends at max_len; xl's sinusoid does not (its
   chunked path is unbounded too: tests/test_chunked.py), so no note."""
-  from selfattn.config_checks import task_from_config
+  from selfattn.training.config_checks import task_from_config
   tiny_config.model.position = 'huang'
   tiny_config.eval.lengths = [8, 100]
   note = report.table_reach_note(tiny_config, task_from_config(tiny_config))
@@ -294,7 +294,7 @@ def test_training_longer_goes_through_init_from_and_the_guard_needs_no_config_js
 def test_cli_overrides_list_fields(tmp_path):
   """'--config.eval.lengths=[..]' and '=a,b' both work (README: any field):
   one real run, and the parser's other spelling checked directly."""
-  from selfattn.list_flag import ListParser
+  from selfattn.training.list_flag import ListParser
   assert ListParser().parse('4,12') == ListParser().parse('[4, 12]') == [4, 12]
   result = cli(tmp_path / 'run', '--config.train.num_steps=5',
                '--config.train.log_every=5', '--config.train.checkpoint_every=5',
@@ -352,7 +352,7 @@ def test_autoregressive_layout_trains_a_causal_model(tiny_config, tmp_path):
   """--config.task.layout=autoregressive: the model attends causally (the
   logits at a position ignore every later token) and learns teacher-forced
   reverse far beyond chance."""
-  from selfattn import model as model_lib
+  from selfattn.training import build as build_lib
   from selfattn import tasks as tasks_lib
   from flax import nnx
   config = tiny_config
@@ -362,7 +362,7 @@ def test_autoregressive_layout_trains_a_causal_model(tiny_config, tmp_path):
   config.train.num_steps = config.eval.every = 300
   config.train.learning_rate = 3e-3
   task = tasks_lib.get_task('reverse', 8, layout='autoregressive')
-  m = model_lib.build_model(config, task, nnx.Rngs(0))
+  m = build_lib.build_model(config, task, nnx.Rngs(0))
   batch = tasks_lib.make_eval_batch(task, 0, 6, jnp.arange(2))
   x = batch.inputs
   later = x.at[:, 8:].set(task.input_symbols + 2)

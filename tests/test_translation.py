@@ -12,19 +12,19 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from selfattn import bleu
-from selfattn import steps
+from selfattn.tasks.translation import bleu
+from selfattn.training import steps
 from selfattn import tasks
-from selfattn import translate
-from selfattn import translation_data
-from selfattn import translation_batches
-from selfattn.config_checks import validate_config
-from selfattn.decoder import TransformerDecoder
-from selfattn.encoder import TransformerEncoder
+from selfattn.tasks.translation import translate
+from selfattn.tasks.translation import data as translation_data
+from selfattn.tasks.translation import batches as translation_batches
+from selfattn.training.config_checks import validate_config
+from selfattn.nn.decoder import TransformerDecoder
+from selfattn.nn.encoder import TransformerEncoder
 from selfattn.errors import ConfigError
-from selfattn.model import Seq2SeqModel
-from selfattn.translation_data import BOS, EOS, PAD
-from selfattn.translation_steps import translation_summaries
+from selfattn.nn.models import Seq2SeqModel
+from selfattn.tasks.translation.data import BOS, EOS, PAD
+from selfattn.training.translation_steps import translation_summaries
 from tiny_corpus import tiny_translation_config
 
 # --------------------------------------------------------------------------
@@ -204,10 +204,10 @@ def test_label_smoothing_matches_numpy():
 @pytest.mark.slow
 def test_the_trainer_steps_on_the_batch_it_shows_and_evaluates_what_it_decodes(
     tiny_multi30k):
-  from selfattn.translation_steps import TranslationTrainer
+  from selfattn.training.translation_steps import TranslationTrainer
   config = tiny_translation_config()
   validate_config(config)
-  from selfattn.trainers import make_trainer
+  from selfattn.training.trainers import make_trainer
   trainer = make_trainer(config)
   assert isinstance(trainer, TranslationTrainer)
   state = trainer.init_state()
@@ -246,7 +246,7 @@ def test_english_to_german_trains_and_evaluates_the_other_way(tiny_multi30k):
   training buckets and in every evaluation split; the default stays German
   to English."""
   from tiny_corpus import ENGLISH, GERMAN
-  from selfattn.trainers import make_trainer
+  from selfattn.training.trainers import make_trainer
   config = tiny_translation_config(**{'task.name': 'multi30k_en_de'})
   validate_config(config)
   trainer = make_trainer(config)
@@ -289,7 +289,7 @@ def test_a_resumed_translation_run_ends_with_the_same_parameters(
   the first time."""
   from runs import crashed_copy
   from runs import saved_params
-  from selfattn import train
+  from selfattn.training import train
   config = tiny_translation_config(**{
       'train.num_steps': 6, 'train.checkpoint_every': 2,
       'train.keep_checkpoints': 3, 'eval.every': 6, 'model.dropout': 0.2})

@@ -11,7 +11,10 @@ import urllib.request
 import pytest
 
 from data import REQUIRES_MULTI30K
-from selfattn import bleu, data_files, multi30k, tokenizer
+from selfattn.tasks.translation import bleu
+from selfattn.tasks import data_files
+from selfattn.tasks.translation import multi30k
+from selfattn.tasks.translation import tokenizer
 
 # A small made-up parallel corpus (the tests' own; the real data is
 # Multi30k's, read only by the tests marked REQUIRES_MULTI30K).
@@ -135,5 +138,5 @@ def test_bleu_and_chrf_with_their_signatures():
 
 def test_the_jsb_and_multi30k_loaders_share_one_locator():
   """One place finds, checks and downloads data files (data_files)."""
-  from selfattn import jsb
+  from selfattn.tasks.music import jsb
   assert jsb.DataError is multi30k.DataError is data_files.DataError

@@ -10,9 +10,9 @@ import pytest
 
 from data import REQUIRES_MULTI30K
 from experiments import translation_punctuation as probe
-from selfattn import bleu
-from selfattn import multi30k
-from selfattn import workdir as workdir_lib
+from selfattn.tasks.translation import bleu
+from selfattn.tasks.translation import multi30k
+from selfattn.training import workdir as workdir_lib
 
 STUDY_DIR = os.path.join(os.path.dirname(__file__), '..', 'experiments',
                          'results', 'translation')

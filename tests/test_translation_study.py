@@ -11,9 +11,9 @@ import pytest
 from data import REQUIRES_MULTI30K
 from experiments import translation as translation_study
 from experiments import translation_baselines as baselines
-from selfattn import bleu
-from selfattn import multi30k
-from selfattn import workdir as workdir_lib
+from selfattn.tasks.translation import bleu
+from selfattn.tasks.translation import multi30k
+from selfattn.training import workdir as workdir_lib
 from tiny_corpus import tiny_translation_config
 
 
@@ -44,7 +44,7 @@ def test_retrieval_returns_the_nearest_training_target():
 @pytest.mark.slow
 def test_a_scored_run_commits_translations_that_reproduce_its_scores(
     tiny_multi30k, tmp_path, monkeypatch):
-  from selfattn.train import train_and_evaluate
+  from selfattn.training.train import train_and_evaluate
   config = tiny_translation_config(**{'train.num_steps': 4, 'train.checkpoint_every': 2,
                           'train.keep_checkpoints': 2, 'eval.every': 4})
   path = str(tmp_path / 'run')
@@ -72,7 +72,7 @@ def test_a_scored_run_commits_translations_that_reproduce_its_scores(
   # outdated, which --collect_only leaves out. The bookkeeping is what is
   # tested here, so the decoder is a stand-in that copies the source (no
   # second beam-search compile in CI).
-  from selfattn.translation_steps import TranslationTrainer
+  from selfattn.training.translation_steps import TranslationTrainer
   monkeypatch.setattr(TranslationTrainer, 'translate_texts',
                       lambda self, params, sources, **kwargs: list(sources))
   other = next(s for s in by_step if s != result['selected_step'])
@@ -100,7 +100,7 @@ def test_both_protocols_train_on_batches_of_the_same_tokens():
 
 @REQUIRES_MULTI30K
 def test_the_short_protocol_leaves_about_a_fifth_of_the_test_set_longer():
-  from selfattn import translation_data
+  from selfattn.tasks.translation import data as translation_data
   tok = translation_data.tokenizer_for(8000)
   sources, _ = multi30k.pairs(translation_study.MAIN_TEST)
   lengths = np.array([len(ids) for ids in tok.encode(sources)])

@@ -7,8 +7,8 @@ import hashlib
 import pytest
 
 from configs import translation as translation_config
-from selfattn import multi30k
-from selfattn import translation_data
+from selfattn.tasks.translation import multi30k
+from selfattn.tasks.translation import data as translation_data
 
 GERMAN = ['Ein Hund läuft über die Wiese.', 'Zwei Kinder spielen im Park.',
           'Eine Frau liest ein Buch.', 'Der Mann fährt Fahrrad.',

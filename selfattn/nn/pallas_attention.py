@@ -1,0 +1,433 @@
+"""Pallas flash attention whose relative terms are computed inside the
+kernels from small tables (`attention_impl='pallas'`): forward, and a
+backward of two kernels (dQ with the table gradients; dK and dV), all
+O(L) memory. The kernel bodies and what they compute are in
+pallas_kernels.py; this module lays the arrays out for each backend,
+chooses the backend per lowering platform and wires the custom VJP.
+
+Encodings: none; ALiBi (both forms, from its slopes); T5 (from its
+(num_buckets, H) table); Shaw (a^K and a^V, (2k + 1, D) shared or
+(H, 2k + 1, D) per head); rotation-only encodings (RoPE, PoPE) rotate q and
+k once outside the kernel (O(L D)) and then use the 'none' kernel.
+Gradients reach q, k, v and the T5 and Shaw tables.
+
+Causal masking (key j is allowed for query i iff j <= i + Lk - Lq) and a key
+padding mask (B, Lk) are applied per block, and the loops skip the blocks
+the causal mask removes. A query row with no allowed key outputs zeros, as
+the plain path does.
+
+Backends, chosen when the step is lowered (jax.lax.platform_dependent), not
+by the host's default backend: Triton for 'cuda' and 'rocm', named
+explicitly (JAX 0.10's default Pallas GPU backend, Mosaic GPU, takes async
+copies of <= 256 rows and would stage each head's whole K and V in shared
+memory); Mosaic for 'tpu'; interpret mode for 'cpu' (correctness, not
+speed). tests/test_lowering.py lowers every case for 'cuda' and 'tpu' from
+the CPU. A module lowered for several platforms at once is refused by Pallas
+(each branch's compiler parameters name one backend); lower one platform at
+a time.
+
+Supported: positions None (0..L-1) only; key padding only (no general
+(Lq, Lk) mask, no float bias); no dropout on the weights; no Huang or
+Transformer-XL terms. MultiHeadAttention falls back to the plain path for
+everything else (see its attention_impl paragraph).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from selfattn.nn import pallas_kernels as kernels
+from selfattn.nn import positions
+from selfattn.nn.pallas_kernels import Config
+
+BLOCK_Q = 128
+BLOCK_K = 128
+
+
+def _is_rotation_only(relative) -> bool:
+  """A RelativePosition that only rotates q and k (RoPE, PoPE)."""
+  base = positions.RelativePosition
+  if not isinstance(relative, base):
+    return False
+  cls = type(relative)
+  return (cls.logits is base.logits and cls.values is base.values
+          and cls.blockwise_logits is base.blockwise_logits)
+
+
+def _describe(relative):
+  """(kind, table, options) of a supported encoding, or None if it is not."""
+  if relative is None:
+    return 'none', None, {}
+  if (isinstance(relative, positions.ALiBi)
+      and type(relative).logits is positions.ALiBi.logits):
+    slopes = jnp.asarray(positions.alibi_slopes(relative.num_heads),
+                         jnp.float32)
+    return 'alibi', slopes, {'symmetric': bool(relative.symmetric)}
+  if (isinstance(relative, positions.T5RelativeBias)
+      and type(relative).logits is positions.T5RelativeBias.logits):
+    return 't5', relative.bias[...], {
+        'num_buckets': int(relative.num_buckets),
+        'max_distance': int(relative.max_distance)}
+  if (isinstance(relative, positions.ShawRelative)
+      and type(relative).logits is positions.ShawRelative.logits
+      and type(relative).values is positions.ShawRelative.values):
+    a_v = None if relative.a_V is None else relative.a_V[...]
+    return 'shaw', (relative.a_K[...], a_v), {
+        'clip': int(relative.clip_distance),
+        'shared_heads': bool(relative.shared_heads)}
+  if _is_rotation_only(relative):
+    return 'none', None, {}
+  return None
+
+
+def supports(relative) -> bool:
+  """Whether pallas_attention computes this encoding: none, ALiBi (both
+  forms), T5, Shaw (key and value terms), and rotation-only encodings (RoPE,
+  PoPE)."""
+  return _describe(relative) is not None
+
+
+# --------------------------------------------------------------------------
+# Laying the arrays out for one backend.
+# --------------------------------------------------------------------------
+
+class _Arrays:
+  """One call's operands padded to a backend's layout, with their
+  BlockSpecs. Queries are tiled by the grid's second axis in
+  query-major kernels (forward, dQ), keys in the key-major one (dK/dV);
+  the other side is one whole (padded) ref per head, read block by block
+  inside the kernel's loop (on Triton a ref is a pointer, each pl.ds load
+  one tile; on Mosaic TPU the head's rows sit in VMEM)."""
+
+  def __init__(self, cfg: Config, backend: str, q, k, v, key_valid, table):
+    b, h, lq, dq = q.shape
+    lk, dv = k.shape[2], v.shape[3]
+    self.cfg, self.backend = cfg, backend
+    self.b, self.h, self.lq, self.lk, self.dq, self.dv = b, h, lq, lk, dq, dv
+    self.lay = lay = kernels.layout(cfg, backend, lq, lk, dq, dv)
+    self.lq_pad = kernels.round_up(lq, lay.block_q)
+    self.lk_pad = kernels.round_up(lk, lay.block_k)
+    self.q = self.rows(q, self.lq_pad, lay.head_q)
+    self.k = self.rows(k, self.lk_pad, lay.head_q)
+    self.v = self.rows(v, self.lk_pad, lay.head_v)
+    self.valid = None
+    if key_valid is not None:
+      valid = jnp.pad(key_valid.astype(jnp.int32),
+                      [(0, 0), (0, self.lk_pad - lk)])
+      self.valid = valid[:, None, :]                          # (B, 1, Lk_pad)
+    self.tables = []
+    if cfg.kind in ('alibi', 't5'):
+      # One (1, lanes) tile per head: (H,) slopes broadcast, or the head's
+      # num_buckets biases zero-padded.
+      per_head = (jnp.asarray(table, jnp.float32)[:, None]
+                  if cfg.kind == 'alibi'
+                  else jnp.asarray(table).T.astype(jnp.float32))
+      tile = (jnp.broadcast_to(per_head, (h, lay.lanes))
+              if per_head.shape[1] == 1
+              else jnp.pad(per_head, [(0, 0), (0, lay.lanes - per_head.shape[1])]))
+      self.tables.append(tile[:, None, :])                    # (H, 1, lanes)
+    elif cfg.kind == 'shaw':
+      for t, width in zip(table, (lay.head_q, lay.head_v)):   # (H, 2k + 1, D)
+        if t is not None:
+          self.tables.append(jnp.pad(t, [(0, 0), (0, lay.table_rows - t.shape[1]),
+                                         (0, width - t.shape[2])]))
+
+  def rows(self, x, length: int, width: int):
+    """(B, H, L, D) -> (B * H, length, width), zero-padded."""
+    x = jnp.pad(x, [(0, 0), (0, 0), (0, length - x.shape[2]),
+                    (0, width - x.shape[3])])
+    return x.reshape(self.b * self.h, length, width)
+
+  def stats(self, x):
+    """(B, H, Lq) float32 -> (B * H, Lq_pad, stat_lanes)."""
+    x = jnp.pad(x.astype(jnp.float32), [(0, 0), (0, 0), (0, self.lq_pad - self.lq)])
+    x = x.reshape(self.b * self.h, self.lq_pad, 1)
+    return jnp.broadcast_to(x, x.shape[:2] + (self.lay.stat_lanes,))
+
+  def tiled(self, width: int, block: int):
+    """The spec of a (B * H, L_pad, width) operand tiled by the grid."""
+    return pl.BlockSpec((None, block, width), lambda r, i: (r, i, 0))
+
+  def whole(self, length: int, width: int):
+    """The spec of a (B * H, length, width) operand, one ref per head."""
+    return pl.BlockSpec((None, length, width), lambda r, i: (r, 0, 0))
+
+  def extra(self, key_tiled: bool):
+    """(inputs, specs) of the key mask and the tables, in Refs.pop order."""
+    h, lay = self.h, self.lay
+    inputs, specs = [], []
+    if self.valid is not None:
+      inputs.append(self.valid)
+      if key_tiled:
+        specs.append(pl.BlockSpec((None, 1, lay.block_k),
+                                  lambda r, j: (jax.lax.div(r, h), 0, j)))
+      else:
+        specs.append(pl.BlockSpec((None, 1, self.lk_pad),
+                                  lambda r, i: (jax.lax.div(r, h), 0, 0)))
+    for t in self.tables:
+      inputs.append(t)
+      specs.append(pl.BlockSpec((None,) + t.shape[1:],
+                                lambda r, i: (jax.lax.rem(r, h), 0, 0)))
+    return inputs, specs
+
+  def call(self, kernel, grid_blocks: int, inputs, in_specs, out_shape,
+           out_specs, name: str):
+    return pl.pallas_call(
+        kernel, out_shape=out_shape, grid=(self.b * self.h, grid_blocks),
+        in_specs=in_specs, out_specs=out_specs,
+        interpret=self.backend == 'interpret',
+        compiler_params=_compiler_params(self.backend, self.lay), name=name,
+    )(*inputs)
+
+  def unrows(self, x, length: int, width: int):
+    """(B * H, L_pad, D_pad) -> (B, H, length, width)."""
+    return x.reshape(self.b, self.h, x.shape[1], x.shape[2])[
+        :, :, :length, :width]
+
+
+def _compiler_params(backend: str, lay: kernels.Layout):
+  """The backend named explicitly, not left to JAX's default (Mosaic GPU
+  since JAX 0.10, whose async copies take <= 256 rows and whose shared
+  memory would hold each head's whole K and V)."""
+  if backend == 'triton':
+    from jax.experimental.pallas import triton as pltriton
+    # JAX's own Triton flash attention uses 4 warps for 128-wide blocks of
+    # head width <= 64, 8 above.
+    return pltriton.CompilerParams(num_warps=4 if lay.head_q <= 64 else 8,
+                                   num_stages=2)
+  if backend == 'mosaic_tpu':
+    from jax.experimental.pallas import tpu as pltpu
+    return pltpu.CompilerParams(dimension_semantics=('parallel', 'parallel'))
+  return None
+
+
+# --------------------------------------------------------------------------
+# The pallas_calls of one backend.
+# --------------------------------------------------------------------------
+
+def _forward_call(cfg: Config, backend: str, q, k, v, key_valid, table):
+  """(out (B, H, Lq, Dv) in v's dtype, lse (B, H, Lq) float32): q rotated,
+  not scaled; invalid keys and values already zeroed."""
+  a = _Arrays(cfg, backend, q, k, v, key_valid, table)
+  lay = a.lay
+  extra, extra_specs = a.extra(key_tiled=False)
+  kernel = functools.partial(
+      kernels.forward_kernel, cfg=cfg, lay=lay, lq=a.lq, lk=a.lk,
+      num_key_blocks=a.lk_pad // lay.block_k, has_valid=a.valid is not None)
+  bh = a.b * a.h
+  out, lse = a.call(
+      kernel, a.lq_pad // lay.block_q, [a.q, a.k, a.v] + extra,
+      [a.tiled(lay.head_q, lay.block_q), a.whole(a.lk_pad, lay.head_q),
+       a.whole(a.lk_pad, lay.head_v)] + extra_specs,
+      (jax.ShapeDtypeStruct((bh, a.lq_pad, lay.head_v), v.dtype),
+       jax.ShapeDtypeStruct((bh, a.lq_pad, lay.stat_lanes), jnp.float32)),
+      (a.tiled(lay.head_v, lay.block_q), a.tiled(lay.stat_lanes, lay.block_q)),
+      'selfattn_flash_forward')
+  return (a.unrows(out, a.lq, a.dv),
+          a.unrows(lse, a.lq, 1)[..., 0])
+
+
+def _backward_call(cfg: Config, backend: str, q, k, v, key_valid, table, g,
+                   lse, delta):
+  """(dq, dk, dv, dtable) of the forward's output cotangent g: the dQ
+  kernel (with the tables' gradients, summed here over batch and query
+  blocks) and the dK/dV kernel."""
+  a = _Arrays(cfg, backend, q, k, v, key_valid, table)
+  lay = a.lay
+  bh, nq, nk = a.b * a.h, a.lq_pad // lay.block_q, a.lk_pad // lay.block_k
+  do = a.rows(g.astype(v.dtype), a.lq_pad, lay.head_v)
+  lse, delta = a.stats(lse), a.stats(delta)
+  common = dict(cfg=cfg, lay=lay, lq=a.lq, lk=a.lk,
+                has_valid=a.valid is not None)
+
+  # dQ: query-major, like the forward; per-program table gradients.
+  extra, extra_specs = a.extra(key_tiled=False)
+  table_shapes = []
+  if cfg.kind == 't5':
+    table_shapes = [(1, lay.lanes)]
+  elif cfg.kind == 'shaw':
+    table_shapes = [(lay.table_rows, lay.head_q)] + (
+        [(lay.table_rows, lay.head_v)] if cfg.shaw_values else [])
+  per_program = lambda shape: pl.BlockSpec((None, None) + shape,
+                                           lambda r, i: (r, i, 0, 0))
+  outs = a.call(
+      functools.partial(kernels.dq_kernel, num_key_blocks=nk, **common), nq,
+      [a.q, a.k, a.v, do, lse, delta] + extra,
+      [a.tiled(lay.head_q, lay.block_q), a.whole(a.lk_pad, lay.head_q),
+       a.whole(a.lk_pad, lay.head_v), a.tiled(lay.head_v, lay.block_q),
+       a.tiled(lay.stat_lanes, lay.block_q),
+       a.tiled(lay.stat_lanes, lay.block_q)] + extra_specs,
+      [jax.ShapeDtypeStruct((bh, a.lq_pad, lay.head_q), q.dtype)]
+      + [jax.ShapeDtypeStruct((bh, nq) + s, jnp.float32) for s in table_shapes],
+      [a.tiled(lay.head_q, lay.block_q)]
+      + [per_program(s) for s in table_shapes],
+      'selfattn_flash_dq')
+  dq, table_grads = outs[0], outs[1:]
+
+  # dK, dV: key-major.
+  extra, extra_specs = a.extra(key_tiled=True)
+  dk, dv = a.call(
+      functools.partial(kernels.dkdv_kernel, num_query_blocks=nq, **common),
+      nk, [a.q, a.k, a.v, do, lse, delta] + extra,
+      [a.whole(a.lq_pad, lay.head_q), a.tiled(lay.head_q, lay.block_k),
+       a.tiled(lay.head_v, lay.block_k), a.whole(a.lq_pad, lay.head_v),
+       a.whole(a.lq_pad, lay.stat_lanes),
+       a.whole(a.lq_pad, lay.stat_lanes)] + extra_specs,
+      (jax.ShapeDtypeStruct((bh, a.lk_pad, lay.head_q), k.dtype),
+       jax.ShapeDtypeStruct((bh, a.lk_pad, lay.head_v), v.dtype)),
+      (a.tiled(lay.head_q, lay.block_k), a.tiled(lay.head_v, lay.block_k)),
+      'selfattn_flash_dkdv')
+
+  def summed(x, rows, width):      # (B * H, nq, R, W) -> (H, rows, width)
+    x = x.reshape(a.b, a.h, nq, x.shape[2], x.shape[3]).sum((0, 2))
+    return x[:, :rows, :width]
+
+  dtable = None
+  if cfg.kind == 't5':
+    dtable = summed(table_grads[0], 1, cfg.num_buckets)[:, 0].T.astype(
+        table.dtype)                                      # (num_buckets, H)
+  elif cfg.kind == 'shaw':
+    rows = 2 * cfg.clip + 1
+    d_a_k = summed(table_grads[0], rows, a.dq).astype(table[0].dtype)
+    d_a_v = (summed(table_grads[1], rows, a.dv).astype(table[1].dtype)
+             if cfg.shaw_values else None)
+    dtable = (d_a_k, d_a_v)
+  return (a.unrows(dq, a.lq, a.dq), a.unrows(dk, a.lk, a.dq),
+          a.unrows(dv, a.lk, a.dv), dtable)
+
+
+def _per_platform(cfg: Config, call, *args):
+  """`call(cfg, backend, *args)` for the platform being lowered for, chosen
+  at lowering time (jax.lax.platform_dependent), not by the host's
+  default backend: a step lowered for 'cuda' on a CPU machine holds the
+  Triton kernels. Every branch returns the same canonical shapes."""
+  if cfg.interpret:
+    return call(cfg, 'interpret', *args)
+  branch = lambda backend: functools.partial(call, cfg, backend)
+  per_platform = dict(cuda=branch('triton'), rocm=branch('triton'),
+                      tpu=branch('mosaic_tpu'))
+  if cfg.interpret is None:
+    per_platform['cpu'] = branch('interpret')
+  return jax.lax.platform_dependent(*args, **per_platform)
+
+
+# --------------------------------------------------------------------------
+# The custom VJP.
+# --------------------------------------------------------------------------
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(cfg, q, k, v, key_valid, table):
+  return _per_platform(cfg, _forward_call, q, k, v, key_valid, table)[0]
+
+
+def _flash_fwd(cfg, q, k, v, key_valid, table):
+  out, lse = _per_platform(cfg, _forward_call, q, k, v, key_valid, table)
+  # O(L) residuals: the inputs, the output and one float per query row.
+  return out, (q, k, v, key_valid, table, out, lse)
+
+
+def _flash_bwd(cfg, residuals, g):
+  q, k, v, key_valid, table, out, lse = residuals
+  delta = jnp.sum(g.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
+  dq, dk, dv, dtable = _per_platform(cfg, _backward_call, q, k, v, key_valid,
+                                     table, g, lse, delta)
+  if table is not None and dtable is None:
+    dtable = jax.tree.map(jnp.zeros_like, table)          # ALiBi: constants
+  return dq, dk, dv, None, dtable
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+# --------------------------------------------------------------------------
+# The public function.
+# --------------------------------------------------------------------------
+
+def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
+                     v_BxHxLkxD: jax.Array, *, relative=None,
+                     causal: bool = False, key_valid: jax.Array | None = None,
+                     block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
+                     interpret: bool | None = None) -> jax.Array:
+  """Flash attention with the relative term computed in the kernel.
+
+  Args:
+    q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD: per-head queries, keys, values.
+    relative: None, positions.ALiBi (either form), positions.T5RelativeBias,
+      positions.ShawRelative (with or without a^V, shared or per-head
+      tables), or a rotation-only encoding (RoPE, PoPE: rotated here, then
+      no term).
+      Anything else raises ValueError (see `supports`). Default positions
+      (0..L-1) only.
+    causal: key j attends to query i iff j <= i + (Lk - Lq).
+    key_valid: (B, Lk) bool, True = a real key, or None. Invalid keys and
+      values are zeroed first, so NaN or inf there never reaches the output.
+    block_q, block_k: block sizes, fitted to each backend's rules
+      (pallas_kernels.layout: powers of two >= 16 on Triton, >= 8 in
+      interpret mode, multiples of 8 and 128 on TPU) and to the lengths;
+      lengths that are not multiples are padded and the padding masked.
+    interpret: True: Pallas interpret mode everywhere; None (default): the
+      platform's kernel when lowered for 'cuda', 'rocm' or 'tpu' and
+      interpret mode when lowered for 'cpu'; False: never interpret (a CPU
+      lowering then fails).
+
+  Returns:
+    (B, H, Lq, Dv) in v's dtype, equal to dot_product_attention's output; a
+    query with no allowed key gets zeros. Differentiable in q, k, v and the
+    T5 and Shaw tables, through the Pallas backward kernels.
+  """
+  q, k, v = q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD
+  described = _describe(relative)
+  if described is None:
+    raise ValueError(f'pallas_attention does not compute '
+                     f'{type(relative).__name__}; supported: none, alibi, t5, '
+                     f'shaw and rotation-only encodings (rope, pope)')
+  kind, table, options = described
+  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+    raise ValueError(f'q, k, v must be (B, H, L, D); got {q.shape}, '
+                     f'{k.shape}, {v.shape}')
+  b, h, lq, _ = q.shape
+  lk = k.shape[2]
+  if key_valid is not None:
+    key_valid = jnp.asarray(key_valid)
+    if key_valid.dtype != jnp.bool_ or key_valid.shape != (b, lk):
+      raise ValueError(f'key_valid must be bool of shape {(b, lk)}; got '
+                       f'{key_valid.dtype} {key_valid.shape}')
+    used = key_valid[:, None, :, None]
+    k = jnp.where(used, k, jnp.zeros((), k.dtype))
+    v = jnp.where(used, v, jnp.zeros((), v.dtype))
+  if kind == 't5' and table.shape[1] != h:
+    raise ValueError(f'the T5 table has {table.shape[1]} heads; q has {h}')
+  if kind == 'alibi' and table.shape[0] != h:
+    raise ValueError(f'ALiBi has {table.shape[0]} heads; q has {h}')
+  if kind == 'shaw':
+    # One (H, 2k + 1, D) table per term; a shared table is broadcast here,
+    # outside the custom_vjp, so its gradient sums over the heads.
+    def per_head(t):
+      if t is None:
+        return None
+      if options['shared_heads']:
+        return jnp.broadcast_to(t[None], (h,) + t.shape)
+      if t.shape[0] != h:
+        raise ValueError(f'the Shaw table has {t.shape[0]} heads; q has {h}')
+      return t
+    table = tuple(per_head(t) for t in table)
+  scale = 1.0 / math.sqrt(q.shape[-1])       # of the head before `rotate`
+  if relative is not None:
+    q, k = relative.rotate(q, k)
+  cfg = Config(
+      kind=kind, symmetric=options.get('symmetric', False),
+      num_buckets=options.get('num_buckets', 0),
+      max_distance=options.get('max_distance', 0),
+      clip=options.get('clip', 0),
+      shaw_values=kind == 'shaw' and table[1] is not None,
+      causal=bool(causal),
+      scale=scale, block_q=int(block_q), block_k=int(block_k),
+      interpret=None if interpret is None else bool(interpret))
+  return _flash(cfg, q, k, v, key_valid, table)
+
+
+__all__ = ['BLOCK_Q', 'BLOCK_K', 'pallas_attention', 'supports']

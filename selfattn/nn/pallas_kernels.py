@@ -1,0 +1,529 @@
+"""The bodies of selfattn's Pallas flash-attention kernels (forward, dQ,
+dK/dV) and the static choices they share; pallas_attention.py calls them.
+
+Every kernel visits (query block, key block) pairs and recomputes the block
+of scores from q, k and the encoding's small tables:
+
+    s = (q k^T) * scale + term(offsets)   masked to -inf where not allowed
+
+  forward  one program per (batch * head, query block), a loop over key
+           blocks: the running max m, normaliser l and output acc in
+           float32 (FlashAttention); writes out and lse = m + log l.
+  dQ       one program per (batch * head, query block), a loop over key
+           blocks: p = exp(s - lse), dp = dO v^T (+ Shaw's value term),
+           ds = p (dp - delta), dq += ds k; the table gradients (T5's per
+           bucket sums of ds, Shaw's ds and p folded per clipped offset)
+           accumulate per program and are summed outside.
+  dK/dV    one program per (batch * head, key block), a loop over query
+           blocks: dv += p^T dO, dk += ds^T q.
+
+delta = rowsum(dO * out) is computed outside (O(L D)). The relative term of
+a block comes from its iota offsets (key index - query index), never from an
+(Lq, Lk) array: ALiBi's -slope * distance; T5's bucket of each offset and a
+select per bucket; Shaw's q a^K^T columns (and dO a^V^T for its value term)
+selected per clipped offset. Blocks wholly beyond Shaw's clip k or T5's
+max_distance (most of them once L >> k) use one edge row or bucket per
+direction instead: `far_blocks` and `far_query_blocks` split each loop into
+its left, near and right ranges.
+
+Shapes follow the backend's rules (`layout`): Triton wants every array a
+power of two and a dot's dims >= 16, and has no slice of a value (columns
+are masked row sums); Mosaic TPU wants a block's last two dims multiples of
+(8, 128) or the array's own, reads scalars only from SMEM (per-head scalars
+are (1, 1) reductions of a tile) and lowers `sign` (so floor_divide) only
+on a TPU host (`floor_div`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from selfattn.nn import positions
+
+F32 = jnp.float32
+
+
+class Config(NamedTuple):
+  """Static description of one kernel call (hashable: a nondiff argument)."""
+  kind: str              # 'none', 'alibi', 't5' or 'shaw'
+  symmetric: bool        # ALiBi's symmetric form
+  num_buckets: int       # T5
+  max_distance: int      # T5
+  clip: int              # Shaw's clip distance k (2k + 1 table rows)
+  shaw_values: bool      # Shaw with a value table a^V
+  causal: bool
+  scale: float           # softmax scale, 1/sqrt(D) of the head before rotate
+  block_q: int
+  block_k: int
+  interpret: bool | None  # None: per lowering platform (interpret on cpu)
+
+
+class Layout(NamedTuple):
+  """Static block and padding choices of one backend for one call (Triton:
+  powers of two, dots >= 16; Mosaic TPU: (8, 128) tiles; interpret: the
+  Triton layout with blocks down to 8, so the CPU tests run the padded
+  tables a GPU runs)."""
+  block_q: int
+  block_k: int
+  head_q: int        # q and k head width after zero padding
+  head_v: int        # v head width after zero padding (columns sliced off)
+  table_rows: int    # Shaw's 2k + 1 rows after zero padding
+  lanes: int         # width of the per-head ALiBi / T5 tile
+  stat_lanes: int    # width of the per-row lse / delta columns
+
+
+def round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def pow2(n: int) -> int:
+  """The smallest power of two >= n (n >= 1)."""
+  return 1 << max(0, int(n) - 1).bit_length()
+
+
+def layout(cfg: Config, backend: str, lq: int, lk: int, dq: int,
+           dv: int) -> Layout:
+  rows = 2 * cfg.clip + 1
+  lanes = {'alibi': 1, 't5': cfg.num_buckets}.get(cfg.kind, 1)
+  if backend == 'mosaic_tpu':
+    # Sublanes of 8, lanes of 128; head widths stay whole (a block dim equal
+    # to the array's is allowed), so q, k, v need no padding.
+    return Layout(block_q=min(round_up(cfg.block_q, 8), round_up(lq, 8)),
+                  block_k=round_up(min(cfg.block_k, lk), 128),
+                  head_q=dq, head_v=dv, table_rows=round_up(rows, 128),
+                  lanes=round_up(lanes, 128), stat_lanes=128)
+  smallest = 16 if backend == 'triton' else 8
+  block = lambda b, n: max(smallest, min(pow2(b), pow2(n)))
+  return Layout(block_q=block(cfg.block_q, lq), block_k=block(cfg.block_k, lk),
+                head_q=max(16, pow2(dq)), head_v=max(16, pow2(dv)),
+                table_rows=max(16, pow2(rows)), lanes=pow2(lanes),
+                stat_lanes=1)
+
+
+# --------------------------------------------------------------------------
+# Helpers shared by the kernels.
+# --------------------------------------------------------------------------
+
+def alibi_distance(offset: jax.Array, symmetric: bool) -> jax.Array:
+  """ALiBi's distance (float32) of offsets key - query; the bias is
+  -slope * distance (positions.ALiBi.logits)."""
+  distance = jnp.abs(offset).astype(F32)
+  if not symmetric:
+    distance = distance - 0.5 * (offset < 0)
+  return distance
+
+
+def floor_div(x, d: int, lowest: int):
+  """floor(x / d) for an int32 x >= lowest (static) and d > 0, as a
+  truncating division of x shifted to be non-negative: jnp.floor_divide
+  lowers through `sign`, which Mosaic TPU lowers only on a TPU host."""
+  shift = round_up(max(0, -lowest), d)
+  return jax.lax.div(jnp.asarray(x + shift, jnp.int32), jnp.int32(d)) - shift // d
+
+
+def far_blocks(i, bq: int, bk: int, clip: int, upper):
+  """(left_end, right_start) for query block i: key blocks [0, left_end)
+  hold only offsets (key - query) <= -clip, blocks [right_start, upper)
+  only offsets >= +clip, for every row of the block (padding rows too, so
+  the split is conservative); 0 <= left_end <= right_start <= upper.
+  clip is Shaw's k or T5's max_distance: beyond it every entry of a block
+  uses one table row or bucket per direction. Python ints or traced int32
+  scalars alike."""
+  first_q, last_q = i * bq, i * bq + bq - 1
+  # Block j's largest offset is j bk + bk - 1 - first_q <= -clip
+  #   <=> j <= floor((first_q - clip - bk + 1) / bk).
+  left_end = floor_div(first_q - clip - bk + 1, bk, -clip - bk + 1) + 1
+  # Block j's smallest offset is j bk - last_q >= clip
+  #   <=> j >= ceil((last_q + clip) / bk) = floor((last_q + clip + bk - 1) / bk).
+  right_start = floor_div(last_q + clip + bk - 1, bk, 0)
+  left_end = jnp.clip(left_end, 0, upper)
+  right_start = jnp.clip(right_start, left_end, upper)
+  return left_end, right_start
+
+
+def far_query_blocks(j, bq: int, bk: int, clip: int, lower, upper):
+  """(right_end, left_start) for key block j: query blocks [lower,
+  right_end) see it only at offsets (key - query) >= +clip, blocks
+  [left_start, upper) only at offsets <= -clip (the transpose of
+  far_blocks); lower <= right_end <= left_start <= upper."""
+  first_k, last_k = j * bk, j * bk + bk - 1
+  # Block i's smallest offset is first_k - (i bq + bq - 1) >= clip
+  #   <=> i <= floor((first_k - bq + 1 - clip) / bq).
+  right_end = floor_div(first_k - bq + 1 - clip, bq, 1 - bq - clip) + 1
+  # Block i's largest offset is last_k - i bq <= -clip
+  #   <=> i >= ceil((last_k + clip) / bq).
+  left_start = floor_div(last_k + clip + bq - 1, bq, 0)
+  right_end = jnp.clip(right_end, lower, upper)
+  left_start = jnp.clip(left_start, right_end, upper)
+  return right_end, left_start
+
+
+def column(x: jax.Array, n: int) -> jax.Array:
+  """Column n of a (rows, width) value as (rows, 1). A masked row sum, not
+  x[:, n:n + 1]: Pallas's Triton lowering has no slice of a value."""
+  lane = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
+  return jnp.sum(jnp.where(lane == n, x, 0.0), axis=1, keepdims=True)
+
+
+def dot(a, b, contract=((1,), (0,))):
+  return jax.lax.dot_general(a, b, (contract, ((), ())),
+                             preferred_element_type=F32)
+
+
+def dot_t(a, b):
+  """a b^T."""
+  return dot(a, b, ((1,), (1,)))
+
+
+def tdot(a, b):
+  """a^T b."""
+  return dot(a, b, ((0,), (0,)))
+
+
+def edge(cfg: Config, region: str) -> int:
+  """The table row (Shaw) or bucket (T5) every entry of a far block uses."""
+  if cfg.kind == 'shaw':
+    return 0 if region == 'left' else 2 * cfg.clip
+  half = cfg.num_buckets // 2
+  return half - 1 if region == 'left' else cfg.num_buckets - 1
+
+
+def num_rows(cfg: Config) -> int:
+  return 2 * cfg.clip + 1 if cfg.kind == 'shaw' else cfg.num_buckets
+
+
+def bucket_of(cfg: Config, offset: jax.Array) -> jax.Array:
+  if cfg.kind == 'shaw':
+    return jnp.clip(offset, -cfg.clip, cfg.clip) + cfg.clip
+  return positions.t5_bucket(offset, cfg.num_buckets, cfg.max_distance)
+
+
+def select_columns(bucket, columns, shape) -> jax.Array:
+  """(bq, bk): columns[bucket[i, j]][i] by one select per column (no
+  gather)."""
+  term = jnp.zeros(shape, F32)
+  for r, col in enumerate(columns):
+    term = jnp.where(bucket == r, col, term)
+  return term
+
+
+def fold(cfg: Config, x, bucket, region: str, width: int) -> jax.Array:
+  """(bq, width): x's row sums per table row / bucket (lane r = row r)."""
+  lane = jax.lax.broadcasted_iota(jnp.int32, (x.shape[0], width), 1)
+  if region != 'near':
+    return jnp.where(lane == edge(cfg, region),
+                     jnp.sum(x, axis=1, keepdims=True), 0.0)
+  out = jnp.zeros((x.shape[0], width), F32)
+  for r in range(num_rows(cfg)):
+    mass = jnp.sum(jnp.where(bucket == r, x, 0.0), axis=1, keepdims=True)
+    out = jnp.where(lane == r, mass, out)
+  return out
+
+
+class Refs(NamedTuple):
+  """A kernel's optional inputs, popped in the order pallas_attention
+  passes them."""
+  valid: object = None
+  table: object = None       # ALiBi slopes or T5 biases, (1, lanes)
+  a_k: object = None         # Shaw, (rows, Dq)
+  a_v: object = None         # Shaw, (rows, Dv)
+
+  @classmethod
+  def pop(cls, cfg: Config, rest: list, has_valid: bool) -> 'Refs':
+    return cls(valid=rest.pop(0) if has_valid else None,
+               table=rest.pop(0) if cfg.kind in ('alibi', 't5') else None,
+               a_k=rest.pop(0) if cfg.kind == 'shaw' else None,
+               a_v=rest.pop(0) if cfg.kind == 'shaw' and cfg.shaw_values
+               else None)
+
+
+def head_scalars(cfg: Config, refs: Refs):
+  """ALiBi's slope as (1, 1), or T5's biases as a list of (1, 1): read
+  once per program as reductions of the head's tile."""
+  if cfg.kind == 'alibi':
+    return jnp.max(refs.table[...].astype(F32), axis=1, keepdims=True)
+  if cfg.kind == 't5':
+    row = refs.table[...].astype(F32)
+    return [column(row, n) for n in range(cfg.num_buckets)]
+  return None
+
+
+def logit_term(cfg: Config, region: str, offset, scalars, key_columns):
+  """(term (bq, bk) or (bq|1, 1) or None, bucket (bq, bk) or None) of one
+  block: ALiBi's bias; T5's or Shaw's per-bucket values (Shaw's are the
+  columns of scale * q a^K^T) selected per offset near the diagonal, the
+  edge value beyond."""
+  if cfg.kind == 'alibi':
+    return -scalars * alibi_distance(offset, cfg.symmetric), None
+  if cfg.kind not in ('t5', 'shaw'):
+    return None, None
+  values = scalars if cfg.kind == 't5' else key_columns
+  if region != 'near':
+    return values[edge(cfg, region)], None
+  bucket = bucket_of(cfg, offset)
+  return select_columns(bucket, values, offset.shape), bucket
+
+
+def keep_mask(cfg: Config, q_idx, k_idx, lq: int, lk: int, valid):
+  """Which entries of a block are attended: real keys, causal, padding."""
+  keep = k_idx < lk
+  if cfg.causal:
+    keep = keep & (k_idx <= q_idx + (lk - lq))
+  if valid is not None:
+    keep = keep & (valid != 0)
+  return keep
+
+
+def regions(cfg: Config, split, lower, upper):
+  """[(lo, hi, region)] of a loop: one 'near' range, or left/near/right
+  from a far-block split where the encoding has an edge."""
+  if cfg.kind not in ('shaw', 't5'):
+    return [(lower, upper, 'near')]
+  first, second, names = split
+  return [(lower, first, names[0]), (first, second, 'near'),
+          (second, upper, names[1])]
+
+
+def reach(cfg: Config) -> int:
+  return cfg.clip if cfg.kind == 'shaw' else cfg.max_distance
+
+
+def key_upper(cfg: Config, i, bq: int, bk: int, lq: int, lk: int,
+              num_key_blocks: int):
+  """One past the last key block query block i may see."""
+  if not cfg.causal:
+    return num_key_blocks
+  seen = i * bq + bq + (lk - lq)       # keys up to the block's last row's
+  return jnp.clip(floor_div(seen + bk - 1, bk, lq - lk), 0, num_key_blocks)
+
+
+def over_key_blocks(cfg: Config, body, carry, i, bq: int, bk: int, lq: int,
+                    lk: int, num_key_blocks: int):
+  """Query block i's loop over its key blocks (the forward and dQ kernels):
+  body(j, carry, region) -> carry, run region by region (near and far
+  blocks apart for the bucketed encodings, so far blocks skip the bucket
+  search)."""
+  upper = key_upper(cfg, i, bq, bk, lq, lk, num_key_blocks)
+  split = None
+  if cfg.kind in ('shaw', 't5'):
+    split = (*far_blocks(i, bq, bk, reach(cfg), upper), ('left', 'right'))
+  for lo, hi, region in regions(cfg, split, 0, upper):
+    carry = jax.lax.fori_loop(lo, hi, functools.partial(body, region=region),
+                              carry)
+  return carry
+
+
+def query_lower(cfg: Config, j, bq: int, bk: int, lq: int, lk: int):
+  """The first query block that may see key block j."""
+  if not cfg.causal:
+    return 0
+  first = jnp.maximum(j * bk - (lk - lq), 0)   # the first query seeing it
+  return floor_div(first, bq, 0)
+
+
+def key_columns_of(cfg: Config, q, a_k_ref):
+  """Shaw's per-offset columns of scale * q a^K^T, (bq, 1) each, or None."""
+  if cfg.kind != 'shaw':
+    return None
+  q_dot_a = dot_t(q, a_k_ref[...].astype(q.dtype)) * cfg.scale  # (bq, rows)
+  return [column(q_dot_a, n) for n in range(num_rows(cfg))]
+
+
+def key_block(j, k_ref, v_ref, valid_ref, bq: int, bk: int):
+  """Key block j of a query-major kernel (forward, dQ): its keys, values,
+  (bq, bk) key indices and (1, bk) padding flags (None without a mask)."""
+  start = pl.multiple_of(j * bk, bk)
+  k_idx = start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+  valid = None if valid_ref is None else valid_ref[:, pl.ds(start, bk)]
+  return (k_ref[pl.ds(start, bk), :], v_ref[pl.ds(start, bk), :], k_idx,
+          valid)
+
+
+def block_scores(cfg: Config, region: str, q, k_blk, q_idx, k_idx, scalars,
+                 key_columns, lq: int, lk: int, valid):
+  """(s, keep, bucket) of one (bq, bk) block: scale * q k^T plus the
+  encoding's term, which entries are attended, and each entry's table row
+  or bucket (near blocks of Shaw and T5, else None)."""
+  s = dot_t(q, k_blk) * cfg.scale
+  term, bucket = logit_term(cfg, region, k_idx - q_idx, scalars, key_columns)
+  if term is not None:
+    s = s + term
+  return s, keep_mask(cfg, q_idx, k_idx, lq, lk, valid), bucket
+
+
+# --------------------------------------------------------------------------
+# The kernels.
+# --------------------------------------------------------------------------
+
+def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
+                   num_key_blocks: int, has_valid: bool):
+  q_ref, k_ref, v_ref = refs[:3]
+  rest = list(refs[3:])
+  r = Refs.pop(cfg, rest, has_valid)
+  o_ref, lse_ref = rest
+  bq, bk = lay.block_q, lay.block_k
+  i = pl.program_id(1)
+  q = q_ref[...]                                  # (bq, Dq), input dtype
+  q_idx = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+  scalars = head_scalars(cfg, r)
+  key_columns = key_columns_of(cfg, q, r.a_k)
+  if r.a_v is not None:
+    a_v = r.a_v[...]
+
+  def body(j, carry, region):
+    acc, m, l = carry
+    k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
+    s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
+                                   scalars, key_columns, lq, lk, valid)
+    s = jnp.where(keep, s, -jnp.inf)
+    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    p = jnp.exp(s - m_safe)                     # masked: exp(-inf) = 0
+    alpha = jnp.exp(m - m_safe)                 # m = -inf (nothing yet): 0
+    l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
+    pv = dot(p.astype(v_blk.dtype), v_blk)
+    if r.a_v is not None:
+      # Shaw's value term: the block's weights summed per clipped offset,
+      # (bq, rows), against a^V (rows, Dv).
+      folded = fold(cfg, p, bucket, region, lay.table_rows)
+      pv = pv + dot(folded.astype(v_blk.dtype), a_v.astype(v_blk.dtype))
+    return alpha * acc + pv, m_new, l
+
+  dv = v_ref.shape[-1]
+  carry = (jnp.zeros((bq, dv), F32), jnp.full((bq, 1), -jnp.inf, F32),
+           jnp.zeros((bq, 1), F32))
+  carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks)
+  acc, m, l = carry
+  has_key = l > 0
+  out = jnp.where(has_key, acc / jnp.where(has_key, l, 1.0), 0.0)
+  o_ref[...] = out.astype(o_ref.dtype)
+  # A row with no allowed key gets lse = +inf: its backward weights are 0.
+  lse = jnp.where(has_key, m + jnp.log(jnp.where(has_key, l, 1.0)), jnp.inf)
+  lse_ref[...] = jnp.broadcast_to(lse, lse_ref.shape)
+
+
+def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
+              num_key_blocks: int, has_valid: bool):
+  q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = refs[:6]
+  rest = list(refs[6:])
+  r = Refs.pop(cfg, rest, has_valid)
+  dq_ref = rest.pop(0)
+  table_grad_refs = rest                # T5: (1, lanes); Shaw: a^K, a^V
+  bq, bk = lay.block_q, lay.block_k
+  i = pl.program_id(1)
+  q, do = q_ref[...], do_ref[...]
+  lse = jnp.max(lse_ref[...], axis=1, keepdims=True)       # (bq, 1)
+  delta = jnp.max(delta_ref[...], axis=1, keepdims=True)
+  q_idx = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+  scalars = head_scalars(cfg, r)
+  key_columns, value_columns = key_columns_of(cfg, q, r.a_k), None
+  if r.a_v is not None:
+    do_dot_a = dot_t(do, r.a_v[...].astype(do.dtype))       # (bq, rows)
+    value_columns = [column(do_dot_a, n) for n in range(num_rows(cfg))]
+  width = {'t5': lay.lanes, 'shaw': lay.table_rows}.get(cfg.kind, 1)
+
+  def body(j, carry, region):
+    acc, fold_ds, fold_p = carry
+    k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
+    s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
+                                   scalars, key_columns, lq, lk, valid)
+    p = jnp.where(keep, jnp.exp(s - lse), 0.0)
+    dp = dot_t(do, v_blk)
+    if value_columns is not None:
+      dp = dp + (value_columns[edge(cfg, region)] if region != 'near'
+                 else select_columns(bucket, value_columns, dp.shape))
+    ds = p * (dp - delta)
+    acc = acc + dot(ds.astype(k_blk.dtype), k_blk)
+    if cfg.kind in ('t5', 'shaw'):
+      fold_ds = fold_ds + fold(cfg, ds, bucket, region, width)
+    if value_columns is not None:
+      fold_p = fold_p + fold(cfg, p, bucket, region, width)
+    return acc, fold_ds, fold_p
+
+  carry = (jnp.zeros((bq, q_ref.shape[-1]), F32), jnp.zeros((bq, width), F32),
+           jnp.zeros((bq, width), F32))
+  carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks)
+  acc, fold_ds, fold_p = carry
+  if cfg.kind == 'shaw':
+    # s = scale q (k + a^K[bucket]): dq = scale (ds k + fold(ds) a^K), and
+    # this program's share of d a^K = scale fold(ds)^T q, d a^V = fold(p)^T dO.
+    a_k = r.a_k[...]
+    acc = acc + dot(fold_ds.astype(a_k.dtype), a_k)
+    table_grad_refs[0][...] = cfg.scale * tdot(fold_ds, q.astype(F32))
+    if r.a_v is not None:
+      table_grad_refs[1][...] = tdot(fold_p, do.astype(F32))
+  elif cfg.kind == 't5':
+    table_grad_refs[0][...] = jnp.sum(fold_ds, axis=0, keepdims=True)
+  dq_ref[...] = (cfg.scale * acc).astype(dq_ref.dtype)
+
+
+def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
+                num_query_blocks: int, has_valid: bool):
+  q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = refs[:6]
+  rest = list(refs[6:])
+  r = Refs.pop(cfg, rest, has_valid)
+  dk_ref, dv_ref = rest
+  bq, bk = lay.block_q, lay.block_k
+  j = pl.program_id(1)
+  k_blk, v_blk = k_ref[...], v_ref[...]                     # (bk, D)
+  k_idx = j * bk + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+  valid = None if r.valid is None else r.valid[...]          # (1, bk)
+  scalars = head_scalars(cfg, r)
+  rows = num_rows(cfg) if cfg.kind in ('shaw', 't5') else 0
+  if cfg.kind == 'shaw':
+    a_k = r.a_k[...]
+  if r.a_v is not None:
+    a_v = r.a_v[...]
+
+  def body(i, carry, region):
+    dk, dv = carry
+    start = pl.multiple_of(i * bq, bq)
+    q = q_ref[pl.ds(start, bq), :]
+    do = do_ref[pl.ds(start, bq), :]
+    lse = jnp.max(lse_ref[pl.ds(start, bq), :], axis=1, keepdims=True)
+    delta = jnp.max(delta_ref[pl.ds(start, bq), :], axis=1, keepdims=True)
+    q_idx = start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+    key_columns = value_columns = None
+    if cfg.kind == 'shaw':
+      # This query block's columns of scale q a^K^T (and dO a^V^T): all of
+      # them near the diagonal, the edge one beyond.
+      wanted = range(rows) if region == 'near' else [edge(cfg, region)]
+      q_dot_a = dot_t(q, a_k.astype(q.dtype)) * cfg.scale
+      key_columns = {n: column(q_dot_a, n) for n in wanted}
+      if r.a_v is not None:
+        do_dot_a = dot_t(do, a_v.astype(do.dtype))
+        value_columns = {n: column(do_dot_a, n) for n in wanted}
+      if region == 'near':
+        key_columns = [key_columns[n] for n in range(rows)]
+        value_columns = (None if value_columns is None
+                         else [value_columns[n] for n in range(rows)])
+    s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
+                                   scalars, key_columns, lq, lk, valid)
+    p = jnp.where(keep, jnp.exp(s - lse), 0.0)
+    dv = dv + tdot(p.astype(do.dtype), do)
+    dp = dot_t(do, v_blk)
+    if value_columns is not None:
+      dp = dp + (value_columns[edge(cfg, region)] if region != 'near'
+                 else select_columns(bucket, value_columns, dp.shape))
+    ds = p * (dp - delta)
+    dk = dk + tdot(ds.astype(q.dtype), q)
+    return dk, dv
+
+  carry = (jnp.zeros((bk, k_ref.shape[-1]), F32),
+           jnp.zeros((bk, v_ref.shape[-1]), F32))
+  lower = query_lower(cfg, j, bq, bk, lq, lk)
+  split = None
+  if cfg.kind in ('shaw', 't5'):
+    split = (*far_query_blocks(j, bq, bk, reach(cfg), lower,
+                               num_query_blocks), ('right', 'left'))
+  for lo, hi, region in regions(cfg, split, lower, num_query_blocks):
+    carry = jax.lax.fori_loop(lo, hi, functools.partial(body, region=region),
+                              carry)
+  dk, dv = carry
+  dk_ref[...] = (cfg.scale * dk).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)

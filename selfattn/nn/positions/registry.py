@@ -1,0 +1,136 @@
+"""Every encoding by name: how it is built and which options it takes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax.numpy as jnp
+from flax import nnx
+
+from selfattn.nn.positions.absolute import LearnedEncoding
+from selfattn.nn.positions.absolute import NoEncoding
+from selfattn.nn.positions.absolute import SinusoidalEncoding
+from selfattn.nn.positions.alibi import ALiBi
+from selfattn.nn.positions.huang import HuangRelative
+from selfattn.nn.positions.rotary import PolarEncoding
+from selfattn.nn.positions.rotary import RotaryEncoding
+from selfattn.nn.positions.shaw import ShawRelative
+from selfattn.nn.positions.t5 import T5RelativeBias
+from selfattn.nn.positions.xl import TransformerXLRelative
+
+
+@dataclasses.dataclass(frozen=True)
+class PositionKind:
+  """How one encoding is built: absolute (added once) or relative (per layer)."""
+  name: str
+  relative: bool
+  options: dict[str, Any]   # option name -> default
+  build: Callable[..., nnx.Module]
+
+
+POSITIONS: dict[str, PositionKind] = {
+    kind.name: kind for kind in [
+        PositionKind(
+            'none', False, {},
+            lambda *, num_hiddens, dropout, max_len, param_dtype, rngs:
+            NoEncoding(num_hiddens, dropout, rngs=rngs)),
+        PositionKind(
+            'sinusoidal', False, {},
+            lambda *, num_hiddens, dropout, max_len, param_dtype, rngs:
+            SinusoidalEncoding(num_hiddens, dropout, max_len, rngs=rngs)),
+        PositionKind(
+            'learned', False, {'init': 'normal'},
+            lambda *, num_hiddens, dropout, max_len, param_dtype, rngs, **o:
+            LearnedEncoding(num_hiddens, dropout, max_len,
+                            param_dtype=param_dtype, rngs=rngs, **o)),
+        PositionKind(
+            'shaw', True,
+            {'clip_distance': 16, 'relative_values': True,
+             'shared_heads': True},
+            lambda *, num_heads, head_dim, max_len, param_dtype, rngs, **o:
+            ShawRelative(num_heads, head_dim, param_dtype=param_dtype,
+                         rngs=rngs, **o)),
+        PositionKind(
+            'huang', True, {'shared_heads': False},
+            lambda *, num_heads, head_dim, max_len, param_dtype, rngs, **o:
+            HuangRelative(num_heads, head_dim, max_len=max_len,
+                          param_dtype=param_dtype, rngs=rngs, **o)),
+        PositionKind(
+            'rope', True, {'rope_base': 10000.0},
+            lambda *, num_heads, head_dim, max_len, param_dtype, rngs, **o:
+            RotaryEncoding(head_dim, **o)),
+        PositionKind(
+            'pope', True, {'rope_base': 10000.0, 'pope_delta_init': 'zero'},
+            lambda *, num_heads, head_dim, max_len, param_dtype, rngs,
+            rope_base, pope_delta_init:
+            PolarEncoding(num_heads, head_dim, rope_base=rope_base,
+                          delta_init=pope_delta_init,
+                          param_dtype=param_dtype, rngs=rngs)),
+        PositionKind(
+            'alibi', True, {'alibi_symmetric': False},
+            lambda *, num_heads, head_dim, max_len, param_dtype, rngs,
+            alibi_symmetric:
+            ALiBi(num_heads, symmetric=alibi_symmetric)),
+        PositionKind(
+            'xl', True, {},
+            lambda *, num_heads, head_dim, max_len, param_dtype, rngs:
+            TransformerXLRelative(num_heads, head_dim, max_len=max_len,
+                                  param_dtype=param_dtype, rngs=rngs)),
+        PositionKind(
+            't5', True, {'num_buckets': 32, 'max_distance': 128},
+            lambda *, num_heads, head_dim, max_len, param_dtype, rngs, **o:
+            T5RelativeBias(num_heads, param_dtype=param_dtype, rngs=rngs,
+                           **o)),
+    ]
+}
+POSITION_NAMES: tuple[str, ...] = tuple(POSITIONS)
+RELATIVE_NAMES: tuple[str, ...] = tuple(n for n, k in POSITIONS.items()
+                                        if k.relative)
+
+
+def option_types() -> dict[str, type]:
+  """Every encoding option and its type, from the registry above: the one
+  list that configs/default.py (placeholders) and config validation read."""
+  types: dict[str, type] = {}
+  for kind in POSITIONS.values():
+    for name, default in kind.options.items():
+      types.setdefault(name, type(default))
+  return types
+
+
+def build_abstract(name: str, options: dict[str, Any], *, num_hiddens: int,
+                   num_heads: int, max_len: int) -> None:
+  """Builds the encoding without allocating anything (nnx.eval_shape), so
+  its constructor's checks of its options run: the one place options are
+  validated. Raises the constructor's ValueError."""
+  kind, options = get_position(name, options)
+  shared = dict(max_len=max_len, param_dtype=jnp.float32)
+  if kind.relative:
+    build = lambda: kind.build(num_heads=num_heads,
+                               head_dim=num_hiddens // num_heads,
+                               rngs=nnx.Rngs(0), **shared, **options)
+  else:
+    build = lambda: kind.build(num_hiddens=num_hiddens, dropout=0.0,
+                               rngs=nnx.Rngs(0), **shared, **options)
+  nnx.eval_shape(build)
+
+
+def get_position(name: str, options: dict[str, Any] | None = None
+                 ) -> tuple[PositionKind, dict[str, Any]]:
+  """Looks up an encoding by name and checks its options.
+
+  Returns the kind and its options with defaults filled in. Raises ValueError
+  naming the valid encodings, or the valid options of this encoding.
+  """
+  if name not in POSITIONS:
+    raise ValueError(f'unknown position encoding {name!r}; valid: '
+                     f'{", ".join(POSITIONS)}')
+  kind = POSITIONS[name]
+  options = dict(options or {})
+  unknown = sorted(set(options) - set(kind.options))
+  if unknown:
+    valid = ', '.join(kind.options) or 'none'
+    raise ValueError(f'position encoding {name!r} takes no option(s) '
+                     f'{", ".join(unknown)}; its options: {valid}')
+  return kind, {**kind.options, **options}

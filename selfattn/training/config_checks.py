@@ -1,0 +1,263 @@
+"""Config validation: every error names the field and, where there is a list,
+the valid choices. Runs before anything is compiled or written."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from selfattn.tasks.music import jsb
+from selfattn.nn import positions
+from selfattn import tasks
+from selfattn.training.free_running import IMPLEMENTATIONS as FREE_RUNNING
+# Re-exported: their home is beside build_model, which reads them.
+from selfattn.training.build import position_options  # noqa: F401
+from selfattn.training.build import task_from_config
+from selfattn.errors import ConfigError
+from selfattn.training.steps import SCHEDULES
+
+DTYPES = ('float32', 'bfloat16')
+
+
+def _positive(config, *fields):
+  for field in fields:
+    section, name = field.split('.')
+    value = config[section][name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ConfigError(f'config.{field} must be a positive integer; '
+                        f'got {value!r}')
+
+
+def _model_problem(model: ml_collections.ConfigDict, message: str) -> str:
+  """A constructor's message as a config error: constructors start theirs
+  with the argument's name (`norm='x'; valid: ...`), which is the field's
+  name under config.model."""
+  name = message.split('=', 1)[0]
+  if '=' in message and name.isidentifier() and name in model:
+    return f'config.model.{message}'
+  return f'config.model: the model cannot be built: {message}'
+
+
+def _check_translation(config: ml_collections.ConfigDict) -> None:
+  """What the encoder_decoder layout cannot do."""
+  m = config.model
+  for field, value, why in (
+      ('model.randomize_positions', m.randomize_positions,
+       'randomized positions are not implemented for translation'),
+      ('task.per_batch_length', config.task.per_batch_length,
+       'translation batches are length-bucketed already'),
+      ('model.scan_layers', m.scan_layers,
+       'the cross-attention picture needs per-layer modules')):
+    if value:
+      raise ConfigError(f'config.{field}=True: {why}; unset it')
+  if m.meter_period:
+    raise ConfigError('config.model.meter_period is the music task\'s '
+                      '(a step phase); set it to 0 for translation')
+
+
+def validate_config(config: ml_collections.ConfigDict,
+                    num_devices: int | None = None) -> None:
+  """Raises ConfigError for the first problem found in `config`, also for a
+  field the config lacks (a hand-made config, or one from an older
+  version: configs/default.py has every field)."""
+  try:
+    _validate(config, num_devices)
+  except (AttributeError, KeyError) as e:
+    # ml_collections' message: "'name'" then a did-you-mean line that
+    # suggests an existing field; the missing name is what matters.
+    missing = str(e.args[0] if e.args else e).split('\n')[0].strip('"\' ')
+    raise ConfigError(f'the config lacks the field {missing!r} that the run '
+                      f'needs; start from configs/default.py, which has '
+                      f'every field') from None
+
+
+def _validate(config: ml_collections.ConfigDict,
+              num_devices: int | None = None) -> None:
+  # The seed enters the compiled steps as an int32 (steps.batch_generator).
+  seed = config.seed
+  if not isinstance(seed, int) or isinstance(seed, bool) or not (
+      0 <= seed < 2 ** 31):
+    raise ConfigError(f'config.seed must be an integer in [0, 2**31); got '
+                      f'{seed!r}')
+  # Task.
+  if config.task.name not in tasks.TASK_NAMES:
+    raise ConfigError(f'config.task.name={config.task.name!r} is unknown; '
+                      f'valid: {", ".join(tasks.TASK_NAMES)}')
+  if config.task.layout not in tasks.LAYOUTS:
+    raise ConfigError(f'config.task.layout={config.task.layout!r} is unknown; '
+                      f'valid: {", ".join(tasks.LAYOUTS)}')
+  if config.task.vocab_size is not None:
+    _positive(config, 'task.vocab_size')
+  _positive(config, 'task.min_len', 'task.max_len')
+  try:
+    task = task_from_config(config)
+  except (ValueError, jsb.DataError) as e:    # a task's data may be missing
+    raise ConfigError(str(e)) from None
+  if config.task.min_len < task.min_length:
+    raise ConfigError(f'config.task.min_len must be >= {task.min_length} for '
+                      f'task {task.name!r}; got {config.task.min_len}')
+  if config.task.max_len < config.task.min_len:
+    raise ConfigError(f'config.task.max_len={config.task.max_len} is below '
+                      f'config.task.min_len={config.task.min_len}')
+  shift, window = config.task.shift, config.task.window
+  if task.name == 'shift' and not 1 <= shift < config.task.max_len:
+    raise ConfigError(f'config.task.shift={shift} must be between 1 and '
+                      f'config.task.max_len - 1 = {config.task.max_len - 1} '
+                      f'(positions before the shift count for nothing)')
+  if task.name == 'window_sum' and window < 0:
+    raise ConfigError(f'config.task.window must be >= 0; got {window}')
+  max_shift = config.task.max_shift
+  if task.name == 'jsb_chorales' and not 0 <= config.task.transpose <= 12:
+    raise ConfigError(f'config.task.transpose must be between 0 and 12 '
+                      f'semitones; got {config.task.transpose}')
+  if not 1 <= config.task.crop_align <= 64:
+    raise ConfigError(f'config.task.crop_align must be between 1 and 64 time '
+                      f'steps (16: a 4/4 bar of sixteenths); got '
+                      f'{config.task.crop_align}')
+  if task.name == 'indirect_indexing' and not 1 <= max_shift <= 99:
+    raise ConfigError(f'config.task.max_shift must be between 1 and 99 (one '
+                      f'or two digit tokens); got {max_shift}')
+
+  # Model.
+  m = config.model
+  if m.position not in positions.POSITIONS:
+    raise ConfigError(f'config.model.position={m.position!r} is unknown; '
+                      f'valid: {", ".join(positions.POSITIONS)}')
+  options = position_options(m)
+  valid_options = positions.POSITIONS[m.position].options
+  for name in options:
+    if name not in valid_options:
+      users = [n for n, k in positions.POSITIONS.items() if name in k.options]
+      raise ConfigError(
+          f'config.model.{name} is an option of {", ".join(users)}, not of '
+          f'position={m.position!r} (its options: '
+          f'{", ".join(valid_options) or "none"}); unset it')
+  _positive(config, 'model.num_layers', 'model.num_hiddens', 'model.num_heads',
+            'model.ffn_num_hiddens', 'model.max_len')
+  # num_hiddens % num_heads, norm and attention_impl are checked once, by
+  # the constructors, when the model is built abstractly below.
+  if m.dtype not in DTYPES:
+    raise ConfigError(f'config.model.dtype={m.dtype!r} is unknown; valid: '
+                      f'{", ".join(DTYPES)}')
+  if not 0.0 <= m.dropout < 1.0:
+    raise ConfigError(f'config.model.dropout must be in [0, 1); got {m.dropout}')
+  if m.meter_period < 0 or m.meter_step_tokens < 1:
+    raise ConfigError(f'config.model.meter_period must be >= 0 (0: no meter) '
+                      f'and config.model.meter_step_tokens >= 1; got '
+                      f'{m.meter_period} and {m.meter_step_tokens}')
+  # The encoding's constructor checks its own options (messages start with
+  # the option's name); building it abstractly allocates nothing.
+  try:
+    positions.build_abstract(m.position, options, num_hiddens=m.num_hiddens,
+                             num_heads=m.num_heads, max_len=m.max_len)
+  except (ValueError, TypeError) as e:
+    raise ConfigError(f'config.model.{e}') from None
+
+  # Training and evaluation.
+  _positive(config, 'train.num_steps', 'train.batch_size', 'train.log_every',
+            'train.checkpoint_every', 'train.keep_checkpoints', 'eval.every',
+            'eval.num_examples')
+  if not config.train.learning_rate > 0:
+    raise ConfigError(f'config.train.learning_rate must be > 0; got '
+                      f'{config.train.learning_rate}')
+  if config.eval.free_running not in FREE_RUNNING:
+    raise ConfigError(f'config.eval.free_running={config.eval.free_running!r} '
+                      f'is unknown; valid: {", ".join(FREE_RUNNING)}')
+  if config.train.schedule not in SCHEDULES:
+    raise ConfigError(f'config.train.schedule={config.train.schedule!r} is '
+                      f'unknown; valid: {", ".join(SCHEDULES)}')
+  if not config.train.grad_clip > 0:
+    raise ConfigError(f'config.train.grad_clip must be > 0 (the global-norm '
+                      f'bound); got {config.train.grad_clip}')
+  if not 0.0 <= config.train.final_lr_fraction <= 1.0:
+    raise ConfigError(f'config.train.final_lr_fraction must be in [0, 1]; got '
+                      f'{config.train.final_lr_fraction}')
+  if not 0.0 < config.train.b2 < 1.0:
+    raise ConfigError(f'config.train.b2 must be in (0, 1); got '
+                      f'{config.train.b2}')
+  batch_tokens = config.train.batch_tokens
+  if not isinstance(batch_tokens, int) or isinstance(batch_tokens, bool) or (
+      batch_tokens < 0):
+    raise ConfigError(f'config.train.batch_tokens must be an integer >= 0 '
+                      f'(0: batch_size x the longest bucket); got '
+                      f'{batch_tokens!r}')
+  if not 0.0 <= config.train.label_smoothing < 1.0:
+    raise ConfigError(f'config.train.label_smoothing must be in [0, 1); got '
+                      f'{config.train.label_smoothing}')
+  for field in ('task.per_batch_length', 'model.residual', 'model.remat',
+                'model.scan_layers', 'model.randomize_positions',
+                'model.tie_embeddings'):
+    section, name = field.split('.')
+    if not isinstance(config[section][name], bool):
+      raise ConfigError(f'config.{field} must be True or False; got '
+                        f'{config[section][name]!r}')
+  if not isinstance(config.train.init_from, str):
+    raise ConfigError(f'config.train.init_from must be a workdir path or \'\'; '
+                      f'got {config.train.init_from!r}')
+  if config.train.warmup_steps < 0:
+    raise ConfigError('config.train.warmup_steps must be >= 0')
+  lengths = list(config.eval.lengths)
+  if not lengths or any(not isinstance(n, int) or isinstance(n, bool)
+                        or n < task.min_length for n in lengths):
+    raise ConfigError(f'config.eval.lengths must be a non-empty list of '
+                      f'integers >= {task.min_length}; got {lengths}')
+  if task.spec.max_length is not None:
+    allowed = task.spec.max_length(task.vocab_size)
+    if max(lengths + [config.task.max_len]) > allowed:
+      raise ConfigError(
+          f'task {task.name!r} with task.vocab_size={task.vocab_size} allows '
+          f'lengths up to {allowed}; config.task.max_len='
+          f'{config.task.max_len} and config.eval.lengths={lengths} go '
+          f'beyond: shorten them or raise task.vocab_size')
+  longest = task.seq_len(max(lengths + [config.task.max_len]))
+  if task.layout == 'encoder_decoder':
+    _check_translation(config)
+  elif m.tie_embeddings:
+    raise ConfigError('config.model.tie_embeddings=True is for the '
+                      'encoder_decoder layout (translation), which has a '
+                      'token table to tie; unset it')
+  if m.randomize_positions:
+    random_len = m.max_random_len
+    if m.position == 'none':
+      raise ConfigError("config.model.randomize_positions=True has no effect "
+                        "with config.model.position='none'; unset it")
+    if not isinstance(random_len, int) or random_len < longest:
+      raise ConfigError(
+          f'config.model.max_random_len={random_len!r} must be an integer >= '
+          f'{longest}, the longest sequence (task length '
+          f'{max(lengths + [config.task.max_len])} under layout '
+          f'{task.layout!r}): positions are a subset of [0, max_random_len)')
+    if m.position in ('learned', 'huang', 'xl') and m.max_len < random_len:
+      raise ConfigError(
+          f'config.model.max_len={m.max_len} is below config.model.'
+          f'max_random_len={random_len}: the {m.position} table needs a row '
+          f'for every position a randomized encoding can draw')
+  elif m.position == 'learned' and longest > m.max_len:
+    raise ConfigError(
+        f'config.eval.lengths reach sequence length {longest}, above the '
+        f'learned encoding\'s config.model.max_len={m.max_len}: raise '
+        f'max_len or drop the longer lengths')
+
+  # Last, the whole model built abstractly (nnx.eval_shape: no memory, no
+  # compilation): whatever its constructors check and the checks above do
+  # not name fails here, before any work, instead of at the first step.
+  from flax import nnx
+  from selfattn.training.build import build_model
+  try:
+    nnx.eval_shape(lambda: build_model(config, task, nnx.Rngs(0)))
+  except (ValueError, TypeError) as e:
+    raise ConfigError(_model_problem(m, " ".join(str(e).split()))) from None
+
+  # Devices.
+  if num_devices is not None:
+    data = config.mesh.data
+    if data == -1:
+      data = num_devices
+    if not isinstance(data, int) or data < 1 or data > num_devices:
+      raise ConfigError(f'config.mesh.data={config.mesh.data} must be -1 (all) '
+                        f'or between 1 and the {num_devices} devices')
+    for field in ('train.batch_size', 'eval.num_examples'):
+      section, name = field.split('.')
+      if config[section][name] % data:
+        raise ConfigError(f'config.{field}={config[section][name]} is not '
+                          f'divisible by the {data} data-parallel devices '
+                          f'(config.mesh.data)')

@@ -1,0 +1,140 @@
+"""What a run reports: its results table, the generalization score, a note
+on table reach, and the attention maps and position table drawn for
+TensorBoard (AttentionProbe, through selfattn.attention_weights)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from selfattn.training import steps
+from selfattn import tasks as tasks_lib
+from selfattn.nn.encoder import attention_weights
+from selfattn.training.steps import Trainer
+
+
+def table_reach_note(config: ml_collections.ConfigDict,
+                     task: tasks_lib.Task) -> str | None:
+  """huang keeps one learned row per offset within +-(max_len - 1); longer
+  evaluations reuse the edge rows (as shaw's clipping does by design). Say
+  so, instead of silently (learned, which cannot, is rejected in validation).
+  xl needs no note: without randomized positions its offsets are unbounded on
+  every attention path, and with them validation asks max_len to cover
+  every position drawn."""
+  position = config.model.position
+  longest = task.seq_len(max(list(config.eval.lengths) + [config.task.max_len]))
+  if position == 'huang' and longest > config.model.max_len:
+    return (f'{position}: evaluation reaches sequence length {longest} > '
+            f'config.model.max_len={config.model.max_len}; offsets beyond '
+            f'+-{config.model.max_len - 1} share the edge rows of the table')
+  return None
+
+
+def generalization_score(results: dict[int, dict[str, float]],
+                         max_train_len: int) -> float | None:
+  """The reference's score: token accuracy averaged over every evaluated
+  length above the training range (None if there is none)."""
+  longer = [m['token_accuracy'] for n, m in results.items()
+            if int(n) > max_train_len]
+  return sum(longer) / len(longer) if longer else None
+
+
+def results_table(summary: dict[str, Any]) -> str:
+  """Markdown table of the evaluation per length; marks trained lengths."""
+  lo, hi = summary['train_lengths']
+  # The autoregressive layout's accuracies are teacher-forced; its
+  # free-running ones (own outputs fed back) get their own columns.
+  bleu_header = bleu_rule = ''
+  if any('bleu' in m for m in summary['eval'].values()):
+    bleu_header, bleu_rule = ' BLEU | chrF | sentences |', '---:|---:|---:|'
+  free_header = free_rule = ''
+  if any('free_running_token_accuracy' in m for m in summary['eval'].values()):
+    free_header = ' free-running token acc | free-running sequence acc |'
+    free_rule = '---:|---:|'
+  lines = [f'{summary["position"]} on {summary["task"]} after step '
+           f'{summary["step"]} (chance {summary["chance"]:.3f}, trained on '
+           f'lengths {lo}-{hi})', '',
+           '| length | in training range | token acc | sequence acc | loss |'
+           + free_header + bleu_header,
+           '|---:|:---:|---:|---:|---:|' + free_rule + bleu_rule]
+  for length, m in summary['eval'].items():
+    inside = 'yes' if lo <= int(length) <= hi else 'no'
+    free = (f' {m["free_running_token_accuracy"]:.4f} | '
+            f'{m["free_running_sequence_accuracy"]:.4f} |'
+            if free_header else '')
+    if bleu_header:
+      free += (f' {m["bleu"]:.2f} | {m["chrf"]:.2f} | '
+               f'{int(m["sentences"])} |')
+    lines.append(f'| {length} | {inside} | {m["token_accuracy"]:.4f} | '
+                 f'{m["sequence_accuracy"]:.4f} | {m["loss"]:.4f} |' + free)
+  if summary.get('score') is not None:
+    lines += ['', f'score (token accuracy averaged over the evaluated '
+              f'lengths above {hi}): {summary["score"]:.4f}']
+  return '\n'.join(lines)
+
+
+def short(results: dict[int, dict[str, float]]) -> str:
+  return ', '.join(f'len {n}: {m["token_accuracy"]:.3f}' for n, m in results.items())
+
+
+
+class AttentionProbe:
+  """Attention maps on one fixed evaluation example, and the position table,
+  for TensorBoard images."""
+
+  def __init__(self, trainer: Trainer):
+    config = trainer.config
+    self._trainer = trainer
+    length = min(config.task.max_len, 32)
+    # Host constants, identical on every process. A randomized run is drawn
+    # at the positions it evaluates with, not at 0..T-1.
+    seq2seq = trainer.task.layout == 'encoder_decoder'
+    if seq2seq:
+      # Translation: the encoder's self-attention on validation sentence 0
+      # (the cross-attention is TranslationTrainer.cross_attention's).
+      source = trainer.corpus.eval_set('val').source_ids[0]
+      batch = tasks_lib.Batch(inputs=np.asarray([source], np.int32),
+                              targets=None, weights=None,
+                              valid_lens=np.asarray([len(source)], np.int32))
+    else:
+      batch = jax.device_get(tasks_lib.make_eval_batch(
+          trainer.task, config.seed, length, jnp.arange(1),
+          max_random_len=steps.max_random_len(config)))
+
+    @jax.jit
+    def attention(params):
+      model = trainer.model(params)
+      if model.stack.scan_layers:
+        return []        # nnx.scan's stacked block has no per-layer capture
+      _, weights = attention_weights(model.stack if seq2seq else model,
+                                     batch.inputs, batch.valid_lens,
+                                     positions=batch.positions)
+      return [w[0] for w in weights]
+
+    self._attention = attention
+
+  def attention(self, params) -> list[np.ndarray]:
+    """Per layer, (H, T, T) weights for the fixed example."""
+    return [np.asarray(w) for w in jax.device_get(self._attention(params))]
+
+  def position_table(self, params) -> tuple[np.ndarray | None, bool]:
+    """The encoding's own 2-D picture (absolute encodings', or layer 0's
+    relative module's `picture()`), and whether it can change in training."""
+    enc = self._trainer.model(params).stack
+    if enc.scan_layers:
+      # The stacked block's relative tables carry a layer axis: draw the
+      # absolute table only.
+      picture = enc.pos_encoding.picture()
+      return (None if picture is None else np.asarray(picture),
+              enc.pos_encoding.trainable)
+    block = enc.blks[0]
+    attention = getattr(block, 'attention', None) or block.self_attention
+    rel = attention.relative
+    encoding = rel if rel is not None else enc.pos_encoding
+    picture = encoding.picture()
+    return (None if picture is None else np.asarray(picture),
+            encoding.trainable)

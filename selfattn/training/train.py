@@ -1,0 +1,459 @@
+"""train_and_evaluate(config, workdir): the one training loop and its I/O.
+
+Data flows one way: config -> task batches -> model -> loss/metrics -> writer
+and checkpoints. The compiled pieces (step, batches, evaluation) live in
+steps.py; this file drives them, checkpoints, logs and summarises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+
+from selfattn.training import checkpoints
+from selfattn.training import figures
+from selfattn.training import report
+from selfattn.training import software
+from selfattn.training import summaries
+from selfattn import tasks as tasks_lib
+from selfattn.training import workdir as workdir_lib
+from selfattn.training.config_checks import validate_config
+from selfattn.errors import CheckpointError
+from selfattn.errors import ConfigError
+from selfattn.errors import NonFiniteError
+from selfattn.errors import TrainingInterrupted
+from selfattn.training.steps import Trainer
+from selfattn.training.trainers import make_trainer
+from selfattn.training.timing import StepTimer
+from selfattn.training.timing import duration
+from selfattn.training.translation_steps import translation_summaries
+
+
+
+# --------------------------------------------------------------------------
+# The run.
+# --------------------------------------------------------------------------
+
+class _StopRequests:
+  """Turns SIGINT/SIGTERM into a request the loop honours at the end of the
+  current step (save, flush, stop), instead of a traceback mid-step.
+  Preemption on cloud accelerators arrives as SIGTERM. Installed only in the
+  main thread of a single-process run: in a multi-process run every process
+  would have to stop at the same step."""
+
+  def __init__(self):
+    self.signum: int | None = None
+    self._previous: dict[int, Any] = {}
+
+  def __enter__(self) -> '_StopRequests':
+    if (threading.current_thread() is threading.main_thread()
+        and jax.process_count() == 1):
+      for signum in (signal.SIGINT, signal.SIGTERM):
+        self._previous[signum] = signal.signal(signum, self._request)
+    return self
+
+  def _request(self, signum, frame) -> None:
+    del frame
+    self.signum = signum
+
+  def __exit__(self, *exc) -> None:
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
+                       ) -> dict[str, Any]:
+  """Trains, evaluates at every config.eval.lengths, checkpoints, logs.
+
+  Resumes from the latest checkpoint in `workdir` (skipping checkpoints that
+  do not restore). Returns the summary that is also written to
+  `workdir/summary.json`. SIGINT/SIGTERM stop the run after the current step
+  with a checkpoint (TrainingInterrupted); a second live process on the same
+  workdir is refused (ConfigError).
+  """
+  # ---- Validation: before anything is compiled or written. ----
+  validate_config(config, num_devices=jax.device_count())
+  is_main = jax.process_index() == 0
+  with workdir_lib.workdir_lock(workdir, enabled=is_main), \
+      _StopRequests() as stop:
+    return _run(config, workdir, is_main, stop)
+
+
+def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
+         stop: _StopRequests) -> dict[str, Any]:
+  """train_and_evaluate inside the workdir lock, with stop requests on."""
+  finished = _prepare_workdir(config, workdir, is_main)
+  if finished is not None:
+    return finished
+  trainer = make_trainer(config)
+  start = _starting_point(config, trainer, workdir)
+  events = _EventLog(config, trainer, workdir, is_main, start.step)
+  loop = _TrainingLoop(config, trainer, workdir, is_main, stop, start, events)
+  loop.run()
+  checkpoints.wait(start.mngr)
+  results = loop.results
+  if results is None:   # nothing left to train: evaluate the restored state
+    results = trainer.evaluate(loop.state['params'])
+  summary = _summary(config, trainer.task, loop, results)
+  _publish_summary(summary, workdir, is_main, events.writer)
+  events.writer.close()
+  start.mngr.close()
+  return summary
+
+
+# Evaluation results: {length: {metric: value}}.
+_Results = dict[int, dict[str, float]]
+
+
+def _prepare_workdir(config: ml_collections.ConfigDict, workdir: str,
+                     is_main: bool) -> dict[str, Any] | None:
+  """Refuses a config that differs from the one the workdir was started
+  with, and an unusable init_from for a run that starts now (a resumed or
+  finished run no longer reads its source, which may be gone). Returns the
+  summary of a run that already finished; otherwise stores config.json and
+  returns None."""
+  workdir_lib.check_or_store_config(workdir, config, write=False)
+  finished = workdir_lib.finished_summary(workdir, config.train.num_steps)
+  if finished is not None:
+    # Rerunning a finished run changes nothing (no retraining, no new events,
+    # and its config.json stays the one its summary came from).
+    print(f'{workdir} already finished at step {finished["step"]}; its '
+          f'summary is {os.path.join(workdir, workdir_lib.SUMMARY_FILE)}')
+    return finished
+  if not workdir_lib.has_checkpoints(workdir):
+    problem = workdir_lib.init_from_problem(config)
+    if problem:
+      raise ConfigError(problem)
+  workdir_lib.check_or_store_config(workdir, config, write=is_main)
+  return None
+
+
+@dataclasses.dataclass
+class _Start:
+  """Where the loop begins: the workdir's checkpoint manager and the state
+  at `step` (restored from the latest checkpoint, or fresh at 0)."""
+  mngr: ocp.CheckpointManager
+  state: dict[str, Any]
+  step: int
+  # The newest checkpoint of this workdir known to be good: restored and
+  # matching its checksum, or saved by this loop after a health check.
+  last_checkpoint: int | None
+
+
+def _starting_point(config: ml_collections.ConfigDict, trainer: Trainer,
+                    workdir: str) -> _Start:
+  """Resumes from the latest checkpoint in `workdir` that restores; without
+  one, starts from fresh parameters or those of config.train.init_from."""
+  state = trainer.init_state()
+  mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
+  restored = checkpoints.restore_latest(mngr, state)
+  if restored is not None:
+    state, step = restored
+    logging.info('Resumed from checkpoint at step %d in %s', step, workdir)
+    return _Start(mngr, state, step, last_checkpoint=step)
+  if config.train.init_from:
+    state = _parameters_from(config.train.init_from, config, state)
+  return _Start(mngr, state, 0, last_checkpoint=None)
+
+
+class _EventLog:
+  """The run's TensorBoard events: its description and hyperparameters at
+  the start, and per evaluation its scalars (the headline Score/* among
+  them, so each is a curve), attention maps and position table as figures.
+  `writer` is also where the loop writes its training scalars."""
+
+  def __init__(self, config: ml_collections.ConfigDict, trainer: Trainer,
+               workdir: str, is_main: bool, start: int):
+    self.writer = summaries.Writer(workdir, enabled=is_main)
+    self._trainer = trainer
+    self._config = config.to_dict()
+    self._chance = trainer.task.chance
+    self._run, self._options = summaries.run_title(self._config)
+    if start == 0:
+      self.writer.text('description', 0,
+                       summaries.description(self._config, self._chance))
+    self.writer.hparams(summaries.researcher_hparams(self._config))
+    self._probe = report.AttentionProbe(trainer)
+    self._tables_logged: list[int] = []   # a fixed table is logged once per process
+
+  def write_eval(self, step: int, params: Any, results: _Results) -> None:
+    writer, config = self.writer, self._config
+    for length, m in results.items():
+      writer.scalars(step, {summaries.eval_tag(k, length): v for k, v in m.items()})
+    writer.scalars(step, summaries.score_scalars(
+        results, (config['task']['min_len'], config['task']['max_len']),
+        self._chance))
+    # Every process runs the probes (they are computations over global
+    # arrays); only the process that writes draws the figures.
+    attention = self._probe.attention(params)
+    table, trainable = self._probe.position_table(params)
+    if not writer.enabled:
+      return
+    for layer, weights in enumerate(attention):
+      figure = figures.attention_figure(
+          weights, f'{self._run}: layer {layer} attention, step {step}\n'
+          f'{self._options}')
+      writer.image(f'attention/layer_{layer}', step, figures.render(figure))
+    if table is not None and (trainable or not self._tables_logged):
+      model = config['model']
+      figure = figures.table_figure(
+          table, model['position'], summaries.encoding_options(model),
+          model['num_heads'], f'{self._run}, step {step}\n{self._options}')
+      writer.image('positions/table', step, figures.render(figure))
+      self._tables_logged.append(step)
+    # Translation: whole-set validation scores, sample translations and one
+    # sentence's cross-attention (TranslationTrainer.latest).
+    for kind, tag, value in translation_summaries(
+        getattr(self._trainer, 'latest', None)):
+      if kind == 'scalar':
+        writer.scalars(step, {tag: value})
+      elif kind == 'text':
+        writer.text(tag, step, value)
+      else:
+        writer.image(tag, step, value)
+    writer.flush()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Boundary:
+  """What the loop does after step `done` (counted from 1); any of it
+  fetches the metrics of the steps since the previous boundary."""
+  done: int
+  log: bool           # training scalars and a progress line
+  checkpoint: bool
+  stopping: bool      # SIGINT/SIGTERM: checkpoint, then stop (no evaluation)
+  evaluate: bool
+
+  @property
+  def fetches(self) -> bool:
+    return self.log or self.checkpoint or self.evaluate
+
+
+class _TrainingLoop:
+  """Trains from the starting point to config.train.num_steps. Metrics stay
+  on the devices until a boundary (log, checkpoint, evaluation, stop), which
+  fetches them at once, checks them, then logs, checkpoints, stops or
+  evaluates. A kill loses at most the steps since the last checkpoint.
+  After `run`, the public attributes are what the summary reports."""
+
+  def __init__(self, config: ml_collections.ConfigDict, trainer: Trainer,
+               workdir: str, is_main: bool, stop: _StopRequests,
+               start: _Start, events: _EventLog):
+    self._config = config
+    self._trainer = trainer
+    self._workdir = workdir
+    self._is_main = is_main
+    self._stop = stop
+    self._mngr = start.mngr
+    self._events = events
+    self._writer = events.writer
+    self._num_steps: int = config.train.num_steps
+    self._log_every: int = config.train.log_every
+    self._checkpoint_every: int = config.train.checkpoint_every
+    self._eval_every: int = config.eval.every
+    self.start = start.step
+    self.state = start.state
+    self._last_checkpoint = start.last_checkpoint   # see _Start
+    self.last_good = start.step
+    self._pending: list[dict] = []       # metrics of steps not yet fetched
+    self.timer = StepTimer()
+    self._segment_steps = 0
+    self.run_start = time.perf_counter()
+    self.results: _Results | None = None            # the latest evaluation
+    self.history: list[dict[str, Any]] = []
+
+  def run(self) -> None:
+    config, task = self._config, self._trainer.task
+    if self._is_main and self.start < self._num_steps:
+      logging.info('Training %s on %s (%s) for %d steps on %d device(s)',
+                   config.model.position, task.name, task.description,
+                   self._num_steps, self._trainer.mesh.size)
+    note = report.table_reach_note(config, task)
+    if self._is_main and note:
+      logging.warning(note)
+    for step in range(self.start, self._num_steps):
+      self.state, metrics = self._trainer.advance(self.state)
+      self._pending.append(metrics)
+      self._segment_steps += 1
+      boundary = self._boundary_after(step + 1,
+                                      stopping=self._stop.signum is not None)
+      if boundary.fetches:
+        self._at_boundary(boundary)
+
+  def _boundary_after(self, done: int, stopping: bool) -> _Boundary:
+    is_last = done == self._num_steps
+    return _Boundary(
+        done=done,
+        # A stop request logs too: a run cut short says how far and how fast.
+        log=done % self._log_every == 0 or is_last or stopping,
+        checkpoint=done % self._checkpoint_every == 0 or is_last or stopping,
+        stopping=stopping,
+        evaluate=(done % self._eval_every == 0 or is_last) and not stopping)
+
+  def _at_boundary(self, boundary: _Boundary) -> None:
+    done = boundary.done
+    fetched = self._fetch_pending()
+    self._check_finite(fetched, done)
+    self.timer.stop(self._segment_steps)
+    self._segment_steps = 0
+    if boundary.log:
+      self._log_progress(fetched, done)
+    if boundary.checkpoint:
+      self._checkpoint(done)
+    if boundary.stopping:
+      self._raise_interrupted(done)
+    if boundary.evaluate:
+      self._evaluate(done)
+    self.timer.start()
+
+  def _fetch_pending(self) -> dict[str, np.ndarray]:
+    """The pending steps' metrics, each stacked to shape (steps,)."""
+    # One transfer per metric, not one per metric per step.
+    fetched = jax.device_get(jax.tree.map(lambda *x: jnp.stack(x),
+                                          *self._pending))
+    self._pending = []
+    return fetched
+
+  def _check_finite(self, fetched: dict[str, np.ndarray], done: int) -> None:
+    bad = ~(np.isfinite(fetched['loss']) & np.isfinite(fetched['grad_norm']))
+    if bad.any():
+      i = int(np.argmax(bad))
+      self._raise_non_finite(
+          f'non-finite loss ({fetched["loss"][i]}) or gradient norm '
+          f'({fetched["grad_norm"][i]}) at step {done - len(bad) + 1 + i}')
+
+  def _raise_non_finite(self, what: str) -> None:
+    _stop_non_finite(self._mngr, self._writer, self._workdir, what,
+                     self._last_checkpoint)
+
+  def _log_progress(self, fetched: dict[str, np.ndarray], done: int) -> None:
+    mean = {k: float(np.mean(v)) for k, v in fetched.items()}
+    rate = self.timer.report_rate()
+    mean['steps_per_sec'] = rate
+    self._writer.scalars(done, {f'train/{k}': v for k, v in mean.items()})
+    if self._is_main:
+      seconds_left = self.timer.seconds_left(self._num_steps - done)
+      left = ('(compiling)' if seconds_left is None
+              else duration(seconds_left) + ' left')
+      logging.info('step %6d/%d  loss %.4f  token acc %.4f  %.1f steps/s  '
+                   '%s', done, self._num_steps, mean['loss'],
+                   mean['token_accuracy'], rate, left)
+
+  def _checkpoint(self, done: int) -> None:
+    # The loss checked at this boundary was computed before this step's
+    # update: check the parameters themselves, so a saved checkpoint is
+    # always usable.
+    if not self._trainer.healthy(self.state):
+      self._raise_non_finite(f'the parameters after step {done} are '
+                            f'non-finite or give a non-finite loss')
+    checkpoints.save(self._mngr, done, self.state)
+    self._writer.flush()       # events up to the checkpoint survive a kill
+    self.last_good = self._last_checkpoint = done
+
+  def _raise_interrupted(self, done: int) -> None:
+    """After the boundary's checkpoint: waits for it, closes, stops."""
+    checkpoints.wait(self._mngr)
+    self._writer.close()
+    self._mngr.close()
+    signum = self._stop.signum
+    assert signum is not None       # a stop request is never withdrawn
+    name = signal.Signals(signum).name
+    raise TrainingInterrupted(
+        f'{name} received: stopped after step {done} with a checkpoint in '
+        f'{self._workdir}; rerun the same command to resume', signum)
+
+  def _evaluate(self, done: int) -> None:
+    params = self.state['params']
+    self.results = results = self._trainer.evaluate(params)
+    self.history.append({'step': done,
+                         'eval': {str(n): m for n, m in results.items()}})
+    self._events.write_eval(done, params, results)
+    if self._is_main:
+      logging.info('eval at step %d: %s', done, report.short(results))
+
+
+def _summary(config: ml_collections.ConfigDict, task: tasks_lib.Task,
+             loop: _TrainingLoop, results: _Results) -> dict[str, Any]:
+  """What summary.json records and train_and_evaluate returns."""
+  return {
+      'task': task.name, 'position': config.model.position,
+      'layout': task.layout,
+      'randomize_positions': bool(config.model.randomize_positions),
+      'chance': task.chance, 'step': max(loop.last_good, loop.start),
+      'train_lengths': [config.task.min_len, config.task.max_len],
+      'eval': {str(n): m for n, m in results.items()},
+      'score': report.generalization_score(results, config.task.max_len),
+      'history': loop.history,      # every evaluation of this invocation
+      'train_seconds': loop.timer.train_seconds,
+      # Steps per second of the loop after its first segment (which compiles).
+      'steps_per_sec': loop.timer.warm_rate,
+      'wall_seconds': time.perf_counter() - loop.run_start,
+      'config': json.loads(config.to_json_best_effort()),
+      # Which stack made these numbers (JAX's numerics move between releases).
+      'versions': software.versions(),
+  }
+
+
+def _publish_summary(summary: dict[str, Any], workdir: str, is_main: bool,
+                     writer: summaries.Writer) -> None:
+  """Writes summary.json and prints the results table (process 0), and
+  the run's description with its final score. The Score/* scalars were
+  written at each evaluation; an invocation that evaluated nothing (a
+  resumed run whose training had finished) writes them here."""
+  if is_main:
+    # Atomic: a crash or a full disk mid-write leaves no truncated summary,
+    # which the next run would read as this one's.
+    workdir_lib.write_json(os.path.join(workdir, workdir_lib.SUMMARY_FILE), summary)
+    print(report.results_table(summary))
+  config, step = summary['config'], summary['step']
+  scores = summaries.score_scalars(summary['eval'], summary['train_lengths'],
+                                   summary['chance'])
+  if not summary['history']:
+    writer.scalars(step, scores)
+  writer.text('description', step, summaries.description(
+      config, summary['chance'], scores.get(summaries.SCORE_TAG), step))
+
+
+def _parameters_from(source: str, config: ml_collections.ConfigDict,
+                     state: dict[str, Any]) -> dict[str, Any]:
+  """`state` with the parameters of `source`'s newest checkpoint that
+  restores and matches its checksum; the optimiser state and the step stay
+  fresh (a new schedule from step 0). `source` is another run's workdir:
+  it is only read (a damaged checkpoint there is skipped, not moved)."""
+  del config
+  try:
+    restored = checkpoints.restore_latest_read_only(source, state)
+  except CheckpointError as e:
+    raise CheckpointError(
+        f'config.train.init_from={source!r}: {e}') from None
+  if restored is None:
+    raise ConfigError(f'config.train.init_from={source!r} has no checkpoint '
+                      f'that restores')
+  logging.info('Starting from the parameters of %s (its step %d)', source,
+               restored[1])
+  return {**state, 'params': restored[0]['params']}
+
+
+def _stop_non_finite(mngr, writer, workdir: str, what: str,
+                     last: int | None) -> None:
+  """Raises NonFiniteError naming the checkpoint to go back to: `last`, the
+  newest one this run restored (checksum verified) or saved (after a health
+  check), not merely the newest step directory on disk."""
+  checkpoints.wait(mngr)
+  writer.flush()
+  where = (f'the last good checkpoint is step {last} in {workdir}'
+           if last is not None else f'no checkpoint was saved in {workdir}')
+  raise NonFiniteError(f'{what}; {where}. Lower config.train.learning_rate '
+                       f'(or raise warmup_steps) in a new --workdir')
