@@ -1,4 +1,4 @@
-"""One source of truth: an encoding's registry entry in positions.py is all
+"""One source of truth: an encoding's registry entry in nn/positions/registry.py is all
 the library and the configs need (docs/library.md: "Adding an encoding")."""
 
 import jax.numpy as jnp

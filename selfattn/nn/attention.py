@@ -2,7 +2,7 @@
 
 One implementation of scaled dot-product attention (`dot_product_attention`)
 serves every positional encoding: a relative encoding is an object with three
-hooks (`RelativePosition` in positions.py) that may rotate queries and keys,
+hooks (`RelativePosition` in positions/offsets.py) that may rotate queries and keys,
 add a term to the logits, and add a term to the output values.
 
 Shapes use B batch, H heads, Lq / Lk query / key length, D head width.
@@ -116,7 +116,7 @@ def dot_product_attention(
     causal: key j attends to query i iff j <= i + (Lk - Lq).
     relative: hooks of a relative encoding (rotate q/k, logit term, value term).
     q_positions, k_positions: (B, Lq), (B, Lk) int positions that the relative
-      encoding sees, or None for 0..L-1 (see positions.py).
+      encoding sees, or None for 0..L-1 (see positions/).
     dropout: applied to the attention weights; `deterministic` (None: the
       dropout module's own mode, set by model.train() / model.eval()).
 

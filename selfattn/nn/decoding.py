@@ -10,7 +10,7 @@ its token; the loop, the caches and end-of-sentence handling are shared.
 `model(tokens, *call_args, decode=True, deterministic=True)` must return
 logits (B, L, V) for the L new tokens and advance the caches that its
 stack's `init_cache(B, max_length)` made: a TransformerDecoder, a causal
-TransformerEncoder, or a wrapper with a `stack` (model.py's). The loop is an
+TransformerEncoder, or a wrapper with a `stack` (nn/models.py's). The loop is an
 nnx.while_loop: one traced step, however many steps, and it stops early
 once every sequence has produced `eos`.
 

@@ -1,20 +1,22 @@
-"""Synthetic tasks, laid out for the encoder, generated deterministically.
+"""The task interface and registry: every task, laid out for the model,
+generated deterministically.
 
 Every example is a pure function of (seed, step, example index, length): batch
 generation is a jitted JAX function, so a resumed run sees exactly the batches
 it would have seen, and a batch is the same whether one device or many, one
 process or many, generate it (each device computes only its own examples).
 
-Four families (see docs/training.md's task table):
+Five families (see docs/training.md's task table):
   * the 15 tasks of the length-generalization suite of Deletang et al. (2023)
     and Ruoss et al. (2023), defined by their reference code (synthetic/chomsky.py);
   * selfattn's own order tasks (synthetic/order.py): reverse, sort, shift,
     window_sum, precedes;
-  * indirect_indexing, the PoPE paper's task (indirect_indexing.py);
-  * jsb_chorales, next-token prediction on real music (jsb_task.py).
+  * indirect_indexing, the PoPE paper's task (synthetic/indirect_indexing.py);
+  * jsb_chorales, next-token prediction on real music (music/task.py);
+  * multi30k and multi30k_en_de, translation (translation/task.py).
 
 A laid-out example holds `inputs` (T,) int32, `targets` (T,) int32 and
-`weights` (T,) float32 (the positions that count); see task_spec.py for the
+`weights` (T,) float32 (the positions that count); see spec.py for the
 layouts and token ids. `chance` is the accuracy of always guessing the most
 likely class (1/V for uniform symbols, 0.5 for balanced binary labels). A model
 without positions can beat it on token tasks whose target is one of the inputs
@@ -221,7 +223,7 @@ def get_task(name: str, vocab_size: int | None = None, *,
 
   vocab_size: data symbols of selfattn's own tasks (default 8); reference
     tasks have a fixed alphabet (None, or that size).
-  layout: 'in_place', 'placeholders' or 'autoregressive' (task_spec.py).
+  layout: 'in_place', 'placeholders' or 'autoregressive' (spec.py).
   options: task options (shift, window, max_shift, transpose); others are
     ignored.
   """

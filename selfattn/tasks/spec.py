@@ -14,7 +14,7 @@ padded to a static size with its true length alongside. A *layout*
   autoregressive  a decoder's layout: the input, a separator, then the
                 outputs shifted right (teacher forcing); the separator and
                 each output symbol predict the next output symbol, and the
-                model attends causally (model.py). Scored like placeholders,
+                model attends causally (nn/models.py). Scored like placeholders,
                 at the same positions. token/sequence_accuracy are
                 teacher-forced; evaluation adds free_running_* accuracies,
                 with the model's own greedy outputs fed back

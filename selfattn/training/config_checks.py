@@ -8,7 +8,7 @@ import ml_collections
 from selfattn.tasks.music import jsb
 from selfattn.nn import positions
 from selfattn import tasks
-from selfattn.training.free_running import IMPLEMENTATIONS as FREE_RUNNING
+from selfattn.training.free_running import FREE_RUNNING_IMPLEMENTATIONS
 # Re-exported: their home is beside build_model, which reads them.
 from selfattn.training.build import position_options  # noqa: F401
 from selfattn.training.build import task_from_config
@@ -159,9 +159,10 @@ def _validate(config: ml_collections.ConfigDict,
   if not config.train.learning_rate > 0:
     raise ConfigError(f'config.train.learning_rate must be > 0; got '
                       f'{config.train.learning_rate}')
-  if config.eval.free_running not in FREE_RUNNING:
+  if config.eval.free_running not in FREE_RUNNING_IMPLEMENTATIONS:
     raise ConfigError(f'config.eval.free_running={config.eval.free_running!r} '
-                      f'is unknown; valid: {", ".join(FREE_RUNNING)}')
+                      'is unknown; valid: '
+                      f'{", ".join(FREE_RUNNING_IMPLEMENTATIONS)}')
   if config.train.schedule not in SCHEDULES:
     raise ConfigError(f'config.train.schedule={config.train.schedule!r} is '
                       f'unknown; valid: {", ".join(SCHEDULES)}')

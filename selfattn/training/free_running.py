@@ -36,7 +36,7 @@ from flax import nnx
 from selfattn.nn import decoding
 from selfattn.tasks import Batch
 
-IMPLEMENTATIONS = ('fixed_point', 'cache')
+FREE_RUNNING_IMPLEMENTATIONS = ('fixed_point', 'cache')
 
 
 def free_running_logits(logits_fn: Callable[[Batch], jax.Array], batch: Batch,
@@ -49,7 +49,7 @@ def free_running_logits(logits_fn: Callable[[Batch], jax.Array], batch: Batch,
   Args:
     logits_fn: Batch -> (B, T, C) logits of a causal model.
     batch: an autoregressive-layout batch (teacher-forced inputs).
-    first_output_token: the input id of output class 0 (task_spec.py: S + 2);
+    first_output_token: the input id of output class 0 (tasks/spec.py: S + 2);
       input ids at or above it are fed-back outputs, `id - first_output_token`
       the class.
     max_rounds: an upper bound on the rounds, the output slots minus one (the

@@ -102,10 +102,6 @@ class Corpus:
   def vocab_size(self) -> int:
     return self.tokenizer.vocab_size
 
-  @property
-  def num_pairs(self) -> int:
-    return sum(len(b) for b in self.buckets)
-
   def eval_set(self, split: str, data_dir: str | None = None) -> EvalSet:
     return _eval_set(self.tokenizer, split, self.source, self.target,
                      data_dir)

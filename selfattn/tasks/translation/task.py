@@ -2,7 +2,7 @@
 
 The task `multi30k` (German to English, the study's direction) or
 `multi30k_en_de` (English to German; layout encoder_decoder for both)
-trains an encoder-decoder on the training pairs, as translation_data.py
+trains an encoder-decoder on the training pairs, as data.py
 tokenizes and buckets them. Both share one joint tokenizer. Each task's
 `task.vocab_size` is the SentencePiece vocabulary (joint, unigram, trained on
 the training split only), its `task.max_len` the longest source (in tokens)
