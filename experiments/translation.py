@@ -44,7 +44,7 @@ from selfattn.tasks.translation import bleu
 from selfattn.training import checkpoints
 from selfattn.tasks.translation import multi30k
 from selfattn.training import workdir as workdir_lib
-from selfattn.tasks.data_files import DataError
+from selfattn.errors import DataError
 
 SHORT_MAX_LEN = 18
 SHORT = {'max_len': SHORT_MAX_LEN}

@@ -139,4 +139,6 @@ def test_bleu_and_chrf_with_their_signatures():
 def test_the_jsb_and_multi30k_loaders_share_one_locator():
   """One place finds, checks and downloads data files (data_files)."""
   from selfattn.tasks.music import jsb
-  assert jsb.DataError is multi30k.DataError is data_files.DataError
+  from selfattn import errors
+  assert (jsb.DataError is multi30k.DataError is data_files.DataError
+          is errors.DataError)

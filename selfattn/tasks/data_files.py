@@ -14,10 +14,8 @@ import pathlib
 import tempfile
 import urllib.request
 
-
-class DataError(Exception):
-  """The data file is missing, corrupt or malformed; the message is one line
-  naming the path and what to do."""
+# Defined with every other exception; data_files.DataError still names it.
+from selfattn.errors import DataError  # noqa: F401
 
 
 def cache_dir() -> pathlib.Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ml_collections
 
-from selfattn.tasks.music import jsb
 from selfattn.nn import positions
 from selfattn import tasks
 from selfattn.training.free_running import FREE_RUNNING_IMPLEMENTATIONS
@@ -13,6 +12,7 @@ from selfattn.training.free_running import FREE_RUNNING_IMPLEMENTATIONS
 from selfattn.training.build import position_options  # noqa: F401
 from selfattn.training.build import task_from_config
 from selfattn.errors import ConfigError
+from selfattn.errors import DataError
 from selfattn.training.steps import SCHEDULES
 
 DTYPES = ('float32', 'bfloat16')
@@ -90,7 +90,7 @@ def _validate(config: ml_collections.ConfigDict,
   _positive(config, 'task.min_len', 'task.max_len')
   try:
     task = task_from_config(config)
-  except (ValueError, jsb.DataError) as e:    # a task's data may be missing
+  except (ValueError, DataError) as e:    # a task's data may be missing
     raise ConfigError(str(e)) from None
   if config.task.min_len < task.min_length:
     raise ConfigError(f'config.task.min_len must be >= {task.min_length} for '

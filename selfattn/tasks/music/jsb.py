@@ -32,7 +32,7 @@ import pathlib
 import numpy as np
 
 from selfattn.tasks import data_files
-from selfattn.tasks.data_files import DataError  # noqa: F401  (jsb.DataError)
+from selfattn.errors import DataError  # noqa: F401  (jsb.DataError)
 
 FILENAME = 'Jsb16thSeparated.json'
 SUBDIR = 'jsb'   # <data dir>/jsb/Jsb16thSeparated.json, as in /work/shared/data

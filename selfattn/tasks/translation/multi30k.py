@@ -17,7 +17,7 @@ import gzip
 import os
 
 from selfattn.tasks import data_files
-from selfattn.tasks.data_files import DataError
+from selfattn.errors import DataError
 
 SUBDIR = 'multi30k'
 COMMIT = 'a3d2e0d26b56f3846f66a952536ffed4e401d05a'
