@@ -18,7 +18,7 @@
 #               (e.g. --causal=true --name=bench_gpu_causal).       <= 8 min
 #   bench_long  the same at L = 16k, 32k (bench_gpu_long.*).        <= 8 min
 #   kernel      issue 32's one-call session: info, then the Pallas and
-#               attention tests on the GPU (tests/test_pallas.py runs the
+#               attention tests on the GPU (tests/nn/test_pallas.py runs the
 #               compiled Triton kernel there, not interpret mode), then
 #               `bench` at KERNEL_LENGTHS (default 8192,2048) for each
 #               --mode in KERNEL_MODES (default train), each within
@@ -344,7 +344,7 @@ case "$STEP" in
   translation) setup; info >/dev/null; translation "$@" ;;
   kernel) setup; info >/dev/null
     SUITE_MARK=${SUITE_MARK:-not slow} SUITE_TIMEOUT=${SUITE_TIMEOUT:-150} \
-      SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q tests/test_pallas.py tests/test_attention.py} \
+      SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q tests/nn/test_pallas.py tests/nn/test_attention.py} \
       suite
     budget=${KERNEL_BENCH_BUDGET:-250}
     for mode in ${KERNEL_MODES:-train}; do

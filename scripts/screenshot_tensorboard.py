@@ -15,7 +15,7 @@ and fails unless the HParams table shows the encoding, the task and every
 Score column by default, and every run has a point inside each Score
 chart's default y range (TensorBoard clips outliers by default; see
 `clipped_range`). Playwright is not in requirements.txt: only this script
-and the test that reuses it (tests/test_tensorboard.py, skipped without it)
+and the test that reuses it (tests/training/test_tensorboard.py, skipped without it)
 need it; `playwright install` is not needed: --browser names the Debian
 binary.
 """

@@ -24,8 +24,10 @@ if 'SELFATTN_DATA_DIR' not in os.environ and os.path.isdir(_SHARED_DATA):
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# Tests import their helpers (reference.py) and the configs package by name.
-for path in (HERE, ROOT):
+# Tests import their helpers (support/: reference.py, runs.py, ...) and the
+# configs package by name; tests/ mirrors selfattn/ (nn/, tasks/, training/)
+# plus experiments/ and the whole-project checks at the top.
+for path in (os.path.join(HERE, 'support'), ROOT):
   if path not in sys.path:
     sys.path.insert(0, path)
 

@@ -323,7 +323,7 @@ def capturing(module: nnx.Module) -> bool:
   Sowing outside capture would mutate the module on every call, which breaks
   jax.jit / grad / vmap over closures and makes nnx.jit trace twice. Flax marks
   the modules of a capture with `__captures__` (flax/nnx/module.py, `sow`);
-  tests/test_attention.py checks that capture still returns the weights.
+  tests/nn/test_attention.py checks that capture still returns the weights.
   """
   return hasattr(module, '__captures__')
 

@@ -4,7 +4,7 @@ and cached greedy decoding.
 Causal self-attention carries the positional encoding; cross-attention to an
 encoder's outputs (optional) carries none, since positions in two different
 sequences are not comparable. Decoding one token at a time against a key/value
-cache gives the outputs of a full causal pass (tests/test_decoder.py checks it
+cache gives the outputs of a full causal pass (tests/nn/test_decoder.py checks it
 for every encoding): the cache stores each key's position, and relative
 encodings see query and key positions explicitly.
 """

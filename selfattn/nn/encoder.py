@@ -194,7 +194,7 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
         the absolute encoding). Token ids are not range-checked (a
         data-dependent check cannot run under jit): as with nnx.Embed, an id
         outside the range gives NaN or another row. selfattn's own batches
-        are in range (tests/test_tasks.py); check yours upstream.
+        are in range (tests/tasks/test_tasks.py); check yours upstream.
       valid_lens: (B,) or (B, L) (one length per query), or None.
       mask: boolean, four axes broadcastable to (B, H, L, L)
         (`masks.make_padding_mask(valid)` for left padding); see masks.py.

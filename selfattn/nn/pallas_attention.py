@@ -21,7 +21,7 @@ by the host's default backend: Triton for 'cuda' and 'rocm', named
 explicitly (JAX 0.10's default Pallas GPU backend, Mosaic GPU, takes async
 copies of <= 256 rows and would stage each head's whole K and V in shared
 memory); Mosaic for 'tpu'; interpret mode for 'cpu' (correctness, not
-speed). tests/test_lowering.py lowers every case for 'cuda' and 'tpu' from
+speed). tests/nn/test_lowering.py lowers every case for 'cuda' and 'tpu' from
 the CPU. A module lowered for several platforms at once is refused by Pallas
 (each branch's compiler parameters name one backend); lower one platform at
 a time.

@@ -5,7 +5,7 @@ Tags: train/* and eval/* scalars, eval/<metric>/len_NNNN per evaluation length
 at every evaluation, attention/layer_N and positions/table figures
 (selfattn/training/figures.py), one `description` text per run, and the HParams
 plugin's session so runs with different encodings can be filtered and
-compared (tests/test_tensorboard.py checks it against a real TensorBoard
+compared (tests/training/test_tensorboard.py checks it against a real TensorBoard
 server and in headless Chromium).
 
 What TensorBoard 2.21's HParams tab shows in a fresh browser, and why the

@@ -231,7 +231,7 @@ def test_eval_length_beyond_learned_table_is_rejected(tiny_config, tmp_path):
 
 def test_table_reach_is_stated_for_huang_beyond_max_len(tiny_config):
   """huang's learned table ends at max_len; xl's sinusoid does not (its
-  chunked path is unbounded too: tests/test_chunked.py), so no note."""
+  chunked path is unbounded too: tests/nn/test_chunked.py), so no note."""
   from selfattn.training.config_checks import task_from_config
   tiny_config.model.position = 'huang'
   tiny_config.eval.lengths = [8, 100]

@@ -11,7 +11,9 @@ import orbax.checkpoint as ocp
 
 from selfattn.training import checkpoints
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# This file is tests/support/runs.py: the checkout is three up.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 
 def saved_params(workdir, step=None):

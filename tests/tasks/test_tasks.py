@@ -1,5 +1,5 @@
 """Tasks: the 15 suite tasks against NumPy ports of the reference code
-(tests/chomsky_reference.py), both layouts, selfattn's own tasks against their
+(tests/support/chomsky_reference.py), both layouts, selfattn's own tasks against their
 definitions, determinism and sharding."""
 
 import jax.numpy as jnp
@@ -162,7 +162,7 @@ def test_precedes_marks_two_positions_and_is_balanced():
 @pytest.mark.parametrize('name', [
     pytest.param(n, marks=REQUIRES_JSB) if n == 'jsb_chorales' else n
     for n in tasks.TASK_NAMES
-    # Translation draws pairs in buckets: tests/test_translation.py.
+    # Translation draws pairs in buckets: tests/training/test_translation.py.
     if not tasks.TASKS[n].seq2seq])
 def test_batches_are_a_function_of_seed_step_and_example_index(name):
   """Every task: same (seed, step, index) -> same example; another step or

@@ -21,7 +21,7 @@ Contents
   6. the scoring (`score`)
 
 Token ids are the argmax of the reference one-hot vectors.  Only numpy and
-the standard library are used.  Run `python tests/chomsky_reference.py` for a
+the standard library are used.  Run `python tests/support/chomsky_reference.py` for a
 self-check (it checks output functions against this file's own samplers and a
 few internal identities; it is not a test of selfattn).
 """

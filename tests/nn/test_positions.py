@@ -198,7 +198,7 @@ def test_rotary_dot_products_depend_only_on_offset():
 
 
 # --------------------------------------------------------------------------
-# The reference suite's encodings (tests/chomsky_reference.py ports its code).
+# The reference suite's encodings (tests/support/chomsky_reference.py ports its code).
 # --------------------------------------------------------------------------
 
 def test_xl_logits_equal_the_reference_transcription():

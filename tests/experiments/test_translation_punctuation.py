@@ -14,7 +14,7 @@ from selfattn.tasks.translation import bleu
 from selfattn.tasks.translation import multi30k
 from selfattn.training import workdir as workdir_lib
 
-STUDY_DIR = os.path.join(os.path.dirname(__file__), '..', 'experiments',
+STUDY_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'experiments',
                          'results', 'translation')
 
 

@@ -152,7 +152,7 @@ def test_per_layer_attention_weights_on_request_only():
   assert np.all(np.asarray(weights[1])[1, :, :, 3:] == 0)
   np.testing.assert_allclose(out, enc(x, jnp.array([6, 3])))
   # A plain call leaves nothing on the module (transforms over closures rely
-  # on it: tests/test_transforms.py).
+  # on it: tests/nn/test_transforms.py).
   assert not nnx.state(enc, nnx.Intermediate)
 
 

@@ -125,7 +125,7 @@ def test_every_committed_music_run_still_matches_its_study_config():
   would train it with, or resuming and re-collecting would mix configs."""
   import pathlib
   from experiments import music as music_study
-  committed = pathlib.Path(__file__).parent.parent / 'experiments/results/music'
+  committed = pathlib.Path(__file__).parents[2] / 'experiments/results/music'
   runs = music_study.study_runs('cpu', 5)
   checked = 0
   for run in runs:
