@@ -130,20 +130,23 @@ def chosen_seeds(scale: str, default: int = DEFAULT_SEEDS) -> int:
 
 def chosen_filters(spec: Study) -> dict[str, list[str] | None]:
   """{tag: requested values or None}, each value checked against the
-  study's; a filter flag the study does not take is refused."""
+  study's; a filter flag the study does not take is refused. Every bad
+  filter is named in the one error line, not only the first."""
   valid = spec.filter_values()
-  out = {}
+  out, problems = {}, []
   for tag, flag in FILTER_FLAGS.items():
     requested = flag.value
     if tag not in spec.filters:
       if requested:
-        _fail(f'--{flag.name}: this study has no {tag}s to filter')
+        problems.append(f'--{flag.name}: this study has no {tag}s to filter')
       continue
     unknown = [v for v in (requested or ()) if v not in valid[tag]]
     if unknown:
-      _fail(f'--{flag.name}: unknown {", ".join(unknown)}; valid: '
-            f'{", ".join(valid[tag])}')
+      problems.append(f'--{flag.name}: unknown {", ".join(unknown)} '
+                      f'(valid: {", ".join(valid[tag])})')
     out[tag] = requested
+  if problems:
+    _fail('; '.join(problems))
   return out
 
 

@@ -185,8 +185,12 @@ class _TwoEncodings(skeleton.Study):
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['--positions=c'], '--positions: unknown c; valid: a, b'),
+    (['--positions=c'], '--positions: unknown c (valid: a, b)'),
     (['--tasks=x'], '--tasks: this study has no tasks to filter'),
+    # Two bad filters: both named (only one used to be).
+    (['--tasks=x', '--positions=c,d'],
+     '--positions: unknown c, d (valid: a, b); '
+     '--tasks: this study has no tasks to filter'),
     (['--seeds=0'], '--seeds=0: a study needs at least one seed'),
     (['--shard=abc'], "--shard='abc' must look like i/n"),
     (['--scale=huge'], "--scale='huge' is not a scale of this study; valid: "
