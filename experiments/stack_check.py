@@ -32,11 +32,12 @@ from experiments import common
 from selfattn.training import train
 from selfattn.training import workdir as workdir_lib
 
-_STUDY = flags.DEFINE_string('study', None, 'A committed study directory.',
-                             required=True)
+# Checked in main, not with required=True: absl validates required flags on
+# every parse in the process, so importing this module (as its test does)
+# would break other drivers' flag parsing beside it.
+_STUDY = flags.DEFINE_string('study', None, 'A committed study directory.')
 _RUNS = flags.DEFINE_string('runs', None, 'Glob of the cell\'s run directory '
-                            "names inside --study, e.g. 'position=shaw,seed=*'.",
-                            required=True)
+                            "names inside --study, e.g. 'position=shaw,seed=*'.")
 
 
 def _stack(summary: dict) -> str:
@@ -111,8 +112,9 @@ def report(old: dict[str, dict], new: dict[str, dict]) -> str:
 def main(argv) -> None:
   del argv
   common.configure_logging()
-  if not common.WORKDIR.value:
-    raise SystemExit('error: --workdir is required')
+  for name in ('study', 'runs', 'workdir'):
+    if not flags.FLAGS[name].value:
+      raise SystemExit(f'error: --{name} is required')
   paths = sorted(p for p in glob.glob(os.path.join(_STUDY.value, _RUNS.value))
                  if os.path.isdir(p))
   if not paths:
