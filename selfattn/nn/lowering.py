@@ -11,9 +11,8 @@ is Auto, not Explicit: an Explicit mesh types every array's sharding, and a
 cached decode step then fails to lower (its one-token update is typed as
 sharded, the cache as not).
 
-This is the one place that names the target: the tests, the lowering checks of
-the kernels and the scripts that read a kernel's IR all lower through
-`lowered_text`.
+This is the one place that names the target: every lowering test lowers
+through `lowered_text`, and so should a script that reads a kernel's IR.
 """
 
 from __future__ import annotations
