@@ -94,6 +94,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # A finished workdir whose latest parameters start this run (new optimiser
   # state and schedule): how to train longer, or fine-tune on another task.
   config.train.init_from = ''
+  # Early stopping (selfattn/training/early_stopping.py): stop after this many
+  # evaluations in a row without a new best of the metric (0: off; num_steps
+  # stays the cap and the schedule's length). loss, token_accuracy,
+  # sequence_accuracy; bleu and chrf for translation.
+  config.train.early_stop_patience = 0
+  config.train.early_stop_metric = 'loss'
 
   config.eval = ml_collections.ConfigDict()
   config.eval.every = 200               # 10 points per eval curve at the default 2000 steps

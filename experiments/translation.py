@@ -62,15 +62,26 @@ SHORT = {'max_len': SHORT_MAX_LEN}
 #   later relative  xl and pope, 3 seeds (6 runs, about 1.7 h, past the
 #           budget; added in later sittings): enough for an interval
 #           against shaw and rope, the relative encodings they compete with.
+#   shaw keys  Shaw's key term without its value term, 3 seeds (issue 49's
+#           test of why some encodings loop; 3 runs, about 50 min).
 # --seeds=N caps every tier at N seeds.
 TIERS: tuple[tuple[tuple[str, ...], int], ...] = (
     (('sinusoidal', 'learned', 'shaw', 'rope'), 5),
     (('sinusoidal +short', 'shaw +short', 'rope +short'), 3),
     (('none', 't5', 'alibi'), 1),
     (('xl', 'pope'), 3),
+    (('shaw keys',), 3),
 )
+# Labels whose model options differ from their encoding's defaults.
+MODEL_OPTIONS: dict[str, dict] = {
+    # Issue 49's intervention on the looping hypothesis (EXPERIMENTS.md
+    # section 8, its prediction written before the runs): Shaw's offsets in
+    # the attention weights only, no relative value term.
+    'shaw keys': {'relative_values': False},
+}
 ENCODINGS: dict[str, tuple[str, dict, dict]] = {
-    label: (label.split()[0], {}, SHORT if label.endswith('+short') else {})
+    label: (label.split()[0], MODEL_OPTIONS.get(label, {}),
+            SHORT if label.endswith('+short') else {})
     for labels, _ in TIERS for label in labels}
 QUICK_ENCODINGS = ('sinusoidal', 'shaw +short')
 ABSOLUTE = ('sinusoidal', 'learned')
@@ -154,10 +165,16 @@ def is_current(result: dict) -> bool:
   return result.get('beam_search') == BEAM_SEARCH
 
 
-def evaluate_run(run: study.Run, path: str) -> dict[str, Any]:
+def evaluate_run(run: study.Run, path: str,
+                 greedy_by_step: dict[int, float] | None = None
+                 ) -> dict[str, Any]:
   """The run's translation.json (computed once): the checkpoint chosen by
   validation BLEU, then beam-search scores on every split. A result from
-  an older beam search (is_current) is rescored from the same checkpoint."""
+  an older beam search (is_current) is rescored from the same checkpoint.
+
+  greedy_by_step: the greedy validation BLEU of the kept checkpoints, where
+  the training loop already computed it (early stopping's record); by
+  default each kept checkpoint is decoded here."""
   target = os.path.join(path, RESULT_FILE)
   old = None
   if os.path.exists(target):
@@ -171,7 +188,13 @@ def evaluate_run(run: study.Run, path: str) -> dict[str, Any]:
   trainer = TranslationTrainer(run.config)
   state = trainer.init_state()
   writer = SummaryWriter(logdir=path)
-  if old is None:
+  if old is None and greedy_by_step is not None:
+    kept = set(checkpoints.saved_steps(path))
+    by_step = {s: b for s, b in greedy_by_step.items() if s in kept}
+    if not by_step:
+      raise FileNotFoundError(f'no checkpoint in {path} at an evaluated step')
+    chosen = max(by_step, key=lambda s: (by_step[s], s))
+  elif old is None:
     val = trainer.corpus.eval_set('val')
     by_step = {}
     for step in checkpoints.saved_steps(path):

@@ -49,7 +49,11 @@ LABELS = tuple(label for labels, _ in study_lib.TIERS for label in labels
 # Pairs whose BLEU difference each probe reports, paired by seed: rope
 # against shaw (the gap the probe was built to explain), and each relative
 # encoding of the later tier against its nearest peer (study_lib.PEERS).
-PEERS = (('rope', 'shaw'),) + study_lib.PEERS
+PEERS = (('rope', 'shaw'),) + study_lib.PEERS + (('shaw keys', 'shaw'),)
+# Pairs whose difference in looping is the point (issue 49's intervention:
+# does removing Shaw's value term make it loop like the encodings that put
+# position into the attention weights only?).
+LOOP_PEERS = (('shaw keys', 'shaw'), ('shaw keys', 'rope'))
 # (intervention, test set): 'add' where sources lack a final stop, 'strip'
 # where nearly all have one.
 PROBES = (('add', 'test_2017_flickr'), ('add', 'test_2017_mscoco'),
@@ -195,6 +199,12 @@ def report(results: dict[str, dict[int, dict]]) -> str:
                 f'probe leaves alone')
         lines.append('- ' + common.paired_by_seed(
             by, (a,), (b,), name, unit='BLEU', digits=2))
+    for a, b in LOOP_PEERS:
+      if a in results and b in results:
+        by = {enc: value(enc, 'given', 'loops_percent') for enc in (a, b)}
+        lines.append('- ' + common.paired_by_seed(
+            by, (a,), (b,), f'{a} minus {b}, % looping as given',
+            unit='points', digits=2))
     lines.append('')
   return '\n'.join(lines)
 

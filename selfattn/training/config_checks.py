@@ -7,6 +7,7 @@ import ml_collections
 
 from selfattn.nn import positions
 from selfattn import tasks
+from selfattn.training import early_stopping
 from selfattn.training.free_running import FREE_RUNNING_IMPLEMENTATIONS
 # Re-exported: their home is beside build_model, which reads them.
 from selfattn.training.build import position_options  # noqa: F401
@@ -196,6 +197,7 @@ def _validate(config: ml_collections.ConfigDict,
                       f'got {config.train.init_from!r}')
   if config.train.warmup_steps < 0:
     raise ConfigError('config.train.warmup_steps must be >= 0')
+  early_stopping.check_config(config)
   lengths = list(config.eval.lengths)
   if not lengths or any(not isinstance(n, int) or isinstance(n, bool)
                         or n < task.min_length for n in lengths):

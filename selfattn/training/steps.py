@@ -283,6 +283,8 @@ class Trainer:
     (steps.train_step, jitted);
   train_batch(step) -> Batch: the batch advance would generate at `step`;
   evaluate(params) -> {length: metrics};
+  extra_summaries() -> [(kind, tag, value)]: what the latest evaluation
+    adds to TensorBoard beyond its metrics (kind: scalar, text or image);
   healthy(state) -> bool: whether the state is fit to checkpoint.
   """
 
@@ -400,6 +402,11 @@ class Trainer:
     while config.eval.num_examples % chunk and chunk > devices:
       chunk -= devices
     return chunk
+
+  def extra_summaries(self) -> list[tuple[str, str, Any]]:
+    """(kind, tag, value) the latest evaluation adds beyond its metrics:
+    none for the sequence tasks."""
+    return []
 
   def evaluate(self, params, lengths=None) -> dict[int, dict[str, float]]:
     """Metrics at every length of config.eval.lengths (or `lengths`)."""

@@ -23,6 +23,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from selfattn.training import checkpoints
+from selfattn.training import early_stopping
 from selfattn.training import figures
 from selfattn.training import report
 from selfattn.training import software
@@ -38,7 +39,6 @@ from selfattn.training.steps import Trainer
 from selfattn.training.trainers import make_trainer
 from selfattn.training.timing import StepTimer
 from selfattn.training.timing import duration
-from selfattn.training.translation_steps import translation_summaries
 
 
 
@@ -213,10 +213,9 @@ class _EventLog:
           model['num_heads'], f'{self._run}, step {step}\n{self._options}')
       writer.image('positions/table', step, figures.render(figure))
       self._tables_logged.append(step)
-    # Translation: whole-set validation scores, sample translations and one
-    # sentence's cross-attention (TranslationTrainer.latest).
-    for kind, tag, value in translation_summaries(
-        getattr(self._trainer, 'latest', None)):
+    # What the task's trainer adds (translation: whole-set validation
+    # scores, sample translations and one sentence's cross-attention).
+    for kind, tag, value in self._trainer.extra_summaries():
       if kind == 'scalar':
         writer.scalars(step, {tag: value})
       elif kind == 'text':
@@ -273,6 +272,10 @@ class _TrainingLoop:
     self.run_start = time.perf_counter()
     self.results: _Results | None = None            # the latest evaluation
     self.history: list[dict[str, Any]] = []
+    self._early = early_stopping.EarlyStopping.for_run(config, workdir,
+                                                       start.step)
+    # Set when early stopping ends the run: what the summary records.
+    self.stopped_early: dict[str, Any] | None = None
 
   def run(self) -> None:
     config, task = self._config, self._trainer.task
@@ -291,6 +294,8 @@ class _TrainingLoop:
                                       stopping=self._stop.signum is not None)
       if boundary.fetches:
         self._at_boundary(boundary)
+      if self.stopped_early is not None:
+        break
 
   def _boundary_after(self, done: int, stopping: bool) -> _Boundary:
     is_last = done == self._num_steps
@@ -382,6 +387,17 @@ class _TrainingLoop:
     self._events.write_eval(done, params, results)
     if self._is_main:
       logging.info('eval at step %d: %s', done, report.short(results))
+    if self._early is not None and self._early.observe(
+        done, results, write=self._is_main):
+      self.stopped_early = self._early.outcome()
+      if self._last_checkpoint != done:
+        self._checkpoint(done)     # the run ends here: its state is kept
+      if self._is_main:
+        logging.info('early stopping at step %d: %d evaluations without a '
+                     'better %s than step %d\'s %.4f', done,
+                     self._early.patience, self._early.metric,
+                     self.stopped_early['best_step'],
+                     self.stopped_early['best'])
 
 
 def _summary(config: ml_collections.ConfigDict, task: tasks_lib.Task,
@@ -403,6 +419,8 @@ def _summary(config: ml_collections.ConfigDict, task: tasks_lib.Task,
       'config': json.loads(config.to_json_best_effort()),
       # Which stack made these numbers (JAX's numerics move between releases).
       'versions': software.versions(),
+      # Early stopping's outcome (config.train.early_stop_patience).
+      **({'stopped_early': loop.stopped_early} if loop.stopped_early else {}),
   }
 
 

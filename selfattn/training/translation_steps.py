@@ -220,6 +220,9 @@ class TranslationTrainer(Trainer):
     }
     return results
 
+  def extra_summaries(self) -> list[tuple[str, str, Any]]:
+    return translation_summaries(getattr(self, 'latest', None))
+
   def cross_attention(self, params, source: list[int], target: list[int]
                       ) -> dict[str, Any]:
     """The last decoder layer's cross-attention, averaged over heads, for

@@ -24,7 +24,8 @@ LOCK_FILE = '.lock'
 _MUST_MATCH = ('seed', 'task', 'model', 'train.batch_size', 'train.num_steps',
                'train.learning_rate', 'train.warmup_steps',
                'train.weight_decay', 'train.grad_clip', 'train.schedule',
-               'train.final_lr_fraction', 'train.b2', 'train.init_from')
+               'train.final_lr_fraction', 'train.b2', 'train.init_from',
+               'train.early_stop_patience', 'train.early_stop_metric')
 
 # Fields added to the config after runs were already stored, with the value
 # that reproduces what those runs computed: a stored config without the field
@@ -42,7 +43,10 @@ _ADDED_FIELDS = {'model.attention_impl': 'plain', 'model.remat': False,
                  'model.meter_step_tokens': 4,
                  # 2026-11-26: translation (issue 33).
                  'model.tie_embeddings': False, 'train.label_smoothing': 0.0,
-                 'train.batch_tokens': 0}
+                 'train.batch_tokens': 0,
+                 # 2026-11-27: early stopping (issue 49's convergence runs).
+                 'train.early_stop_patience': 0,
+                 'train.early_stop_metric': 'loss'}
 
 
 def write_json(path: str, value: Any, sort_keys: bool = False) -> None:
@@ -260,9 +264,11 @@ def _read_text(path: str) -> str | None:
 
 
 def finished_summary(workdir: str, num_steps: int) -> dict[str, Any] | None:
-  """The workdir's summary if its run trained to num_steps; else None."""
+  """The workdir's summary if its run trained to num_steps or stopped
+  early (config.train.early_stop_patience); else None."""
   path = os.path.join(workdir, SUMMARY_FILE)
   if not os.path.exists(path):
     return None
   summary = read_json_object(path, 'the summary of a finished run')
-  return summary if summary.get('step') == num_steps else None
+  finished = summary.get('step') == num_steps or summary.get('stopped_early')
+  return summary if finished else None

@@ -205,24 +205,32 @@ def test_the_relative_lead_is_paired_on_short_and_long_sources(tmp_path):
 
 def test_the_plan_trains_tier_by_tier_each_at_its_seeds():
   """Core encodings at 5 seeds come first (seed-major), then +short at 3,
-  then single runs, then xl and pope at 3; --seeds caps every tier."""
+  then single runs, then xl and pope at 3, then the shaw-keys intervention
+  at 3; --seeds caps every tier."""
   runs = translation_study.study_runs('cpu', 5, tuple(translation_study.ENCODINGS))
   names = [r.name for r in runs]
-  assert len(names) == len(set(names)) == 20 + 9 + 3 + 6
+  assert len(names) == len(set(names)) == 20 + 9 + 3 + 6 + 3
   assert names[:5] == ['position=sinusoidal,seed=0', 'position=learned,seed=0',
                        'position=shaw,seed=0', 'position=rope,seed=0',
                        'position=sinusoidal,seed=1']
   assert names[20] == 'position=sinusoidal+short,seed=0'
   assert names[29:32] == ['position=none,seed=0', 'position=t5,seed=0',
                           'position=alibi,seed=0']
-  assert names[32:] == [f'position={p},seed={s}' for s in range(3)
-                        for p in ('xl', 'pope')]
+  assert names[32:38] == [f'position={p},seed={s}' for s in range(3)
+                          for p in ('xl', 'pope')]
+  # The intervention: Shaw's offsets in the attention weights only.
+  keys = runs[38:]
+  assert [r.name for r in keys] == [f'position=shawkeys,seed={s}'
+                                    for s in range(3)]
+  assert all(r.config.model.position == 'shaw'
+             and r.config.model.relative_values is False for r in keys)
+  assert all(r.config.model.relative_values is None for r in runs[:38])
   short = [r for r in runs if r.tags['position'].endswith('+short')]
   assert {r.config.model.position for r in short} == {'sinusoidal', 'shaw', 'rope'}
   assert all(r.config.task.max_len == translation_study.SHORT_MAX_LEN
              for r in short)
   capped = translation_study.study_runs('cpu', 2, tuple(translation_study.ENCODINGS))
-  assert len(capped) == 4 * 2 + 3 * 2 + 3 + 2 * 2
+  assert len(capped) == 4 * 2 + 3 * 2 + 3 + 2 * 2 + 2
 
 
 def test_a_row_with_one_run_gets_a_difference_but_no_interval():

@@ -1,0 +1,251 @@
+"""Issue 49's convergence check: does the relative lead in translation hold
+when the models train until validation BLEU stops improving?
+
+  python -m experiments.translation_convergence \
+      --workdir=experiments/results/translation_convergence
+  python -m experiments.translation_convergence --workdir=... --quick
+
+The translation study's protocol (configs/translation.py:cpu: model, data,
+optimiser, label smoothing; checkpoint chosen by greedy validation BLEU; beam
+search on every test set, scored by experiments/translation.evaluate_run),
+except the budget:
+  * the cosine schedule is built for CAP_STEPS, the cap;
+  * greedy validation BLEU is computed every EVAL_EVERY steps, each step a
+    kept checkpoint, and training stops after PATIENCE evaluations in a row
+    without a new best (config.train.early_stop_patience).
+Encodings: shaw and sinusoidal, the study's comparison, at seeds 0-2
+(seed-major: a study stopped part way has pairs), then rope at the same
+seeds where the budget allows.
+
+Each run is reported beside the same seed's run of the 3,000-step study
+(--short_dir, its committed translation.json), paired by seed.
+
+Sized before it ran (2026-11-27, this 2-core CPU): the 3,000-step runs
+trained at 3.4-3.5 steps/s, so a run costs about 5 minutes per 1,000 steps
+plus about 30 s per evaluation: 1.1 h if it stops at 12,000 steps, 1.8 h
+at the cap; six runs, 7 to 11 hours, more than one sitting. Resumable like
+every study: rerunning the command resumes the unfinished run from its last
+checkpoint and its early-stopping record.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any
+
+from absl import app
+from absl import flags
+
+from configs import translation as translation_config
+from experiments import common
+from experiments import skeleton
+from experiments import study
+from experiments import translation as translation_study
+from selfattn.training import early_stopping
+from selfattn.training import workdir as workdir_lib
+
+SHORT_DIR = flags.DEFINE_string(
+    'short_dir', 'experiments/results/translation',
+    "The 3,000-step study's workdir, whose runs of the same seeds are the "
+    'short budget.')
+
+CAP_STEPS = 20_000
+EVAL_EVERY = 1_000
+PATIENCE = 2
+SEEDS = 3
+ENCODINGS = ('shaw', 'sinusoidal', 'rope')
+CORE = ('shaw', 'sinusoidal')
+MAIN_TEST = translation_study.MAIN_TEST
+QUICK = {'cap': 40, 'every': 10, 'patience': 1}
+
+
+def study_runs(scale: str, seeds: int, labels) -> list[study.Run]:
+  """Seed-major runs of `labels` with the convergence budget."""
+  base = translation_config.get_config(scale)
+  cap, every, patience = ((QUICK['cap'], QUICK['every'], QUICK['patience'])
+                          if scale == 'quick' else
+                          (CAP_STEPS, EVAL_EVERY, PATIENCE))
+  t = base.train
+  t.num_steps = cap
+  t.checkpoint_every = base.eval.every = every
+  t.keep_checkpoints = cap // every          # every evaluated step
+  t.early_stop_patience = patience
+  t.early_stop_metric = 'bleu'
+  encodings = {label: (label, {}, {}) for label in ENCODINGS}
+  return common.encoding_runs(base, seeds, labels, encodings)
+
+
+def greedy_curve(path: str) -> dict[int, float]:
+  """step -> greedy validation BLEU of a convergence run (its early-stopping
+  record, written at every evaluation)."""
+  return {e['step']: e['value'] for e in early_stopping.read_record(path)}
+
+
+def short_budget(short_dir: str, label: str, seed: int) -> dict | None:
+  """The 3,000-step study's translation.json for (label, seed), or None."""
+  path = os.path.join(short_dir, f'position={label},seed={seed}',
+                      translation_study.RESULT_FILE)
+  if not os.path.exists(path):
+    return None
+  return workdir_lib.read_json_object(path, 'a 3,000-step run\'s scores')
+
+
+def _summary_step(workdir: str, name: str) -> int:
+  summary = workdir_lib.read_json_object(
+      os.path.join(workdir, name, workdir_lib.SUMMARY_FILE), 'a run summary')
+  return summary['step']
+
+
+def report(workdir: str, runs: list[study.Run], results: dict,
+           short_dir: str) -> str:
+  """results.md, results.json and the curves' plot."""
+  labels = [l for l in ENCODINGS if any(r.tags['position'] == l for r in runs)]
+  long_by: dict[str, dict[int, dict]] = {}
+  for name, r in results.items():
+    r = {**r, 'stopped_at': _summary_step(workdir, name)}
+    long_by.setdefault(r['label'], {})[r['seed']] = r
+  short_by = {label: {seed: s for seed in long_by.get(label, {})
+                      if (s := short_budget(short_dir, label, seed))}
+              for label in labels}
+
+  def score(r, split=MAIN_TEST):
+    return r['splits'][split]['bleu']
+
+  rows = []
+  for label in labels:
+    for budget, by_seed in (('3,000 steps', short_by.get(label, {})),
+                            ('to convergence', long_by.get(label, {}))):
+      if not by_seed:
+        continue
+      rs = list(by_seed.values())
+      stopped = ([r['stopped_at'] for r in rs] if 'stopped_at' in rs[0]
+                 else [3000] * len(rs))
+      rows.append([label, budget, ', '.join(map(str, stopped)),
+                   ', '.join(str(r['selected_step']) for r in rs),
+                   translation_study._cell([score(r, 'val') for r in rs]),
+                   translation_study._cell([score(r) for r in rs]), len(rs)])
+  table = common.markdown_table(
+      ['encoding', 'budget', 'stopped at (per seed)', 'chosen step',
+       'val BLEU (beam)', f'{MAIN_TEST} BLEU (beam)', 'runs'], rows)
+
+  lines = []
+  for split in ('val', MAIN_TEST):
+    for budget, by in (('3,000 steps', short_by), ('to convergence', long_by)):
+      values = {label: {s: score(r, split) for s, r in by.get(label, {}).items()}
+                for label in CORE}
+      lines.append(common.paired_by_seed(
+          values, ('shaw',), ('sinusoidal',),
+          f'{split}, {budget}: shaw minus sinusoidal', unit='BLEU', digits=2))
+    # The lead's change with the budget, per seed (the same seeds' pairs).
+    change = {}
+    for label in CORE:
+      change[label] = {s: score(r, split) - score(short_by[label][s], split)
+                       for s, r in long_by.get(label, {}).items()
+                       if s in short_by.get(label, {})}
+    lines.append(common.paired_by_seed(
+        change, ('shaw',), ('sinusoidal',),
+        f'{split}: the lead to convergence minus the lead at 3,000 steps',
+        unit='BLEU', digits=2))
+  plot = os.path.join(workdir, 'bleu_by_step.png')
+  plotted = plot_curves(workdir, results, short_by, labels, plot)
+
+  body = [
+      ('Protocol', f'The translation study\'s protocol with a longer budget: '
+       f'cosine schedule built for {CAP_STEPS:,} steps (the cap), greedy '
+       f'validation BLEU every {EVAL_EVERY:,} steps, training stopped after '
+       f'{PATIENCE} evaluations in a row without a new best; the checkpoint '
+       f'with the best greedy validation BLEU is scored by beam search '
+       f'(size {translation_study.BEAM_SIZE}, alpha '
+       f'{translation_study.ALPHA}). The 3,000-step rows are the same seeds '
+       f'of {short_dir} (trained on the stack its summaries record; the '
+       f'convergence runs record theirs). Intervals: 95% t-intervals across '
+       f'seeds, the unit of replication.'),
+      ('Scores (mean ± std over seeds)', table),
+      ('Shaw minus sinusoidal, paired by seed', '\n'.join(
+          f'- {line}' for line in lines)),
+  ]
+  if plotted:
+    body.append(('Validation BLEU by step',
+                 '![greedy validation BLEU by step](bleu_by_step.png)'))
+  json_out = {name: {k: r[k] for k in ('label', 'seed', 'selected_step')}
+              | {'stopped_at': _summary_step(workdir, name),
+                 'greedy_valid_bleu': {str(k): v for k, v in
+                                       greedy_curve(os.path.join(workdir, name)).items()},
+                 'bleu': {s: r['splits'][s]['bleu'] for s in r['splits']}}
+              for name, r in results.items()}
+  return common.write_results(
+      workdir, 'Translation to convergence: shaw against sinusoidal', body,
+      json_out)
+
+
+def plot_curves(workdir: str, results: dict, short_by: dict, labels,
+                path: str) -> bool:
+  """Greedy validation BLEU by step: each convergence run (solid) and the
+  same seeds' 3,000-step runs (dashed), one colour per encoding."""
+  if not results:
+    return False
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(7, 4.2))
+  colors = dict(zip(ENCODINGS, ('C0', 'C1', 'C2')))
+  for name, r in sorted(results.items()):
+    curve = greedy_curve(os.path.join(workdir, name))
+    steps = sorted(curve)
+    label = r['label'] if r['seed'] == 0 else None
+    ax.plot(steps, [curve[s] for s in steps], color=colors[r['label']],
+            marker='.', label=label and f'{label}, to convergence')
+  for label in labels:
+    for seed, s in sorted(short_by.get(label, {}).items()):
+      curve = {int(k): v for k, v in s['valid_bleu_greedy_by_step'].items()}
+      steps = sorted(curve)
+      ax.plot(steps, [curve[k] for k in steps], color=colors[label],
+              linestyle='--', label=f'{label}, 3,000 steps' if seed == 0
+              else None)
+  ax.set_xlabel('training step')
+  ax.set_ylabel('greedy validation BLEU')
+  ax.set_title('Multi30k de-en: one line per seed')
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
+class Convergence(skeleton.Study):
+  """--scale: cpu (the CPU study) or quick."""
+  scales = ('cpu', 'quick')
+  default_scale = 'cpu'
+  default_seeds = SEEDS
+
+  def filter_values(self):
+    return {'position': ENCODINGS}
+
+  def runs(self, scale, seeds, context):
+    # The core pair at every seed first; rope after it, where the budget
+    # allows (a sitting may stop anywhere: the pairs come first).
+    runs = study_runs(scale, seeds, CORE)
+    if scale != 'quick':
+      runs += study_runs(scale, seeds, ('rope',))
+    return runs
+
+  def score(self, run, path, context):
+    translation_study.evaluate_run(run, path, greedy_curve(path))
+
+  def results(self, runs, workdir, context, *, score_missing):
+    return skeleton.scored_results(
+        runs, workdir, translation_study.RESULT_FILE,
+        lambda run, path: translation_study.evaluate_run(
+            run, path, greedy_curve(path)),
+        score_missing=score_missing)
+
+  def report(self, workdir, runs, results, scale, context):
+    return report(workdir, runs, results, SHORT_DIR.value)
+
+
+STUDY = Convergence()
+
+if __name__ == '__main__':
+  app.run(skeleton.main(STUDY))

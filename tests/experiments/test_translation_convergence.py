@@ -1,0 +1,87 @@
+"""The translation convergence check (issue 49): its plan and its report,
+on made-up scores whose paired differences are known."""
+
+import json
+import os
+
+from experiments import translation_convergence as convergence
+from selfattn.training import early_stopping
+from selfattn.training import workdir as workdir_lib
+
+
+def test_the_plan_is_the_study_protocol_with_an_early_stopped_budget():
+  runs = convergence.Convergence().runs('cpu', 3, None)
+  # The core pair at every seed first, then rope.
+  assert [r.name for r in runs[:6]] == [
+      f'position={p},seed={s}' for s in range(3) for p in ('shaw', 'sinusoidal')]
+  assert {r.tags['position'] for r in runs[6:]} == {'rope'}
+  from configs import translation as translation_config
+  study = translation_config.get_config('cpu')
+  for run in runs:
+    t, e = run.config.train, run.config.eval
+    assert t.num_steps == convergence.CAP_STEPS
+    assert t.early_stop_patience == convergence.PATIENCE
+    assert t.early_stop_metric == 'bleu'
+    assert t.checkpoint_every == e.every == convergence.EVAL_EVERY
+    assert t.keep_checkpoints * e.every == t.num_steps      # every one kept
+    # Everything else is the 3,000-step study's.
+    assert run.config.model.to_dict() == {**study.model.to_dict(),
+                                          'position': run.tags['position']}
+    assert run.config.task.to_dict() == study.task.to_dict()
+    for field in ('learning_rate', 'warmup_steps', 'schedule', 'batch_tokens',
+                  'label_smoothing', 'final_lr_fraction', 'b2'):
+      assert t[field] == study.train[field]
+
+
+def _scores(test, val):
+  return {'splits': {'val': {'bleu': val},
+                     convergence.MAIN_TEST: {'bleu': test}}}
+
+
+def _fake_run(workdir, name, *, stopped_at, curve):
+  path = os.path.join(workdir, name)
+  os.makedirs(path)
+  workdir_lib.write_json(os.path.join(path, 'summary.json'),
+                         {'step': stopped_at})
+  workdir_lib.write_json(
+      os.path.join(path, early_stopping.EARLY_STOP_FILE),
+      {'metric': 'bleu', 'patience': 2, 'evaluations': [
+          {'step': s, 'length': 64, 'value': v} for s, v in curve.items()]})
+
+
+def test_the_report_pairs_the_lead_at_both_budgets_by_seed(tmp_path):
+  short_dir, workdir = tmp_path / 'short', tmp_path / 'long'
+  # seed -> label -> (3,000-step test BLEU, converged test BLEU)
+  made_up = {0: {'shaw': (38.0, 40.0), 'sinusoidal': (36.0, 39.0)},
+             1: {'shaw': (37.0, 40.5), 'sinusoidal': (35.0, 39.5)},
+             2: {'shaw': (38.5, 41.0), 'sinusoidal': (36.0, 39.0)}}
+  runs = convergence.study_runs('quick', 3, convergence.CORE)
+  results = {}
+  for run in runs:
+    label, seed = run.tags['position'], run.tags['seed']
+    short, long = made_up[seed][label]
+    os.makedirs(short_dir / run.name)
+    (short_dir / run.name / 'translation.json').write_text(json.dumps(
+        {**_scores(short, short + 1), 'selected_step': 3000,
+         'valid_bleu_greedy_by_step': {'1500': short - 5, '3000': short}}))
+    _fake_run(str(workdir), run.name, stopped_at=9000,
+              curve={3000: long - 3, 6000: long - 1, 7000: long,
+                     8000: long - 0.5, 9000: long - 0.2})
+    results[run.name] = {**_scores(long, long + 1), 'selected_step': 7000,
+                         'label': label, 'seed': seed}
+  text = convergence.report(str(workdir), runs, results, str(short_dir))
+  # Per seed, shaw minus sinusoidal: 3,000 steps +2, +2, +2.5; converged
+  # +1, +1, +2; the change -1, -1, -0.5.
+  assert ('test_2016_flickr, 3,000 steps: shaw minus sinusoidal: +2.17 BLEU '
+          'over 3 seeds') in text
+  assert ('test_2016_flickr, to convergence: shaw minus sinusoidal: +1.33 '
+          'BLEU over 3 seeds') in text
+  assert ('test_2016_flickr: the lead to convergence minus the lead at 3,000 '
+          'steps: -0.83 BLEU over 3 seeds') in text
+  assert 'per seed -1.00, -1.00, -0.50' in text
+  assert '| shaw | to convergence | 9000, 9000, 9000 | 7000, 7000, 7000 |' in text
+  assert '| sinusoidal | 3,000 steps | 3000, 3000, 3000 |' in text
+  assert (workdir / 'bleu_by_step.png').exists()
+  stored = json.loads((workdir / 'results.json').read_text())
+  assert stored['position=shaw,seed=1']['greedy_valid_bleu']['7000'] == 40.5
+  assert stored['position=shaw,seed=1']['stopped_at'] == 9000
