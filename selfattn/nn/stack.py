@@ -18,7 +18,7 @@ from selfattn.nn.attention import check_cache_fit
 from selfattn.nn.layers import NORMS
 from selfattn.nn.layers import check_norm_type
 from selfattn.nn.layers import make_norm
-from selfattn.nn.positions import HuangRelative, NoEncoding, POSITIONS, get_position
+from selfattn.nn.positions import NoEncoding, POSITIONS, get_position
 
 
 def check_position_options(owner: str, position: str,
@@ -207,13 +207,11 @@ def relative_layers(kind, options: dict, num_layers: int, *, num_heads: int,
   """One relative-position module per layer (None for absolute encodings)."""
   if not kind.relative:
     return [None] * num_layers
-  layers = [kind.build(num_heads=num_heads, head_dim=head_dim, max_len=max_len,
-                       param_dtype=param_dtype, rngs=rngs, **options)
-            for _ in range(num_layers)]
-  for layer in layers:
-    if isinstance(layer, HuangRelative):
-      layer.causal = causal       # the Music Transformer's causal skew
-  return layers
+  if kind.takes_causal:
+    options = {**options, 'causal': causal}
+  return [kind.build(num_heads=num_heads, head_dim=head_dim, max_len=max_len,
+                     param_dtype=param_dtype, rngs=rngs, **options)
+          for _ in range(num_layers)]
 
 
 def build_blocks(make_block: Callable[[object, nnx.Rngs], nnx.Module],

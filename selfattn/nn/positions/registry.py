@@ -27,6 +27,9 @@ class PositionKind:
   relative: bool
   options: dict[str, Any]   # option name -> default
   build: Callable[..., nnx.Module]
+  # Whether build takes causal= (set by decoders): an encoding whose
+  # computation differs under a causal mask (Huang et al.'s skew).
+  takes_causal: bool = False
 
 
 POSITIONS: dict[str, PositionKind] = {
@@ -55,7 +58,8 @@ POSITIONS: dict[str, PositionKind] = {
             'huang', True, {'shared_heads': False},
             lambda *, num_heads, head_dim, max_len, param_dtype, rngs, **o:
             HuangRelative(num_heads, head_dim, max_len=max_len,
-                          param_dtype=param_dtype, rngs=rngs, **o)),
+                          param_dtype=param_dtype, rngs=rngs, **o),
+            takes_causal=True),
         PositionKind(
             'rope', True, {'rope_base': 10000.0},
             lambda *, num_heads, head_dim, max_len, param_dtype, rngs, **o:
