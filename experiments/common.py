@@ -244,7 +244,8 @@ def main_wrapper(fn: Callable[[str, int, bool], None]):
     configure_logging()
     if not WORKDIR.value:
       raise SystemExit('error: --workdir is required')
-    fn(WORKDIR.value, SEEDS.value, QUICK.value)
+    with study.stops_in_one_line():
+      fn(WORKDIR.value, SEEDS.value, QUICK.value)
   return main
 
 

@@ -36,6 +36,7 @@ from experiments import skeleton
 from experiments import study
 from selfattn.tasks.music import jsb
 from selfattn.tasks.music import lm_eval
+from selfattn.training import workdir as workdir_lib
 
 # Section 6's first pass ran before the CPU default knew the meter: its rows
 # turn the meter off, so that they keep the configs they were trained with.
@@ -98,8 +99,8 @@ def evaluate_run(run: study.Run, path: str, data: dict) -> dict:
   """The run's music.json: NLLs, NLL by position, samples (computed once)."""
   target = os.path.join(path, 'music.json')
   if os.path.exists(target):
-    with open(target) as f:
-      return json.load(f)
+    return workdir_lib.read_json_object(
+        target, "the run's music scores; delete it to rescore")
   window = run.config.task.max_len
   model = common.trained_model(run.config, path)
   result = {}

@@ -24,6 +24,7 @@ from absl import flags
 from experiments import common
 from experiments import study
 from selfattn.errors import ConfigError
+from selfattn.errors import DataError
 
 SCALE = flags.DEFINE_string('scale', None, "The study's scale (each study "
                             'lists its own; default: its CPU study).')
@@ -160,14 +161,15 @@ def chosen_shard() -> tuple[int, int]:
 
 def main(spec: Study):
   """The study's absl main. A damaged file of a run (a truncated
-  summary.json, say) is one line naming it, exit status 2."""
+  summary.json, say) or of the data is one line naming it, exit status 2."""
   def run(argv):
     if len(argv) > 1:
       _fail(f'unexpected arguments {" ".join(argv[1:])} (flags look like '
             f'--name=value)')
     try:
-      _main(spec)
-    except ConfigError as e:
+      with study.stops_in_one_line():
+        _main(spec)
+    except (ConfigError, DataError) as e:
       _fail(str(e), status=2)
   return run
 

@@ -20,7 +20,6 @@ numbers stay inside its seed-to-seed spread.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import statistics
 
@@ -62,8 +61,8 @@ def stored_config(path: str) -> ml_collections.ConfigDict:
   configs/default.py, so that fields added since it ran take the values
   that reproduce it (workdir's added fields) or their defaults."""
   from configs import default
-  with open(os.path.join(path, workdir_lib.CONFIG_FILE)) as f:
-    stored = workdir_lib.with_added_fields(json.load(f))
+  stored = workdir_lib.with_added_fields(workdir_lib.read_json_object(
+      os.path.join(path, workdir_lib.CONFIG_FILE), "a committed run's config"))
   config = default.get_config()
   with config.unlocked():
     _overlay(config, stored)
@@ -124,8 +123,8 @@ def main(argv) -> None:
   for i, path in enumerate(paths, 1):
     name = os.path.basename(path)
     print(f'[{i}/{len(paths)}] {name}', flush=True)
-    with open(os.path.join(path, workdir_lib.SUMMARY_FILE)) as f:
-      old[name] = json.load(f)
+    old[name] = workdir_lib.read_json_object(
+        os.path.join(path, workdir_lib.SUMMARY_FILE), "a committed run's summary")
     new[name] = _retrain(path, os.path.join(common.WORKDIR.value, name))
   title = f'{_STUDY.value}/{_RUNS.value} on the installed stack'
   print(common.write_results(common.WORKDIR.value, title,

@@ -19,9 +19,11 @@ import contextlib
 import dataclasses
 import io
 import os
+import signal
 import sys
+import threading
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
 import ml_collections
@@ -29,6 +31,7 @@ from absl import logging
 
 from selfattn.training import workdir as workdir_lib
 from selfattn.errors import ConfigError
+from selfattn.errors import DataError
 from selfattn.errors import NonFiniteError
 from selfattn.errors import TrainingInterrupted
 from selfattn.training.timing import duration
@@ -84,6 +87,40 @@ def select(runs: Sequence[Run], *, seeds: Iterable[int] | None = None,
 # A run whose loss became non-finite is a finished outcome, not a crash: the
 # study records it here and moves on, and a restart does not retrain it.
 DIVERGED_FILE = 'diverged.json'
+
+
+class StudyStopped(Exception):
+  """SIGINT or SIGTERM outside a training run (scoring, collecting)."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+
+@contextlib.contextmanager
+def stops_in_one_line() -> Iterator[None]:
+  """Makes SIGINT/SIGTERM end a study driver with one line and exit status
+  128 + signal in every phase. Training has its own handler (a checkpoint,
+  then TrainingInterrupted); around it, a stop request raises StudyStopped
+  where the driver is (scoring, probing, collecting), whose files are
+  written atomically, so nothing finished is lost and a rerun resumes."""
+  def request(signum, frame):
+    del frame
+    raise StudyStopped(signum)
+  previous = {}
+  if threading.current_thread() is threading.main_thread():
+    previous = {s: signal.signal(s, request)
+                for s in (signal.SIGINT, signal.SIGTERM)}
+  try:
+    yield
+  except StudyStopped as e:
+    print(f'[study] stopped: {e} received outside training (scoring or '
+          f'collecting); every finished run and score is kept: rerun the '
+          f'same command to resume', file=sys.stderr, flush=True)
+    raise SystemExit(128 + e.signum) from None
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
 
 
 def finished_summary(run: Run, workdir: str) -> dict[str, Any] | None:
@@ -156,9 +193,10 @@ def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True,
       # The run saved a checkpoint; rerunning the study resumes it.
       print(f'[study] stopped: {e}', file=sys.stderr)
       sys.exit(128 + e.signum)
-    except ConfigError as e:
+    except (ConfigError, DataError) as e:
       # A run refused before it trained (its workdir locked by another live
-      # study, an invalid config): one line, as the training CLI says it.
+      # study, an invalid config, a damaged data file): one line, as the
+      # training CLI says it.
       print(f'error: {run.name}: {e}', file=sys.stderr)
       sys.exit(2)
     except NonFiniteError as e:

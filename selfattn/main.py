@@ -13,7 +13,6 @@ Multi-host: pass --coordinator_address, --num_processes and --process_id (or
 """
 
 import ast
-import logging as std_logging
 import os
 import sys
 
@@ -156,33 +155,10 @@ def main(argv):
                                process_id=_PROCESS_ID.value)
   elif _DISTRIBUTED.value:
     jax.distributed.initialize()
-  # After distributed init.
-  from selfattn.training.checkpoints import CheckpointError
-  from selfattn.errors import NonFiniteError
-  from selfattn.errors import TrainingInterrupted
-  from selfattn.training.train import train_and_evaluate
-  try:
-    train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except ConfigError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
-  except NonFiniteError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(1)
-  except CheckpointError as e:
-    # Orbax's threads may still be logging the same failure; the one-line
-    # report must be the last thing printed.
-    std_logging.disable(std_logging.CRITICAL)
-    print(f'error: {e}', file=sys.stderr)
-    # A failed save can leave orbax threads waiting on a barrier that never
-    # completes; a normal exit would wait for them (minutes). Every finished
-    # checkpoint is already complete on disk, so nothing is lost.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
-  except TrainingInterrupted as e:
-    print(f'stopped: {e}', file=sys.stderr)
-    sys.exit(128 + e.signum)
+  from selfattn.training.exits import train_reporting_errors
+  status = train_reporting_errors(_CONFIG.value, _WORKDIR.value)
+  if status:
+    sys.exit(status)
 
 
 def _define_config(argv: list[str]) -> list[str]:

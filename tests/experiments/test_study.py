@@ -2,6 +2,9 @@
 recorded outcomes, and the tables and plots leave them out visibly."""
 
 import math
+import os
+import signal
+import threading
 
 import ml_collections
 import pytest
@@ -268,3 +271,33 @@ def test_a_truncated_summary_stops_a_study_in_one_line(tmp_path, capsys):
   err = capsys.readouterr().err.strip()
   assert err.startswith(f'error: {run_dir}/summary.json (the summary of a '
                         'finished run) cannot be read') and '\n' not in err
+
+
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_outside_training_is_one_line_and_restores_handlers(
+    capsys, signum):
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip('signal handlers can only be set in the main thread')
+  before = signal.getsignal(signum)
+  scored = []
+  with pytest.raises(SystemExit) as stop:
+    with study.stops_in_one_line():
+      scored.append('first')
+      os.kill(os.getpid(), signum)      # as during a run's beam search
+      scored.append('never')
+  assert stop.value.code == 128 + signum
+  assert scored == ['first']
+  lines = capsys.readouterr().err.splitlines()
+  assert lines == [f'[study] stopped: {signal.Signals(signum).name} received '
+                   'outside training (scoring or collecting); every finished '
+                   'run and score is kept: rerun the same command to resume']
+  assert signal.getsignal(signum) == before
+
+
+def test_a_truncated_music_score_is_one_line_naming_the_file(tmp_path):
+  from experiments import music
+  from selfattn.errors import ConfigError
+  (tmp_path / 'music.json').write_text('{"valid": {"nll": 0.4')
+  run = study.Run('run', ml_collections.ConfigDict(), {})
+  with pytest.raises(ConfigError, match=r"music\.json.*delete it to rescore"):
+    music.evaluate_run(run, str(tmp_path), data={})

@@ -3,6 +3,7 @@ refusals, the shared copy), the SentencePiece tokenizer (exact round trip,
 determinism, the cache) and the sacreBLEU call."""
 
 import gzip
+import json
 import math
 import hashlib
 import urllib.error
@@ -142,3 +143,82 @@ def test_the_jsb_and_multi30k_loaders_share_one_locator():
   from selfattn import errors
   assert (jsb.DataError is multi30k.DataError is data_files.DataError
           is errors.DataError)
+
+
+def _cached(tmp_path):
+  (model,) = tmp_path.glob('*.model')
+  return model, model.with_suffix('.json')
+
+
+@pytest.mark.parametrize('damage', ['truncated', 'random bytes', 'no record',
+                                    'another vocabulary'])
+def test_a_damaged_or_planted_cached_model_is_rebuilt(tmp_path, damage):
+  texts = GERMAN + ENGLISH
+  good = tokenizer.train(texts, vocab_size=300, cache_dir=tmp_path)
+  model, record = _cached(tmp_path)
+  if damage == 'truncated':
+    model.write_bytes(good.proto[:len(good.proto) // 2])
+  elif damage == 'random bytes':
+    model.write_bytes(bytes(range(256)) * 20)
+  elif damage == 'no record':
+    record.unlink()
+  else:
+    # A valid model of 320 pieces, with its own valid record, planted under
+    # the key of the 300-piece request.
+    other = tmp_path / 'other'
+    tokenizer.train(texts, vocab_size=320, cache_dir=other)
+    other_model, other_record = _cached(other)
+    model.write_bytes(other_model.read_bytes())
+    record.write_bytes(other_record.read_bytes())
+  again = tokenizer.train(texts, vocab_size=300, cache_dir=tmp_path)
+  assert again.vocab_size == 300 and again.proto == good.proto
+  # The rebuilt cache is whole again, and is read without a rebuild.
+  model, record = _cached(tmp_path)
+  assert model.read_bytes() == good.proto
+  assert json.loads(record.read_text())['sha256'] == hashlib.sha256(
+      good.proto).hexdigest()
+
+
+def test_decode_takes_arrays_and_encode_refuses_what_is_not_unicode(tmp_path):
+  import jax.numpy as jnp
+  import numpy as np
+  tok = tokenizer.train(GERMAN + ENGLISH, vocab_size=300, cache_dir=tmp_path)
+  ids = tok.encode(GERMAN[:2])
+  width = max(map(len, ids)) + 3
+  padded = [row + [tokenizer.EOS] + [tokenizer.PAD] * (width - len(row))
+            for row in ids]
+  for rows in (np.asarray(padded), jnp.asarray(padded, jnp.int32)):
+    assert tok.decode(rows) == GERMAN[:2]                # one row a sentence
+    assert tok.decode(rows[0]) == GERMAN[0]
+  assert tok.decode([np.int32(i) for i in ids[0]]) == GERMAN[0]
+  with pytest.raises(ValueError, match=r"string 1: not valid Unicode .* at "
+                     r"character 2: '\\ud800'"):
+    tok.encode(['fine', 'ab\ud800c'])
+  with pytest.raises(ValueError, match='not valid Unicode'):
+    tok.encode('\udfff')
+
+
+def test_bleu_refuses_two_strings_where_lists_of_sentences_belong():
+  with pytest.raises(TypeError, match='hypotheses is one string; pass a list'):
+    bleu.score('A dog runs.', 'A dog runs.')
+  with pytest.raises(TypeError, match='references is one string'):
+    bleu.sentence_statistics(['A dog runs.'], 'A dog runs.')
+  assert bleu.score(['A dog runs.'], ['A dog runs.'])['bleu'] == pytest.approx(100)
+
+
+def test_a_missing_corpus_is_one_error_naming_every_missing_file(
+    tmp_path, monkeypatch):
+  _offline(monkeypatch)
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+  monkeypatch.setenv('SELFATTN_DATA_DIR', str(tmp_path / 'data'))
+  with pytest.raises(multi30k.DataError) as error:
+    multi30k.sentences('train', 'de')
+  message = str(error.value)
+  assert '\n' not in message
+  assert "10 of the corpus's 10 files are missing" in message
+  for name in multi30k.SHA256:
+    assert name in message
+  # With all but one present, the message names the one.
+  _gz(tmp_path / 'data' / 'multi30k' / 'val.de.gz', ['x'])
+  assert multi30k.missing_files() == [n for n in multi30k.SHA256
+                                      if n != 'val.de.gz']

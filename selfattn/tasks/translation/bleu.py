@@ -18,6 +18,7 @@ def score(hypotheses: Sequence[str], references: Sequence[str]
   it comes from ('bp', 'sys_len', 'ref_len': 13a tokens), since part of a
   BLEU difference can be output length alone."""
   from sacrebleu.metrics import BLEU, CHRF
+  _check_lists(hypotheses, references)
   hypotheses, references = list(hypotheses), list(references)
   if len(hypotheses) != len(references):
     raise ValueError(f'{len(hypotheses)} hypotheses for {len(references)} '
@@ -35,6 +36,14 @@ def score(hypotheses: Sequence[str], references: Sequence[str]
           'chrf_signature': str(chrf.get_signature())}
 
 
+def _check_lists(hypotheses, references) -> None:
+  """Two strings would be scored as lists of one-character sentences."""
+  for name, value in (('hypotheses', hypotheses), ('references', references)):
+    if isinstance(value, str):
+      raise TypeError(f'{name} is one string; pass a list of sentences '
+                      f'(e.g. [{value[:20]!r}])')
+
+
 def sentence_statistics(hypotheses: Sequence[str], references: Sequence[str]
                         ) -> np.ndarray:
   """(N, 10) float64: sacreBLEU's sufficient statistics of each sentence
@@ -43,6 +52,7 @@ def sentence_statistics(hypotheses: Sequence[str], references: Sequence[str]
   corpus BLEU (bleu_of_statistics): what a bootstrap over sentences needs
   (sacrebleu.significance computes its paired bootstrap the same way)."""
   from sacrebleu.metrics import BLEU
+  _check_lists(hypotheses, references)
   if len(hypotheses) != len(references):
     raise ValueError(f'{len(hypotheses)} hypotheses for {len(references)} '
                      f'references')

@@ -56,8 +56,15 @@ def sentences(split: str, language: str,
   """The split's sentences in one language, in file order, each without
   its line end (nothing else is changed: no stripping, no normalization)."""
   name = filename(split, language)
-  path = data_files.locate(SUBDIR, name, SHA256[name],
-                           URL.format(name=name), data_dir)
+  try:
+    path = data_files.locate(SUBDIR, name, SHA256[name],
+                             URL.format(name=name), data_dir)
+  except DataError as e:
+    absent = missing_files(data_dir)
+    if len(absent) > 1:       # one line that names everything to fetch
+      raise DataError(f'{e}; {len(absent)} of the corpus\'s {len(SHA256)} '
+                      f'files are missing: {", ".join(absent)}') from None
+    raise
   try:
     with gzip.open(path, 'rt', encoding='utf-8', newline='') as f:
       lines = f.read().split('\n')
@@ -68,6 +75,13 @@ def sentences(split: str, language: str,
   if len(lines) != SIZES[split]:
     raise DataError(f'{path}: {len(lines)} lines, expected {SIZES[split]}')
   return lines
+
+
+def missing_files(data_dir: str | os.PathLike | None = None) -> list[str]:
+  """The corpus files found in none of data_files.candidates' places."""
+  return [name for name in SHA256
+          if not any(p.is_file() for p in data_files.candidates(
+              SUBDIR, name, data_dir))]
 
 
 def pairs(split: str, source: str = 'de', target: str = 'en',
