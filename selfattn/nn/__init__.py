@@ -26,6 +26,7 @@ from selfattn.nn.decoding import generate
 from selfattn.nn.models import LanguageModel
 from selfattn.nn.models import Seq2SeqModel
 from selfattn.nn.models import SequenceModel
+from selfattn.nn.stack import check_token_ids
 from selfattn.nn.positions import ALiBi
 from selfattn.nn.positions import HuangRelative
 from selfattn.nn.positions import LearnedEncoding

@@ -24,10 +24,8 @@ from selfattn.nn.layers import AddNorm
 from selfattn.nn.layers import PositionWiseFFN
 from selfattn.nn.stack import CacheMixin
 from selfattn.nn.stack import EmbeddingMixin
-from selfattn.nn.stack import build_blocks
 from selfattn.nn.stack import check_stack
 from selfattn.nn.stack import check_tokens
-from selfattn.nn.stack import final_norm
 from selfattn.nn.stack import run_blocks
 
 
@@ -136,14 +134,7 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
     if tie_output and vocab_size is None:
       raise ValueError('tie_output=True needs a token embedding: give a '
                        'vocab_size')
-    self.num_heads = num_heads
     self.has_cross_attention = cross_attention
-    self.dtype = dtype
-    self.remat = remat
-    self.scan_layers = scan_layers
-    self._init_embedding(vocab_size, num_hiddens, dropout, kind=kind,
-                         options=options, max_len=max_len, dtype=dtype,
-                         param_dtype=param_dtype, rngs=rngs)
 
     def block(relative, rngs):
       return TransformerDecoderBlock(
@@ -154,14 +145,13 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
           attention_impl=attention_impl, dtype=dtype,
           param_dtype=param_dtype, rngs=rngs)
 
-    self.blks = build_blocks(
-        block, num_layers, scan_layers=scan_layers, kind=kind,
-        options=options, num_heads=num_heads,
-        head_dim=num_hiddens // num_heads, max_len=max_len, causal=True,
-        param_dtype=param_dtype, rngs=rngs)
-    self.final_ln = final_norm(norm, num_hiddens, norm_type=norm_type,
-                               dtype=dtype,
-                               param_dtype=param_dtype, rngs=rngs)
+    self._init_layers(
+        block, vocab_size=vocab_size, num_hiddens=num_hiddens,
+        num_heads=num_heads, num_layers=num_layers, dropout=dropout,
+        kind=kind, options=options, max_len=max_len, norm=norm,
+        norm_type=norm_type, causal=True, remat=remat,
+        scan_layers=scan_layers, dtype=dtype, param_dtype=param_dtype,
+        rngs=rngs)
     # Tied: the logits are the final states against the token embedding
     # (Press & Wolf 2017), no separate output matrix.
     self.dense = None if tie_output else nnx.Linear(

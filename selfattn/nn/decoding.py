@@ -1,8 +1,9 @@
-"""One decode loop for every way selfattn runs a causal model one token at
-a time through its key/value caches: greedy, sampling, beam search, and
-teacher forcing (a token given at some or every step, as free-running
-evaluation and cached scoring need). They differ only in how a step picks
-its token; the loop, the caches and end-of-sentence handling are shared.
+"""The decode loops that run a causal model one token at a time through its
+key/value caches: greedy_search and sample (one loop, one row per example,
+with teacher forcing: a token given at some or every step, as free-running
+evaluation and cached scoring need) and beam_search (beam_size rows per
+example); `generate(method=...)` picks one. They share how they start
+(the caches, the prompt) and their end-of-sentence handling.
 
     out = generate(model, prompt, num_steps, method='beam', beam_size=4,
                    eos=EOS, call_args=(enc_outputs, enc_valid_lens))
@@ -31,7 +32,9 @@ caches follow the live hypotheses (CacheMixin.reorder_cache).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -73,68 +76,35 @@ def _repeat(x, k: int):
   return None if x is None else jnp.repeat(x, k, axis=0)
 
 
-def generate(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
-             method: str = 'greedy', key: jax.Array | None = None,
-             temperature: float = 1.0, top_k: int | None = None,
-             beam_size: int = 4, alpha: float = 0.6,
-             eos: int | None = None, pad: int = 0,
-             forced: jax.Array | None = None,
-             forced_mask: jax.Array | None = None,
-             positions: jax.Array | None = None,
-             call_args: tuple = (), return_logits: bool = False,
-             choice_offset: int = 0) -> Generated:
-  """Continues prompt (B, P) by up to num_steps tokens.
+class _Start(NamedTuple):
+  """What every decode loop begins with: the caches made, the prompt read.
+  b examples of k rows each (beam search: k hypotheses; else k = 1);
+  tokens (b k, P + num_steps) is the prompt then pad; logits (b k, V) after
+  the prompt; call(model, tokens, start, length) -> the last new token's
+  float32 logits."""
+  b: int
+  k: int
+  p: int
+  total: int
+  tokens: jax.Array
+  logits: jax.Array
+  call: Callable
 
-  Args:
-    model: a causal model with `stack.init_cache` (see the module doc); its
-      caches are replaced by fresh ones.
-    prompt: (B, P) int, P >= 1; fills the caches in one call.
-    num_steps: tokens after the prompt (>= 1).
-    method: 'greedy', 'sample' (step i draws with fold_in(key, i)) or
-      'beam'.
-    temperature, top_k: sampling's.
-    beam_size, alpha: beam search's width and length-penalty exponent.
-    eos: the end-of-sentence id, or None (every sequence runs num_steps).
-    pad: what follows eos.
-    forced, forced_mask: (B, num_steps): where the mask is True, step i's
-      token is forced[:, i] instead of the method's choice (teacher
-      forcing; greedy and sampling only).
-    positions: (B, P + num_steps) int positions for randomized encodings,
-      or None (0, 1, ...).
-    call_args: more positional arguments of every model call (a
-      translation decoder's enc_outputs, enc_valid_lens); beam search
-      repeats their rows per hypothesis.
-    return_logits: also return the logits after the prompt and after each
-      step's token, (B, num_steps + 1, V) (greedy, sampling).
-    choice_offset: added to the index a step picks from the logits (a
-      model whose logits are over classes that are tokens from an offset
-      on); forced tokens and pad are token ids already.
 
-  Returns:
-    Generated(tokens, scores, logits).
-  """
-  if method not in METHODS:
-    raise ValueError(f'method={method!r}; valid: {", ".join(METHODS)}')
+def _start(model: nnx.Module, prompt: jax.Array, num_steps: int, k: int, *,
+           pad: int, positions: jax.Array | None, call_args: tuple
+           ) -> _Start:
   if num_steps < 1:
     raise ValueError(f'num_steps must be >= 1; got {num_steps}')
   prompt = jnp.asarray(prompt, jnp.int32)
   if prompt.ndim != 2 or prompt.shape[1] < 1:
     raise ValueError(f'prompt must be (B, P) token ids with P >= 1; got '
                      f'shape {tuple(prompt.shape)}')
-  if method == 'beam' and (forced is not None or return_logits):
-    raise ValueError('beam search takes no forced tokens and returns no '
-                     'per-step logits')
-  if method == 'sample' and key is None:
-    raise ValueError("method='sample' needs a key")
-  k = beam_size if method == 'beam' else 1
-  if k < 1:
-    raise ValueError(f'beam_size must be >= 1; got {beam_size}')
   b, p = prompt.shape
-  rows, total = b * k, p + num_steps
+  total = p + num_steps
   # The prompt, then one token a step: the last step's call writes position
   # P + num_steps - 1, the caches' last slot.
-  stack_of = lambda m: getattr(m, 'stack', m)   # a wrapper's, or the stack
-  stack_of(model).init_cache(rows, total)
+  _stack_of(model).init_cache(b * k, total)
   call_args = tuple(_repeat(a, k) for a in call_args)
   positions = _repeat(None if positions is None else
                       jnp.asarray(positions, jnp.int32), k)
@@ -147,24 +117,123 @@ def generate(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
     return out[:, -1].astype(jnp.float32)
 
   logits = call(model, _repeat(prompt, k), 0, p)            # (B k, V)
-  vocab = logits.shape[-1]
   tokens = jnp.concatenate(
-      [_repeat(prompt, k), jnp.full((rows, num_steps), pad, jnp.int32)], 1)
+      [_repeat(prompt, k), jnp.full((b * k, num_steps), pad, jnp.int32)], 1)
+  return _Start(b, k, p, total, tokens, logits, call)
+
+
+def _stack_of(model: nnx.Module) -> nnx.Module:
+  return getattr(model, 'stack', model)   # a wrapper's, or the stack
+
+
+def greedy_search(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
+                  eos: int | None = None, pad: int = 0,
+                  forced: jax.Array | None = None,
+                  forced_mask: jax.Array | None = None,
+                  positions: jax.Array | None = None, call_args: tuple = (),
+                  return_logits: bool = False,
+                  choice_offset: int = 0) -> Generated:
+  """Continues prompt (B, P) by up to num_steps tokens, each the argmax
+  (see `generate` for the arguments)."""
+  return _one_token_a_step(
+      model, prompt, num_steps,
+      lambda i, logits: jnp.argmax(logits, axis=-1).astype(jnp.int32),
+      eos=eos, pad=pad, forced=forced, forced_mask=forced_mask,
+      positions=positions, call_args=call_args, return_logits=return_logits,
+      choice_offset=choice_offset)
+
+
+def sample(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
+           key: jax.Array, temperature: float = 1.0, top_k: int | None = None,
+           eos: int | None = None, pad: int = 0,
+           forced: jax.Array | None = None,
+           forced_mask: jax.Array | None = None,
+           positions: jax.Array | None = None, call_args: tuple = (),
+           return_logits: bool = False, choice_offset: int = 0) -> Generated:
+  """Continues prompt (B, P) by up to num_steps tokens, step i drawn with
+  fold_in(key, i) at `temperature` among the top_k (see `generate`)."""
+  if key is None:
+    raise ValueError("method='sample' needs a key")
+  if not math.isfinite(temperature) or not temperature > 0:
+    raise ValueError(f'temperature must be > 0 and finite; got {temperature}')
+  return _one_token_a_step(
+      model, prompt, num_steps,
+      lambda i, logits: draw(logits, jax.random.fold_in(key, i), temperature,
+                             top_k),
+      eos=eos, pad=pad, forced=forced, forced_mask=forced_mask,
+      positions=positions, call_args=call_args, return_logits=return_logits,
+      choice_offset=choice_offset)
+
+
+def _one_token_a_step(model, prompt, num_steps: int, choose, *, eos, pad,
+                      forced, forced_mask, positions, call_args,
+                      return_logits: bool, choice_offset: int) -> Generated:
+  """Greedy search and sampling: one row per example, choose(i, logits)
+  -> (B,) picks step i's token (forced ones override it)."""
+  start = _start(model, prompt, num_steps, 1, pad=pad, positions=positions,
+                 call_args=call_args)
+  b, p, call = start.b, start.p, start.call
+  vocab = start.logits.shape[-1]
+  kept = (jnp.zeros((b, num_steps, vocab), jnp.float32)
+          if return_logits else jnp.zeros((), jnp.float32))
+
+  def step(carry):
+    model, i, logits, tokens, scores, finished, kept = carry
+    if return_logits:
+      kept = kept.at[:, i].set(logits)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    token = choose(i, logits) + choice_offset
+    if forced is not None:
+      token = jnp.where(forced_mask[:, i], jnp.asarray(forced)[:, i], token)
+    live = ~finished
+    token = jnp.where(live, token, pad).astype(jnp.int32)
+    gained = jnp.where(live, jnp.take_along_axis(
+        logp, jnp.clip(token - choice_offset, 0, vocab - 1)[:, None],
+        axis=1)[:, 0], 0.0)
+    if eos is not None:
+      finished = finished | (token == eos)
+    tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, p + i))
+    logits = call(model, token[:, None], p + i, 1)
+    return model, i + 1, logits, tokens, scores + gained, finished, kept
+
+  def more(carry):
+    return (carry[1] < num_steps) & ~jnp.all(carry[5])
+
+  carry = (model, jnp.zeros((), jnp.int32), start.logits, start.tokens,
+           jnp.zeros((b,), jnp.float32), jnp.zeros((b,), bool), kept)
+  _, _, logits, tokens, scores, _, kept = nnx.while_loop(more, step, carry)
+  return Generated(tokens, scores,
+                   jnp.concatenate([kept, logits[:, None]], axis=1)
+                   if return_logits else None)
+
+
+def beam_search(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
+                beam_size: int = 4, alpha: float = 0.6,
+                eos: int | None = None, pad: int = 0,
+                positions: jax.Array | None = None,
+                call_args: tuple = ()) -> Generated:
+  """Continues prompt (B, P) by up to num_steps tokens: the best hypothesis
+  of a beam of beam_size under GNMT's length penalty with exponent alpha
+  (the module doc says how; `generate` the other arguments)."""
+  if beam_size < 1:
+    raise ValueError(f'beam_size must be >= 1; got {beam_size}')
+  if not math.isfinite(alpha):
+    raise ValueError(f'alpha must be a finite number; got {alpha}')
+  k = beam_size
+  start = _start(model, prompt, num_steps, k, pad=pad, positions=positions,
+                 call_args=call_args)
+  b, p, total, call = start.b, start.p, start.total, start.call
+  rows, vocab = b * k, start.logits.shape[-1]
   # Beam i > 0 starts dead, so the first step expands beam 0 only.
   scores = jnp.where(jnp.arange(k)[None, :] == 0, 0.0, -jnp.inf)
   scores = jnp.broadcast_to(scores, (b, k)).astype(jnp.float32)
-  finished = jnp.zeros((b, k), bool)
-  lengths = jnp.zeros((b, k), jnp.int32)
-  # Beam search's finished set: (B, k, P + num_steps) tokens and their
+  # The finished set: (B, k, P + num_steps) tokens and their
   # length-penalised scores, -inf where empty.
-  done_tokens = (jnp.full((b, k, total), pad, jnp.int32) if method == 'beam'
-                 else jnp.zeros((), jnp.int32))
+  done_tokens = jnp.full((b, k, total), pad, jnp.int32)
   done_scores = jnp.full((b, k), -jnp.inf, jnp.float32)
   penalty = lambda n: length_penalty(jnp.asarray(n, jnp.float32), alpha)
-  kept = (jnp.zeros((rows, num_steps, vocab), jnp.float32)
-          if return_logits else jnp.zeros((), jnp.float32))
 
-  def beam_choice(i, logp, scores, tokens, done_tokens, done_scores):
+  def choose(i, logp, scores, tokens, done_tokens, done_scores):
     # 2k continuations of the k live hypotheses: at most k end in eos, so
     # at least k stay live.
     width = min(2 * k, k * vocab)
@@ -190,73 +259,90 @@ def generate(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
         rows, total)
     return token, scores, tokens, done_tokens, done_scores, rows_from
 
-  def beam_settled(i, scores, done_scores):
+  def settled(i, scores, done_scores):
     # (B,): no live hypothesis can beat the worst finished one. Scores are
     # <= 0 and only fall, so the best a live one can reach is its score
     # over the largest penalty of any length still ahead.
     best_live = scores[:, 0] / jnp.maximum(penalty(i + 1), penalty(num_steps))
     return done_scores[:, -1] >= best_live
 
-  def single_choice(i, logits, logp, scores, finished, lengths):
-    if method == 'sample':
-      token = draw(logits, jax.random.fold_in(key, i), temperature, top_k)
-    else:
-      token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    token = token + choice_offset
-    if forced is not None:
-      token = jnp.where(forced_mask[:, i], jnp.asarray(forced)[:, i], token)
-    live = ~finished.reshape(rows)
-    token = jnp.where(live, token, pad).astype(jnp.int32)
-    gained = jnp.where(live, jnp.take_along_axis(
-        logp, jnp.clip(token - choice_offset, 0, vocab - 1)[:, None],
-        axis=1)[:, 0], 0.0)
-    finished = finished | (
-        (token == eos).reshape(b, k) if eos is not None else False)
-    lengths = lengths + live.reshape(b, k).astype(jnp.int32)
-    return token, scores + gained.reshape(b, k), finished, lengths
-
   def step(carry):
-    (model, i, logits, tokens, scores, finished, lengths, kept, done_tokens,
-     done_scores) = carry
-    if return_logits:
-      kept = kept.at[:, i].set(logits)
+    model, i, logits, tokens, scores, finished, done_tokens, done_scores = carry
     logp = jax.nn.log_softmax(logits, axis=-1)
-    if method == 'beam':
-      token, scores, tokens, done_tokens, done_scores, rows_from = (
-          beam_choice(i, logp, scores, tokens, done_tokens, done_scores))
-      finished = jnp.broadcast_to(
-          beam_settled(i + 1, scores, done_scores)[:, None], (b, k))
-      stack_of(model).reorder_cache(rows_from)
-    else:
-      token, scores, finished, lengths = single_choice(
-          i, logits, logp, scores, finished, lengths)
-      tokens = jax.lax.dynamic_update_slice(tokens, token[:, None],
-                                            (0, p + i))
+    token, scores, tokens, done_tokens, done_scores, rows_from = choose(
+        i, logp, scores, tokens, done_tokens, done_scores)
+    finished = settled(i + 1, scores, done_scores)
+    _stack_of(model).reorder_cache(rows_from)
     logits = call(model, token[:, None], p + i, 1)
-    return (model, i + 1, logits, tokens, scores, finished, lengths, kept,
-            done_tokens, done_scores)
+    return (model, i + 1, logits, tokens, scores, finished, done_tokens,
+            done_scores)
 
   def more(carry):
-    finished = carry[5]
-    return (carry[1] < num_steps) & ~jnp.all(finished)
+    return (carry[1] < num_steps) & ~jnp.all(carry[5])
 
-  carry = (model, jnp.zeros((), jnp.int32), logits, tokens, scores, finished,
-           lengths, kept, done_tokens, done_scores)
-  (_, steps, logits, tokens, scores, finished, lengths, kept, done_tokens,
+  carry = (model, jnp.zeros((), jnp.int32), start.logits, start.tokens,
+           scores, jnp.zeros((b,), bool), done_tokens, done_scores)
+  (_, steps, _, tokens, scores, finished, done_tokens,
    done_scores) = nnx.while_loop(more, step, carry)
+  # The live hypotheses, at the length reached, against the finished set;
+  # a settled example's live ones are out (with alpha < 0 a prefix cut
+  # short could otherwise beat every finished hypothesis).
+  live = jnp.where(finished[:, None], -jnp.inf, scores / penalty(steps))
+  pool = jnp.concatenate([done_scores, live], 1)
+  best = jnp.argmax(pool, axis=1)
+  tokens = jnp.concatenate(
+      [done_tokens, tokens.reshape(b, k, total)], 1)[jnp.arange(b), best]
+  return Generated(tokens, pool[jnp.arange(b), best])
+
+
+def generate(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
+             method: str = 'greedy', key: jax.Array | None = None,
+             temperature: float = 1.0, top_k: int | None = None,
+             beam_size: int = 4, alpha: float = 0.6,
+             **common) -> Generated:
+  """Continues prompt (B, P) by up to num_steps tokens with `method`:
+  greedy_search, sample or beam_search, whose own arguments follow.
+
+  Args:
+    model: a causal model with `stack.init_cache` (see the module doc); its
+      caches are replaced by fresh ones.
+    prompt: (B, P) int, P >= 1; fills the caches in one call.
+    num_steps: tokens after the prompt (>= 1).
+    method: 'greedy', 'sample' (step i draws with fold_in(key, i)) or
+      'beam'.
+    key, temperature, top_k: sampling's.
+    beam_size, alpha: beam search's width and length-penalty exponent.
+    common, for every method: eos (the end-of-sentence id, or None: every
+      sequence runs num_steps), pad (what follows eos), positions
+      ((B, P + num_steps) int positions for randomized encodings, or None:
+      0, 1, ...), call_args (more positional arguments of every model
+      call: a translation decoder's enc_outputs, enc_valid_lens; beam
+      search repeats their rows per hypothesis). Greedy and sampling only:
+      forced, forced_mask ((B, num_steps): where the mask is True, step i's
+      token is forced[:, i], teacher forcing), return_logits (also the
+      logits after the prompt and after each step's token, (B, num_steps +
+      1, V)), choice_offset (added to the index a step picks from the
+      logits, for a model whose logits are over classes that are tokens
+      from an offset on; forced tokens and pad are token ids already).
+
+  Returns:
+    Generated(tokens, scores, logits).
+  """
+  if method not in METHODS:
+    raise ValueError(f'method={method!r}; valid: {", ".join(METHODS)}')
   if method == 'beam':
-    # The live hypotheses, at the length reached, against the finished set;
-    # a settled example's live ones are out (with alpha < 0 a prefix cut
-    # short could otherwise beat every finished hypothesis).
-    live = jnp.where(finished, -jnp.inf, scores / penalty(steps))
-    pool = jnp.concatenate([done_scores, live], 1)
-    best = jnp.argmax(pool, axis=1)
-    tokens = jnp.concatenate(
-        [done_tokens, tokens.reshape(b, k, total)], 1)[jnp.arange(b), best]
-    return Generated(tokens, pool[jnp.arange(b), best])
-  return Generated(tokens, scores[:, 0],
-                   jnp.concatenate([kept, logits[:, None]], axis=1)
-                   if return_logits else None)
+    given = {name: common.pop(name, None) for name in
+             ('forced', 'forced_mask', 'return_logits', 'choice_offset')}
+    if given['forced'] is not None or given['return_logits'] or (
+        given['choice_offset']):
+      raise ValueError('beam search takes no forced tokens, returns no '
+                       'per-step logits and picks no offset')
+    return beam_search(model, prompt, num_steps, beam_size=beam_size,
+                       alpha=alpha, **common)
+  if method == 'sample':
+    return sample(model, prompt, num_steps, key=key, temperature=temperature,
+                  top_k=top_k, **common)
+  return greedy_search(model, prompt, num_steps, **common)
 
 
 def teacher_forced_logits(model: nnx.Module, tokens: jax.Array, *,

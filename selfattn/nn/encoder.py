@@ -17,10 +17,8 @@ from selfattn.nn.layers import AddNorm  # noqa: F401
 from selfattn.nn.layers import PositionWiseFFN
 from selfattn.nn.stack import CacheMixin
 from selfattn.nn.stack import EmbeddingMixin
-from selfattn.nn.stack import build_blocks
 from selfattn.nn.stack import check_stack
 from selfattn.nn.stack import check_tokens
-from selfattn.nn.stack import final_norm
 from selfattn.nn.stack import run_blocks
 
 
@@ -129,15 +127,8 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
         type(self).__name__, position, position_options, norm=norm,
         num_hiddens=num_hiddens, num_heads=num_heads, num_layers=num_layers,
         norm_type=norm_type)
-    self.num_heads = num_heads
     self.position = position
     self.causal = causal
-    self.dtype = dtype
-    self.remat = remat
-    self.scan_layers = scan_layers
-    self._init_embedding(vocab_size, num_hiddens, dropout, kind=kind,
-                         options=options, max_len=max_len, dtype=dtype,
-                         param_dtype=param_dtype, rngs=rngs)
 
     def block(relative, rngs):
       return TransformerEncoderBlock(
@@ -147,14 +138,13 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
           attention_impl=attention_impl, dtype=dtype, param_dtype=param_dtype,
           rngs=rngs)
 
-    self.blks = build_blocks(
-        block, num_layers, scan_layers=scan_layers, kind=kind,
-        options=options, num_heads=num_heads,
-        head_dim=num_hiddens // num_heads, max_len=max_len, causal=causal,
-        param_dtype=param_dtype, rngs=rngs)
-    self.final_ln = final_norm(norm, num_hiddens, norm_type=norm_type,
-                               dtype=dtype,
-                               param_dtype=param_dtype, rngs=rngs)
+    self._init_layers(
+        block, vocab_size=vocab_size, num_hiddens=num_hiddens,
+        num_heads=num_heads, num_layers=num_layers, dropout=dropout,
+        kind=kind, options=options, max_len=max_len, norm=norm,
+        norm_type=norm_type, causal=causal, remat=remat,
+        scan_layers=scan_layers, dtype=dtype, param_dtype=param_dtype,
+        rngs=rngs)
     self._init_cache_fields()
     self._init_meter(meter_period, meter_step_tokens, dtype=dtype,
                      param_dtype=param_dtype, rngs=rngs)

@@ -51,9 +51,15 @@ def make_length_mask(valid_lens: jax.Array, num_queries: int, num_keys: int
 
   Lengths are data, so they are not range-checked (that cannot run under
   jit): a length <= 0 keeps no key (the query's output is zeros) and a
-  length >= Lk keeps every key, as d2l's sequence_mask does.
+  length >= Lk keeps every key, as d2l's sequence_mask does. Their dtype
+  is static, so it is checked: a float length (2.5 would keep 3 keys) is
+  refused.
   """
   valid_lens = jnp.asarray(valid_lens)
+  if not jnp.issubdtype(valid_lens.dtype, jnp.integer):
+    raise TypeError(f'valid_lens must be integer token counts; got dtype '
+                    f'{valid_lens.dtype} (a fractional length would keep '
+                    f'the keys below it, silently): cast with .astype(int)')
   key_idx = jnp.arange(num_keys)
   if valid_lens.ndim == 1:
     return (key_idx[None, :] < valid_lens[:, None])[:, None, None, :]

@@ -11,6 +11,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from selfattn.nn.attention import capturing
@@ -97,6 +98,32 @@ class EmbeddingMixin:
                              rngs=rngs)
       self.meter_step_tokens = step_tokens
 
+  def _init_layers(self, make_block: Callable[[object, nnx.Rngs], nnx.Module],
+                   *, vocab_size: int | None, num_hiddens: int,
+                   num_heads: int, num_layers: int, dropout: float, kind,
+                   options: dict, max_len: int, norm: str, norm_type: str,
+                   causal: bool, remat: bool, scan_layers: bool, dtype,
+                   param_dtype, rngs: nnx.Rngs) -> None:
+    """What every stack's constructor builds, in this order (the order of
+    the parameters' random draws, so checkpoints and golden numbers hold):
+    the embedding and absolute encoding, the blocks (each
+    make_block(relative, rngs) with its own relative module), the final
+    norm."""
+    self.num_heads = num_heads
+    self.dtype = dtype
+    self.remat = remat
+    self.scan_layers = scan_layers
+    self._init_embedding(vocab_size, num_hiddens, dropout, kind=kind,
+                         options=options, max_len=max_len, dtype=dtype,
+                         param_dtype=param_dtype, rngs=rngs)
+    self.blks = build_blocks(
+        make_block, num_layers, scan_layers=scan_layers, kind=kind,
+        options=options, num_heads=num_heads,
+        head_dim=num_hiddens // num_heads, max_len=max_len, causal=causal,
+        param_dtype=param_dtype, rngs=rngs)
+    self.final_ln = final_norm(norm, num_hiddens, norm_type=norm_type,
+                               dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
   def _init_embedding(self, vocab_size: int | None, num_hiddens: int,
                       dropout: float, *, kind, options: dict, max_len: int,
                       dtype, param_dtype, rngs: nnx.Rngs) -> None:
@@ -118,6 +145,7 @@ class EmbeddingMixin:
       if self.embedding is None:
         raise ValueError('this module was built with vocab_size=None: pass '
                          '(B, L, num_hiddens) float features, not token ids')
+      check_token_ids(inputs, self.embedding.num_embeddings)
       X = self.embedding(inputs) * math.sqrt(self.num_hiddens)
     else:
       if inputs.ndim != 3 or inputs.shape[-1] != self.num_hiddens:
@@ -135,6 +163,19 @@ class EmbeddingMixin:
                              deterministic=deterministic)
 
 
+def check_token_ids(ids: jax.Array, vocab_size: int) -> None:
+  """Refuses token ids outside [0, vocab_size) where they are concrete
+  (eager calls, and the host before a jitted step): the embedding lookup
+  would clamp them to the table's edge rows, silently. Under jit the ids
+  are traced and cannot be checked; call this on the batch first."""
+  if isinstance(ids, jax.core.Tracer):
+    return
+  concrete = np.asarray(ids)
+  if concrete.size and (concrete.min() < 0 or concrete.max() >= vocab_size):
+    raise ValueError(f'token ids must lie in [0, vocab_size={vocab_size}); '
+                     f'got values from {concrete.min()} to {concrete.max()}')
+
+
 class CacheMixin:
   """Cached decoding for a causal stack (TransformerDecoder, and a
   TransformerEncoder built causal): `init_cache` makes every layer's
@@ -150,7 +191,17 @@ class CacheMixin:
 
   def init_cache(self, batch_size: int, max_length: int, dtype=None) -> None:
     """Empty caches for decode=True calls: every layer's keys and values
-    (batch_size, heads, max_length, head_dim), and the next position."""
+    (batch_size, heads, max_length, head_dim), and the next position.
+    Refuses a max_length past what the position encoding can address (a
+    learned table's max_len): under jit, the positions past it would all
+    read its last row, silently."""
+    limit = getattr(getattr(self, 'pos_encoding', None), 'position_limit',
+                    None)
+    if limit is not None and max_length > limit:
+      raise ValueError(f'a decoding cache of {max_length} positions exceeds '
+                       f'the learned encoding\'s max_len={limit}: generate '
+                       f'at most {limit} tokens in all (prompt included), or '
+                       f'build the model with a larger max_len')
     def init(blk):
       getattr(blk, self._self_attention).init_cache(batch_size, max_length,
                                                     dtype)

@@ -208,7 +208,18 @@ def _lay_out_autoregressive(task_spec: TaskSpec, raw, S: int):
 
 def _lay_out_encoder_decoder(task_spec: TaskSpec, raw, S: int):
   del task_spec, S
-  return raw        # translation_batches.py builds the batches, not examples
+  return raw        # translation's batches come whole (_no_examples)
+
+
+def _no_examples(name: str):
+  """The `sample` of a task whose data is a corpus batched by length: a
+  call says where its batches come from."""
+  def sample(key, length, max_length):
+    raise TypeError(f'task {name!r} draws no examples one at a time: its '
+                    f'batches are pairs of a corpus, bucketed by length '
+                    f'(selfattn.tasks.translation.batches.TrainingBatches, '
+                    f'which selfattn.training.translation_steps uses)')
+  return sample
 
 
 _LAYOUT_BUILDERS = {'in_place': _lay_out_in_place,
@@ -246,7 +257,8 @@ def get_task(name: str, vocab_size: int | None = None, *,
   if vocab_size < 2:
     raise ValueError(f'task.vocab_size must be >= 2, got {vocab_size}')
   opts = {**DEFAULT_OPTIONS, **options}
-  raw = spec.make_sampler(vocab_size, opts)
+  raw = (_no_examples(name) if spec.make_sampler is None
+         else spec.make_sampler(vocab_size, opts))
   S = spec.input_symbols(vocab_size)
   lay_out = _LAYOUT_BUILDERS[layout]
   num_classes = spec.num_classes(vocab_size)

@@ -73,14 +73,16 @@ class TaskSpec:
 
   make_sampler(V, options) -> RawSampler. V is the number of data symbols: the
   configurable `task.vocab_size` for selfattn's own tasks; reference tasks have
-  a fixed alphabet (`fixed_vocab`).
+  a fixed alphabet (`fixed_vocab`). None for a task whose examples are not
+  drawn one at a time (translation: pairs of a corpus, batched by length
+  in selfattn.tasks.translation.batches.TrainingBatches).
 
   input_length / output_length: the static number of input and output tokens
   of an example of `length` (the task's length argument, as in the reference
   code), used to size padded arrays; they must not decrease with length.
   """
   description: str
-  make_sampler: Callable[[int, dict[str, Any]], RawSampler]
+  make_sampler: Callable[[int, dict[str, Any]], RawSampler] | None
   level: str                      # 'selfattn', 'regular', 'dcf' or 'cs'
   classification: bool = False    # one output symbol per example
   aligned: bool = False           # output i belongs to input i (in_place OK)
@@ -89,13 +91,17 @@ class TaskSpec:
   language_model: bool = False
   # Translation: a source for an encoder, a target for a decoder with
   # cross-attention (layout encoder_decoder); batches come from
-  # translation_batches.py, not from make_sampler's examples.
+  # selfattn.tasks.translation.batches, not from examples (make_sampler None).
   seq2seq: bool = False
   input_symbols: Callable[[int], int] = _same   # S from V
   num_classes: Callable[[int], int] = _same     # output alphabet from V
   input_length: Callable[[int], int] = _same
   output_length: Callable[[int], int] = _same
   fixed_vocab: int | None = None  # reference tasks: V is not configurable
+  # What is wrong with the task's own options (config.task's shift, window,
+  # max_shift, transpose, crop_align) for training up to max_len, as one
+  # line naming the field; None when nothing. Config validation calls it.
+  options_problem: Callable[[dict[str, Any], int], str | None] | None = None
   default_vocab: int = 8
   min_length: int = 1
   # The longest task length the alphabet allows (None: any), e.g. strings of

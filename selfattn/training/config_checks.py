@@ -38,8 +38,10 @@ def _model_problem(model: ml_collections.ConfigDict, message: str) -> str:
   return f'config.model: the model cannot be built: {message}'
 
 
-def _check_translation(config: ml_collections.ConfigDict) -> None:
-  """What the encoder_decoder layout cannot do."""
+def _check_translation(config: ml_collections.ConfigDict,
+                       num_devices: int | None) -> None:
+  """What the encoder_decoder layout cannot do, then what the translation
+  task finds wrong with its corpus, batches and positions."""
   m = config.model
   for field, value, why in (
       ('model.randomize_positions', m.randomize_positions,
@@ -53,15 +55,29 @@ def _check_translation(config: ml_collections.ConfigDict) -> None:
   if m.meter_period:
     raise ConfigError('config.model.meter_period is the music task\'s '
                       '(a step phase); set it to 0 for translation')
+  from selfattn.tasks.translation import task as translation_task
+  data = config.mesh.data
+  devices = num_devices if data == -1 and num_devices else max(int(data), 1)
+  try:
+    problem = translation_task.config_problem(
+        config.task.name, vocab_size=config.task.vocab_size,
+        max_source_len=config.task.max_len,
+        batch_tokens=config.train.batch_tokens, model_max_len=m.max_len,
+        devices=devices)
+  except DataError as e:          # the corpus is missing or damaged
+    raise ConfigError(str(e)) from None
+  if problem:
+    raise ConfigError(problem)
 
 
 def validate_config(config: ml_collections.ConfigDict,
-                    num_devices: int | None = None) -> None:
+                    num_devices: int | None = None) -> tasks.Task:
   """Raises ConfigError for the first problem found in `config`, also for a
   field the config lacks (a hand-made config, or one from an older
-  version: configs/default.py has every field)."""
+  version: configs/default.py has every field). Returns the task it built
+  (the trainer takes it, so the task is built once)."""
   try:
-    _validate(config, num_devices)
+    return _validate(config, num_devices)
   except (AttributeError, KeyError) as e:
     # ml_collections' message: "'name'" then a did-you-mean line that
     # suggests an existing field; the missing name is what matters.
@@ -72,7 +88,7 @@ def validate_config(config: ml_collections.ConfigDict,
 
 
 def _validate(config: ml_collections.ConfigDict,
-              num_devices: int | None = None) -> None:
+              num_devices: int | None = None) -> tasks.Task:
   # The seed enters the compiled steps as an int32 (steps.batch_generator).
   seed = config.seed
   if not isinstance(seed, int) or isinstance(seed, bool) or not (
@@ -99,24 +115,17 @@ def _validate(config: ml_collections.ConfigDict,
   if config.task.max_len < config.task.min_len:
     raise ConfigError(f'config.task.max_len={config.task.max_len} is below '
                       f'config.task.min_len={config.task.min_len}')
-  shift, window = config.task.shift, config.task.window
-  if task.name == 'shift' and not 1 <= shift < config.task.max_len:
-    raise ConfigError(f'config.task.shift={shift} must be between 1 and '
-                      f'config.task.max_len - 1 = {config.task.max_len - 1} '
-                      f'(positions before the shift count for nothing)')
-  if task.name == 'window_sum' and window < 0:
-    raise ConfigError(f'config.task.window must be >= 0; got {window}')
-  max_shift = config.task.max_shift
-  if task.name == 'jsb_chorales' and not 0 <= config.task.transpose <= 12:
-    raise ConfigError(f'config.task.transpose must be between 0 and 12 '
-                      f'semitones; got {config.task.transpose}')
+  # Each task checks its own options (tasks/*: TaskSpec.options_problem).
+  if task.spec.options_problem is not None:
+    problem = task.spec.options_problem(
+        {name: config.task[name] for name in tasks.DEFAULT_OPTIONS},
+        config.task.max_len)
+    if problem:
+      raise ConfigError(problem)
   if not 1 <= config.task.crop_align <= 64:
     raise ConfigError(f'config.task.crop_align must be between 1 and 64 time '
                       f'steps (16: a 4/4 bar of sixteenths); got '
                       f'{config.task.crop_align}')
-  if task.name == 'indirect_indexing' and not 1 <= max_shift <= 99:
-    raise ConfigError(f'config.task.max_shift must be between 1 and 99 (one '
-                      f'or two digit tokens); got {max_shift}')
 
   # Model.
   m = config.model
@@ -213,7 +222,7 @@ def _validate(config: ml_collections.ConfigDict,
           f'beyond: shorten them or raise task.vocab_size')
   longest = task.seq_len(max(lengths + [config.task.max_len]))
   if task.layout == 'encoder_decoder':
-    _check_translation(config)
+    _check_translation(config, num_devices)
   elif m.tie_embeddings:
     raise ConfigError('config.model.tie_embeddings=True is for the '
                       'encoder_decoder layout (translation), which has a '
@@ -264,3 +273,4 @@ def _validate(config: ml_collections.ConfigDict,
         raise ConfigError(f'config.{field}={config[section][name]} is not '
                           f'divisible by the {data} data-parallel devices '
                           f'(config.mesh.data)')
+  return task

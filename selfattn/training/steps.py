@@ -289,8 +289,9 @@ class Trainer:
   """
 
   def __init__(self, config: ml_collections.ConfigDict,
-               mesh: jax.sharding.Mesh | None = None):
-    self._setup(config, mesh)
+               mesh: jax.sharding.Mesh | None = None,
+               task: tasks_lib.Task | None = None):
+    self._setup(config, mesh, task)
     task, mesh, replicated = self.task, self.mesh, self.replicated
     seed, seed_arg, parts = config.seed, self.seed_arg, self.parts
     step_with_key = self.step_with_key
@@ -353,13 +354,14 @@ class Trainer:
     self.healthy = lambda state: bool(healthy(state, train_indices, seed_arg))
 
   def _setup(self, config: ml_collections.ConfigDict,
-             mesh: jax.sharding.Mesh | None) -> None:
-    """What every trainer shares: the task, the mesh and shardings, the
-    model split into graphdef/params/rest, the optimiser, the step with its
-    dropout key still open (step_with_key), and the seed as a replicated
-    argument."""
+             mesh: jax.sharding.Mesh | None,
+             task: tasks_lib.Task | None = None) -> None:
+    """What every trainer shares: the task (validate_config's, or built
+    here), the mesh and shardings, the model split into
+    graphdef/params/rest, the optimiser, the step with its dropout key
+    still open (step_with_key), and the seed as a replicated argument."""
     self.config = config
-    self.task = task = task_from_config(config)
+    self.task = task = task_from_config(config) if task is None else task
     self.mesh = mesh = make_mesh(config) if mesh is None else mesh
     self.replicated = replicated = NamedSharding(mesh, P())
     self.by_example = NamedSharding(mesh, P('data'))

@@ -84,20 +84,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   workdir is refused (ConfigError).
   """
   # ---- Validation: before anything is compiled or written. ----
-  validate_config(config, num_devices=jax.device_count())
+  task = validate_config(config, num_devices=jax.device_count())
   is_main = jax.process_index() == 0
   with workdir_lib.workdir_lock(workdir, enabled=is_main), \
       _StopRequests() as stop:
-    return _run(config, workdir, is_main, stop)
+    return _run(config, workdir, is_main, stop, task)
 
 
 def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
-         stop: _StopRequests) -> dict[str, Any]:
+         stop: _StopRequests, task: tasks_lib.Task) -> dict[str, Any]:
   """train_and_evaluate inside the workdir lock, with stop requests on."""
   finished = _prepare_workdir(config, workdir, is_main)
   if finished is not None:
     return finished
-  trainer = make_trainer(config)
+  trainer = make_trainer(config, task=task)
   start = _starting_point(config, trainer, workdir)
   events = _EventLog(config, trainer, workdir, is_main, start.step)
   loop = _TrainingLoop(config, trainer, workdir, is_main, stop, start, events)

@@ -35,6 +35,7 @@ from selfattn.training.steps import dropout_key_for
 from selfattn.training.steps import global_indices
 from selfattn.training.steps import state_is_healthy
 from selfattn.tasks import Batch
+from selfattn.tasks import Task
 from selfattn.tasks.translation.data import BOS
 from selfattn.tasks.translation.data import PAD
 from selfattn.tasks.translation.batches import TrainingBatches
@@ -84,8 +85,9 @@ class TranslationTrainer(Trainer):
   """
 
   def __init__(self, config: ml_collections.ConfigDict,
-               mesh: jax.sharding.Mesh | None = None):
-    self._setup(config, mesh)
+               mesh: jax.sharding.Mesh | None = None,
+               task: Task | None = None):
+    self._setup(config, mesh, task)
     task, seed_arg = self.task, self.seed_arg
     self.corpus = corpus = translation_data.prepare(
         task.vocab_size, config.task.max_len,

@@ -216,3 +216,27 @@ def test_bad_requests_say_what_is_wrong():
     decoding.generate(dec, prompt, 0)
   with pytest.raises(ValueError, match='beam search takes no forced'):
     decoding.generate(dec, prompt, 2, method='beam', return_logits=True)
+  # Issue 50: answers that should have been refusals.
+  with pytest.raises(ValueError, match='alpha must be a finite number; got nan'):
+    decoding.generate(dec, prompt, 2, method='beam', alpha=float('nan'))
+  with pytest.raises(ValueError, match='temperature must be > 0'):
+    decoding.generate(dec, prompt, 2, method='sample', temperature=0.0,
+                      key=jax.random.key(0))
+
+
+def test_generating_past_a_learned_table_is_refused_like_a_full_pass():
+  """8 learned positions: 21 tokens used to decode with positions 8-20 all
+  reading row 7, where a full pass over them refuses."""
+  dec = selfattn.TransformerDecoder(11, 16, 32, 4, 1, position='learned',
+                                    max_len=8, rngs=nnx.Rngs(0))
+  prompt = _tokens((1, 1))
+  with pytest.raises(ValueError, match='exceeds the learned encoding max_len=8'):
+    dec(_tokens((1, 21)), deterministic=True)
+  with pytest.raises(ValueError, match=r'a decoding cache of 21 positions '
+                     r"exceeds the learned encoding's max_len=8: generate at "
+                     r'most 8 tokens'):
+    decoding.generate(dec, prompt, 20)
+  # Up to the table's end, cached decoding equals the full pass.
+  out = decoding.generate(dec, prompt, 7, return_logits=True)
+  full = dec(out.tokens, deterministic=True)
+  np.testing.assert_allclose(out.logits[:, :7], full[:, :7], atol=1e-5)

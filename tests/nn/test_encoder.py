@@ -273,3 +273,26 @@ def test_cached_encoder_decoding_refuses_what_it_cannot_honour():
   causal(x, decode=True)
   with pytest.raises(ValueError, match='past the end of the cache'):
     causal(x[:, :2], decode=True)
+
+
+def test_inputs_that_would_change_the_answer_silently_are_refused():
+  """Issue 50: ids past the table (the lookup clamps them) and float
+  lengths (2.5 keeps 3 keys) used to run."""
+  enc = selfattn.TransformerEncoder(10, 16, 32, 2, 1, 0.0, position='shaw',
+                                    rngs=nnx.Rngs(0))
+  tokens = jnp.array([[1, 2, 3, 9]])
+  enc(tokens, jnp.array([3]), deterministic=True)               # in range
+  with pytest.raises(ValueError, match=r'token ids must lie in \[0, '
+                     r'vocab_size=10\); got values from 1 to 10'):
+    enc(tokens.at[0, 3].set(10), jnp.array([3]), deterministic=True)
+  with pytest.raises(ValueError, match='from -1 to'):
+    enc(tokens.at[0, 0].set(-1), deterministic=True)
+  with pytest.raises(TypeError, match='valid_lens must be integer token '
+                     'counts; got dtype float32'):
+    enc(tokens, jnp.array([2.5]), deterministic=True)
+  with pytest.raises(TypeError, match='valid_lens must be integer'):
+    selfattn.masked_softmax(jnp.ones((1, 2, 4)), jnp.array([2.0]))
+  # Under jit ids are traced: the documented check runs on the host first.
+  with pytest.raises(ValueError, match='vocab_size=10'):
+    selfattn.nn.check_token_ids(np.array([[0, 10]]), 10)
+  selfattn.nn.check_token_ids(np.array([[0, 9]]), 10)

@@ -5,6 +5,7 @@ trainer's evaluation against the decoding it reports, and the config
 checks. A small made-up parallel corpus stands in for Multi30k."""
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ from flax import nnx
 
 from selfattn.tasks.translation import bleu
 from selfattn.training import steps
+from selfattn.training import train
 from selfattn import tasks
 from selfattn.tasks.translation import translate
 from selfattn.tasks.translation import data as translation_data
@@ -279,6 +281,31 @@ def test_translation_configs_refuse_what_they_cannot_do(tiny_multi30k):
   with pytest.raises(ConfigError, match='tie_embeddings=True is for the '
                      'encoder_decoder layout'):
     validate_config(config)
+
+
+def test_translation_values_that_cannot_train_are_refused_before_the_workdir(
+    tiny_multi30k, tmp_path):
+  """Issue 50: each of these used to start training (or fail only after the
+  workdir held .lock and config.json)."""
+  from selfattn.tasks.translation import data as translation_data
+  longest = translation_data.prepare(300, 64).buckets[-1].bound
+  for dotted, value, needle in (
+      ('train.batch_tokens', longest - 1,
+       f'config.train.batch_tokens={longest - 1} is smaller than one '
+       f'sentence of the longest bucket ({longest} padded tokens)'),
+      ('model.max_len', longest - 1,
+       f'config.model.max_len={longest - 1} is below the longest training '
+       f'pair ({longest} padded tokens'),
+      ('model.max_len', 1, 'config.model.max_len=1 is below'),
+      ('task.max_len', 1, 'config.task.max_len=1: no training source is '
+       'that short')):
+    workdir = tmp_path / f'{dotted}={value}'
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+      train.train_and_evaluate(tiny_translation_config(**{dotted: value}),
+                               str(workdir))
+    assert not workdir.exists()
+  validate_config(tiny_translation_config(**{'train.batch_tokens': longest,
+                                             'model.max_len': longest}))
 
 
 @pytest.mark.slow

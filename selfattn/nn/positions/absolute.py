@@ -99,6 +99,12 @@ class LearnedEncoding(nnx.Module):
 
   trainable = True
 
+  @property
+  def position_limit(self) -> int:
+    """How many positions the table addresses (0..max_len-1): a cache for
+    more would read its last row for every later token."""
+    return self.max_len
+
   def picture(self) -> jax.Array:
     """(positions, num_hiddens): the first 128 rows of P."""
     return self.table(min(self.max_len, 128))

@@ -87,6 +87,14 @@ def _make_sampler(V: int, options: dict):
   return sample
 
 
+def _options_problem(options: dict, max_len: int) -> str | None:
+  del max_len
+  if not 0 <= options['transpose'] <= 12:
+    return (f'config.task.transpose must be between 0 and 12 semitones; got '
+            f'{options["transpose"]}')
+  return None
+
+
 JSB_TASKS: dict[str, TaskSpec] = {
     'jsb_chorales': TaskSpec(
         description='next token of JSB Chorales (SATB, 16th notes, the Music '
@@ -95,5 +103,6 @@ JSB_TASKS: dict[str, TaskSpec] = {
         make_sampler=_make_sampler, level='music', aligned=True,
         language_model=True, fixed_vocab=jsb.NUM_TARGETS,
         input_symbols=lambda V: V + 1,        # + START; PAD is input_symbols
-        num_classes=lambda V: V, min_length=4),
+        num_classes=lambda V: V, min_length=4,
+        options_problem=_options_problem),
 }

@@ -78,6 +78,14 @@ def _make_sampler(V: int, options: dict):
   return sample
 
 
+def _options_problem(options: dict, max_len: int) -> str | None:
+  del max_len
+  if not 1 <= options['max_shift'] <= 99:
+    return (f'config.task.max_shift must be between 1 and 99 (one or two '
+            f'digit tokens); got {options["max_shift"]}')
+  return None
+
+
 INDIRECT_TASKS: dict[str, TaskSpec] = {
     'indirect_indexing': TaskSpec(
         description='the letter task.max_shift-bounded shift away from a '
@@ -86,5 +94,6 @@ INDIRECT_TASKS: dict[str, TaskSpec] = {
         make_sampler=_make_sampler, level='selfattn', classification=True,
         input_symbols=lambda V: V + EXTRA_SYMBOLS, num_classes=lambda V: V,
         input_length=_input_length, default_vocab=DEFAULT_ALPHABET,
-        min_length=2, max_length=lambda V: V),
+        min_length=2, max_length=lambda V: V,
+        options_problem=_options_problem),
 }

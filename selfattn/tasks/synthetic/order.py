@@ -75,6 +75,22 @@ def _precedes(V, options):
   return sample
 
 
+def _shift_problem(options: dict, max_len: int) -> str | None:
+  shift = options['shift']
+  if not 1 <= shift < max_len:
+    return (f'config.task.shift={shift} must be between 1 and '
+            f'config.task.max_len - 1 = {max_len - 1} (positions before the '
+            f'shift count for nothing)')
+  return None
+
+
+def _window_problem(options: dict, max_len: int) -> str | None:
+  del max_len
+  if options['window'] < 0:
+    return f'config.task.window must be >= 0; got {options["window"]}'
+  return None
+
+
 ORDER_TASKS: dict[str, TaskSpec] = {
     'reverse': TaskSpec(
         description='output i = input L-1-i', make_sampler=_reverse,
@@ -84,10 +100,12 @@ ORDER_TASKS: dict[str, TaskSpec] = {
         aligned=True),
     'shift': TaskSpec(
         description='output i = input i-k (task.shift = k)',
-        make_sampler=_shift, level='selfattn', aligned=True),
+        make_sampler=_shift, level='selfattn', aligned=True,
+        options_problem=_shift_problem),
     'window_sum': TaskSpec(
         description='output i = sum of inputs i-w..i+w mod V (task.window = w)',
-        make_sampler=_window_sum, level='selfattn', aligned=True),
+        make_sampler=_window_sum, level='selfattn', aligned=True,
+        options_problem=_window_problem),
     'precedes': TaskSpec(
         description='whether marker A occurs before marker B',
         make_sampler=_precedes, level='selfattn', classification=True,

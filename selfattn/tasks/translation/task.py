@@ -10,28 +10,45 @@ a training pair may have: pairs with longer sources are left out (the
 length-generalization protocol sets it low; 64 keeps all of them either
 way: the longest German source has 55 tokens, the longest English 52).
 
-Its batches come from translation_batches.py (pairs of two sequences in
-length buckets), not from per-example samples; this module only registers
-the task, below tasks/registry.py, which lists it.
+Its batches come from batches.py (pairs of two sequences in length
+buckets), not from per-example samples (the spec's make_sampler is None);
+this module registers the task, below tasks/registry.py, which lists it,
+and checks a config against its corpus (config_problem: the config
+validation calls it before anything is written).
 """
 
 from __future__ import annotations
 
 from selfattn.tasks.spec import TaskSpec
 
-def _make_sampler(V: int, options: dict):
-  del options
-  # Trains (or reads from its cache) the tokenizer now, so missing data or
-  # an impossible vocabulary is reported by config validation.
+def config_problem(name: str, *, vocab_size: int, max_source_len: int,
+                   batch_tokens: int, model_max_len: int,
+                   devices: int = 1) -> str | None:
+  """What makes a translation config unable to train or decode, in one
+  line naming the field; None when it can. Builds (or reads from the
+  cache) the corpus the trainer will use, so it runs before anything is
+  written to a workdir."""
   from selfattn.tasks.translation import data as translation_data
-  translation_data.tokenizer_for(V)
-
-  def sample(key, length, max_length):
-    raise NotImplementedError(
-        'translation batches come from selfattn.tasks.translation.task.'
-        'TrainingBatches (pairs of two sequences), not from per-example '
-        'samples')
-  return sample
+  try:       # trains the joint tokenizer, or reads it from its cache
+    translation_data.tokenizer_for(vocab_size)
+  except ValueError as e:
+    return f'config.task.{e}'
+  try:
+    corpus = translation_data.prepare(vocab_size, max_source_len,
+                                      *LANGUAGES[name])
+  except ValueError as e:        # 'task.max_len=...: no training source ...'
+    return f'config.{e}'
+  longest = corpus.buckets[-1].bound      # padded tokens of the longest pair
+  if batch_tokens and batch_tokens < longest * devices:
+    return (f'config.train.batch_tokens={batch_tokens} is smaller than one '
+            f'sentence of the longest bucket ({longest} padded tokens) per '
+            f'device ({devices}): use 0 (batch_size sentences of it) or at '
+            f'least {longest * devices}')
+  if model_max_len < longest:
+    return (f'config.model.max_len={model_max_len} is below the longest '
+            f'training pair ({longest} padded tokens, BOS included): the '
+            f'encoder and decoder need a position for each; raise it')
+  return None
 
 
 # Each task's (source, target) language, as multi30k.pairs names them.
@@ -46,7 +63,7 @@ TRANSLATION_TASKS: dict[str, TaskSpec] = {
         description=f'{_LANGUAGE_NAMES[source]} to {_LANGUAGE_NAMES[target]} '
                     f'image descriptions (Multi30k task 1), SentencePiece '
                     f'tokens',
-        make_sampler=_make_sampler, level='translation', seq2seq=True,
+        make_sampler=None, level='translation', seq2seq=True,
         default_vocab=8000, min_length=1)
     for name, (source, target) in LANGUAGES.items()
 }
