@@ -88,6 +88,7 @@ from flax import nnx  # noqa: E402
 
 import selfattn  # noqa: E402
 from selfattn.nn import attention as sa_attention  # noqa: E402
+from scripts.gpu_targets import targets, targets_table  # noqa: E402
 
 ENCODINGS = ('none', 'rope', 'alibi', 't5', 'shaw', 'xl')
 IMPLS = tuple(i for i in ('plain', 'chunked', 'fused', 'pallas')
@@ -561,6 +562,10 @@ def markdown(result: dict) -> str:
   lines += ['', "## Which encodings reach cuDNN through attention_impl='fused'",
             '',
             reach_table(result['fused_reach'])]
+  if result.get('targets'):
+    lines += ['', "## Issue 47's targets (selfattn's pallas kernel over cuDNN "
+              "without bias, this call; met only where measured)", '',
+              targets_table(result['targets'])]
   if result.get('not_run'):
     lines += ['', f'Not run (time budget of {result["time_budget"]:.0f} s '
               f'spent): ' + ', '.join(result['not_run'])]
@@ -602,6 +607,9 @@ def summary(result: dict) -> str:
   for e in encodings:
     lines.append(f'| {e} | ' + ' | '.join(cell.get((e, i), '')
                                           for i in impls) + ' |')
+  lines += ['', f'Issue 47\'s targets at L = {length} (selfattn\'s pallas '
+            f'kernel over cuDNN without bias, this call):', '',
+            targets_table(targets(rows, length))]
   return '\n'.join(lines)
 
 
@@ -752,6 +760,7 @@ def main(argv):
           f'{_fmt(row.get("rel_err"), ".1e")} {row.get("status", "")}',
           flush=True)
   result['seconds'] = time.perf_counter() - started
+  result['targets'] = targets(rows, _SUMMARY_LENGTH.value)
   write(result)
   if result['not_run']:
     print(f'\nnot run (time budget): {len(result["not_run"])} rows, from '

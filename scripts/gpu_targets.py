@@ -1,0 +1,64 @@
+"""Issue 47's performance targets for selfattn's own GPU kernel, and the
+table scripts/bench_gpu.py prints of them: target / measured / met, each
+ratio over cuDNN without bias measured in the same call. No flags, so tests
+import it beside other drivers."""
+
+from __future__ import annotations
+
+
+def _fmt(value, spec: str) -> str:
+  return '' if value is None else format(value, spec)
+
+
+# Issue 47's targets for selfattn's own kernel (impl 'pallas'), H100/H200,
+# bf16, B = 2, H = 16, L = 8192, D = 64: time over cuDNN's without bias in
+# the same call, and compiled memory over cuDNN's. A target is met only
+# where it was measured.
+TIME_TARGETS = {'none': 1.2, 'alibi': 1.25, 't5': 1.5, 'shaw': 2.0}
+MEMORY_TARGET = 1.5
+
+
+def targets(rows: list[dict], length: int) -> list[dict]:
+  """Per (encoding of TIME_TARGETS, mask): target, measured ratio to
+  cuDNN (time and compiled memory) and whether each is met; measured None
+  where this run has no pallas row or no cuDNN row at `length` (a CPU run:
+  'not measured', never 'met')."""
+  cudnn = {r['causal']: r for r in rows
+           if r.get('impl') == 'cudnn' and r.get('length') == length
+           and r.get('status') == 'ok'}
+  out = []
+  for causal in sorted({r['causal'] for r in rows if 'causal' in r}):
+    for encoding, target in TIME_TARGETS.items():
+      mine = next((r for r in rows if r.get('impl') == 'pallas'
+                   and r.get('encoding') == encoding
+                   and r.get('length') == length and r['causal'] == causal
+                   and r.get('status') == 'ok'), None)
+      base = cudnn.get(causal)
+      time_ratio = mib_ratio = None
+      if mine is not None and base is not None:
+        time_ratio = mine['ms'] / base['ms']
+        if mine.get('compiled_mib') and base.get('compiled_mib'):
+          mib_ratio = mine['compiled_mib'] / base['compiled_mib']
+      out.append({'encoding': encoding, 'causal': causal, 'length': length,
+                  'target': target, 'measured': time_ratio,
+                  'met': None if time_ratio is None else time_ratio <= target,
+                  'memory_target': MEMORY_TARGET, 'memory': mib_ratio,
+                  'memory_met': (None if mib_ratio is None
+                                 else mib_ratio <= MEMORY_TARGET)})
+  return out
+
+
+def targets_table(entries: list[dict]) -> str:
+  """Markdown: target / measured / met, time and memory over cuDNN."""
+  def met(value):
+    return 'not measured' if value is None else ('yes' if value else 'no')
+  lines = ['| encoding | mask | L | time target (x cuDNN) | measured | met | '
+           'memory target | measured | met |',
+           '|---|---|---:|---:|---:|---|---:|---:|---|']
+  for e in entries:
+    lines.append(
+        f'| {e["encoding"]} | {"causal" if e["causal"] else "bidir"} | '
+        f'{e["length"]} | {e["target"]:.2f} | {_fmt(e["measured"], ".2f")} | '
+        f'{met(e["met"])} | {e["memory_target"]:.2f} | '
+        f'{_fmt(e["memory"], ".2f")} | {met(e["memory_met"])} |')
+  return '\n'.join(lines)

@@ -1,0 +1,34 @@
+"""Issue 47's targets in scripts/bench_gpu.py's summary: a ratio over cuDNN
+from the same call, met or not, and 'not measured' (never 'met') where the
+call had no GPU."""
+
+from scripts import gpu_targets
+
+
+def _row(impl, encoding, ms, mib, causal=False, length=8192):
+  return {'impl': impl, 'encoding': encoding, 'length': length,
+          'causal': causal, 'status': 'ok', 'ms': ms, 'compiled_mib': mib}
+
+
+def test_each_target_is_met_missed_or_not_measured():
+  rows = [_row('cudnn', 'none', 4.0, 100.0),
+          _row('pallas', 'none', 4.4, 120.0),          # 1.10x, 1.20x: met
+          _row('pallas', 'shaw', 10.0, 200.0),         # 2.50x, 2.00x: missed
+          _row('pallas', 'alibi', 4.0, 100.0, length=4096)]   # another L
+  by = {e['encoding']: e for e in gpu_targets.targets(rows, 8192)}
+  assert set(by) == set(gpu_targets.TIME_TARGETS)
+  assert by['none']['measured'] == 1.1 and by['none']['met'] is True
+  assert by['none']['memory'] == 1.2 and by['none']['memory_met'] is True
+  assert by['shaw']['met'] is False and by['shaw']['memory_met'] is False
+  assert by['alibi']['measured'] is None and by['alibi']['met'] is None
+  table = gpu_targets.targets_table(list(by.values()))
+  assert '| none | bidir | 8192 | 1.20 | 1.10 | yes | 1.50 | 1.20 | yes |' in table
+  assert '| alibi | bidir | 8192 | 1.25 |  | not measured |' in table
+
+
+def test_a_run_without_cudnn_meets_nothing():
+  """A CPU run measures selfattn's kernel but has no cuDNN row."""
+  rows = [_row('pallas', name, 1.0, 1.0) for name in gpu_targets.TIME_TARGETS]
+  entries = gpu_targets.targets(rows, 8192)
+  assert all(e['met'] is None and e['memory_met'] is None for e in entries)
+  assert 'yes' not in gpu_targets.targets_table(entries)
