@@ -3,6 +3,13 @@ real browser, and a check of what a fresh browser shows by default.
 
   apt-get install chromium-headless-shell && pip install playwright==1.65.2   # the version it was checked with
   python scripts/screenshot_tensorboard.py [--outdir=DIR] [--logdir=DIR]
+  python scripts/screenshot_tensorboard.py --outdir=experiments/results   # replace the committed pictures
+
+Before training anything it checks what it needs (playwright, the browser,
+the JSB Chorales data the music runs read) and names what is missing in one
+line. The pictures go to --outdir (default runs/tensorboard_screenshots, so
+the committed ones in experiments/results change only when asked). A
+training run that fails stops the script with its own last error line.
 
 Trains a mixed logdir into a temporary directory (or reuses --logdir): six
 configs/tiny.py runs differing in encoding, task, layout and randomized
@@ -88,17 +95,49 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def missing_prerequisites(browser: str, need_music_data: bool) -> list[str]:
+  """What this script needs and does not find, each with how to get it."""
+  missing = []
+  try:
+    import playwright.sync_api  # noqa: F401
+  except ImportError:
+    missing.append('playwright (pip install playwright==1.65.2)')
+  if not os.path.isfile(browser):
+    missing.append(f'the browser {browser} (apt-get install '
+                   f'chromium-headless-shell, or --browser=PATH)')
+  if need_music_data:
+    sys.path.insert(0, ROOT)
+    from selfattn.errors import DataError
+    from selfattn.tasks.music import jsb
+    try:
+      jsb.locate()
+    except DataError as e:
+      missing.append(f'the JSB Chorales data for the music runs ({e})')
+  return missing
+
+
+def _run_or_exit(what: str, command: list[str], env: dict) -> None:
+  """Runs a training command; a failure ends the script with the
+  command's own last error line, not a CalledProcessError."""
+  result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True,
+                          text=True)
+  if result.returncode:
+    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    cause = lines[-1] if lines else '(no output)'
+    sys.exit(f'error: {what} failed (exit {result.returncode}): {cause}')
+
+
 def train_runs(logdir: str) -> None:
   env = {**os.environ, 'PYTHONPATH': ROOT}
   for name, overrides in RUNS.items():
     print(f'training configs/tiny.py: {name}', flush=True)
-    subprocess.run([sys.executable, '-m', 'selfattn.main',
-                    '--config=configs/tiny.py', f'--workdir={logdir}/{name}',
-                    *EVERY, *overrides],
-                   cwd=ROOT, env=env, check=True, capture_output=True)
+    _run_or_exit(f'training {name}',
+                 [sys.executable, '-m', 'selfattn.main',
+                  '--config=configs/tiny.py', f'--workdir={logdir}/{name}',
+                  *EVERY, *overrides], env)
   print('training and scoring the music study\'s --quick runs', flush=True)
-  subprocess.run([sys.executable, *MUSIC, f'--workdir={logdir}/music'],
-                 cwd=ROOT, env=env, check=True, capture_output=True)
+  _run_or_exit('the music study\'s --quick runs',
+               [sys.executable, *MUSIC, f'--workdir={logdir}/music'], env)
 
 
 def start_tensorboard(logdir: str) -> tuple[subprocess.Popen, int]:
@@ -219,8 +258,9 @@ def screenshot_views(port: int, outdir: str, browser: str = BROWSER
 
 
 _OUTDIR = flags.DEFINE_string(
-    'outdir', os.path.join(ROOT, 'experiments/results'),
-    'Where to write tensorboard_{scalars,hparams,parallel,images}.png.')
+    'outdir', 'runs/tensorboard_screenshots',
+    'Where to write tensorboard_{scalars,hparams,parallel,images}.png '
+    '(experiments/results replaces the committed ones).')
 _BROWSER = flags.DEFINE_string('browser', BROWSER, 'Chromium executable.')
 _LOGDIR = flags.DEFINE_string(
     'logdir', None, 'An existing logdir to show instead of training RUNS.')
@@ -228,6 +268,10 @@ _LOGDIR = flags.DEFINE_string(
 
 def main(argv):
   del argv
+  missing = missing_prerequisites(_BROWSER.value, not _LOGDIR.value)
+  if missing:
+    sys.exit('error: this script needs ' + '; '.join(missing))
+  os.makedirs(_OUTDIR.value, exist_ok=True)
   with tempfile.TemporaryDirectory() as tmp:
     logdir = _LOGDIR.value or tmp
     if not _LOGDIR.value:

@@ -390,3 +390,26 @@ def test_randomized_runs_draw_attention_at_the_positions_they_used(tiny_config):
 
   np.testing.assert_allclose(drawn, weights(batch.positions), atol=1e-6)
   assert np.abs(drawn - weights(None)).max() > 1e-3
+
+
+def test_the_screenshot_script_names_what_it_lacks_before_training(
+    tmp_path, monkeypatch):
+  """Issue 50: it trained for minutes, then died in CalledProcessError
+  when the music data was missing; now it checks first, in one line."""
+  from scripts import screenshot_tensorboard
+  monkeypatch.setenv('SELFATTN_DATA_DIR', str(tmp_path / 'data'))
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'cache'))
+  import urllib.error
+  import urllib.request
+  def offline(*args, **kwargs):
+    raise urllib.error.URLError('network disabled in tests')
+  monkeypatch.setattr(urllib.request, 'urlopen', offline)
+  missing = screenshot_tensorboard.missing_prerequisites(
+      str(tmp_path / 'no-browser'), need_music_data=True)
+  assert any(m.startswith(f'the browser {tmp_path / "no-browser"}')
+             for m in missing)
+  assert any(m.startswith('the JSB Chorales data') for m in missing)
+  # A logdir given: no training, so no music data needed.
+  assert not any('JSB' in m for m in screenshot_tensorboard.missing_prerequisites(
+      str(tmp_path / 'no-browser'), need_music_data=False))
+  assert screenshot_tensorboard._OUTDIR.default == 'runs/tensorboard_screenshots'
