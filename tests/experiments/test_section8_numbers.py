@@ -1,0 +1,119 @@
+"""EXPERIMENTS.md section 8's tables against the committed results.json: a
+quoted number that differs from what the runs' own scores give fails here
+(issue 49). Reads committed files only; trains and decodes nothing."""
+
+import json
+import os
+import re
+import statistics
+
+import pytest
+
+from experiments import common
+from runs import ROOT
+
+RESULTS = os.path.join(ROOT, 'experiments/results/translation/results.json')
+SPLITS = ('val', 'test_2016_flickr', 'test_2017_flickr', 'test_2017_mscoco')
+
+
+def _section8() -> str:
+  with open(os.path.join(ROOT, 'EXPERIMENTS.md'), encoding='utf-8') as f:
+    text = f.read()
+  start = text.index('## 8. Exercise 3 for translation')
+  end = text.find('\n## ', start + 1)
+  return text[start:end if end > 0 else None]
+
+
+def _table_after(text: str, marker: str) -> list[list[str]]:
+  """The body rows of the first markdown table after `marker`, as cells."""
+  at = text.index(marker)
+  lines = text[at:].split('\n')
+  first = next(i for i, line in enumerate(lines) if line.startswith('|'))
+  rows = []
+  for line in lines[first + 2:]:
+    if not line.startswith('|'):
+      break
+    rows.append([c.strip().strip('*') for c in line.strip('|').split('|')])
+  return rows
+
+
+@pytest.fixture(scope='module')
+def by_label():
+  with open(RESULTS) as f:
+    runs = json.load(f)['runs']
+  out = {}
+  for r in runs.values():
+    out.setdefault(r['label'], {})[r['seed']] = r
+  return out
+
+
+def _mean_std(values):
+  return f'{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}'
+
+
+def test_the_five_seed_table_matches_the_runs(by_label):
+  rows = _table_after(_section8(), '**Results at 5 seeds**')
+  checked = 0
+  for row in rows:
+    label = row[0]
+    if label not in by_label:
+      continue
+    runs = list(by_label[label].values())
+    bleu = lambda split: [r['splits'][split]['bleu'] for r in runs]
+    assert row[1:5] == [_mean_std(bleu(s)) for s in SPLITS], label
+    assert row[5] == _mean_std(
+        [r['splits']['test_2016_flickr']['chrf'] for r in runs]), label
+    short, long = (
+        _mean_std([r['splits']['test_2016_flickr'][part]['bleu']
+                   for r in runs]) for part in ('short_sources',
+                                                'long_sources'))
+    assert row[6].replace('*', '') == f'{short} / {long}', label
+    assert row[7] == str(len(runs))
+    checked += 1
+  assert checked == 4
+
+
+def _paired(by_label, a, b, split):
+  seeds = sorted(set.intersection(*(set(by_label[x]) for x in a + b)))
+  diffs = [statistics.mean(by_label[x][s]['splits'][split]['bleu'] for x in a)
+           - statistics.mean(by_label[x][s]['splits'][split]['bleu']
+                             for x in b) for s in seeds]
+  lo, hi = common.seed_interval(diffs)
+  return f'{statistics.mean(diffs):+.2f} [{lo:+.2f}, {hi:+.2f}]'
+
+
+def test_the_paired_table_matches_the_runs(by_label):
+  rows = _table_after(_section8(), 'Paired by seed\n(BLEU')
+  groups = {
+      'shaw minus sinusoidal': (('shaw',), ('sinusoidal',)),
+      'relative (shaw, rope) minus absolute': (('shaw', 'rope'),
+                                               ('sinusoidal', 'learned')),
+      'rope minus shaw': (('rope',), ('shaw',)),
+      'learned minus sinusoidal': (('learned',), ('sinusoidal',)),
+  }
+  checked = 0
+  for row in rows:
+    name = next(g for g in groups if row[0].startswith(g))
+    a, b = groups[name]
+    for cell, split in zip(row[1:], SPLITS[1:]):
+      if cell:
+        assert re.sub(r'\*', '', cell) == _paired(by_label, a, b, split), (
+            name, split)
+        checked += 1
+  assert checked >= 10
+
+
+def test_the_floors_and_the_pilot_match_the_committed_scores(by_label):
+  with open(RESULTS) as f:
+    floors = json.load(f)['floors']
+  rows = _table_after(_section8(), '**Floors first**')
+  names = {'copy the German source': 'copy', 'word-by-word': 'word',
+           'retrieval': 'retrieval'}
+  for row in rows:
+    key = next(v for k, v in names.items() if row[0].startswith(k))
+    assert row[1:5] == [f'{floors[key][s]["bleu"]:.2f}' for s in SPLITS]
+    assert row[5] == f'{floors[key]["test_2016_flickr"]["chrf"]:.2f}'
+  pilot = by_label['sinusoidal'][0]['splits']
+  text = _section8()
+  assert (f'beam search {pilot["val"]["bleu"]:.2f} val, '
+          f'**{pilot["test_2016_flickr"]["bleu"]:.2f} test_2016_flickr**') in text
