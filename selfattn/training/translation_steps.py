@@ -88,7 +88,13 @@ class TranslationTrainer(Trainer):
                mesh: jax.sharding.Mesh | None = None,
                task: Task | None = None):
     self._setup(config, mesh, task)
-    task, seed_arg = self.task, self.seed_arg
+    self._init_data()
+    self._init_training_steps()
+    self._init_evaluation()
+
+  def _init_data(self) -> None:
+    """The corpus, the token budget of a batch and the length buckets."""
+    config, task = self.config, self.task
     self.corpus = corpus = translation_data.prepare(
         task.vocab_size, config.task.max_len,
         *translation_task.LANGUAGES[task.name])
@@ -96,31 +102,41 @@ class TranslationTrainer(Trainer):
     # lower, and batch_size x its longest bucket would hold fewer tokens.
     self.token_budget = (config.train.batch_tokens or
                          config.train.batch_size * corpus.buckets[-1].bound)
-    self.batches = batches = TrainingBatches(corpus, self.token_budget,
-                                             self.mesh.size)
-    by_example, replicated = self.by_example, self.replicated
-    indices = tuple(global_indices(0, n, by_example) for n in batches.sizes)
+    self.batches = TrainingBatches(corpus, self.token_budget, self.mesh.size)
+
+  def _init_training_steps(self) -> None:
+    """advance, train_step, train_batch and healthy (Trainer's contract):
+    each step draws its bucket from (seed, step), then that bucket's batch;
+    jax.lax.switch runs one compiled branch per bucket."""
+    batches, by_example = self.batches, self.by_example
+    seed_arg, replicated = self.seed_arg, self.replicated
     step_with_key, parts = self.step_with_key, self.parts
+    indices = tuple(global_indices(0, n, by_example) for n in batches.sizes)
     num_buckets = len(batches.sizes)
 
     def batch_of(b, seed, step, indices):
       return jax.lax.with_sharding_constraint(
           batches.batch(b, seed, step, indices[b]), by_example)
 
-    def advance(state, indices, seed):
+    def per_bucket(fn, state, indices, seed):
+      """fn(state, batch) on the batch of state's step, in its bucket."""
       def branch(b):
-        return lambda state: step_with_key(
-            state, batch_of(b, seed, state['step'], indices),
-            dropout_key=dropout_key_for(seed))
+        return lambda state: fn(state, batch_of(b, seed, state['step'],
+                                                indices))
       return jax.lax.switch(batches.bucket(seed, state['step']),
                             [branch(b) for b in range(num_buckets)], state)
+
+    def advance(state, indices, seed):
+      return per_bucket(lambda state, batch: step_with_key(
+          state, batch, dropout_key=dropout_key_for(seed)), state, indices,
+                        seed)
 
     compiled = functools.partial(jax.jit, donate_argnums=0,
                                  out_shardings=(replicated, replicated))
     advance = compiled(advance)
     self.advance = lambda state: advance(state, indices, seed_arg)
     self.train_step = compiled(functools.partial(
-        step_with_key, dropout_key=dropout_key_for(config.seed)))
+        step_with_key, dropout_key=dropout_key_for(self.config.seed)))
 
     bucket_of = jax.jit(batches.bucket)
     batch_jit = jax.jit(batch_of, static_argnums=0)
@@ -130,16 +146,14 @@ class TranslationTrainer(Trainer):
       return batch_jit(b, seed_arg, np.int32(step), indices)
     self.train_batch = train_batch
 
-    @functools.partial(jax.jit, out_shardings=replicated)
-    def healthy(state, indices, seed):
-      # Checked on the next step's batch, as Trainer does.
-      def branch(b):
-        return lambda state: state_is_healthy(
-            state, batch_of(b, seed, state['step'], indices), parts)
-      return jax.lax.switch(batches.bucket(seed, state['step']),
-                            [branch(b) for b in range(num_buckets)], state)
+    # Checked on the next step's batch, as Trainer does.
+    healthy = jax.jit(lambda state, indices, seed: per_bucket(
+        lambda state, batch: state_is_healthy(state, batch, parts), state,
+        indices, seed), out_shardings=replicated)
     self.healthy = lambda state: bool(healthy(state, indices, seed_arg))
 
+  def _init_evaluation(self) -> None:
+    """The compiled teacher-forced sums and decoding that evaluate uses."""
     self._teacher_forced = jax.jit(
         lambda params, batch: teacher_forced_sums(self.model(params), batch))
 
