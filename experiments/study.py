@@ -89,8 +89,10 @@ def select(runs: Sequence[Run], *, seeds: Iterable[int] | None = None,
 DIVERGED_FILE = 'diverged.json'
 
 
-class StudyStopped(Exception):
-  """SIGINT or SIGTERM outside a training run (scoring, collecting)."""
+class StudyStopped(BaseException):
+  """SIGINT or SIGTERM outside a training run (scoring, collecting). A
+  BaseException, as KeyboardInterrupt is: code that catches Exception to
+  re-raise it as its own error (a checkpoint restore) lets it through."""
 
   def __init__(self, signum: int):
     super().__init__(signal.Signals(signum).name)

@@ -188,16 +188,13 @@ def evaluate_run(run: study.Run, path: str,
   trainer = TranslationTrainer(run.config)
   state = trainer.init_state()
   writer = SummaryWriter(logdir=path)
-  if old is None and greedy_by_step is not None:
-    kept = set(checkpoints.saved_steps(path))
-    by_step = {s: b for s, b in greedy_by_step.items() if s in kept}
-    if not by_step:
-      raise FileNotFoundError(f'no checkpoint in {path} at an evaluated step')
-    chosen = max(by_step, key=lambda s: (by_step[s], s))
-  elif old is None:
+  if old is None:
+    kept = checkpoints.saved_steps(path)
+    # The training loop's own greedy BLEU where it has one; every other kept
+    # checkpoint is decoded here (a record missing a step, or none at all).
+    by_step = {s: b for s, b in (greedy_by_step or {}).items() if s in kept}
     val = trainer.corpus.eval_set('val')
-    by_step = {}
-    for step in checkpoints.saved_steps(path):
+    for step in (s for s in kept if s not in by_step):
       params = checkpoints.restore_step_read_only(path, state, step)['params']
       hyps = trainer.translate_texts(params, val.sources)
       by_step[step] = bleu.score(hyps, val.references)['bleu']

@@ -360,5 +360,5 @@ def teacher_forced_logits(model: nnx.Module, tokens: jax.Array, *,
                   return_logits=True).logits
 
 
-__all__ = ['Generated', 'METHODS', 'draw', 'generate', 'length_penalty',
-           'teacher_forced_logits']
+__all__ = ['Generated', 'METHODS', 'beam_search', 'draw', 'generate',
+           'greedy_search', 'length_penalty', 'sample', 'teacher_forced_logits']

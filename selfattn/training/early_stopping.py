@@ -91,6 +91,15 @@ class EarlyStopping:
         best = entry
     return best
 
+  def has(self, step: int) -> bool:
+    """Whether the evaluation at `step` is in the record."""
+    return any(e['step'] == step for e in self.record)
+
+  def should_stop(self) -> bool:
+    """Whether the record already says stop (a run killed after the
+    decision, before its summary)."""
+    return self.since_best() >= self.patience
+
   def since_best(self) -> int:
     """Evaluations after the best one."""
     best = self.best()
@@ -108,7 +117,7 @@ class EarlyStopping:
       workdir_lib.write_json(self.path, {
           'metric': self.metric, 'patience': self.patience,
           'evaluations': self.record})
-    return self.since_best() >= self.patience
+    return self.should_stop()
 
   def outcome(self) -> dict[str, Any]:
     """What the summary records about a run that stopped early."""

@@ -286,6 +286,10 @@ class _TrainingLoop:
     note = report.table_reach_note(config, task)
     if self._is_main and note:
       logging.warning(note)
+    if self._early is not None and self.start > 0:
+      self._resume_early_stopping()
+      if self.stopped_early is not None:
+        return
     for step in range(self.start, self._num_steps):
       self.state, metrics = self._trainer.advance(self.state)
       self._pending.append(metrics)
@@ -379,6 +383,20 @@ class _TrainingLoop:
         f'{name} received: stopped after step {done} with a checkpoint in '
         f'{self._workdir}; rerun the same command to resume', signum)
 
+  def _resume_early_stopping(self) -> None:
+    """A resumed run counts the evaluations an uninterrupted one would
+    have: the one at its starting checkpoint, when a stop request or a kill
+    came between that checkpoint and its evaluation, is made now; and a
+    record that already says stop (a kill after the decision) stops."""
+    early = self._early
+    assert early is not None
+    evaluated_here = (self.start % self._eval_every == 0
+                      or self.start == self._num_steps)
+    if evaluated_here and not early.has(self.start):
+      self._evaluate(self.start)
+    elif early.should_stop() and self.start < self._num_steps:
+      self.stopped_early = early.outcome()
+
   def _evaluate(self, done: int) -> None:
     params = self.state['params']
     self.results = results = self._trainer.evaluate(params)
@@ -388,7 +406,7 @@ class _TrainingLoop:
     if self._is_main:
       logging.info('eval at step %d: %s', done, report.short(results))
     if self._early is not None and self._early.observe(
-        done, results, write=self._is_main):
+        done, results, write=self._is_main) and done < self._num_steps:
       self.stopped_early = self._early.outcome()
       if self._last_checkpoint != done:
         self._checkpoint(done)     # the run ends here: its state is kept

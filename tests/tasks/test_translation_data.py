@@ -151,6 +151,7 @@ def _cached(tmp_path):
 
 
 @pytest.mark.parametrize('damage', ['truncated', 'random bytes', 'no record',
+                                    'record not an object',
                                     'another vocabulary'])
 def test_a_damaged_or_planted_cached_model_is_rebuilt(tmp_path, damage):
   texts = GERMAN + ENGLISH
@@ -162,6 +163,8 @@ def test_a_damaged_or_planted_cached_model_is_rebuilt(tmp_path, damage):
     model.write_bytes(bytes(range(256)) * 20)
   elif damage == 'no record':
     record.unlink()
+  elif damage == 'record not an object':
+    record.write_text('[]')
   else:
     # A valid model of 320 pieces, with its own valid record, planted under
     # the key of the 300-piece request.

@@ -177,8 +177,8 @@ def test_divergence_after_a_rejected_checkpoint_names_the_restored_one(
   _flip_a_byte(workdir / 'checkpoints' / '20', template, tmp_path)
   # Divergence, as the loop sees it at its next checkpoint.
   class Diverging(Trainer):
-    def __init__(self, config):
-      super().__init__(config)
+    def __init__(self, config, mesh=None, task=None):
+      super().__init__(config, mesh, task)
       self.healthy = lambda state: False
 
   monkeypatch.setattr(train, 'make_trainer', Diverging)

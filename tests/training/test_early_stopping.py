@@ -103,3 +103,55 @@ def test_run_stops_early_and_a_resumed_copy_stops_at_the_same_step(
   rerun = train.train_and_evaluate(c, str(straight))
   assert rerun == json.loads((straight / 'summary.json').read_text())
   assert sorted(map(int, os.listdir(straight / 'checkpoints'))) == [10, 20, 30]
+
+
+def _record_only(path, steps):
+  """Keeps the early-stopping record's evaluations at `steps`."""
+  record = json.loads((path / early_stopping.EARLY_STOP_FILE).read_text())
+  record['evaluations'] = [e for e in record['evaluations']
+                           if e['step'] in steps]
+  (path / early_stopping.EARLY_STOP_FILE).write_text(json.dumps(record))
+
+
+def test_resumes_that_missed_or_already_made_the_decision_stop_at_the_same_step(
+    tiny_config, tmp_path):
+  """A stop request (or a kill) between the step-20 checkpoint and its
+  evaluation leaves the record without step 20: the resumed run evaluates
+  it first. A kill after the step-30 decision, before the summary: the
+  resumed run stops at once, training nothing."""
+  c = tiny_config
+  c.train.num_steps = 60
+  c.train.checkpoint_every = c.eval.every = 10
+  c.train.keep_checkpoints = 10
+  c.train.learning_rate = 1e-9
+  c.train.early_stop_patience = 2
+  c.train.early_stop_metric = 'sequence_accuracy'
+  straight = tmp_path / 'straight'
+  summary = train.train_and_evaluate(c, str(straight))
+  assert summary['step'] == 30
+
+  missed = crashed_copy(straight, tmp_path / 'missed', 20)
+  shutil.copy(straight / early_stopping.EARLY_STOP_FILE, missed)
+  _record_only(missed, {10})
+  again = train.train_and_evaluate(c, str(missed))
+  assert again['step'] == 30 and again['stopped_early'] == summary['stopped_early']
+  assert [h['step'] for h in again['history']] == [20, 30]
+
+  decided = crashed_copy(straight, tmp_path / 'decided', 30)
+  shutil.copy(straight / early_stopping.EARLY_STOP_FILE, decided)
+  again = train.train_and_evaluate(c, str(decided))
+  assert again['step'] == 30 and again['stopped_early'] == summary['stopped_early']
+  assert again['history'] == []                 # nothing trained or evaluated
+  assert sorted(map(int, os.listdir(decided / 'checkpoints'))) == [30]
+
+
+def test_patience_running_out_at_the_cap_is_not_an_early_stop(tiny_config,
+                                                               tmp_path):
+  c = tiny_config
+  c.train.num_steps = 30
+  c.train.checkpoint_every = c.eval.every = 10
+  c.train.learning_rate = 1e-9
+  c.train.early_stop_patience = 2
+  c.train.early_stop_metric = 'sequence_accuracy'
+  summary = train.train_and_evaluate(c, str(tmp_path / 'run'))
+  assert summary['step'] == 30 and 'stopped_early' not in summary

@@ -149,7 +149,9 @@ def _read_cached(path: pathlib.Path, options: dict) -> Tokenizer | None:
   try:
     record = json.loads(_record_path(path).read_text())
     proto = path.read_bytes()
-    if record.get('sha256') != hashlib.sha256(proto).hexdigest():
+    if not isinstance(record, dict):
+      problem = 'its record is not a JSON object'
+    elif record.get('sha256') != hashlib.sha256(proto).hexdigest():
       problem = 'its checksum does not match its record'
     elif any(record.get(k) != v for k, v in options.items()):
       problem = (f'its record says {record.get("vocab_size")} '
