@@ -327,3 +327,23 @@ def test_a_resumed_translation_run_ends_with_the_same_parameters(
   for a, b in zip(saved_params(straight), saved_params(resumed), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
   assert not np.allclose(saved_params(straight, 2)[0], saved_params(straight)[0])
+
+
+def test_a_damaged_validation_file_is_refused_before_the_workdir(
+    tiny_multi30k, tmp_path, monkeypatch):
+  """Issue 50's neighbour: a flipped byte in val.de.gz was one line, but
+  only after the workdir held .lock, config.json and an events file."""
+  from selfattn.errors import DataError
+  from selfattn.tasks.translation import multi30k
+  real = multi30k.sentences
+  def damaged(split, language, data_dir=None):
+    if split == 'val':
+      raise DataError(f'{split}.{language}.gz: checksum mismatch')
+    return real(split, language, data_dir)
+  monkeypatch.setattr(multi30k, 'sentences', damaged)
+  translation_data._eval_set.cache_clear()
+  workdir = tmp_path / 'run'
+  with pytest.raises(ConfigError, match=r'val\.de\.gz: checksum mismatch'):
+    train.train_and_evaluate(tiny_translation_config(), str(workdir))
+  assert not workdir.exists()
+  translation_data._eval_set.cache_clear()

@@ -38,6 +38,9 @@ def config_problem(name: str, *, vocab_size: int, max_source_len: int,
                                       *LANGUAGES[name])
   except ValueError as e:        # 'task.max_len=...: no training source ...'
     return f'config.{e}'
+  # The validation split that every evaluation reads: a damaged or missing
+  # file is a DataError now, before anything is written to a workdir.
+  corpus.eval_set('val')
   longest = corpus.buckets[-1].bound      # padded tokens of the longest pair
   if batch_tokens and batch_tokens < longest * devices:
     return (f'config.train.batch_tokens={batch_tokens} is smaller than one '
