@@ -31,8 +31,6 @@ checkpoint and its early-stopping record.
 from __future__ import annotations
 
 import os
-import statistics
-from typing import Any
 
 from absl import app
 from absl import flags

@@ -21,7 +21,6 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from selfattn.errors import ConfigError
 from selfattn.training.list_flag import ListParser
 from selfattn.training.log_setup import configure_logging
 
