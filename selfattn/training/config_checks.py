@@ -38,6 +38,18 @@ def _model_problem(model: ml_collections.ConfigDict, message: str) -> str:
   return f'config.model: the model cannot be built: {message}'
 
 
+def _data_parallel(config: ml_collections.ConfigDict, num_devices: int) -> int:
+  """config.mesh.data as a device count (-1: all num_devices); ConfigError
+  for one that no mesh of num_devices can have."""
+  data = config.mesh.data
+  if data == -1:
+    data = num_devices
+  if not isinstance(data, int) or data < 1 or data > num_devices:
+    raise ConfigError(f'config.mesh.data={config.mesh.data} must be -1 (all) '
+                      f'or between 1 and the {num_devices} devices')
+  return data
+
+
 def _check_translation(config: ml_collections.ConfigDict,
                        num_devices: int | None) -> None:
   """What the encoder_decoder layout cannot do, then what the translation
@@ -56,8 +68,8 @@ def _check_translation(config: ml_collections.ConfigDict,
     raise ConfigError('config.model.meter_period is the music task\'s '
                       '(a step phase); set it to 0 for translation')
   from selfattn.tasks.translation import task as translation_task
-  data = config.mesh.data
-  devices = num_devices if data == -1 and num_devices else max(int(data), 1)
+  devices = (max(int(config.mesh.data), 1) if num_devices is None
+             else _data_parallel(config, num_devices))
   try:
     problem = translation_task.config_problem(
         config.task.name, vocab_size=config.task.vocab_size,
@@ -261,12 +273,7 @@ def _validate(config: ml_collections.ConfigDict,
 
   # Devices.
   if num_devices is not None:
-    data = config.mesh.data
-    if data == -1:
-      data = num_devices
-    if not isinstance(data, int) or data < 1 or data > num_devices:
-      raise ConfigError(f'config.mesh.data={config.mesh.data} must be -1 (all) '
-                        f'or between 1 and the {num_devices} devices')
+    data = _data_parallel(config, num_devices)
     for field in ('train.batch_size', 'eval.num_examples'):
       section, name = field.split('.')
       if config[section][name] % data:

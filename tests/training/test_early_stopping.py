@@ -69,18 +69,23 @@ def test_config_checks_name_the_field_and_the_valid_choices(tiny_config):
   validate_config(tiny_config)
 
 
-def test_run_stops_early_and_a_resumed_copy_stops_at_the_same_step(
-    tiny_config, tmp_path):
-  c = tiny_config
-  c.train.num_steps = 60                    # the cap, never reached
+def _flat_run_config(c, num_steps):
+  """tiny config evaluated (and checkpointed) every 10 steps with a learning
+  rate too small to change a prediction: sequence accuracy is the same at
+  every evaluation, so the first stays the best and patience 2 stops the
+  run at the third (step 30)."""
+  c.train.num_steps = num_steps
   c.train.checkpoint_every = c.eval.every = 10
   c.train.keep_checkpoints = 10
-  # A learning rate too small to change a prediction: sequence accuracy is
-  # the same at every evaluation, so the first one stays the best and the
-  # run stops at the third (two evaluations without a new best).
   c.train.learning_rate = 1e-9
   c.train.early_stop_patience = 2
   c.train.early_stop_metric = 'sequence_accuracy'
+  return c
+
+
+def test_run_stops_early_and_a_resumed_copy_stops_at_the_same_step(
+    tiny_config, tmp_path):
+  c = _flat_run_config(tiny_config, 60)    # the cap, never reached
   straight = tmp_path / 'straight'
   summary = train.train_and_evaluate(c, str(straight))
   assert summary['step'] == 30
@@ -119,13 +124,7 @@ def test_resumes_that_missed_or_already_made_the_decision_stop_at_the_same_step(
   evaluation leaves the record without step 20: the resumed run evaluates
   it first. A kill after the step-30 decision, before the summary: the
   resumed run stops at once, training nothing."""
-  c = tiny_config
-  c.train.num_steps = 60
-  c.train.checkpoint_every = c.eval.every = 10
-  c.train.keep_checkpoints = 10
-  c.train.learning_rate = 1e-9
-  c.train.early_stop_patience = 2
-  c.train.early_stop_metric = 'sequence_accuracy'
+  c = _flat_run_config(tiny_config, 60)
   straight = tmp_path / 'straight'
   summary = train.train_and_evaluate(c, str(straight))
   assert summary['step'] == 30
@@ -147,11 +146,6 @@ def test_resumes_that_missed_or_already_made_the_decision_stop_at_the_same_step(
 
 def test_patience_running_out_at_the_cap_is_not_an_early_stop(tiny_config,
                                                                tmp_path):
-  c = tiny_config
-  c.train.num_steps = 30
-  c.train.checkpoint_every = c.eval.every = 10
-  c.train.learning_rate = 1e-9
-  c.train.early_stop_patience = 2
-  c.train.early_stop_metric = 'sequence_accuracy'
+  c = _flat_run_config(tiny_config, 30)    # patience runs out at the cap
   summary = train.train_and_evaluate(c, str(tmp_path / 'run'))
   assert summary['step'] == 30 and 'stopped_early' not in summary
