@@ -220,7 +220,9 @@ def test_init_from_never_modifies_the_source_workdir(finished_run, template,
   config = thirty_steps_config()
   config.train.init_from = str(source)
   config.train.num_steps = config.eval.every = config.train.checkpoint_every = 10
-  with caplog.at_level(std_logging.INFO):
+  # The absl logger's own level, not the root's: a test that parsed absl
+  # flags earlier in the same worker leaves it at WARNING (--verbosity=-1).
+  with caplog.at_level(std_logging.INFO, logger='absl'):
     summary = train.train_and_evaluate(config, str(tmp_path / 'new'))
   assert _tree_digest(source) == before
   assert summary['step'] == 10
