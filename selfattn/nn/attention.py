@@ -631,6 +631,11 @@ class MultiHeadAttention(nnx.Module):
       if valid_lens.ndim != 1:
         return None                  # one length per query: not key padding
       key_valid = masks.make_length_mask(valid_lens, q.shape[2], lk)[:, 0, 0]
+      if mask is None:
+        # As lengths, which the Hopper kernel takes (a mask it does not).
+        return pallas_attention.pallas_attention(
+            q, k, v, relative=self.relative, causal=causal,
+            key_lengths=jnp.broadcast_to(valid_lens, (b,)))
     if mask is not None:
       mask = masks.check_mask(mask, target)
       if mask.shape[1] != 1 or mask.shape[2] != 1:

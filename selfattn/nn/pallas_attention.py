@@ -16,6 +16,12 @@ padding mask (B, Lk) are applied per block, and the loops skip the blocks
 the causal mask removes. A query row with no allowed key outputs zeros, as
 the plain path does.
 
+On a Hopper GPU (sm90) the forward of none, ALiBi and the rotation-only
+encodings in bf16 or f16 with key lengths (not a general key mask) runs
+hopper_attention.py's Mosaic GPU kernel (`gpu_kernel`: 'auto' picks it
+where the lowering target is an H100-class GPU; its backward is the Triton
+pair below, which reads the same lse).
+
 Backends, chosen when the step is lowered (jax.lax.platform_dependent), not
 by the host's default backend: Triton for 'cuda' and 'rocm', named
 explicitly (JAX 0.10's default Pallas GPU backend, Mosaic GPU, takes async
@@ -41,12 +47,14 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from selfattn.nn import hopper_attention as hopper
 from selfattn.nn import pallas_kernels as kernels
 from selfattn.nn import positions
 from selfattn.nn.pallas_kernels import Config
 
 BLOCK_Q = 128
 BLOCK_K = 128
+GPU_KERNELS = ('auto', 'hopper', 'triton')
 
 
 def _is_rotation_only(relative) -> bool:
@@ -210,9 +218,24 @@ def _compiler_params(backend: str, lay: kernels.Layout):
 # The pallas_calls of one backend.
 # --------------------------------------------------------------------------
 
+def _hopper_forward(cfg: Config, interpret: bool, q, k, v, key_valid, table):
+  """_forward_call's result from the Hopper kernel: key_valid is a prefix
+  mask here (built from key lengths), so its row sums are the lengths."""
+  lengths = None if key_valid is None else key_valid.sum(-1, dtype=jnp.int32)
+  hcfg = hopper.HopperConfig(kind=cfg.kind, symmetric=cfg.symmetric,
+                             causal=cfg.causal, scale=cfg.scale,
+                             interpret=interpret)
+  out, lse = hopper.forward(hcfg, q, k, v, lengths,
+                            table if cfg.kind == 'alibi' else None)
+  return out.astype(v.dtype), lse
+
+
 def _forward_call(cfg: Config, backend: str, q, k, v, key_valid, table):
   """(out (B, H, Lq, Dv) in v's dtype, lse (B, H, Lq) float32): q rotated,
   not scaled; invalid keys and values already zeroed."""
+  if backend in ('hopper', 'hopper_interpret'):
+    return _hopper_forward(cfg, backend == 'hopper_interpret', q, k, v,
+                           key_valid, table)
   a = _Arrays(cfg, backend, q, k, v, key_valid, table)
   lay = a.lay
   extra, extra_specs = a.extra(key_tiled=False)
@@ -237,6 +260,8 @@ def _backward_call(cfg: Config, backend: str, q, k, v, key_valid, table, g,
   """(dq, dk, dv, dtable) of the forward's output cotangent g: the dQ
   kernel (with the tables' gradients, summed here over batch and query
   blocks) and the dK/dV kernel."""
+  backend = {'hopper': 'triton', 'hopper_interpret': 'interpret'}.get(
+      backend, backend)
   a = _Arrays(cfg, backend, q, k, v, key_valid, table)
   lay = a.lay
   bh, nq, nk = a.b * a.h, a.lq_pad // lay.block_q, a.lk_pad // lay.block_k
@@ -306,10 +331,13 @@ def _per_platform(cfg: Config, call, *args):
   at lowering time (jax.lax.platform_dependent), not by the host's
   default backend: a step lowered for 'cuda' on a CPU machine holds the
   Triton kernels. Every branch returns the same canonical shapes."""
+  hopper_kernel = cfg.gpu_kernel == 'hopper'
   if cfg.interpret:
-    return call(cfg, 'interpret', *args)
+    return call(cfg, 'hopper_interpret' if hopper_kernel else 'interpret',
+                *args)
   branch = lambda backend: functools.partial(call, cfg, backend)
-  per_platform = dict(cuda=branch('triton'), rocm=branch('triton'),
+  per_platform = dict(cuda=branch('hopper' if hopper_kernel else 'triton'),
+                      rocm=branch('triton'),
                       tpu=branch('mosaic_tpu'))
   if cfg.interpret is None:
     per_platform['cpu'] = branch('interpret')
@@ -350,8 +378,10 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
                      v_BxHxLkxD: jax.Array, *, relative=None,
                      causal: bool = False, key_valid: jax.Array | None = None,
+                     key_lengths: jax.Array | None = None,
                      block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
-                     interpret: bool | None = None) -> jax.Array:
+                     interpret: bool | None = None,
+                     gpu_kernel: str = 'auto') -> jax.Array:
   """Flash attention with the relative term computed in the kernel.
 
   Args:
@@ -365,6 +395,9 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
     causal: key j attends to query i iff j <= i + (Lk - Lq).
     key_valid: (B, Lk) bool, True = a real key, or None. Invalid keys and
       values are zeroed first, so NaN or inf there never reaches the output.
+    key_lengths: (B,) int, keys [0, length) real, or None: key padding as
+      lengths (valid_lens), which the Hopper kernel takes; not with
+      key_valid.
     block_q, block_k: block sizes, fitted to each backend's rules
       (pallas_kernels.layout: powers of two >= 16 on Triton, >= 8 in
       interpret mode, multiples of 8 and 128 on TPU) and to the lengths;
@@ -373,6 +406,12 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       platform's kernel when lowered for 'cuda', 'rocm' or 'tpu' and
       interpret mode when lowered for 'cpu'; False: never interpret (a CPU
       lowering then fails).
+    gpu_kernel: the forward's kernel on a CUDA GPU: 'auto' (default): the
+      Hopper kernel (hopper_attention.py) where the GPU lowered for is an
+      sm90 part and the call is one it computes (none, ALiBi or a rotation,
+      bf16 or f16, no key_valid), else Triton; 'hopper' insists (ValueError
+      where the call is not one it computes; with interpret=True it runs in
+      JAX's Mosaic GPU interpreter); 'triton' never uses it.
 
   Returns:
     (B, H, Lq, Dv) in v's dtype, equal to dot_product_attention's output; a
@@ -391,6 +430,20 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
                      f'{k.shape}, {v.shape}')
   b, h, lq, _ = q.shape
   lk = k.shape[2]
+  if gpu_kernel not in GPU_KERNELS:
+    raise ValueError(f'gpu_kernel={gpu_kernel!r}; choose one of {GPU_KERNELS}')
+  if key_lengths is not None:
+    if key_valid is not None:
+      raise ValueError('give key_valid or key_lengths, not both')
+    key_lengths = jnp.asarray(key_lengths)
+    if (key_lengths.shape != (b,)
+        or not jnp.issubdtype(key_lengths.dtype, jnp.integer)):
+      raise ValueError(f'key_lengths must be integers of shape {(b,)}; got '
+                       f'{key_lengths.dtype} {key_lengths.shape}')
+    key_valid = jnp.arange(lk)[None, :] < key_lengths[:, None]
+    prefix_mask = True
+  else:
+    prefix_mask = key_valid is None
   if key_valid is not None:
     key_valid = jnp.asarray(key_valid)
     if key_valid.dtype != jnp.bool_ or key_valid.shape != (b, lk):
@@ -418,6 +471,16 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   scale = 1.0 / math.sqrt(q.shape[-1])       # of the head before `rotate`
   if relative is not None:
     q, k = relative.rotate(q, k)
+  hopper_computes = (prefix_mask and q.dtype == k.dtype == v.dtype
+                     and hopper.supports(kind, q.dtype, q.shape[-1]))
+  if gpu_kernel == 'hopper' and not hopper_computes:
+    raise ValueError(
+        f"gpu_kernel='hopper' computes {hopper.KINDS} in bf16 or f16 with key "
+        f'lengths; got {kind}, {q.dtype}/{k.dtype}/{v.dtype}, '
+        f"{'key lengths' if prefix_mask else 'a key_valid mask'}")
+  use_hopper = gpu_kernel == 'hopper' or (
+      gpu_kernel == 'auto' and hopper_computes and not interpret
+      and hopper.lowering_for_hopper())
   cfg = Config(
       kind=kind, symmetric=options.get('symmetric', False),
       num_buckets=options.get('num_buckets', 0),
@@ -426,8 +489,9 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       shaw_values=kind == 'shaw' and table[1] is not None,
       causal=bool(causal),
       scale=scale, block_q=int(block_q), block_k=int(block_k),
-      interpret=None if interpret is None else bool(interpret))
+      interpret=None if interpret is None else bool(interpret),
+      gpu_kernel='hopper' if use_hopper else 'triton')
   return _flash(cfg, q, k, v, key_valid, table)
 
 
-__all__ = ['BLOCK_Q', 'BLOCK_K', 'pallas_attention', 'supports']
+__all__ = ['BLOCK_Q', 'BLOCK_K', 'GPU_KERNELS', 'pallas_attention', 'supports']

@@ -61,6 +61,9 @@ class Config(NamedTuple):
   block_q: int
   block_k: int
   interpret: bool | None  # None: per lowering platform (interpret on cpu)
+  # The forward's GPU kernel: 'triton', or 'hopper' (hopper_attention.py,
+  # Mosaic GPU on sm90; its backward stays the Triton pair).
+  gpu_kernel: str = 'triton'
 
 
 class Layout(NamedTuple):

@@ -87,33 +87,43 @@ def _kernel_relative(kind: str):
 
 KERNEL_KINDS = ('none', 'alibi', 'alibi_symmetric', 't5', 'shaw',
                 'shaw_per_head_keys_only', 'rope')
+# The forwards hopper_attention.py computes in bf16 (rope: rotated first).
+HOPPER_KINDS = ('none', 'alibi', 'alibi_symmetric', 'rope')
+HOPPER_CALL = '@mosaic_gpu_v2'
 
 
 @pytest.mark.parametrize('platform', PLATFORMS)
 @pytest.mark.parametrize('kind', KERNEL_KINDS)
 @pytest.mark.parametrize('length', LENGTHS)
 def test_kernel_lowers_forward_and_gradient(platform, kind, length):
-  """pallas_attention, causal with padded keys and bidirectional, value and
-  gradients (q, k, v and the encoding's table), lowers for the platform
-  with the kernel in it and no (L, L) tensor."""
+  """pallas_attention, causal with a key mask, causal with key lengths
+  and bidirectional, value and gradients (q, k, v and the encoding's
+  table), lowers for the platform with the kernels in it and no (L, L)
+  tensor. On the abstract H100 the forwards the Hopper kernel computes (no
+  mask or key lengths; none, ALiBi, rotations) are Mosaic GPU kernels, the
+  rest and every backward Triton."""
   relative = _kernel_relative(kind)
   graphdef, tables = nnx.split(relative) if relative is not None else (None, None)
   shape = jax.ShapeDtypeStruct((1, HEADS, length, HEAD_DIM), jnp.bfloat16)
   valid = jax.ShapeDtypeStruct((1, length), jnp.bool_)
+  lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
 
-  def loss(tables, q, k, v, valid):
+  def loss(tables, q, k, v, valid, lengths):
     rel = None if graphdef is None else nnx.merge(graphdef, tables)
-    causal = pa.pallas_attention(q, k, v, relative=rel, causal=True,
+    masked = pa.pallas_attention(q, k, v, relative=rel, causal=True,
                                  key_valid=valid)
+    padded = pa.pallas_attention(q, k, v, relative=rel, causal=True,
+                                 key_lengths=lengths)
     both = pa.pallas_attention(q, k, v, relative=rel)
-    return jnp.sum(causal.astype(jnp.float32)) + jnp.sum(
-        both.astype(jnp.float32))
+    return sum(jnp.sum(x.astype(jnp.float32)) for x in (masked, padded, both))
 
   fn = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))
-  text = lowered_text(fn, tables, shape, shape, shape, valid,
+  text = lowered_text(fn, tables, shape, shape, shape, valid, lengths,
                       platform=platform)
-  # Two calls, each a forward, a dQ and a dK/dV kernel.
-  assert text.count(KERNEL_CALL[platform]) == 6
+  # Three calls, each a forward, a dQ and a dK/dV kernel.
+  hopper_forwards = 2 if platform == 'cuda' and kind in HOPPER_KINDS else 0
+  assert text.count(KERNEL_CALL[platform]) == 9 - hopper_forwards
+  assert text.count(HOPPER_CALL) == hopper_forwards
   if length > pa.BLOCK_K:      # at 128 the backward's one block is (L, L)
     assert not _square(text, length)
 
@@ -253,9 +263,10 @@ def test_gpu_lowering_without_a_gpu_needs_the_abstract_target():
   """From JAX 0.11 on, a Pallas GPU kernel lowered on a host without a GPU
   asks which GPU it is for: refused outside selfattn.nn.lowering's abstract
   H100, lowered inside it (so the helper every test here uses is needed,
-  and sufficient)."""
+  and sufficient). The Triton kernel's question; the Hopper kernel's
+  Mosaic GPU lowering asks none (test_hopper_attention.py)."""
   shape = jax.ShapeDtypeStruct((1, HEADS, 128, HEAD_DIM), jnp.bfloat16)
-  attend = lambda q, k, v: pa.pallas_attention(q, k, v)
+  attend = lambda q, k, v: pa.pallas_attention(q, k, v, gpu_kernel='triton')
   with pytest.raises(RuntimeError, match='abstract GPU device'):
     jax.jit(attend).trace(shape, shape, shape).lower(
         lowering_platforms=('cuda',))

@@ -1,0 +1,350 @@
+"""A Hopper (sm90) flash-attention forward on Mosaic GPU (`plgpu.kernel`):
+TMA loads, wgmma, one producer warpgroup and two compute warpgroups,
+K/V pipelined through `stages` shared-memory slots (FlashAttention-3's
+shape; JAX's attention_mgpu.py and tokamax's sm90 kernel were read, not
+copied).
+
+What it adds to a plain flash forward, and why:
+  - the relative term from iota offsets inside the kernel, O(L) memory:
+    ALiBi's -slope * distance (both forms); none; rotation-only encodings
+    (RoPE, PoPE) arrive rotated and use 'none';
+  - masks only where a block needs one: key blocks wholly inside the
+    causal limit and the batch row's key length run unmasked, the blocks
+    crossing either limit run masked, and blocks wholly past them are never
+    loaded (causal block skipping, and padding skipping per batch row);
+  - softmax in base 2 with the scale folded into one multiply (`exp2`, the
+    norm since FlashAttention-2), lse returned in natural log for the
+    backward, which stays the Triton pair of kernels for now.
+
+Per program: one (batch, head, tile of 2 * block_q query rows). Warpgroups
+0 and 1 each own block_q rows; warpgroup 2 only issues TMA copies of key
+blocks [0, tile_end) into slot j % stages, reusing a slot once both
+compute warpgroups released it. A compute warpgroup that needs fewer
+blocks than its tile (causal) releases the rest without reading them, so
+the producer never waits forever. A schedule barrier alternates the two
+compute warpgroups between their matmuls and their softmax (FA3's
+ping-pong), so the tensor cores stay busy while the other group
+exponentiates.
+
+Interpret mode (`interpret=True`, the CPU tests) runs the same kernel in
+JAX's Mosaic GPU interpreter, with one difference the interpreter forces:
+its wgmma reads the left operand only from shared memory, so P is staged
+through a (block_q, block_k) shared buffer there, where the GPU feeds it
+from registers and accumulates P V into the running output in place.
+
+Shapes: q (B, H, Lq, D), k and v (B, H, Lk, D), bf16 or f16, D a multiple
+of 64 after zero padding; lengths are padded to the blocks and the padding
+masked through the key length.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+F32 = jnp.float32
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+KINDS = ('none', 'alibi')
+DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+HEAD_MULTIPLE = 64          # a 128-byte swizzled row of 16-bit values
+COMPUTE_GROUPS = 2
+
+
+class HopperConfig(NamedTuple):
+  """Static description of one forward call (hashable)."""
+  kind: str                 # one of KINDS
+  symmetric: bool           # ALiBi's symmetric form
+  causal: bool
+  scale: float              # softmax scale, 1/sqrt(D) of the unpadded head
+  block_q: int = 64         # query rows per compute warpgroup
+  block_k: int = 128
+  stages: int = 2           # key/value blocks in flight
+  ping_pong: bool = True    # the schedule barrier between compute groups
+  interpret: bool = False   # JAX's Mosaic GPU interpreter (CPU tests)
+
+
+def supports(kind: str, dtype, head_dim: int) -> bool:
+  """Whether this kernel computes the call (else the Triton kernel does)."""
+  del head_dim                # padded to HEAD_MULTIPLE
+  return kind in KINDS and jnp.dtype(dtype) in DTYPES
+
+
+# Device kinds of sm90 parts (wgmma is sm90a only: not Ampere, not Blackwell).
+HOPPER_DEVICE_KINDS = ('H100', 'H200', 'H800', 'H20', 'GH200')
+
+
+def _is_hopper_kind(device_kind: str) -> bool:
+  return any(name in device_kind.split() for name in HOPPER_DEVICE_KINDS)
+
+
+def lowering_for_hopper() -> bool:
+  """Whether the GPU being lowered for is a Hopper: the abstract device of
+  the current abstract mesh where one is set (lowering from a host without
+  a GPU, selfattn.nn.lowering), else this host's first GPU."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  if not hasattr(plgpu, 'kernel'):           # JAX before 0.11
+    return False
+  device = getattr(jax.sharding.get_abstract_mesh(), 'abstract_device', None)
+  if device is not None:
+    return _is_hopper_kind(str(device.device_kind))
+  try:
+    gpus = jax.devices('gpu')
+  except RuntimeError:
+    return False
+  return bool(gpus) and getattr(gpus[0], 'compute_capability', '') == '9.0'
+
+
+def check(cfg: HopperConfig) -> None:
+  if cfg.kind not in KINDS:
+    raise ValueError(f'kind={cfg.kind!r}: the Hopper kernel computes {KINDS}')
+  if cfg.block_q % 64 or cfg.block_k % 64:
+    raise ValueError(f'block_q={cfg.block_q} and block_k={cfg.block_k} must '
+                     f'be multiples of 64 (a wgmma tile)')
+  if cfg.stages < 2:
+    raise ValueError(f'stages={cfg.stages} must be at least 2')
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def _cdiv(x, d: int):
+  """ceil(x / d) of a non-negative int32."""
+  return lax.div(x + (d - 1), jnp.int32(d))
+
+
+def _alibi_distance(offset, symmetric: bool):
+  """positions.ALiBi's distance of key - query offsets (float32)."""
+  distance = jnp.abs(offset).astype(F32)
+  if not symmetric:
+    distance = distance - jnp.where(offset < 0, 0.5, 0.0).astype(F32)
+  return distance
+
+
+def _kernel(q_ref, k_ref, v_ref, len_ref, slope_ref, out_ref, lse_ref,
+            scoped, *, cfg: HopperConfig, lq: int, lk: int, dtype):
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  smem, (k_ready, v_ready, q_ready), (k_free, v_free), turn = scoped
+  q_smem2, k_smem, v_smem, p_smem2, lse_smem2 = smem
+  bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
+  b = lax.axis_index('batch')
+  h = lax.axis_index('heads')
+  wg = lax.axis_index('wg')
+  tile_base = lax.axis_index('q_tiles') * (COMPUTE_GROUPS * bq)
+  shift = lk - lq                        # causal: key j for query i iff j <= i + shift
+  length = jnp.clip(len_ref[b], 0, lk)   # this row's keys [0, length)
+
+  def key_end(last_row):
+    """One past the last key block rows up to last_row attend to."""
+    seen = length
+    if cfg.causal:
+      seen = jnp.minimum(seen, jnp.maximum(last_row + 1 + shift, 0))
+    return _cdiv(seen, bk)
+
+  tile_end = key_end(tile_base + COMPUTE_GROUPS * bq - 1)
+
+  def take_turn():
+    if cfg.ping_pong:
+      plgpu.barrier_arrive(turn)
+      plgpu.barrier_wait(turn)
+
+  @pl.when(wg < COMPUTE_GROUPS)
+  def _compute():
+    plgpu.set_max_registers(232, action='increase')
+    q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
+    q_base = tile_base + wg * bq
+    end = key_end(q_base + bq - 1)
+    # Blocks wholly inside both limits need no mask.
+    full = lax.div(length, jnp.int32(bk))
+    if cfg.causal:
+      full = jnp.minimum(full, lax.div(jnp.maximum(q_base + shift + 1, 0),
+                                       jnp.int32(bk)))
+    full = jnp.minimum(full, end)
+    plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q_base, bq)], q_smem,
+                            q_ready.at[wg])
+    plgpu.barrier_wait(q_ready.at[wg])
+    if cfg.kind == 'alibi':
+      slope2 = slope_ref[h] * LOG2E      # in the base-2 logits
+    row_layout = plgpu.Layout.WGMMA.reduce(1)
+    m = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, F32), row_layout)
+    l = plgpu.layout_cast(jnp.full((bq,), 0.0, F32), row_layout)
+    acc = plgpu.layout_cast(jnp.zeros((bq, q_smem.shape[-1]), F32),
+                            plgpu.Layout.WGMMA)
+    pl.when(wg == 1)(take_turn)
+
+    def step(j, carry, masked: bool):
+      acc, m, l = carry
+      slot = lax.rem(j, jnp.int32(stages))
+      plgpu.barrier_wait(k_ready.at[slot])
+
+      def scores(acc_ref):
+        plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+        take_turn()
+        return acc_ref[...]
+      s = pl.run_scoped(scores, plgpu.ACC((bq, bk), F32))
+      plgpu.barrier_arrive(k_free.at[slot])
+      s = s * (cfg.scale * LOG2E)
+      if cfg.kind == 'alibi' or masked:
+        q_idx = q_base + plgpu.broadcasted_iota(
+            jnp.int32, (bq, bk), 0, layout=plgpu.Layout.WGMMA)
+        k_idx = j * bk + plgpu.broadcasted_iota(
+            jnp.int32, (bq, bk), 1, layout=plgpu.Layout.WGMMA)
+      if cfg.kind == 'alibi':
+        s = s - slope2 * _alibi_distance(k_idx - q_idx, cfg.symmetric)
+      if masked:
+        keep = k_idx < length
+        if cfg.causal:
+          keep = keep & (k_idx <= q_idx + shift)
+        s = jnp.where(keep, s, -jnp.inf)
+      m_new = jnp.maximum(m, s.max(axis=1))
+      # A row with nothing allowed yet keeps m = -inf; shift by 0 there.
+      m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
+      alpha = jnp.exp2(m - m_use)
+      p = jnp.exp2(s - lax.broadcast_in_dim(m_use, s.shape, [0]))
+      l = l * alpha + p.sum(axis=1)
+      acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+      p16 = p.astype(dtype)
+      if cfg.ping_pong:
+        plgpu.barrier_arrive(turn)
+      plgpu.barrier_wait(v_ready.at[slot])
+      if cfg.ping_pong:
+        plgpu.barrier_wait(turn)
+      if cfg.interpret:
+        p_smem = p_smem2.at[wg]
+        p_smem[...] = p16
+        plgpu.commit_smem()
+
+        def weighted(acc_ref):
+          plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
+          return acc_ref[...]
+        acc = acc + pl.run_scoped(weighted, plgpu.ACC(acc.shape, F32))
+      else:
+        def weighted(acc_ref):
+          plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
+        acc = pl.run_state(weighted)(plgpu.ACC.init(acc))
+      plgpu.barrier_arrive(v_free.at[slot])
+      return acc, m_new, l
+
+    carry = lax.fori_loop(0, full, functools.partial(step, masked=False),
+                          (acc, m, l))
+    acc, m, l = lax.fori_loop(full, end, functools.partial(step, masked=True),
+                              carry)
+
+    @pl.loop(end, tile_end)
+    def _release(j):
+      # Blocks the tile's other group needs and this one does not: free the
+      # slots and keep the turns in step.
+      slot = lax.rem(j, jnp.int32(stages))
+      plgpu.barrier_arrive(k_free.at[slot])
+      plgpu.barrier_arrive(v_free.at[slot])
+      take_turn()
+      take_turn()
+
+    pl.when(wg == 0)(take_turn)
+    has_key = l > 0
+    inv = jnp.where(has_key, 1.0 / jnp.where(has_key, l, 1.0), 0.0)
+    q_smem[...] = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(
+        dtype)
+    # A row with no allowed key: output 0 and lse = +inf (backward weight 0).
+    lse_smem[...] = jnp.where(
+        has_key, (m + jnp.log2(jnp.where(has_key, l, 1.0))) * LN2, jnp.inf)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(q_smem, out_ref.at[b, h, pl.ds(q_base, bq)])
+    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, pl.ds(q_base, bq)])
+    plgpu.wait_smem_to_gmem(0)
+
+  @pl.when(wg == COMPUTE_GROUPS)
+  def _produce():
+    plgpu.set_max_registers(40, action='decrease')
+
+    def load(j, slot):
+      rows = pl.ds(j * bk, bk)
+      plgpu.copy_gmem_to_smem(k_ref.at[b, h, rows], k_smem.at[slot],
+                              k_ready.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[b, h, rows], v_smem.at[slot],
+                              v_ready.at[slot])
+
+    for j in range(stages):
+      pl.when(j < tile_end)(functools.partial(load, j, j))
+
+    @pl.loop(stages, jnp.maximum(tile_end, stages))
+    def _refill(j):
+      slot = lax.rem(j, jnp.int32(stages))
+      plgpu.barrier_wait(k_free.at[slot])
+      plgpu.barrier_wait(v_free.at[slot])
+      load(j, slot)
+
+
+def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
+            key_lengths: jax.Array | None,
+            slopes: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+  """(out (B, H, Lq, Dv) in q's dtype, lse (B, H, Lq) float32, natural log).
+
+  q, k, v: (B, H, L, D), bf16 or f16, q rotated and not scaled (cfg.scale
+  is applied here). key_lengths: (B,) int, keys [0, length) attended, or
+  None for all. slopes: ALiBi's (H,) float32, else None.
+  """
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  check(cfg)
+  b, h, lq, d = q.shape
+  lk, dv = k.shape[2], v.shape[3]
+  if jnp.dtype(q.dtype) not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+    raise ValueError(f'the Hopper kernel takes bf16 or f16 q, k, v of one '
+                     f'dtype; got {q.dtype}, {k.dtype}, {v.dtype}')
+  width = _round_up(max(d, dv), HEAD_MULTIPLE)
+  lq_pad = _round_up(lq, COMPUTE_GROUPS * cfg.block_q)
+  lk_pad = _round_up(lk, cfg.block_k)
+  pad = lambda x, length: jnp.pad(
+      x, [(0, 0), (0, 0), (0, length - x.shape[2]), (0, width - x.shape[3])])
+  q, k, v = pad(q, lq_pad), pad(k, lk_pad), pad(v, lk_pad)
+  lengths = (jnp.full((b,), lk, jnp.int32) if key_lengths is None
+             else jnp.asarray(key_lengths, jnp.int32))
+  slopes = (jnp.zeros((h,), F32) if slopes is None
+            else jnp.asarray(slopes, F32))
+  # No more slots than key blocks (a short sequence has one).
+  cfg = cfg._replace(stages=min(cfg.stages, lk_pad // cfg.block_k))
+  bq, bk = cfg.block_q, cfg.block_k
+  tiled = lambda shape: plgpu.SMEM(
+      shape, q.dtype, transforms=(plgpu.TilingTransform((8, 64)),
+                                  plgpu.SwizzleTransform(128)))
+  smem = (tiled((COMPUTE_GROUPS, bq, width)),
+          tiled((cfg.stages, bk, width)),
+          tiled((cfg.stages, bk, width)),
+          tiled((COMPUTE_GROUPS, bq, bk)) if cfg.interpret else None,
+          plgpu.SMEM((COMPUTE_GROUPS, bq), F32))
+  barriers = (plgpu.Barrier(num_barriers=cfg.stages),
+              plgpu.Barrier(num_barriers=cfg.stages),
+              plgpu.Barrier(num_barriers=COMPUTE_GROUPS))
+  freed = (plgpu.Barrier(num_arrivals=COMPUTE_GROUPS,
+                         num_barriers=cfg.stages),) * 2
+  turn = plgpu.Barrier(num_arrivals=COMPUTE_GROUPS)
+  body = functools.partial(_kernel, cfg=cfg, lq=lq, lk=lk, dtype=q.dtype)
+
+  def entry(*refs):
+    pl.run_scoped(lambda *scoped: body(*refs, scoped), smem, barriers, freed,
+                  turn, collective_axes='wg')
+
+  out, lse = plgpu.kernel(
+      entry,
+      out_type=(jax.ShapeDtypeStruct((b, h, lq_pad, width), q.dtype),
+                jax.ShapeDtypeStruct((b, h, lq_pad), F32)),
+      grid=(h, lq_pad // (COMPUTE_GROUPS * bq), b),
+      grid_names=('heads', 'q_tiles', 'batch'),
+      num_threads=COMPUTE_GROUPS + 1, thread_name='wg',
+      compiler_params=plgpu.CompilerParams(approx_math=True),
+      interpret=plgpu.InterpretGPUParams() if cfg.interpret else None,
+      kernel_name='selfattn_hopper_forward',
+  )(q, k, v, lengths, slopes)
+  return out[:, :, :lq, :dv], lse[:, :, :lq]
+
+
+__all__ = ['HopperConfig', 'KINDS', 'check', 'forward', 'lowering_for_hopper',
+           'supports']

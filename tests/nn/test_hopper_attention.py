@@ -1,0 +1,197 @@
+"""The Hopper (Mosaic GPU) forward kernel on the CPU: its maths in JAX's
+Mosaic GPU interpreter against float64 NumPy, its gradients through
+pallas_attention against the Triton kernels' (interpret mode), and which
+kernel `gpu_kernel='auto'` picks for which lowering target. Lowering at
+every length is in test_lowering.py. The interpreter runs every warpgroup,
+barrier and TMA copy of the kernel, so it is slow: the sizes stay small."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import AbstractDevice
+from jax.sharding import AbstractMesh
+from jax.sharding import AxisType
+
+from selfattn.nn import hopper_attention as hopper
+from selfattn.nn import pallas_attention as pa
+from selfattn.nn import positions
+from selfattn.nn.lowering import lowered_text
+
+MOSAIC_CALL = '@mosaic_gpu_v2'
+TRITON_CALL = '@__gpu$xla.gpu.triton'
+
+
+def _reference(q, k, v, lengths, causal, slopes, symmetric):
+  """(out, lse) in float64 NumPy: softmax(q k^T / sqrt(D) + bias) v over
+  the allowed keys; rows with none get 0 and lse = +inf."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  lq, lk, d = q.shape[2], k.shape[2], q.shape[3]
+  s = np.einsum('bhqd,bhkd->bhqk', q, k) / np.sqrt(d)
+  offset = np.arange(lk)[None, :] - np.arange(lq)[:, None]
+  if slopes is not None:
+    distance = np.abs(offset) - (0 if symmetric else 0.5 * (offset < 0))
+    s = s - np.asarray(slopes)[None, :, None, None] * distance
+  keep = np.arange(lk)[None, None, None, :] < np.asarray(lengths)[:, None, None, None]
+  if causal:
+    keep = keep & (offset <= lk - lq)
+  s = np.where(keep, s, -np.inf)
+  top = s.max(-1, keepdims=True)
+  top = np.where(np.isfinite(top), top, 0.0)
+  p = np.exp(s - top)
+  total = p.sum(-1, keepdims=True)
+  safe = np.where(total > 0, total, 1.0)
+  out = np.where(total > 0, np.einsum('bhqk,bhkd->bhqd', p, v) / safe, 0.0)
+  lse = np.where(total[..., 0] > 0, (top + np.log(safe))[..., 0], np.inf)
+  return out, lse
+
+
+def _qkv(lq, lk, d, heads=2, batch=3, dtype=jnp.bfloat16, seed=0):
+  keys = jax.random.split(jax.random.key(seed), 3)
+  return tuple(jax.random.normal(key, (batch, heads, n, d)).astype(dtype)
+               for key, n in zip(keys, (lq, lk, lk)))
+
+
+# Lq != Lk, neither a block multiple; lengths: all keys, some, none.
+CASES = [
+    # kind, symmetric, causal, lq, lk, d, block_k
+    ('none', False, False, 100, 150, 64, 64),
+    ('none', False, True, 150, 100, 64, 64),    # rows before Lq - Lk: no key
+    ('alibi', False, True, 130, 200, 64, 64),
+    ('alibi', True, False, 64, 64, 64, 64),     # one block each way
+    ('alibi', False, False, 70, 300, 96, 128),  # head padded to 128
+]
+
+
+@pytest.mark.parametrize('kind,symmetric,causal,lq,lk,d,block_k', CASES)
+def test_interpreted_forward_equals_numpy(kind, symmetric, causal, lq, lk, d,
+                                          block_k):
+  q, k, v = _qkv(lq, lk, d)
+  lengths = np.array([lk, lk // 3, 0], np.int32)
+  slopes = positions.alibi_slopes(2) if kind == 'alibi' else None
+  cfg = hopper.HopperConfig(kind=kind, symmetric=symmetric, causal=causal,
+                            scale=1 / np.sqrt(d), block_k=block_k,
+                            interpret=True)
+  out, lse = jax.jit(lambda *a: hopper.forward(cfg, *a))(
+      q, k, v, jnp.asarray(lengths),
+      None if slopes is None else jnp.asarray(slopes, jnp.float32))
+  want_out, want_lse = _reference(q, k, v, lengths, causal, slopes, symmetric)
+  assert out.shape == want_out.shape and out.dtype == q.dtype
+  # bf16 output and bf16 weights in the P V matmul: ~2^-8 relative.
+  np.testing.assert_allclose(np.asarray(out, np.float64), want_out,
+                             atol=2e-2, rtol=2e-2)
+  assert np.array_equal(np.isinf(lse), np.isinf(want_lse))
+  finite = np.isfinite(want_lse)
+  np.testing.assert_allclose(np.asarray(lse)[finite], want_lse[finite],
+                             atol=1e-4, rtol=1e-5)
+  assert not np.any(np.asarray(out)[2])        # length 0: zeros
+
+
+def test_interpreted_ping_pong_off_gives_the_same_answer():
+  """The schedule barrier changes the order of work, never the result."""
+  q, k, v = _qkv(128, 256, 64, batch=1, heads=1)
+  outs = []
+  for ping_pong in (True, False):
+    cfg = hopper.HopperConfig(kind='none', symmetric=False, causal=True,
+                              scale=0.125, block_k=64, ping_pong=ping_pong,
+                              interpret=True)
+    outs.append(hopper.forward(cfg, q, k, v, None, None))
+  np.testing.assert_array_equal(outs[0][0], outs[1][0])
+  np.testing.assert_array_equal(outs[0][1], outs[1][1])
+
+
+@pytest.mark.parametrize('relative', ['alibi', 'rope'])
+def test_gradients_through_the_hopper_forward_match_triton(relative):
+  """pallas_attention with the Hopper forward (interpreted) and the Triton
+  forward (interpret mode) share the backward: value and gradients agree to
+  bf16 rounding, causal with key lengths."""
+  rel = (positions.ALiBi(2) if relative == 'alibi'
+         else positions.RotaryEncoding(64))
+  q, k, v = _qkv(72, 90, 64, batch=2)
+  lengths = jnp.array([90, 40])
+  cotangent = jax.random.normal(jax.random.key(5), (2, 2, 72, 64))
+
+  def loss(q, k, v, gpu_kernel):
+    out = pa.pallas_attention(q, k, v, relative=rel, causal=True,
+                              key_lengths=lengths, interpret=True,
+                              gpu_kernel=gpu_kernel)
+    return jnp.sum(out.astype(jnp.float32) * cotangent)
+
+  grad = lambda kernel: jax.jit(jax.value_and_grad(
+      lambda *a: loss(*a, kernel), argnums=(0, 1, 2)))(q, k, v)
+  (value, grads), (want_value, want_grads) = grad('hopper'), grad('triton')
+  np.testing.assert_allclose(value, want_value, rtol=2e-2)
+  for got, want in zip(grads, want_grads):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert np.abs(want).max() > 0.1
+    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
+
+
+def _lowered(device_kind, *, kind='none', dtype=jnp.bfloat16, mask='lengths',
+             gpu_kernel='auto'):
+  """The cuda module of pallas_attention lowered inside an abstract mesh
+  on `device_kind` (None: selfattn.nn.lowering's abstract H100)."""
+  relative = {'none': None, 'alibi': positions.ALiBi(2),
+              't5': positions.T5RelativeBias(2, rngs=nnx.Rngs(0))}[kind]
+  spec = jax.ShapeDtypeStruct((1, 2, 256, 64), dtype)
+
+  def fn(q, k, v):
+    extra = ({'key_lengths': jnp.array([200])} if mask == 'lengths'
+             else {'key_valid': jnp.arange(256)[None] < 200})
+    return pa.pallas_attention(q, k, v, relative=relative, causal=True,
+                               gpu_kernel=gpu_kernel, **extra)
+
+  if device_kind is None:
+    return lowered_text(fn, spec, spec, spec, platform='cuda')
+  mesh = AbstractMesh((1,), ('x',), (AxisType.Auto,),
+                      abstract_device=AbstractDevice(
+                          device_kind=device_kind, num_cores=108,
+                          platform='cuda'))
+  with jax.sharding.use_abstract_mesh(mesh):
+    return jax.jit(fn).trace(spec, spec, spec).lower(
+        lowering_platforms=('cuda',)).as_text()
+
+
+def test_auto_takes_the_hopper_kernel_only_where_it_applies():
+  assert MOSAIC_CALL in _lowered(None)
+  assert MOSAIC_CALL in _lowered(None, kind='alibi', dtype=jnp.float16)
+  assert MOSAIC_CALL in _lowered('NVIDIA H200')
+  for text in (_lowered('NVIDIA A100-SXM4-80GB'),    # no wgmma before sm90
+               _lowered(None, kind='t5'),             # not in the kernel
+               _lowered(None, dtype=jnp.float32),     # wgmma takes 16 bits
+               _lowered(None, mask='key_valid'),      # a mask, not lengths
+               _lowered(None, gpu_kernel='triton')):
+    assert MOSAIC_CALL not in text and TRITON_CALL in text
+
+
+def test_hopper_device_kinds():
+  assert hopper._is_hopper_kind('NVIDIA H100 80GB HBM3')
+  assert hopper._is_hopper_kind('NVIDIA H200')
+  assert hopper._is_hopper_kind('NVIDIA GH200 480GB')
+  assert not hopper._is_hopper_kind('NVIDIA A100-SXM4-80GB')
+  assert not hopper._is_hopper_kind('NVIDIA B200')
+  assert not hopper._is_hopper_kind('NVIDIA H20X')    # not a prefix match
+
+
+def test_bad_requests_get_clear_errors():
+  q, k, v = _qkv(16, 16, 64, batch=1)
+  with pytest.raises(ValueError, match=r"gpu_kernel='hopper' computes"):
+    pa.pallas_attention(q, k, v, gpu_kernel='hopper',
+                        relative=positions.T5RelativeBias(2, rngs=nnx.Rngs(0)))
+  with pytest.raises(ValueError, match='key_valid mask'):
+    pa.pallas_attention(q, k, v, gpu_kernel='hopper',
+                        key_valid=jnp.ones((1, 16), bool))
+  with pytest.raises(ValueError, match='float32'):
+    pa.pallas_attention(*(x.astype(jnp.float32) for x in (q, k, v)),
+                        gpu_kernel='hopper')
+  with pytest.raises(ValueError, match="choose one of .*'auto'"):
+    pa.pallas_attention(q, k, v, gpu_kernel='cudnn')
+  with pytest.raises(ValueError, match='not both'):
+    pa.pallas_attention(q, k, v, key_lengths=jnp.array([3]),
+                        key_valid=jnp.ones((1, 16), bool))
+  with pytest.raises(ValueError, match='integers of shape'):
+    pa.pallas_attention(q, k, v, key_lengths=jnp.array([3.0]))
+  with pytest.raises(ValueError, match='multiples of 64'):
+    hopper.check(hopper.HopperConfig(kind='none', symmetric=False,
+                                     causal=False, scale=1.0, block_q=32))
