@@ -17,6 +17,13 @@ time. Rows:
                   falls back to plain for Shaw's value term and 'pallas' for
                   encodings its kernel does not compute (xl); such rows
                   repeat the plain row's numbers instead of timing it again.
+                  On a Hopper, 'pallas' runs the Mosaic GPU forward where it
+                  applies (hopper_attention.py; kernel column: mosaic-gpu
+                  beside triton for the backward).
+  selfattn:pallas_triton
+                  'pallas' with the Triton forward forced
+                  (pallas_attention.default_gpu_kernel('triton')): the
+                  pre-Hopper kernel, to compare the two in one call.
   flax            flax.nnx.dot_product_attention (no encoding), the Flax peer
                   of the `x flax` column.
   cudnn           jax.nn.dot_product_attention(implementation='cudnn'), no
@@ -59,6 +66,7 @@ through attention_impl='fused' and a summary at one length.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import json
@@ -88,11 +96,11 @@ from flax import nnx  # noqa: E402
 
 import selfattn  # noqa: E402
 from selfattn.nn import attention as sa_attention  # noqa: E402
-from scripts.gpu_targets import targets, targets_table  # noqa: E402
+from scripts.gpu_targets import row_impl, targets, targets_table  # noqa: E402
 
 ENCODINGS = ('none', 'rope', 'alibi', 't5', 'shaw', 'xl')
 IMPLS = tuple(i for i in ('plain', 'chunked', 'fused', 'pallas')
-              if i in sa_attention.IMPLEMENTATIONS)
+              if i in sa_attention.IMPLEMENTATIONS) + ('pallas_triton',)
 PEERS = ('flax', 'cudnn', 'cudnn+bias', 'pallas_mha', 'pallas_mgpu')
 GPU_ONLY = ('cudnn', 'cudnn+bias', 'pallas_mgpu')
 
@@ -277,17 +285,27 @@ class Case:
 def selfattn_case(impl, encoding, x, causal) -> Case:
   b, h, length, d = x['q'].shape
   relative = relative_for(encoding, h, d, length)
-  module = _Core(h * d, h, relative=relative, attention_impl=impl,
+  triton_forward = impl == 'pallas_triton'
+  attention_impl = 'pallas' if triton_forward else impl
+  module = _Core(h * d, h, relative=relative, attention_impl=attention_impl,
                  dtype=x['q'].dtype, rngs=nnx.Rngs(0))
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
 
   def forward(q, k, v, params):
     m = nnx.merge(graphdef, params, rest, copy=True)
-    return m._attend(q, k, v, None, mask=None, bias=None, causal=causal,
-                     positions=None, key_positions=None, deterministic=True)
+    with contextlib.ExitStack() as stack:
+      if triton_forward:
+        from selfattn.nn import pallas_attention
+        stack.enter_context(pallas_attention.default_gpu_kernel('triton'))
+      return m._attend(q, k, v, None, mask=None, bias=None, causal=causal,
+                       positions=None, key_positions=None,
+                       deterministic=True)
 
-  return Case(f'selfattn:{impl}', encoding, selfattn_path(impl, relative),
-              forward, (x['q'], x['k'], x['v'], params), (0, 1, 2, 3))
+  path = selfattn_path(attention_impl, relative)
+  if triton_forward and path == 'pallas':
+    path = 'pallas (triton forward)'
+  return Case(row_impl(impl), encoding, path, forward,
+              (x['q'], x['k'], x['v'], params), (0, 1, 2, 3))
 
 
 def alibi_bias(heads: int, length: int, dtype) -> jax.Array:
@@ -509,7 +527,7 @@ def fused_reach(rows: list[dict]) -> dict:
   first length where it compiled."""
   out = {}
   for r in rows:
-    if r['impl'] == 'selfattn:fused' and 'kernel' in r:
+    if r['impl'] == row_impl('fused') and 'kernel' in r:
       key = 'causal' if r['causal'] else 'bidirectional'
       out.setdefault(r['encoding'], {}).setdefault(key, {
           'length': r['length'], 'path': r['path'], 'kernel': r['kernel'],

@@ -19,7 +19,8 @@
 #   bench_long  the same at L = 16k, 32k (bench_gpu_long.*).        <= 8 min
 #   kernel      issue 32's one-call session: info, then the Pallas and
 #               attention tests on the GPU (tests/nn/test_pallas.py runs the
-#               compiled Triton kernel there, not interpret mode), then
+#               compiled Triton kernel there, not interpret mode;
+#               test_hopper_attention.py the compiled Mosaic GPU one), then
 #               `bench` at KERNEL_LENGTHS (default 8192,2048) for each
 #               --mode in KERNEL_MODES (default train), each within
 #               KERNEL_BENCH_BUDGET s (default 250).                 <= 8 min
@@ -344,7 +345,7 @@ case "$STEP" in
   translation) setup; info >/dev/null; translation "$@" ;;
   kernel) setup; info >/dev/null
     SUITE_MARK=${SUITE_MARK:-not slow} SUITE_TIMEOUT=${SUITE_TIMEOUT:-150} \
-      SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q tests/nn/test_pallas.py tests/nn/test_attention.py} \
+      SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q tests/nn/test_hopper_attention.py tests/nn/test_pallas.py tests/nn/test_attention.py} \
       suite
     budget=${KERNEL_BENCH_BUDGET:-250}
     for mode in ${KERNEL_MODES:-train}; do

@@ -18,6 +18,15 @@ TIME_TARGETS = {'none': 1.2, 'alibi': 1.25, 't5': 1.5, 'shaw': 2.0}
 MEMORY_TARGET = 1.5
 
 
+def row_impl(impl: str) -> str:
+  """The `impl` of bench_gpu.py's row for selfattn's attention_impl=impl
+  (peers' rows are named by the peer alone)."""
+  return f'selfattn:{impl}'
+
+
+KERNEL_ROW = row_impl('pallas')
+
+
 def targets(rows: list[dict], length: int) -> list[dict]:
   """Per (encoding of TIME_TARGETS, mask): target, measured ratio to
   cuDNN (time and compiled memory) and whether each is met; measured None
@@ -29,7 +38,7 @@ def targets(rows: list[dict], length: int) -> list[dict]:
   out = []
   for causal in sorted({r['causal'] for r in rows if 'causal' in r}):
     for encoding, target in TIME_TARGETS.items():
-      mine = next((r for r in rows if r.get('impl') == 'pallas'
+      mine = next((r for r in rows if r.get('impl') == KERNEL_ROW
                    and r.get('encoding') == encoding
                    and r.get('length') == length and r['causal'] == causal
                    and r.get('status') == 'ok'), None)

@@ -40,8 +40,10 @@ everything else (see its attention_impl paragraph).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +57,22 @@ from selfattn.nn.pallas_kernels import Config
 BLOCK_Q = 128
 BLOCK_K = 128
 GPU_KERNELS = ('auto', 'hopper', 'triton')
+_default_gpu_kernel = ['auto']
+
+
+@contextlib.contextmanager
+def default_gpu_kernel(name: str) -> Iterator[None]:
+  """Inside it, pallas_attention calls that name no `gpu_kernel` use
+  `name` (one of GPU_KERNELS): a whole model's choice, e.g. the Triton
+  forward on a Hopper to compare the two (scripts/bench_gpu.py). Read when
+  a function is traced, so wrap the tracing (jit's first call, `lower`)."""
+  if name not in GPU_KERNELS:
+    raise ValueError(f'gpu_kernel={name!r}; choose one of {GPU_KERNELS}')
+  _default_gpu_kernel.append(name)
+  try:
+    yield
+  finally:
+    _default_gpu_kernel.pop()
 
 
 def _is_rotation_only(relative) -> bool:
@@ -381,7 +399,7 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
                      key_lengths: jax.Array | None = None,
                      block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
                      interpret: bool | None = None,
-                     gpu_kernel: str = 'auto') -> jax.Array:
+                     gpu_kernel: str | None = None) -> jax.Array:
   """Flash attention with the relative term computed in the kernel.
 
   Args:
@@ -406,7 +424,8 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       platform's kernel when lowered for 'cuda', 'rocm' or 'tpu' and
       interpret mode when lowered for 'cpu'; False: never interpret (a CPU
       lowering then fails).
-    gpu_kernel: the forward's kernel on a CUDA GPU: 'auto' (default): the
+    gpu_kernel: the forward's kernel on a CUDA GPU (None: 'auto', or the
+      name default_gpu_kernel set): 'auto': the
       Hopper kernel (hopper_attention.py) where the GPU lowered for is an
       sm90 part and the call is one it computes (none, ALiBi or a rotation,
       bf16 or f16, no key_valid), else Triton; 'hopper' insists (ValueError
@@ -430,6 +449,8 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
                      f'{k.shape}, {v.shape}')
   b, h, lq, _ = q.shape
   lk = k.shape[2]
+  if gpu_kernel is None:
+    gpu_kernel = _default_gpu_kernel[-1]
   if gpu_kernel not in GPU_KERNELS:
     raise ValueError(f'gpu_kernel={gpu_kernel!r}; choose one of {GPU_KERNELS}')
   if key_lengths is not None:
@@ -494,4 +515,5 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   return _flash(cfg, q, k, v, key_valid, table)
 
 
-__all__ = ['BLOCK_Q', 'BLOCK_K', 'GPU_KERNELS', 'pallas_attention', 'supports']
+__all__ = ['BLOCK_Q', 'BLOCK_K', 'GPU_KERNELS', 'default_gpu_kernel',
+           'pallas_attention', 'supports']

@@ -2,7 +2,8 @@
 Mosaic GPU interpreter against float64 NumPy, its gradients through
 pallas_attention against the Triton kernels' (interpret mode), and which
 kernel `gpu_kernel='auto'` picks for which lowering target. Lowering at
-every length is in test_lowering.py. The interpreter runs every warpgroup,
+every length is in test_lowering.py. On a Hopper GPU the same checks run
+the compiled kernel. The interpreter runs every warpgroup,
 barrier and TMA copy of the kernel, so it is slow: the sizes stay small."""
 
 import jax
@@ -19,6 +20,9 @@ from selfattn.nn import pallas_attention as pa
 from selfattn.nn import positions
 from selfattn.nn.lowering import lowered_text
 
+# On a Hopper host (a lent H100 or H200, scripts/gpu_session.sh kernel) the
+# same tests run the compiled kernel; elsewhere JAX's interpreter.
+ON_HOPPER = hopper.lowering_for_hopper()
 MOSAIC_CALL = '@mosaic_gpu_v2'
 TRITON_CALL = '@__gpu$xla.gpu.triton'
 
@@ -72,7 +76,7 @@ def test_interpreted_forward_equals_numpy(kind, symmetric, causal, lq, lk, d,
   slopes = positions.alibi_slopes(2) if kind == 'alibi' else None
   cfg = hopper.HopperConfig(kind=kind, symmetric=symmetric, causal=causal,
                             scale=1 / np.sqrt(d), block_k=block_k,
-                            interpret=True)
+                            interpret=not ON_HOPPER)
   out, lse = jax.jit(lambda *a: hopper.forward(cfg, *a))(
       q, k, v, jnp.asarray(lengths),
       None if slopes is None else jnp.asarray(slopes, jnp.float32))
@@ -95,7 +99,7 @@ def test_interpreted_ping_pong_off_gives_the_same_answer():
   for ping_pong in (True, False):
     cfg = hopper.HopperConfig(kind='none', symmetric=False, causal=True,
                               scale=0.125, block_k=64, ping_pong=ping_pong,
-                              interpret=True)
+                              interpret=not ON_HOPPER)
     outs.append(hopper.forward(cfg, q, k, v, None, None))
   np.testing.assert_array_equal(outs[0][0], outs[1][0])
   np.testing.assert_array_equal(outs[0][1], outs[1][1])
@@ -114,7 +118,8 @@ def test_gradients_through_the_hopper_forward_match_triton(relative):
 
   def loss(q, k, v, gpu_kernel):
     out = pa.pallas_attention(q, k, v, relative=rel, causal=True,
-                              key_lengths=lengths, interpret=True,
+                              key_lengths=lengths,
+                              interpret=None if ON_HOPPER else True,
                               gpu_kernel=gpu_kernel)
     return jnp.sum(out.astype(jnp.float32) * cotangent)
 
@@ -163,6 +168,16 @@ def test_auto_takes_the_hopper_kernel_only_where_it_applies():
                _lowered(None, mask='key_valid'),      # a mask, not lengths
                _lowered(None, gpu_kernel='triton')):
     assert MOSAIC_CALL not in text and TRITON_CALL in text
+
+
+def test_default_gpu_kernel_sets_the_choice_for_calls_that_name_none():
+  with pa.default_gpu_kernel('triton'):
+    assert MOSAIC_CALL not in _lowered(None, gpu_kernel=None)
+    assert MOSAIC_CALL in _lowered(None, gpu_kernel='hopper')  # named: kept
+  assert MOSAIC_CALL in _lowered(None, gpu_kernel=None)        # restored
+  with pytest.raises(ValueError, match='choose one of'):
+    with pa.default_gpu_kernel('mosaic'):
+      pass
 
 
 def test_hopper_device_kinds():
