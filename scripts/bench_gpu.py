@@ -17,13 +17,13 @@ time. Rows:
                   falls back to plain for Shaw's value term and 'pallas' for
                   encodings its kernel does not compute (xl); such rows
                   repeat the plain row's numbers instead of timing it again.
-                  On a Hopper, 'pallas' runs the Mosaic GPU forward where it
-                  applies (hopper_attention.py; kernel column: mosaic-gpu
-                  beside triton for the backward).
+                  On a Hopper, 'pallas' runs the Mosaic GPU kernels where
+                  they apply (hopper_attention.py, hopper_backward.py;
+                  kernel column: mosaic-gpu).
   selfattn:pallas_triton
-                  'pallas' with the Triton forward forced
+                  'pallas' with the Triton kernels forced
                   (pallas_attention.default_gpu_kernel('triton')): the
-                  pre-Hopper kernel, to compare the two in one call.
+                  pre-Hopper kernels, to compare the two in one call.
   flax            flax.nnx.dot_product_attention (no encoding), the Flax peer
                   of the `x flax` column.
   cudnn           jax.nn.dot_product_attention(implementation='cudnn'), no
@@ -285,8 +285,8 @@ class Case:
 def selfattn_case(impl, encoding, x, causal) -> Case:
   b, h, length, d = x['q'].shape
   relative = relative_for(encoding, h, d, length)
-  triton_forward = impl == 'pallas_triton'
-  attention_impl = 'pallas' if triton_forward else impl
+  triton_only = impl == 'pallas_triton'
+  attention_impl = 'pallas' if triton_only else impl
   module = _Core(h * d, h, relative=relative, attention_impl=attention_impl,
                  dtype=x['q'].dtype, rngs=nnx.Rngs(0))
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
@@ -294,7 +294,7 @@ def selfattn_case(impl, encoding, x, causal) -> Case:
   def forward(q, k, v, params):
     m = nnx.merge(graphdef, params, rest, copy=True)
     with contextlib.ExitStack() as stack:
-      if triton_forward:
+      if triton_only:
         from selfattn.nn import pallas_attention
         stack.enter_context(pallas_attention.default_gpu_kernel('triton'))
       return m._attend(q, k, v, None, mask=None, bias=None, causal=causal,
@@ -302,8 +302,8 @@ def selfattn_case(impl, encoding, x, causal) -> Case:
                        deterministic=True)
 
   path = selfattn_path(attention_impl, relative)
-  if triton_forward and path == 'pallas':
-    path = 'pallas (triton forward)'
+  if triton_only and path == 'pallas':
+    path = 'pallas (triton)'
   return Case(row_impl(impl), encoding, path, forward,
               (x['q'], x['k'], x['v'], params), (0, 1, 2, 3))
 

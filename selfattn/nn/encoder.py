@@ -26,8 +26,9 @@ class TransformerEncoderBlock(nnx.Module):
   """Self-attention then position-wise FFN, each wrapped in AddNorm.
 
   X: (B, L, num_hiddens) -> (B, L, num_hiddens). Call as `blk(X, mask=None, *,
-  bias=None, causal=False, positions=None, deterministic=None, decode=False)`
-  with mask / bias / causal as in masks.py.
+  valid_lens=None, bias=None, causal=False, positions=None,
+  deterministic=None, decode=False)` with mask / valid_lens / bias / causal
+  as in masks.py.
 
   Args: num_hiddens, ffn_num_hiddens, num_heads, dropout; norm ('post', 'pre',
   'none'), residual, norm_type ('layernorm', 'rmsnorm'); relative: this
@@ -54,13 +55,15 @@ class TransformerEncoderBlock(nnx.Module):
     self.addnorm2 = AddNorm(num_hiddens, dropout, **addnorm)
 
   def __call__(self, X: jax.Array, mask: jax.Array | None = None, *,
+               valid_lens: jax.Array | None = None,
                bias: jax.Array | None = None, causal: bool = False,
                positions: jax.Array | None = None,
                deterministic: bool | None = None,
                decode: bool = False,
                cache_start: jax.Array | None = None) -> jax.Array:
     X = self.addnorm1(
-        X, lambda Z: self.attention(Z, mask=mask, bias=bias, causal=causal,
+        X, lambda Z: self.attention(Z, valid_lens=valid_lens, mask=mask,
+                                    bias=bias, causal=causal,
                                     positions=positions,
                                     deterministic=deterministic,
                                     decode=decode, cache_start=cache_start),
@@ -226,13 +229,19 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
     # causal stays a flag (not an (L, L) mask) down to the attention, so the
     # chunked path builds it per block.
     attn_mask = masks.attention_mask(target, valid_lens=valid_lens, mask=mask)
+    key_lens = None
+    if mask is None and valid_lens is not None and jnp.ndim(valid_lens) == 1:
+      # Key lengths alone stay lengths down to the attention, which then
+      # builds the same mask itself, and attention_impl='pallas' on a
+      # Hopper hands them to its kernels (which take lengths, not masks).
+      attn_mask, key_lens = None, valid_lens
     X = self.embed(inputs, positions=positions, deterministic=deterministic)
 
-    def run(blk, X, attn_mask, bias, positions):
-      return blk(X, attn_mask, bias=bias, causal=causal, positions=positions,
-                 deterministic=deterministic)
+    def run(blk, X, attn_mask, key_lens, bias, positions):
+      return blk(X, attn_mask, valid_lens=key_lens, bias=bias, causal=causal,
+                 positions=positions, deterministic=deterministic)
 
-    X, hidden = run_blocks(self, run, X, attn_mask, bias, positions,
+    X, hidden = run_blocks(self, run, X, attn_mask, key_lens, bias, positions,
                            remat=self.remat, keep_hidden=return_hidden)
     return (X, hidden) if return_hidden else X
 

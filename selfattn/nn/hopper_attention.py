@@ -14,7 +14,7 @@ What it adds to a plain flash forward, and why:
     loaded (causal block skipping, and padding skipping per batch row);
   - softmax in base 2 with the scale folded into one multiply (`exp2`, the
     norm since FlashAttention-2), lse returned in natural log for the
-    backward, which stays the Triton pair of kernels for now.
+    backward (hopper_backward.py; the Triton pair reads the same lse).
 
 Per program: one (batch, head, tile of 2 * block_q query rows). Warpgroups
 0 and 1 each own block_q rows; warpgroup 2 only issues TMA copies of key
@@ -71,10 +71,16 @@ class HopperConfig(NamedTuple):
   interpret: bool = False   # JAX's Mosaic GPU interpreter (CPU tests)
 
 
+# Widest head (after padding to HEAD_MULTIPLE): at 128 the backward's
+# shared memory is ~192 KiB of the 227 KiB an sm90 block may have.
+MAX_HEAD = 128
+
+
 def supports(kind: str, dtype, head_dim: int) -> bool:
-  """Whether this kernel computes the call (else the Triton kernel does)."""
-  del head_dim                # padded to HEAD_MULTIPLE
-  return kind in KINDS and jnp.dtype(dtype) in DTYPES
+  """Whether these kernels compute the call (else the Triton ones do):
+  head_dim is the widest of q's (after any rotation) and v's."""
+  return (kind in KINDS and jnp.dtype(dtype) in DTYPES
+          and round_up(head_dim, HEAD_MULTIPLE) <= MAX_HEAD)
 
 
 # Device kinds of sm90 parts (wgmma is sm90a only: not Ampere, not Blackwell).
@@ -112,21 +118,81 @@ def check(cfg: HopperConfig) -> None:
     raise ValueError(f'stages={cfg.stages} must be at least 2')
 
 
-def _round_up(n: int, m: int) -> int:
+def check_width(width: int) -> None:
+  if width > MAX_HEAD:
+    raise ValueError(f'heads {width} wide after padding: the Hopper kernels '
+                     f'take up to {MAX_HEAD} (shared memory)')
+
+
+def round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
-def _cdiv(x, d: int):
+def cdiv(x, d: int):
   """ceil(x / d) of a non-negative int32."""
   return lax.div(x + (d - 1), jnp.int32(d))
 
 
-def _alibi_distance(offset, symmetric: bool):
+def alibi_distance(offset, symmetric: bool):
   """positions.ALiBi's distance of key - query offsets (float32)."""
   distance = jnp.abs(offset).astype(F32)
   if not symmetric:
     distance = distance - jnp.where(offset < 0, 0.5, 0.0).astype(F32)
   return distance
+
+
+def block_indices(row_base, column_base, shape):
+  """(row, column) int32 indices of a block, WGMMA layout."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  iota = lambda axis: plgpu.broadcasted_iota(jnp.int32, shape, axis,
+                                             layout=plgpu.Layout.WGMMA)
+  return row_base + iota(0), column_base + iota(1)
+
+
+def logits2(cfg: HopperConfig, s, q_idx, k_idx, slope2, length, shift,
+            masked: bool):
+  """Base-2 logits of a block of raw scores s (q k^T): the scale and
+  ALiBi's term (slope2 = slope log2 e) folded in, -inf where the pair is
+  not allowed (masked blocks only: keys past `length`, causal with
+  `shift` = Lk - Lq)."""
+  s = s * (cfg.scale * LOG2E)
+  if cfg.kind == 'alibi':
+    s = s - slope2 * alibi_distance(k_idx - q_idx, cfg.symmetric)
+  if masked:
+    keep = k_idx < length
+    if cfg.causal:
+      keep = keep & (k_idx <= q_idx + shift)
+    s = jnp.where(keep, s, -jnp.inf)
+  return s
+
+
+def accumulate_product(acc, a, b_ref, a_smem, interpret: bool):
+  """acc + a @ b_ref on the tensor cores (wgmma), a a value in registers.
+  The GPU accumulates in place from registers; JAX's interpreter takes the
+  left operand only from shared memory, so there a goes through a_smem."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  if interpret:
+    a_smem[...] = a
+    plgpu.commit_smem()
+
+    def product(acc_ref):
+      plgpu.wgmma(acc_ref, a_smem, b_ref)
+      return acc_ref[...]
+    return acc + pl.run_scoped(product, plgpu.ACC(acc.shape, F32))
+
+  def accumulate(acc_ref):
+    plgpu.wgmma(acc_ref, a, b_ref)
+  return pl.run_state(accumulate)(plgpu.ACC.init(acc))
+
+
+def product(a_ref, b_ref, shape):
+  """a_ref @ b_ref (float32, WGMMA layout), both operands in shared memory."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+
+  def product(acc_ref):
+    plgpu.wgmma(acc_ref, a_ref, b_ref)
+    return acc_ref[...]
+  return pl.run_scoped(product, plgpu.ACC(shape, F32))
 
 
 def _kernel(q_ref, k_ref, v_ref, len_ref, slope_ref, out_ref, lse_ref,
@@ -147,7 +213,7 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, slope_ref, out_ref, lse_ref,
     seen = length
     if cfg.causal:
       seen = jnp.minimum(seen, jnp.maximum(last_row + 1 + shift, 0))
-    return _cdiv(seen, bk)
+    return cdiv(seen, bk)
 
   tile_end = key_end(tile_base + COMPUTE_GROUPS * bq - 1)
 
@@ -171,8 +237,7 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, slope_ref, out_ref, lse_ref,
     plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q_base, bq)], q_smem,
                             q_ready.at[wg])
     plgpu.barrier_wait(q_ready.at[wg])
-    if cfg.kind == 'alibi':
-      slope2 = slope_ref[h] * LOG2E      # in the base-2 logits
+    slope2 = slope_ref[h] * LOG2E if cfg.kind == 'alibi' else None
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     m = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, F32), row_layout)
     l = plgpu.layout_cast(jnp.full((bq,), 0.0, F32), row_layout)
@@ -191,19 +256,10 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, slope_ref, out_ref, lse_ref,
         return acc_ref[...]
       s = pl.run_scoped(scores, plgpu.ACC((bq, bk), F32))
       plgpu.barrier_arrive(k_free.at[slot])
-      s = s * (cfg.scale * LOG2E)
+      q_idx = k_idx = None
       if cfg.kind == 'alibi' or masked:
-        q_idx = q_base + plgpu.broadcasted_iota(
-            jnp.int32, (bq, bk), 0, layout=plgpu.Layout.WGMMA)
-        k_idx = j * bk + plgpu.broadcasted_iota(
-            jnp.int32, (bq, bk), 1, layout=plgpu.Layout.WGMMA)
-      if cfg.kind == 'alibi':
-        s = s - slope2 * _alibi_distance(k_idx - q_idx, cfg.symmetric)
-      if masked:
-        keep = k_idx < length
-        if cfg.causal:
-          keep = keep & (k_idx <= q_idx + shift)
-        s = jnp.where(keep, s, -jnp.inf)
+        q_idx, k_idx = block_indices(q_base, j * bk, (bq, bk))
+      s = logits2(cfg, s, q_idx, k_idx, slope2, length, shift, masked)
       m_new = jnp.maximum(m, s.max(axis=1))
       # A row with nothing allowed yet keeps m = -inf; shift by 0 there.
       m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
@@ -217,19 +273,9 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, slope_ref, out_ref, lse_ref,
       plgpu.barrier_wait(v_ready.at[slot])
       if cfg.ping_pong:
         plgpu.barrier_wait(turn)
-      if cfg.interpret:
-        p_smem = p_smem2.at[wg]
-        p_smem[...] = p16
-        plgpu.commit_smem()
-
-        def weighted(acc_ref):
-          plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
-          return acc_ref[...]
-        acc = acc + pl.run_scoped(weighted, plgpu.ACC(acc.shape, F32))
-      else:
-        def weighted(acc_ref):
-          plgpu.wgmma(acc_ref, p16, v_smem.at[slot])
-        acc = pl.run_state(weighted)(plgpu.ACC.init(acc))
+      acc = accumulate_product(acc, p16, v_smem.at[slot],
+                        p_smem2.at[wg] if cfg.interpret else None,
+                        cfg.interpret)
       plgpu.barrier_arrive(v_free.at[slot])
       return acc, m_new, l
 
@@ -299,9 +345,10 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   if jnp.dtype(q.dtype) not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
     raise ValueError(f'the Hopper kernel takes bf16 or f16 q, k, v of one '
                      f'dtype; got {q.dtype}, {k.dtype}, {v.dtype}')
-  width = _round_up(max(d, dv), HEAD_MULTIPLE)
-  lq_pad = _round_up(lq, COMPUTE_GROUPS * cfg.block_q)
-  lk_pad = _round_up(lk, cfg.block_k)
+  width = round_up(max(d, dv), HEAD_MULTIPLE)
+  check_width(width)
+  lq_pad = round_up(lq, COMPUTE_GROUPS * cfg.block_q)
+  lk_pad = round_up(lk, cfg.block_k)
   pad = lambda x, length: jnp.pad(
       x, [(0, 0), (0, 0), (0, length - x.shape[2]), (0, width - x.shape[3])])
   q, k, v = pad(q, lq_pad), pad(k, lk_pad), pad(v, lk_pad)

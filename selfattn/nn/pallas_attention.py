@@ -16,11 +16,11 @@ padding mask (B, Lk) are applied per block, and the loops skip the blocks
 the causal mask removes. A query row with no allowed key outputs zeros, as
 the plain path does.
 
-On a Hopper GPU (sm90) the forward of none, ALiBi and the rotation-only
-encodings in bf16 or f16 with key lengths (not a general key mask) runs
-hopper_attention.py's Mosaic GPU kernel (`gpu_kernel`: 'auto' picks it
-where the lowering target is an H100-class GPU; its backward is the Triton
-pair below, which reads the same lse).
+On a Hopper GPU (sm90) none, ALiBi and the rotation-only encodings in
+bf16 or f16 with key lengths (not a general key mask) run the Mosaic GPU
+kernels of hopper_attention.py (forward) and hopper_backward.py (dQ, dK/dV)
+instead (`gpu_kernel`: 'auto' picks them where the lowering target is an
+H100-class GPU).
 
 Backends, chosen when the step is lowered (jax.lax.platform_dependent), not
 by the host's default backend: Triton for 'cuda' and 'rocm', named
@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from selfattn.nn import hopper_attention as hopper
+from selfattn.nn import hopper_backward
 from selfattn.nn import pallas_kernels as kernels
 from selfattn.nn import positions
 from selfattn.nn.pallas_kernels import Config
@@ -236,16 +237,32 @@ def _compiler_params(backend: str, lay: kernels.Layout):
 # The pallas_calls of one backend.
 # --------------------------------------------------------------------------
 
-def _hopper_forward(cfg: Config, interpret: bool, q, k, v, key_valid, table):
-  """_forward_call's result from the Hopper kernel: key_valid is a prefix
-  mask here (built from key lengths), so its row sums are the lengths."""
+def _hopper_args(cfg: Config, interpret: bool, key_valid, table):
+  """(HopperConfig, key lengths, ALiBi slopes) of a call the Hopper
+  kernels compute: key_valid is a prefix mask there (built from key
+  lengths), so its row sums are the lengths."""
   lengths = None if key_valid is None else key_valid.sum(-1, dtype=jnp.int32)
   hcfg = hopper.HopperConfig(kind=cfg.kind, symmetric=cfg.symmetric,
                              causal=cfg.causal, scale=cfg.scale,
                              interpret=interpret)
-  out, lse = hopper.forward(hcfg, q, k, v, lengths,
-                            table if cfg.kind == 'alibi' else None)
+  return hcfg, lengths, table if cfg.kind == 'alibi' else None
+
+
+def _hopper_forward(cfg: Config, interpret: bool, q, k, v, key_valid, table):
+  """_forward_call's result from the Hopper kernel."""
+  hcfg, lengths, slopes = _hopper_args(cfg, interpret, key_valid, table)
+  out, lse = hopper.forward(hcfg, q, k, v, lengths, slopes)
   return out.astype(v.dtype), lse
+
+
+def _hopper_backward(cfg: Config, interpret: bool, q, k, v, key_valid, table,
+                     g, lse, delta):
+  """_backward_call's result from the Hopper dQ and dK/dV kernels (no
+  table gradient: ALiBi's slopes are constants)."""
+  hcfg, lengths, slopes = _hopper_args(cfg, interpret, key_valid, table)
+  dq, dk, dv = hopper_backward.backward(hcfg, q, k, v, lengths, slopes, g,
+                                        lse, delta)
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
 def _forward_call(cfg: Config, backend: str, q, k, v, key_valid, table):
@@ -278,8 +295,9 @@ def _backward_call(cfg: Config, backend: str, q, k, v, key_valid, table, g,
   """(dq, dk, dv, dtable) of the forward's output cotangent g: the dQ
   kernel (with the tables' gradients, summed here over batch and query
   blocks) and the dK/dV kernel."""
-  backend = {'hopper': 'triton', 'hopper_interpret': 'interpret'}.get(
-      backend, backend)
+  if backend in ('hopper', 'hopper_interpret'):
+    return _hopper_backward(cfg, backend == 'hopper_interpret', q, k, v,
+                            key_valid, table, g, lse, delta)
   a = _Arrays(cfg, backend, q, k, v, key_valid, table)
   lay = a.lay
   bh, nq, nk = a.b * a.h, a.lq_pad // lay.block_q, a.lk_pad // lay.block_k
@@ -493,11 +511,13 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   if relative is not None:
     q, k = relative.rotate(q, k)
   hopper_computes = (prefix_mask and q.dtype == k.dtype == v.dtype
-                     and hopper.supports(kind, q.dtype, q.shape[-1]))
+                     and hopper.supports(kind, q.dtype,
+                                         max(q.shape[-1], v.shape[-1])))
   if gpu_kernel == 'hopper' and not hopper_computes:
     raise ValueError(
-        f"gpu_kernel='hopper' computes {hopper.KINDS} in bf16 or f16 with key "
-        f'lengths; got {kind}, {q.dtype}/{k.dtype}/{v.dtype}, '
+        f"gpu_kernel='hopper' computes {hopper.KINDS} in bf16 or f16, heads "
+        f'up to {hopper.MAX_HEAD} wide, with key lengths; got {kind}, '
+        f'{q.dtype}/{k.dtype}/{v.dtype}, width {max(q.shape[-1], v.shape[-1])}, '
         f"{'key lengths' if prefix_mask else 'a key_valid mask'}")
   use_hopper = gpu_kernel == 'hopper' or (
       gpu_kernel == 'auto' and hopper_computes and not interpret

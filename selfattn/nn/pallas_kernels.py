@@ -61,8 +61,8 @@ class Config(NamedTuple):
   block_q: int
   block_k: int
   interpret: bool | None  # None: per lowering platform (interpret on cpu)
-  # The forward's GPU kernel: 'triton', or 'hopper' (hopper_attention.py,
-  # Mosaic GPU on sm90; its backward stays the Triton pair).
+  # The GPU kernels: 'triton', or 'hopper' (hopper_attention.py and
+  # hopper_backward.py, Mosaic GPU on sm90).
   gpu_kernel: str = 'triton'
 
 

@@ -1,10 +1,11 @@
-"""The Hopper (Mosaic GPU) forward kernel on the CPU: its maths in JAX's
-Mosaic GPU interpreter against float64 NumPy, its gradients through
-pallas_attention against the Triton kernels' (interpret mode), and which
-kernel `gpu_kernel='auto'` picks for which lowering target. Lowering at
-every length is in test_lowering.py. On a Hopper GPU the same checks run
-the compiled kernel. The interpreter runs every warpgroup,
-barrier and TMA copy of the kernel, so it is slow: the sizes stay small."""
+"""The Hopper (Mosaic GPU) kernels on the CPU: the forward in JAX's Mosaic
+GPU interpreter against float64 NumPy, the backward against float32 JAX
+gradients, both through pallas_attention against the Triton kernels
+(interpret mode), and which kernel `gpu_kernel='auto'` picks for which
+lowering target. Lowering at every length is in test_lowering.py. On a
+Hopper GPU the same checks run the compiled kernels. The interpreter runs
+every warpgroup, barrier and TMA copy, so it is slow: the sizes stay
+small."""
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ from jax.sharding import AbstractMesh
 from jax.sharding import AxisType
 
 from selfattn.nn import hopper_attention as hopper
+from selfattn.nn import hopper_backward
 from selfattn.nn import pallas_attention as pa
 from selfattn.nn import positions
 from selfattn.nn.lowering import lowered_text
@@ -92,6 +94,69 @@ def test_interpreted_forward_equals_numpy(kind, symmetric, causal, lq, lk, d,
   assert not np.any(np.asarray(out)[2])        # length 0: zeros
 
 
+def _reference_jax(q, k, v, lengths, causal, slopes):
+  """The same attention in float32 JAX, for its gradients (jax.vjp)."""
+  lq, lk, d = q.shape[2], k.shape[2], q.shape[3]
+  s = jnp.einsum('bhqd,bhkd->bhqk', q, k) / np.sqrt(d)
+  offset = jnp.arange(lk)[None, :] - jnp.arange(lq)[:, None]
+  if slopes is not None:
+    s = s - jnp.asarray(slopes, jnp.float32)[None, :, None, None] * (
+        jnp.abs(offset) - 0.5 * (offset < 0))
+  keep = jnp.arange(lk)[None, None, None, :] < lengths[:, None, None, None]
+  if causal:
+    keep = keep & (offset <= lk - lq)
+  s = jnp.where(keep, s, -jnp.inf)
+  top = jax.lax.stop_gradient(s.max(-1, keepdims=True))
+  p = jnp.exp(s - jnp.where(jnp.isfinite(top), top, 0.0))
+  total = p.sum(-1, keepdims=True)
+  return jnp.where(total > 0, jnp.einsum('bhqk,bhkd->bhqd', p, v)
+                   / jnp.where(total > 0, total, 1.0), 0.0)
+
+
+BACKWARD_CASES = [
+    # kind, causal, lq, lk, d, block_k: causal rows with no key, a third of
+    # the keys, none; a head padded from 96 to 128 with 128-key blocks.
+    ('alibi', True, 200, 130, 64, 64),
+    ('none', False, 100, 260, 96, 128),
+]
+
+
+@pytest.mark.parametrize('kind,causal,lq,lk,d,block_k', BACKWARD_CASES)
+def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
+                                                       d, block_k):
+  """hopper_backward's dQ and dK/dV kernels, fed the Hopper forward's lse
+  and delta = rowsum(dO * out), against jax.vjp of float32 attention."""
+  q, k, v = _qkv(lq, lk, d)
+  d_out = jax.random.normal(jax.random.key(9), (3, 2, lq, d)).astype(q.dtype)
+  lengths = jnp.array([lk, lk // 3, 0], jnp.int32)
+  slopes = (jnp.asarray(positions.alibi_slopes(2), jnp.float32)
+            if kind == 'alibi' else None)
+  cfg = hopper.HopperConfig(kind=kind, symmetric=False, causal=causal,
+                            scale=1 / np.sqrt(d), block_k=block_k,
+                            interpret=not ON_HOPPER)
+
+  @jax.jit
+  def gradients(q, k, v, d_out):
+    out, lse = hopper.forward(cfg, q, k, v, lengths, slopes)
+    delta = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), -1)
+    return hopper_backward.backward(cfg, q, k, v, lengths, slopes, d_out,
+                                    lse, delta)
+
+  got = gradients(q, k, v, d_out)
+  f32 = lambda x: x.astype(jnp.float32)
+  _, vjp = jax.vjp(lambda *a: _reference_jax(*a, lengths, causal, slopes),
+                   f32(q), f32(k), f32(v))
+  for name, g, want in zip(('dq', 'dk', 'dv'), got, vjp(f32(d_out))):
+    assert g.shape == want.shape and g.dtype == q.dtype, name
+    want = np.asarray(want)
+    assert np.abs(want).max() > 0.5, name
+    np.testing.assert_allclose(np.asarray(g, np.float32), want,
+                               atol=0.02 * np.abs(want).max(), err_msg=name)
+  # Keys past a row's length and every key of the length-0 row: no gradient.
+  assert not np.any(np.asarray(got[1])[1, :, lk // 3:])
+  assert not np.any(np.asarray(got[2])[2])
+
+
 def test_interpreted_ping_pong_off_gives_the_same_answer():
   """The schedule barrier changes the order of work, never the result."""
   q, k, v = _qkv(128, 256, 64, batch=1, heads=1)
@@ -105,13 +170,16 @@ def test_interpreted_ping_pong_off_gives_the_same_answer():
   np.testing.assert_array_equal(outs[0][1], outs[1][1])
 
 
-@pytest.mark.parametrize('relative', ['alibi', 'rope'])
-def test_gradients_through_the_hopper_forward_match_triton(relative):
-  """pallas_attention with the Hopper forward (interpreted) and the Triton
-  forward (interpret mode) share the backward: value and gradients agree to
-  bf16 rounding, causal with key lengths."""
-  rel = (positions.ALiBi(2) if relative == 'alibi'
-         else positions.RotaryEncoding(64))
+@pytest.mark.parametrize('relative', ['alibi', 'rope', 'pope'])
+def test_gradients_through_the_hopper_kernels_match_triton(relative):
+  """pallas_attention through the Hopper kernels (forward, dQ, dK/dV;
+  interpreted) and through the Triton ones (interpret mode): value and
+  gradients agree to bf16 rounding, causal with key lengths."""
+  # PoPE rotates q and k to twice the head width: Dq = 128, Dv = 64.
+  rel = {'alibi': lambda: positions.ALiBi(2),
+         'rope': lambda: positions.RotaryEncoding(64),
+         'pope': lambda: positions.PolarEncoding(2, 64, rngs=nnx.Rngs(2))}[
+             relative]()
   q, k, v = _qkv(72, 90, 64, batch=2)
   lengths = jnp.array([90, 40])
   cotangent = jax.random.normal(jax.random.key(5), (2, 2, 72, 64))
@@ -200,6 +268,9 @@ def test_bad_requests_get_clear_errors():
   with pytest.raises(ValueError, match='float32'):
     pa.pallas_attention(*(x.astype(jnp.float32) for x in (q, k, v)),
                         gpu_kernel='hopper')
+  wide = jnp.zeros((1, 2, 16, 192), q.dtype)
+  with pytest.raises(ValueError, match='up to 128 wide'):
+    pa.pallas_attention(wide, wide, wide, gpu_kernel='hopper')
   with pytest.raises(ValueError, match="choose one of .*'auto'"):
     pa.pallas_attention(q, k, v, gpu_kernel='cudnn')
   with pytest.raises(ValueError, match='not both'):

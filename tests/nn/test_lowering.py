@@ -87,9 +87,12 @@ def _kernel_relative(kind: str):
 
 KERNEL_KINDS = ('none', 'alibi', 'alibi_symmetric', 't5', 'shaw',
                 'shaw_per_head_keys_only', 'rope')
-# The forwards hopper_attention.py computes in bf16 (rope: rotated first).
+# What the Hopper kernels compute in bf16 (rope: rotated first).
 HOPPER_KINDS = ('none', 'alibi', 'alibi_symmetric', 'rope')
 HOPPER_CALL = '@mosaic_gpu_v2'
+# Model positions whose attention those kernels compute (the additive ones
+# leave 'none' to the attention).
+HOPPER_POSITIONS = ('none', 'sinusoidal', 'learned', 'rope', 'pope', 'alibi')
 
 
 @pytest.mark.parametrize('platform', PLATFORMS)
@@ -99,9 +102,9 @@ def test_kernel_lowers_forward_and_gradient(platform, kind, length):
   """pallas_attention, causal with a key mask, causal with key lengths
   and bidirectional, value and gradients (q, k, v and the encoding's
   table), lowers for the platform with the kernels in it and no (L, L)
-  tensor. On the abstract H100 the forwards the Hopper kernel computes (no
-  mask or key lengths; none, ALiBi, rotations) are Mosaic GPU kernels, the
-  rest and every backward Triton."""
+  tensor. On the abstract H100 the calls the Hopper kernels compute (no
+  mask or key lengths; none, ALiBi, rotations) are three Mosaic GPU kernels
+  (forward, dQ, dK/dV), the rest Triton."""
   relative = _kernel_relative(kind)
   graphdef, tables = nnx.split(relative) if relative is not None else (None, None)
   shape = jax.ShapeDtypeStruct((1, HEADS, length, HEAD_DIM), jnp.bfloat16)
@@ -121,9 +124,9 @@ def test_kernel_lowers_forward_and_gradient(platform, kind, length):
   text = lowered_text(fn, tables, shape, shape, shape, valid, lengths,
                       platform=platform)
   # Three calls, each a forward, a dQ and a dK/dV kernel.
-  hopper_forwards = 2 if platform == 'cuda' and kind in HOPPER_KINDS else 0
-  assert text.count(KERNEL_CALL[platform]) == 9 - hopper_forwards
-  assert text.count(HOPPER_CALL) == hopper_forwards
+  hopper_calls = 2 if platform == 'cuda' and kind in HOPPER_KINDS else 0
+  assert text.count(KERNEL_CALL[platform]) == 9 - 3 * hopper_calls
+  assert text.count(HOPPER_CALL) == 3 * hopper_calls
   if length > pa.BLOCK_K:      # at 128 the backward's one block is (L, L)
     assert not _square(text, length)
 
@@ -170,9 +173,14 @@ def _lowered_train_step(model, length: int, platform: str) -> str:
 
 def _check_step(text: str, impl: str, position: str, length: int,
                 platform: str) -> None:
-  kernel = text.count(KERNEL_CALL[platform])
+  hopper = text.count(HOPPER_CALL)
+  kernel = text.count(KERNEL_CALL[platform]) + hopper
   if impl == 'pallas' and position in KERNEL_POSITIONS:
     assert kernel >= 1 and not _square(text, length)
+    # bf16 with valid_lens or causal: the Hopper kernels (forward, dQ,
+    # dK/dV) for the encodings they compute, on the abstract H100.
+    assert (hopper >= 3) == (platform == 'cuda'
+                             and position in HOPPER_POSITIONS)
   elif impl in LINEAR_MEMORY:
     assert kernel == 0 and not _square(text, length)
   else:

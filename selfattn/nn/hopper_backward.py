@@ -1,0 +1,336 @@
+"""The Hopper flash-attention backward on Mosaic GPU: a dQ kernel and a
+dK/dV kernel, each with one producer warpgroup streaming blocks through
+shared-memory slots and two compute warpgroups (hopper_attention.py's
+forward has the same shape and explains the pipeline).
+
+With s = scale q k^T + term (ALiBi's, from iota offsets) and the forward's
+lse, p = exp(s - lse), delta = rowsum(dO * out) (computed outside, O(L D)):
+
+  dQ    per (batch, head, tile of 2 x block_q query rows), over key blocks:
+        dp = dO v^T; ds = p (dp - delta); dq += ds k       (3 matmuls)
+  dK/dV per (batch, head, tile of 2 x block_q key rows), over query blocks
+        (streamed q, dO, lse, delta): p^T from k q^T; dv += p^T dO;
+        dp^T = v dO^T; ds^T = p^T (dp^T - delta); dk += ds^T q   (4 matmuls)
+
+Both skip the blocks no allowed pair reaches (causal, key lengths) without
+loading them, and mask only the blocks crossing a limit. Softmax in base 2
+(lse scaled by log2 e once per row). Where a compute group starts later in
+the stream than its tile's other group (dK/dV, causal), it waits for and
+releases the blocks before its start, so each barrier's phase stays in
+step with the producer's.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from selfattn.nn.hopper_attention import COMPUTE_GROUPS
+from selfattn.nn.hopper_attention import F32
+from selfattn.nn.hopper_attention import HEAD_MULTIPLE
+from selfattn.nn.hopper_attention import LOG2E
+from selfattn.nn.hopper_attention import HopperConfig
+from selfattn.nn.hopper_attention import accumulate_product
+from selfattn.nn.hopper_attention import block_indices
+from selfattn.nn.hopper_attention import cdiv
+from selfattn.nn.hopper_attention import check
+from selfattn.nn.hopper_attention import check_width
+from selfattn.nn.hopper_attention import logits2
+from selfattn.nn.hopper_attention import product
+from selfattn.nn.hopper_attention import round_up
+
+
+def _stream(j0, end, stages, slots_and_refs, ready, free, index_of):
+  """The producer's loop: blocks [j0, end) of every (gmem block getter,
+  smem slots) pair into slot (j - j0) % stages, refilling a slot once both
+  compute groups freed it."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+
+  def load(j, slot):
+    for (block_of, slots), barrier in zip(slots_and_refs, ready):
+      plgpu.copy_gmem_to_smem(block_of(index_of(j)), slots.at[slot],
+                              barrier.at[slot])
+
+  for n in range(stages):
+    pl.when(j0 + n < end)(functools.partial(load, j0 + n, n))
+
+  @pl.loop(j0 + stages, jnp.maximum(end, j0 + stages))
+  def _refill(j):
+    slot = lax.rem(j - j0, jnp.int32(stages))
+    plgpu.barrier_wait(free.at[slot])
+    load(j, slot)
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
+               slope_ref, dq_ref, scoped, *, cfg: HopperConfig, lq: int,
+               lk: int, dtype):
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  smem, (k_ready, v_ready), own_ready, free = scoped
+  q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem, ds_smem2 = smem
+  bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
+  b, h, wg = (lax.axis_index(n) for n in ('batch', 'heads', 'wg'))
+  tile_base = lax.axis_index('tiles') * (COMPUTE_GROUPS * bq)
+  shift = lk - lq
+  length = jnp.clip(len_ref[b], 0, lk)
+
+  def key_end(last_row):
+    seen = length
+    if cfg.causal:
+      seen = jnp.minimum(seen, jnp.maximum(last_row + 1 + shift, 0))
+    return cdiv(seen, bk)
+
+  tile_end = key_end(tile_base + COMPUTE_GROUPS * bq - 1)
+
+  @pl.when(wg < COMPUTE_GROUPS)
+  def _compute():
+    plgpu.set_max_registers(232, action='increase')
+    q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
+    base = tile_base + wg * bq
+    rows = pl.ds(base, bq)
+    for src, dst, barrier in ((q_ref, q_smem, own_ready[0]),
+                              (do_ref, do_smem, own_ready[1]),
+                              (lse_ref, lse_smem2.at[wg], own_ready[2]),
+                              (delta_ref, delta_smem2.at[wg], own_ready[3])):
+      plgpu.copy_gmem_to_smem(src.at[b, h, rows], dst, barrier.at[wg])
+    for barrier in own_ready:
+      plgpu.barrier_wait(barrier.at[wg])
+    row_layout = plgpu.Layout.WGMMA.reduce(1)
+    lse2 = plgpu.load(lse_smem2.at[wg], layout=row_layout) * LOG2E
+    delta = plgpu.load(delta_smem2.at[wg], layout=row_layout)
+    slope2 = slope_ref[h] * LOG2E if cfg.kind == 'alibi' else None
+    end = key_end(base + bq - 1)
+    full = lax.div(length, jnp.int32(bk))
+    if cfg.causal:
+      full = jnp.minimum(full, lax.div(jnp.maximum(base + shift + 1, 0),
+                                       jnp.int32(bk)))
+    full = jnp.minimum(full, end)
+
+    def step(j, dq, masked: bool):
+      slot = lax.rem(j, jnp.int32(stages))
+      plgpu.barrier_wait(k_ready.at[slot])
+      s = product(q_smem, k_smem.at[slot].transpose((1, 0)), (bq, bk))
+      q_idx, k_idx = block_indices(base, j * bk, (bq, bk))
+      s2 = logits2(cfg, s, q_idx, k_idx, slope2, length, shift, masked)
+      p = jnp.exp2(s2 - lax.broadcast_in_dim(lse2, s2.shape, [0]))
+      plgpu.barrier_wait(v_ready.at[slot])
+      dp = product(do_smem, v_smem.at[slot].transpose((1, 0)), (bq, bk))
+      ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+      dq = accumulate_product(dq, ds.astype(dtype), k_smem.at[slot],
+                              ds_smem2.at[wg] if cfg.interpret else None,
+                              cfg.interpret)
+      plgpu.barrier_arrive(free.at[slot])
+      return dq
+
+    dq = plgpu.layout_cast(jnp.zeros((bq, q_smem.shape[-1]), F32),
+                           plgpu.Layout.WGMMA)
+    dq = lax.fori_loop(0, full, functools.partial(step, masked=False), dq)
+    dq = lax.fori_loop(full, end, functools.partial(step, masked=True), dq)
+
+    @pl.loop(end, tile_end)
+    def _release(j):
+      plgpu.barrier_arrive(free.at[lax.rem(j, jnp.int32(stages))])
+
+    q_smem[...] = (dq * cfg.scale).astype(dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[b, h, rows])
+    plgpu.wait_smem_to_gmem(0)
+
+  @pl.when(wg == COMPUTE_GROUPS)
+  def _produce():
+    plgpu.set_max_registers(40, action='decrease')
+    block = lambda ref: (lambda j: ref.at[b, h, pl.ds(j * bk, bk)])
+    _stream(0, tile_end, stages, ((block(k_ref), k_smem),
+                                  (block(v_ref), v_smem)),
+            (k_ready, v_ready), free, lambda j: j)
+
+
+def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
+                 slope_ref, dk_ref, dv_ref, scoped, *, cfg: HopperConfig,
+                 lq: int, lk: int, num_query_blocks: int, dtype):
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  smem, ready, own_ready, free = scoped
+  k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem, a_smem2 = smem
+  bkv, bq, stages = cfg.block_q, cfg.block_k, cfg.stages   # keys per group
+  b, h, wg = (lax.axis_index(n) for n in ('batch', 'heads', 'wg'))
+  tile_base = lax.axis_index('tiles') * (COMPUTE_GROUPS * bkv)
+  shift = lk - lq
+  length = jnp.clip(len_ref[b], 0, lk)
+
+  def query_start(key_base):
+    """The first query block any of keys [key_base, ...) is allowed for;
+    num_query_blocks where none is (the keys are past the length)."""
+    first = jnp.int32(0)
+    if cfg.causal:
+      first = lax.div(jnp.maximum(key_base - shift, 0), jnp.int32(bq))
+    return jnp.where(key_base < length, jnp.minimum(first, num_query_blocks),
+                     num_query_blocks)
+
+  tile_start = query_start(tile_base)
+
+  @pl.when(wg < COMPUTE_GROUPS)
+  def _compute():
+    plgpu.set_max_registers(232, action='increase')
+    k_smem, v_smem = k_smem2.at[wg], v_smem2.at[wg]
+    base = tile_base + wg * bkv
+    keys = pl.ds(base, bkv)
+    plgpu.copy_gmem_to_smem(k_ref.at[b, h, keys], k_smem, own_ready[0].at[wg])
+    plgpu.copy_gmem_to_smem(v_ref.at[b, h, keys], v_smem, own_ready[1].at[wg])
+    plgpu.barrier_wait(own_ready[0].at[wg])
+    plgpu.barrier_wait(own_ready[1].at[wg])
+    slope2 = slope_ref[h] * LOG2E if cfg.kind == 'alibi' else None
+    start = query_start(base)
+    # Query blocks from which every pair with these keys is allowed.
+    if cfg.causal:
+      full = cdiv(jnp.maximum(base + bkv - 1 - shift, 0), bq)
+    else:
+      full = jnp.int32(0)
+    full = jnp.where(base + bkv <= length, jnp.clip(full, start,
+                                                    num_query_blocks),
+                     num_query_blocks)
+    column_layout = plgpu.Layout.WGMMA.reduce(0)
+    a_smem = a_smem2.at[wg] if cfg.interpret else None
+
+    @pl.loop(tile_start, start)
+    def _release(i):
+      # Blocks the tile's other group needs first: wait (the barriers'
+      # phases advance per wait) and free them.
+      slot = lax.rem(i - tile_start, jnp.int32(stages))
+      for barrier in ready:
+        plgpu.barrier_wait(barrier.at[slot])
+      plgpu.barrier_arrive(free.at[slot])
+
+    def step(i, carry, masked: bool):
+      dk, dv = carry
+      slot = lax.rem(i - tile_start, jnp.int32(stages))
+      for barrier in ready:
+        plgpu.barrier_wait(barrier.at[slot])
+      s_t = product(k_smem, q_smem.at[slot].transpose((1, 0)), (bkv, bq))
+      k_idx, q_idx = block_indices(base, i * bq, (bkv, bq))
+      s2 = logits2(cfg, s_t, q_idx, k_idx, slope2, length, shift, masked)
+      lse2 = plgpu.load(lse_smem.at[slot], layout=column_layout) * LOG2E
+      p_t = jnp.exp2(s2 - lax.broadcast_in_dim(lse2, s2.shape, [1]))
+      dv = accumulate_product(dv, p_t.astype(dtype), do_smem.at[slot],
+                              a_smem, cfg.interpret)
+      dp_t = product(v_smem, do_smem.at[slot].transpose((1, 0)), (bkv, bq))
+      delta = plgpu.load(delta_smem.at[slot], layout=column_layout)
+      ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))
+      dk = accumulate_product(dk, ds_t.astype(dtype), q_smem.at[slot],
+                              a_smem, cfg.interpret)
+      plgpu.barrier_arrive(free.at[slot])
+      return dk, dv
+
+    zeros = lambda width: plgpu.layout_cast(jnp.zeros((bkv, width), F32),
+                                            plgpu.Layout.WGMMA)
+    carry = (zeros(k_smem.shape[-1]), zeros(v_smem.shape[-1]))
+    carry = lax.fori_loop(start, full, functools.partial(step, masked=True),
+                          carry)
+    dk, dv = lax.fori_loop(full, num_query_blocks,
+                           functools.partial(step, masked=False), carry)
+    k_smem[...] = (dk * cfg.scale).astype(dtype)
+    v_smem[...] = dv.astype(dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[b, h, keys])
+    plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[b, h, keys])
+    plgpu.wait_smem_to_gmem(0)
+
+  @pl.when(wg == COMPUTE_GROUPS)
+  def _produce():
+    plgpu.set_max_registers(40, action='decrease')
+    block = lambda ref: (lambda i: ref.at[b, h, pl.ds(i * bq, bq)])
+    _stream(tile_start, num_query_blocks, stages,
+            ((block(q_ref), q_smem), (block(do_ref), do_smem),
+             (block(lse_ref), lse_smem), (block(delta_ref), delta_smem)),
+            ready, free, lambda i: i)
+
+
+def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
+             key_lengths: jax.Array | None, slopes: jax.Array | None,
+             d_out: jax.Array, lse: jax.Array, delta: jax.Array
+             ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(dq, dk, dv) in q's dtype of hopper_attention.forward's output.
+
+  q, k, v, key_lengths, slopes: as the forward's. d_out: (B, H, Lq, Dv) the
+  output's cotangent; lse: the forward's (B, H, Lq) float32 (+inf where a
+  row had no key); delta: (B, H, Lq) float32 rowsum(d_out * out).
+  """
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  check(cfg)
+  b, h, lq, d = q.shape
+  lk, dv_width = k.shape[2], v.shape[3]
+  width = round_up(max(d, dv_width), HEAD_MULTIPLE)
+  check_width(width)
+  bq, bk = cfg.block_q, cfg.block_k
+  tile = math.lcm(COMPUTE_GROUPS * bq, bk)
+  lq_pad, lk_pad = round_up(lq, tile), round_up(lk, tile)
+  pad = lambda x, length: jnp.pad(
+      x.astype(q.dtype), [(0, 0), (0, 0), (0, length - x.shape[2]),
+                          (0, width - x.shape[3])])
+  q, d_out = pad(q, lq_pad), pad(d_out, lq_pad)
+  k, v = pad(k, lk_pad), pad(v, lk_pad)
+  # Padded query rows: lse = +inf makes their weights 0.
+  lse = jnp.pad(lse.astype(F32), [(0, 0), (0, 0), (0, lq_pad - lq)],
+                constant_values=jnp.inf)
+  delta = jnp.pad(delta.astype(F32), [(0, 0), (0, 0), (0, lq_pad - lq)])
+  lengths = (jnp.full((b,), lk, jnp.int32) if key_lengths is None
+             else jnp.asarray(key_lengths, jnp.int32))
+  slopes = (jnp.zeros((h,), F32) if slopes is None
+            else jnp.asarray(slopes, F32))
+  tiled = lambda shape: plgpu.SMEM(
+      shape, q.dtype, transforms=(plgpu.TilingTransform((8, 64)),
+                                  plgpu.SwizzleTransform(128)))
+  interpret = plgpu.InterpretGPUParams() if cfg.interpret else None
+  groups = COMPUTE_GROUPS
+  operands = (q, k, v, d_out, lse, delta, lengths, slopes)
+
+  def call(kernel, smem, stages, num_streamed, num_own, out_type, tiles,
+           name):
+    freed = plgpu.Barrier(num_arrivals=groups, num_barriers=stages)
+    ready = tuple(plgpu.Barrier(num_barriers=stages)
+                  for _ in range(num_streamed))
+    own = tuple(plgpu.Barrier(num_barriers=groups) for _ in range(num_own))
+
+    def entry(*refs):
+      pl.run_scoped(lambda *scoped: kernel(*refs, scoped), smem, ready, own,
+                    freed, collective_axes='wg')
+
+    return plgpu.kernel(
+        entry, out_type=out_type, grid=(h, tiles, b),
+        grid_names=('heads', 'tiles', 'batch'), num_threads=groups + 1,
+        thread_name='wg',
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=interpret, kernel_name=name)(*operands)
+
+  # dQ: query tiles of 2 x bq rows, key blocks of bk streamed.
+  stages = min(cfg.stages, lk_pad // bk)
+  dq_cfg = cfg._replace(stages=stages)
+  dq = call(
+      functools.partial(_dq_kernel, cfg=dq_cfg, lq=lq, lk=lk, dtype=q.dtype),
+      (tiled((groups, bq, width)), tiled((groups, bq, width)),
+       plgpu.SMEM((groups, bq), F32), plgpu.SMEM((groups, bq), F32),
+       tiled((stages, bk, width)), tiled((stages, bk, width)),
+       tiled((groups, bq, bk)) if cfg.interpret else None),
+      stages, 2, 4, jax.ShapeDtypeStruct((b, h, lq_pad, width), q.dtype),
+      lq_pad // (groups * bq), 'selfattn_hopper_dq')
+
+  # dK/dV: key tiles of 2 x bq rows, query blocks of bk streamed.
+  num_query_blocks = lq_pad // bk
+  stages = min(cfg.stages, num_query_blocks)
+  dkdv_cfg = cfg._replace(stages=stages)
+  dk, dv = call(
+      functools.partial(_dkdv_kernel, cfg=dkdv_cfg, lq=lq, lk=lk,
+                        num_query_blocks=num_query_blocks, dtype=q.dtype),
+      (tiled((groups, bq, width)), tiled((groups, bq, width)),
+       tiled((stages, bk, width)), tiled((stages, bk, width)),
+       plgpu.SMEM((stages, bk), F32), plgpu.SMEM((stages, bk), F32),
+       tiled((groups, bq, bk)) if cfg.interpret else None),
+      stages, 4, 2, (jax.ShapeDtypeStruct((b, h, lk_pad, width), q.dtype),) * 2,
+      lk_pad // (groups * bq), 'selfattn_hopper_dkdv')
+  return (dq[:, :, :lq, :d], dk[:, :, :lk, :d], dv[:, :, :lk, :dv_width])
+
+
+__all__ = ['backward']
