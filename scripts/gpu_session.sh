@@ -23,7 +23,11 @@
 #               test_hopper_attention.py the compiled Mosaic GPU one), then
 #               `bench` at KERNEL_LENGTHS (default 8192,2048) for each
 #               --mode in KERNEL_MODES (default train), each within
-#               KERNEL_BENCH_BUDGET s (default 250).                 <= 8 min
+#               KERNEL_BENCH_BUDGET s (default 200; ARGS default
+#               --impls=fused,pallas,pallas_triton), then `tune`.   <= 9 min
+#   tune        scripts/tune_hopper.py (the Hopper kernels' block sizes,
+#               stages and ping-pong against cuDNN, L = 8192) within
+#               TUNE_BUDGET s (default 80): tune_hopper.json/.md.   <= 3 min
 #   music       python -m experiments.music --scale=paper --seeds=1, one
 #               encoding at a time in MUSIC_POSITIONS order (default
 #               "rope pope alibi t5 shaw none") until MUSIC_BUDGET seconds
@@ -257,6 +261,14 @@ suite() {
   echo "pytest exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/suite.log"
 }
 
+tune() {    # scripts/tune_hopper.py within TUNE_BUDGET s; stdout to the call
+  local budget=${TUNE_BUDGET:-80}
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}
+  timeout -s INT -k 30 $(( budget + 60 )) "$PY" scripts/tune_hopper.py \
+    --out="$OUT" --time_budget="$budget" "$@" 2>&1 | tail -40
+  echo "tune_hopper exit status: ${PIPESTATUS[0]}"
+}
+
 bench() {   # bench NAME LENGTHS TIMEOUT BUDGET [ARGS...]
   local name=$1 lengths=$2 limit=$3 budget=$4
   shift 4
@@ -347,10 +359,13 @@ case "$STEP" in
     SUITE_MARK=${SUITE_MARK:-not slow} SUITE_TIMEOUT=${SUITE_TIMEOUT:-150} \
       SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q tests/nn/test_hopper_attention.py tests/nn/test_pallas.py tests/nn/test_attention.py} \
       suite
-    budget=${KERNEL_BENCH_BUDGET:-250}
+    budget=${KERNEL_BENCH_BUDGET:-200}
+    [ $# -eq 0 ] && set -- --impls=fused,pallas,pallas_triton
     for mode in ${KERNEL_MODES:-train}; do
       bench "bench_gpu_$mode" "${KERNEL_LENGTHS:-8192,2048}" $(( budget + 60 )) \
         "$budget" --mode="$mode" "$@"
-    done ;;
+    done
+    tune ;;
+  tune) setup; info >/dev/null; tune "$@" ;;
   *) usage ;;
 esac

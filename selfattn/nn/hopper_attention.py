@@ -6,8 +6,10 @@ copied).
 
 What it adds to a plain flash forward, and why:
   - the relative term from iota offsets inside the kernel, O(L) memory:
-    ALiBi's -slope * distance (both forms); none; rotation-only encodings
-    (RoPE, PoPE) arrive rotated and use 'none';
+    ALiBi's -slope * distance (both forms); T5's bucket biases (blocks
+    wholly beyond max_distance add one edge bias, near ones select the
+    bucket's bias per entry); none; rotation-only encodings (RoPE, PoPE)
+    arrive rotated and use 'none';
   - masks only where a block needs one: key blocks wholly inside the
     causal limit and the batch row's key length run unmasked, the blocks
     crossing either limit run masked, and blocks wholly past them are never
@@ -52,10 +54,23 @@ F32 = jnp.float32
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
-KINDS = ('none', 'alibi')
+KINDS = ('none', 'alibi', 't5')        # the forward's; the backward's below
+BACKWARD_KINDS = ('none', 'alibi')     # T5's table gradient: Triton's kernels
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 HEAD_MULTIPLE = 64          # a 128-byte swizzled row of 16-bit values
 COMPUTE_GROUPS = 2
+
+
+# Block shapes per (pass, causal) for heads up to 128 wide, as
+# scripts/tune_hopper.py prints them, with the run that chose them. None is
+# measured yet: these are FlashAttention-3's and JAX's shapes for D = 64
+# (64-row compute groups, 128-row streamed blocks, two stages).
+TUNED = {
+    ('forward', False): dict(block_k=128, stages=2, ping_pong=True),
+    ('forward', True): dict(block_k=128, stages=2, ping_pong=True),
+    ('backward', False): dict(block_k=128, stages=2),
+    ('backward', True): dict(block_k=128, stages=2),
+}
 
 
 class HopperConfig(NamedTuple):
@@ -64,6 +79,8 @@ class HopperConfig(NamedTuple):
   symmetric: bool           # ALiBi's symmetric form
   causal: bool
   scale: float              # softmax scale, 1/sqrt(D) of the unpadded head
+  num_buckets: int = 0      # T5
+  max_distance: int = 0     # T5
   block_q: int = 64         # query rows per compute warpgroup
   block_k: int = 128
   stages: int = 2           # key/value blocks in flight
@@ -108,9 +125,22 @@ def lowering_for_hopper() -> bool:
   return bool(gpus) and getattr(gpus[0], 'compute_capability', '') == '9.0'
 
 
+def head_table(cfg: HopperConfig, table, heads: int) -> jax.Array:
+  """The kernels' per-head table input: ALiBi's (H,) slopes, T5's
+  (H, num_buckets) biases, or (H,) zeros."""
+  if cfg.kind == 't5':
+    return jnp.asarray(table, F32).T
+  if cfg.kind == 'alibi':
+    return jnp.asarray(table, F32)
+  return jnp.zeros((heads,), F32)
+
+
 def check(cfg: HopperConfig) -> None:
   if cfg.kind not in KINDS:
     raise ValueError(f'kind={cfg.kind!r}: the Hopper kernel computes {KINDS}')
+  if cfg.kind == 't5' and (cfg.num_buckets < 4 or cfg.max_distance < 1):
+    raise ValueError(f'T5 needs num_buckets >= 4 and max_distance >= 1; got '
+                     f'{cfg.num_buckets}, {cfg.max_distance}')
   if cfg.block_q % 64 or cfg.block_k % 64:
     raise ValueError(f'block_q={cfg.block_q} and block_k={cfg.block_k} must '
                      f'be multiples of 64 (a wgmma tile)')
@@ -149,15 +179,65 @@ def block_indices(row_base, column_base, shape):
   return row_base + iota(0), column_base + iota(1)
 
 
-def logits2(cfg: HopperConfig, s, q_idx, k_idx, slope2, length, shift,
-            masked: bool):
-  """Base-2 logits of a block of raw scores s (q k^T): the scale and
-  ALiBi's term (slope2 = slope log2 e) folded in, -inf where the pair is
-  not allowed (masked blocks only: keys past `length`, causal with
-  `shift` = Lk - Lq)."""
+def head_terms(cfg: HopperConfig, table_ref, h):
+  """The head's encoding scalars in base 2: ALiBi's slope log2 e, T5's
+  num_buckets biases times log2 e (scalar loads), else None."""
+  if cfg.kind == 'alibi':
+    return table_ref[h] * LOG2E
+  if cfg.kind == 't5':
+    return [table_ref[h, n] * LOG2E for n in range(cfg.num_buckets)]
+  return None
+
+
+def t5_edge(cfg: HopperConfig, region: str) -> int:
+  """The bucket of every offset of a far block (beyond max_distance)."""
+  return cfg.num_buckets // 2 - 1 if region == 'left' else cfg.num_buckets - 1
+
+
+def regions(cfg: HopperConfig, row_block, bq: int, bk: int, end):
+  """[(lo, hi, region)] of key blocks [0, end) for query rows
+  [row_block bq, row_block bq + bq): T5's far blocks on each side (one
+  bucket each, no bucket search) apart from the near ones; one 'near'
+  range otherwise."""
+  if cfg.kind != 't5':
+    return [(jnp.int32(0), end, 'near')]
+  from selfattn.nn.pallas_kernels import far_blocks
+  left_end, right_start = far_blocks(row_block, bq, bk, cfg.max_distance, end)
+  return [(jnp.int32(0), left_end, 'left'), (left_end, right_start, 'near'),
+          (right_start, end, 'right')]
+
+
+def over_blocks(cfg: HopperConfig, step, carry, row_block, bq: int, bk: int,
+                full, end):
+  """step(j, carry, masked=, region=) over key blocks [0, end) in
+  static (region, masked) segments: blocks below `full` unmasked."""
+  for lo, hi, region in regions(cfg, row_block, bq, bk, end):
+    split = jnp.clip(full, lo, hi)
+    for a, b, masked in ((lo, split, False), (split, hi, True)):
+      carry = lax.fori_loop(a, b, functools.partial(
+          step, masked=masked, region=region), carry)
+  return carry
+
+
+def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
+            masked: bool, region: str = 'near'):
+  """Base-2 logits of a block of raw scores s (q k^T): the scale and the
+  encoding's term (head_terms) folded in, -inf where the pair is not
+  allowed (masked blocks only: keys past `length`, causal with `shift` =
+  Lk - Lq). T5 far blocks add their edge bucket's bias; near ones look the
+  bucket up by one select per bucket (no gather)."""
   s = s * (cfg.scale * LOG2E)
   if cfg.kind == 'alibi':
-    s = s - slope2 * alibi_distance(k_idx - q_idx, cfg.symmetric)
+    s = s - terms * alibi_distance(k_idx - q_idx, cfg.symmetric)
+  elif cfg.kind == 't5' and region != 'near':
+    s = s + terms[t5_edge(cfg, region)]
+  elif cfg.kind == 't5':
+    from selfattn.nn.positions import t5_bucket
+    bucket = t5_bucket(k_idx - q_idx, cfg.num_buckets, cfg.max_distance)
+    term = jnp.zeros_like(s)
+    for n, bias in enumerate(terms):
+      term = jnp.where(bucket == n, bias, term)
+    s = s + term
   if masked:
     keep = k_idx < length
     if cfg.causal:
@@ -195,7 +275,7 @@ def product(a_ref, b_ref, shape):
   return pl.run_scoped(product, plgpu.ACC(shape, F32))
 
 
-def _kernel(q_ref, k_ref, v_ref, len_ref, slope_ref, out_ref, lse_ref,
+def _kernel(q_ref, k_ref, v_ref, len_ref, table_ref, out_ref, lse_ref,
             scoped, *, cfg: HopperConfig, lq: int, lk: int, dtype):
   import jax.experimental.pallas.mosaic_gpu as plgpu
   smem, (k_ready, v_ready, q_ready), (k_free, v_free), turn = scoped
@@ -237,7 +317,7 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, slope_ref, out_ref, lse_ref,
     plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q_base, bq)], q_smem,
                             q_ready.at[wg])
     plgpu.barrier_wait(q_ready.at[wg])
-    slope2 = slope_ref[h] * LOG2E if cfg.kind == 'alibi' else None
+    terms = head_terms(cfg, table_ref, h)
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     m = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, F32), row_layout)
     l = plgpu.layout_cast(jnp.full((bq,), 0.0, F32), row_layout)
@@ -245,7 +325,7 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, slope_ref, out_ref, lse_ref,
                             plgpu.Layout.WGMMA)
     pl.when(wg == 1)(take_turn)
 
-    def step(j, carry, masked: bool):
+    def step(j, carry, masked: bool, region: str):
       acc, m, l = carry
       slot = lax.rem(j, jnp.int32(stages))
       plgpu.barrier_wait(k_ready.at[slot])
@@ -257,9 +337,10 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, slope_ref, out_ref, lse_ref,
       s = pl.run_scoped(scores, plgpu.ACC((bq, bk), F32))
       plgpu.barrier_arrive(k_free.at[slot])
       q_idx = k_idx = None
-      if cfg.kind == 'alibi' or masked:
+      if masked or cfg.kind == 'alibi' or (cfg.kind == 't5'
+                                           and region == 'near'):
         q_idx, k_idx = block_indices(q_base, j * bk, (bq, bk))
-      s = logits2(cfg, s, q_idx, k_idx, slope2, length, shift, masked)
+      s = logits2(cfg, s, q_idx, k_idx, terms, length, shift, masked, region)
       m_new = jnp.maximum(m, s.max(axis=1))
       # A row with nothing allowed yet keeps m = -inf; shift by 0 there.
       m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
@@ -279,16 +360,17 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, slope_ref, out_ref, lse_ref,
       plgpu.barrier_arrive(v_free.at[slot])
       return acc, m_new, l
 
-    carry = lax.fori_loop(0, full, functools.partial(step, masked=False),
-                          (acc, m, l))
-    acc, m, l = lax.fori_loop(full, end, functools.partial(step, masked=True),
-                              carry)
+    acc, m, l = over_blocks(cfg, step, (acc, m, l), lax.div(q_base, bq), bq,
+                            bk, full, end)
 
     @pl.loop(end, tile_end)
     def _release(j):
-      # Blocks the tile's other group needs and this one does not: free the
-      # slots and keep the turns in step.
+      # Blocks the tile's other group needs and this one does not: observe
+      # their loads (every thread sees every phase of a barrier it shares;
+      # JAX 0.11's interpreter checks), free the slots, keep the turns.
       slot = lax.rem(j, jnp.int32(stages))
+      plgpu.barrier_wait(k_ready.at[slot])
+      plgpu.barrier_wait(v_ready.at[slot])
       plgpu.barrier_arrive(k_free.at[slot])
       plgpu.barrier_arrive(v_free.at[slot])
       take_turn()
@@ -328,15 +410,24 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, slope_ref, out_ref, lse_ref,
       plgpu.barrier_wait(v_free.at[slot])
       load(j, slot)
 
+    @pl.loop(jnp.maximum(tile_end - stages, 0), tile_end)
+    def _drain(j):
+      # Observe the last blocks' release too (each thread sees every phase
+      # of the barriers it shares).
+      slot = lax.rem(j, jnp.int32(stages))
+      plgpu.barrier_wait(k_free.at[slot])
+      plgpu.barrier_wait(v_free.at[slot])
+
 
 def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
             key_lengths: jax.Array | None,
-            slopes: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+            table: jax.Array | None) -> tuple[jax.Array, jax.Array]:
   """(out (B, H, Lq, Dv) in q's dtype, lse (B, H, Lq) float32, natural log).
 
   q, k, v: (B, H, L, D), bf16 or f16, q rotated and not scaled (cfg.scale
   is applied here). key_lengths: (B,) int, keys [0, length) attended, or
-  None for all. slopes: ALiBi's (H,) float32, else None.
+  None for all. table: ALiBi's (H,) slopes, T5's (num_buckets, H) biases
+  (positions.T5RelativeBias.bias), else None.
   """
   import jax.experimental.pallas.mosaic_gpu as plgpu
   check(cfg)
@@ -354,8 +445,7 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   q, k, v = pad(q, lq_pad), pad(k, lk_pad), pad(v, lk_pad)
   lengths = (jnp.full((b,), lk, jnp.int32) if key_lengths is None
              else jnp.asarray(key_lengths, jnp.int32))
-  slopes = (jnp.zeros((h,), F32) if slopes is None
-            else jnp.asarray(slopes, F32))
+  table = head_table(cfg, table, h)
   # No more slots than key blocks (a short sequence has one).
   cfg = cfg._replace(stages=min(cfg.stages, lk_pad // cfg.block_k))
   bq, bk = cfg.block_q, cfg.block_k
@@ -389,9 +479,9 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
       compiler_params=plgpu.CompilerParams(approx_math=True),
       interpret=plgpu.InterpretGPUParams() if cfg.interpret else None,
       kernel_name='selfattn_hopper_forward',
-  )(q, k, v, lengths, slopes)
+  )(q, k, v, lengths, table)
   return out[:, :, :lq, :dv], lse[:, :, :lq]
 
 
-__all__ = ['HopperConfig', 'KINDS', 'check', 'forward', 'lowering_for_hopper',
-           'supports']
+__all__ = ['BACKWARD_KINDS', 'HopperConfig', 'KINDS', 'TUNED', 'check',
+           'forward', 'lowering_for_hopper', 'supports']

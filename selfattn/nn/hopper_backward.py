@@ -14,10 +14,10 @@ lse, p = exp(s - lse), delta = rowsum(dO * out) (computed outside, O(L D)):
 
 Both skip the blocks no allowed pair reaches (causal, key lengths) without
 loading them, and mask only the blocks crossing a limit. Softmax in base 2
-(lse scaled by log2 e once per row). Where a compute group starts later in
-the stream than its tile's other group (dK/dV, causal), it waits for and
-releases the blocks before its start, so each barrier's phase stays in
-step with the producer's.
+(lse scaled by log2 e once per row). Where a compute group needs fewer
+blocks of the stream than its tile's other group (causal), it waits for
+and releases the others, so each thread observes every phase of the
+barriers it shares with the producer (JAX 0.11's interpreter checks it).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from selfattn.nn.hopper_attention import BACKWARD_KINDS
 from selfattn.nn.hopper_attention import COMPUTE_GROUPS
 from selfattn.nn.hopper_attention import F32
 from selfattn.nn.hopper_attention import HEAD_MULTIPLE
@@ -40,6 +41,8 @@ from selfattn.nn.hopper_attention import block_indices
 from selfattn.nn.hopper_attention import cdiv
 from selfattn.nn.hopper_attention import check
 from selfattn.nn.hopper_attention import check_width
+from selfattn.nn.hopper_attention import head_table
+from selfattn.nn.hopper_attention import head_terms
 from selfattn.nn.hopper_attention import logits2
 from selfattn.nn.hopper_attention import product
 from selfattn.nn.hopper_attention import round_up
@@ -48,7 +51,7 @@ from selfattn.nn.hopper_attention import round_up
 def _stream(j0, end, stages, slots_and_refs, ready, free, index_of):
   """The producer's loop: blocks [j0, end) of every (gmem block getter,
   smem slots) pair into slot (j - j0) % stages, refilling a slot once both
-  compute groups freed it."""
+  compute groups freed it, then waiting for the last ones to be freed."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
 
   def load(j, slot):
@@ -65,9 +68,14 @@ def _stream(j0, end, stages, slots_and_refs, ready, free, index_of):
     plgpu.barrier_wait(free.at[slot])
     load(j, slot)
 
+  @pl.loop(jnp.maximum(end - stages, j0), end)
+  def _drain(j):
+    # Observe the last blocks' release too.
+    plgpu.barrier_wait(free.at[lax.rem(j - j0, jnp.int32(stages))])
+
 
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
-               slope_ref, dq_ref, scoped, *, cfg: HopperConfig, lq: int,
+               table_ref, dq_ref, scoped, *, cfg: HopperConfig, lq: int,
                lk: int, dtype):
   import jax.experimental.pallas.mosaic_gpu as plgpu
   smem, (k_ready, v_ready), own_ready, free = scoped
@@ -102,7 +110,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     lse2 = plgpu.load(lse_smem2.at[wg], layout=row_layout) * LOG2E
     delta = plgpu.load(delta_smem2.at[wg], layout=row_layout)
-    slope2 = slope_ref[h] * LOG2E if cfg.kind == 'alibi' else None
+    terms = head_terms(cfg, table_ref, h)
     end = key_end(base + bq - 1)
     full = lax.div(length, jnp.int32(bk))
     if cfg.causal:
@@ -115,7 +123,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
       plgpu.barrier_wait(k_ready.at[slot])
       s = product(q_smem, k_smem.at[slot].transpose((1, 0)), (bq, bk))
       q_idx, k_idx = block_indices(base, j * bk, (bq, bk))
-      s2 = logits2(cfg, s, q_idx, k_idx, slope2, length, shift, masked)
+      s2 = logits2(cfg, s, q_idx, k_idx, terms, length, shift, masked)
       p = jnp.exp2(s2 - lax.broadcast_in_dim(lse2, s2.shape, [0]))
       plgpu.barrier_wait(v_ready.at[slot])
       dp = product(do_smem, v_smem.at[slot].transpose((1, 0)), (bq, bk))
@@ -133,7 +141,11 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
 
     @pl.loop(end, tile_end)
     def _release(j):
-      plgpu.barrier_arrive(free.at[lax.rem(j, jnp.int32(stages))])
+      # Observe the loads of blocks only the other group needs, then free.
+      slot = lax.rem(j, jnp.int32(stages))
+      plgpu.barrier_wait(k_ready.at[slot])
+      plgpu.barrier_wait(v_ready.at[slot])
+      plgpu.barrier_arrive(free.at[slot])
 
     q_smem[...] = (dq * cfg.scale).astype(dtype)
     plgpu.commit_smem()
@@ -150,7 +162,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
-                 slope_ref, dk_ref, dv_ref, scoped, *, cfg: HopperConfig,
+                 table_ref, dk_ref, dv_ref, scoped, *, cfg: HopperConfig,
                  lq: int, lk: int, num_query_blocks: int, dtype):
   import jax.experimental.pallas.mosaic_gpu as plgpu
   smem, ready, own_ready, free = scoped
@@ -182,7 +194,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
     plgpu.copy_gmem_to_smem(v_ref.at[b, h, keys], v_smem, own_ready[1].at[wg])
     plgpu.barrier_wait(own_ready[0].at[wg])
     plgpu.barrier_wait(own_ready[1].at[wg])
-    slope2 = slope_ref[h] * LOG2E if cfg.kind == 'alibi' else None
+    terms = head_terms(cfg, table_ref, h)
     start = query_start(base)
     # Query blocks from which every pair with these keys is allowed.
     if cfg.causal:
@@ -211,7 +223,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
         plgpu.barrier_wait(barrier.at[slot])
       s_t = product(k_smem, q_smem.at[slot].transpose((1, 0)), (bkv, bq))
       k_idx, q_idx = block_indices(base, i * bq, (bkv, bq))
-      s2 = logits2(cfg, s_t, q_idx, k_idx, slope2, length, shift, masked)
+      s2 = logits2(cfg, s_t, q_idx, k_idx, terms, length, shift, masked)
       lse2 = plgpu.load(lse_smem.at[slot], layout=column_layout) * LOG2E
       p_t = jnp.exp2(s2 - lax.broadcast_in_dim(lse2, s2.shape, [1]))
       dv = accumulate_product(dv, p_t.astype(dtype), do_smem.at[slot],
@@ -249,17 +261,21 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
 
 
 def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
-             key_lengths: jax.Array | None, slopes: jax.Array | None,
+             key_lengths: jax.Array | None, table: jax.Array | None,
              d_out: jax.Array, lse: jax.Array, delta: jax.Array
              ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(dq, dk, dv) in q's dtype of hopper_attention.forward's output.
 
-  q, k, v, key_lengths, slopes: as the forward's. d_out: (B, H, Lq, Dv) the
+  q, k, v, key_lengths, table: as the forward's (ALiBi's slopes or None:
+  BACKWARD_KINDS; T5's table gradient is the Triton kernels'). d_out: (B, H, Lq, Dv) the
   output's cotangent; lse: the forward's (B, H, Lq) float32 (+inf where a
   row had no key); delta: (B, H, Lq) float32 rowsum(d_out * out).
   """
   import jax.experimental.pallas.mosaic_gpu as plgpu
   check(cfg)
+  if cfg.kind not in BACKWARD_KINDS:
+    raise ValueError(f'kind={cfg.kind!r}: the Hopper backward computes '
+                     f'{BACKWARD_KINDS}')
   b, h, lq, d = q.shape
   lk, dv_width = k.shape[2], v.shape[3]
   width = round_up(max(d, dv_width), HEAD_MULTIPLE)
@@ -278,14 +294,13 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   delta = jnp.pad(delta.astype(F32), [(0, 0), (0, 0), (0, lq_pad - lq)])
   lengths = (jnp.full((b,), lk, jnp.int32) if key_lengths is None
              else jnp.asarray(key_lengths, jnp.int32))
-  slopes = (jnp.zeros((h,), F32) if slopes is None
-            else jnp.asarray(slopes, F32))
+  table = head_table(cfg, table, h)
   tiled = lambda shape: plgpu.SMEM(
       shape, q.dtype, transforms=(plgpu.TilingTransform((8, 64)),
                                   plgpu.SwizzleTransform(128)))
   interpret = plgpu.InterpretGPUParams() if cfg.interpret else None
   groups = COMPUTE_GROUPS
-  operands = (q, k, v, d_out, lse, delta, lengths, slopes)
+  operands = (q, k, v, d_out, lse, delta, lengths, table)
 
   def call(kernel, smem, stages, num_streamed, num_own, out_type, tiles,
            name):

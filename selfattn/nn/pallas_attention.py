@@ -16,11 +16,12 @@ padding mask (B, Lk) are applied per block, and the loops skip the blocks
 the causal mask removes. A query row with no allowed key outputs zeros, as
 the plain path does.
 
-On a Hopper GPU (sm90) none, ALiBi and the rotation-only encodings in
+On a Hopper GPU (sm90) none, ALiBi, T5 and the rotation-only encodings in
 bf16 or f16 with key lengths (not a general key mask) run the Mosaic GPU
-kernels of hopper_attention.py (forward) and hopper_backward.py (dQ, dK/dV)
-instead (`gpu_kernel`: 'auto' picks them where the lowering target is an
-H100-class GPU).
+forward of hopper_attention.py instead, and all but T5 the Mosaic GPU
+backward of hopper_backward.py (dQ, dK/dV; T5's table gradient stays in
+the Triton pair) (`gpu_kernel`: 'auto' picks them where the lowering
+target is an H100-class GPU).
 
 Backends, chosen when the step is lowered (jax.lax.platform_dependent), not
 by the host's default backend: Triton for 'cuda' and 'rocm', named
@@ -237,20 +238,26 @@ def _compiler_params(backend: str, lay: kernels.Layout):
 # The pallas_calls of one backend.
 # --------------------------------------------------------------------------
 
-def _hopper_args(cfg: Config, interpret: bool, key_valid, table):
+def _hopper_args(cfg: Config, interpret: bool, key_valid, table,
+                 pass_name: str):
   """(HopperConfig, key lengths, ALiBi slopes) of a call the Hopper
-  kernels compute: key_valid is a prefix mask there (built from key
-  lengths), so its row sums are the lengths."""
+  kernels compute, with hopper.TUNED's shapes for the pass: key_valid is a
+  prefix mask there (built from key lengths), so its row sums are the
+  lengths."""
   lengths = None if key_valid is None else key_valid.sum(-1, dtype=jnp.int32)
   hcfg = hopper.HopperConfig(kind=cfg.kind, symmetric=cfg.symmetric,
                              causal=cfg.causal, scale=cfg.scale,
-                             interpret=interpret)
-  return hcfg, lengths, table if cfg.kind == 'alibi' else None
+                             num_buckets=cfg.num_buckets,
+                             max_distance=cfg.max_distance,
+                             interpret=interpret,
+                             **hopper.TUNED[pass_name, cfg.causal])
+  return hcfg, lengths, table if cfg.kind in ('alibi', 't5') else None
 
 
 def _hopper_forward(cfg: Config, interpret: bool, q, k, v, key_valid, table):
   """_forward_call's result from the Hopper kernel."""
-  hcfg, lengths, slopes = _hopper_args(cfg, interpret, key_valid, table)
+  hcfg, lengths, slopes = _hopper_args(cfg, interpret, key_valid, table,
+                                       'forward')
   out, lse = hopper.forward(hcfg, q, k, v, lengths, slopes)
   return out.astype(v.dtype), lse
 
@@ -259,7 +266,8 @@ def _hopper_backward(cfg: Config, interpret: bool, q, k, v, key_valid, table,
                      g, lse, delta):
   """_backward_call's result from the Hopper dQ and dK/dV kernels (no
   table gradient: ALiBi's slopes are constants)."""
-  hcfg, lengths, slopes = _hopper_args(cfg, interpret, key_valid, table)
+  hcfg, lengths, slopes = _hopper_args(cfg, interpret, key_valid, table,
+                                       'backward')
   dq, dk, dv = hopper_backward.backward(hcfg, q, k, v, lengths, slopes, g,
                                         lse, delta)
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
@@ -296,8 +304,12 @@ def _backward_call(cfg: Config, backend: str, q, k, v, key_valid, table, g,
   kernel (with the tables' gradients, summed here over batch and query
   blocks) and the dK/dV kernel."""
   if backend in ('hopper', 'hopper_interpret'):
-    return _hopper_backward(cfg, backend == 'hopper_interpret', q, k, v,
-                            key_valid, table, g, lse, delta)
+    if cfg.kind in hopper.BACKWARD_KINDS:
+      return _hopper_backward(cfg, backend == 'hopper_interpret', q, k, v,
+                              key_valid, table, g, lse, delta)
+    # T5: the Hopper forward's lse, Triton's backward with the table's
+    # gradient.
+    backend = 'triton' if backend == 'hopper' else 'interpret'
   a = _Arrays(cfg, backend, q, k, v, key_valid, table)
   lay = a.lay
   bh, nq, nk = a.b * a.h, a.lq_pad // lay.block_q, a.lk_pad // lay.block_k
@@ -445,8 +457,9 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
     gpu_kernel: the forward's kernel on a CUDA GPU (None: 'auto', or the
       name default_gpu_kernel set): 'auto': the
       Hopper kernel (hopper_attention.py) where the GPU lowered for is an
-      sm90 part and the call is one it computes (none, ALiBi or a rotation,
-      bf16 or f16, no key_valid), else Triton; 'hopper' insists (ValueError
+      sm90 part and the call is one it computes (none, ALiBi, T5 or a
+      rotation, bf16 or f16, heads up to 128 wide, no key_valid), else
+      Triton; 'hopper' insists (ValueError
       where the call is not one it computes; with interpret=True it runs in
       JAX's Mosaic GPU interpreter); 'triton' never uses it.
 

@@ -29,9 +29,10 @@ MOSAIC_CALL = '@mosaic_gpu_v2'
 TRITON_CALL = '@__gpu$xla.gpu.triton'
 
 
-def _reference(q, k, v, lengths, causal, slopes, symmetric):
+def _reference(q, k, v, lengths, causal, slopes, symmetric, t5=None):
   """(out, lse) in float64 NumPy: softmax(q k^T / sqrt(D) + bias) v over
-  the allowed keys; rows with none get 0 and lse = +inf."""
+  the allowed keys; rows with none get 0 and lse = +inf. t5: (table
+  (num_buckets, H), num_buckets, max_distance)."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   lq, lk, d = q.shape[2], k.shape[2], q.shape[3]
   s = np.einsum('bhqd,bhkd->bhqk', q, k) / np.sqrt(d)
@@ -39,6 +40,11 @@ def _reference(q, k, v, lengths, causal, slopes, symmetric):
   if slopes is not None:
     distance = np.abs(offset) - (0 if symmetric else 0.5 * (offset < 0))
     s = s - np.asarray(slopes)[None, :, None, None] * distance
+  if t5 is not None:
+    table, num_buckets, max_distance = t5
+    bucket = np.asarray(positions.t5_bucket(jnp.asarray(offset), num_buckets,
+                                            max_distance))
+    s = s + np.asarray(table, np.float64)[bucket].transpose(2, 0, 1)[None]
   keep = np.arange(lk)[None, None, None, :] < np.asarray(lengths)[:, None, None, None]
   if causal:
     keep = keep & (offset <= lk - lq)
@@ -67,6 +73,9 @@ CASES = [
     ('alibi', False, True, 130, 200, 64, 64),
     ('alibi', True, False, 64, 64, 64, 64),     # one block each way
     ('alibi', False, False, 70, 300, 96, 128),  # head padded to 128
+    # T5, max_distance 20: far blocks left and right of the near ones.
+    ('t5', False, False, 130, 300, 64, 64),
+    ('t5', False, True, 200, 200, 64, 64),
 ]
 
 
@@ -76,13 +85,21 @@ def test_interpreted_forward_equals_numpy(kind, symmetric, causal, lq, lk, d,
   q, k, v = _qkv(lq, lk, d)
   lengths = np.array([lk, lk // 3, 0], np.int32)
   slopes = positions.alibi_slopes(2) if kind == 'alibi' else None
+  t5 = None
+  table = slopes
+  if kind == 't5':
+    table = jax.random.normal(jax.random.key(7), (8, 2))
+    t5 = (table, 8, 20)
   cfg = hopper.HopperConfig(kind=kind, symmetric=symmetric, causal=causal,
                             scale=1 / np.sqrt(d), block_k=block_k,
+                            num_buckets=8 if t5 else 0,
+                            max_distance=20 if t5 else 0,
                             interpret=not ON_HOPPER)
   out, lse = jax.jit(lambda *a: hopper.forward(cfg, *a))(
       q, k, v, jnp.asarray(lengths),
-      None if slopes is None else jnp.asarray(slopes, jnp.float32))
-  want_out, want_lse = _reference(q, k, v, lengths, causal, slopes, symmetric)
+      None if table is None else jnp.asarray(table, jnp.float32))
+  want_out, want_lse = _reference(q, k, v, lengths, causal, slopes, symmetric,
+                                  t5)
   assert out.shape == want_out.shape and out.dtype == q.dtype
   # bf16 output and bf16 weights in the P V matmul: ~2^-8 relative.
   np.testing.assert_allclose(np.asarray(out, np.float64), want_out,
@@ -170,35 +187,43 @@ def test_interpreted_ping_pong_off_gives_the_same_answer():
   np.testing.assert_array_equal(outs[0][1], outs[1][1])
 
 
-@pytest.mark.parametrize('relative', ['alibi', 'rope', 'pope'])
+@pytest.mark.parametrize('relative', ['alibi', 't5', 'rope', 'pope'])
 def test_gradients_through_the_hopper_kernels_match_triton(relative):
   """pallas_attention through the Hopper kernels (forward, dQ, dK/dV;
   interpreted) and through the Triton ones (interpret mode): value and
   gradients agree to bf16 rounding, causal with key lengths."""
   # PoPE rotates q and k to twice the head width: Dq = 128, Dv = 64.
+  # T5 with max_distance 20: far blocks on both sides of the near ones.
   rel = {'alibi': lambda: positions.ALiBi(2),
+         't5': lambda: positions.T5RelativeBias(2, num_buckets=8,
+                                                max_distance=20,
+                                                rngs=nnx.Rngs(3)),
          'rope': lambda: positions.RotaryEncoding(64),
          'pope': lambda: positions.PolarEncoding(2, 64, rngs=nnx.Rngs(2))}[
              relative]()
-  q, k, v = _qkv(72, 90, 64, batch=2)
-  lengths = jnp.array([90, 40])
+  q, k, v = _qkv(72, 200, 64, batch=2)
+  lengths = jnp.array([200, 90])
   cotangent = jax.random.normal(jax.random.key(5), (2, 2, 72, 64))
+  graphdef, tables = nnx.split(rel)
 
-  def loss(q, k, v, gpu_kernel):
-    out = pa.pallas_attention(q, k, v, relative=rel, causal=True,
-                              key_lengths=lengths,
+  def loss(tables, q, k, v, gpu_kernel):
+    out = pa.pallas_attention(q, k, v, relative=nnx.merge(graphdef, tables),
+                              causal=True, key_lengths=lengths,
                               interpret=None if ON_HOPPER else True,
                               gpu_kernel=gpu_kernel)
     return jnp.sum(out.astype(jnp.float32) * cotangent)
 
   grad = lambda kernel: jax.jit(jax.value_and_grad(
-      lambda *a: loss(*a, kernel), argnums=(0, 1, 2)))(q, k, v)
+      lambda *a: loss(*a, kernel), argnums=(0, 1, 2, 3)))(tables, q, k, v)
   (value, grads), (want_value, want_grads) = grad('hopper'), grad('triton')
   np.testing.assert_allclose(value, want_value, rtol=2e-2)
-  for got, want in zip(grads, want_grads):
+  for got, want in zip(grads[1:], want_grads[1:]):
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
     assert np.abs(want).max() > 0.1
     np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
+  for got, want in zip(jax.tree.leaves(grads[0]),
+                       jax.tree.leaves(want_grads[0])):   # T5's table
+    np.testing.assert_allclose(got, want, atol=0.02 * np.abs(want).max())
 
 
 def _lowered(device_kind, *, kind='none', dtype=jnp.bfloat16, mask='lengths',
@@ -206,7 +231,8 @@ def _lowered(device_kind, *, kind='none', dtype=jnp.bfloat16, mask='lengths',
   """The cuda module of pallas_attention lowered inside an abstract mesh
   on `device_kind` (None: selfattn.nn.lowering's abstract H100)."""
   relative = {'none': None, 'alibi': positions.ALiBi(2),
-              't5': positions.T5RelativeBias(2, rngs=nnx.Rngs(0))}[kind]
+              't5': positions.T5RelativeBias(2, rngs=nnx.Rngs(0)),
+              'shaw': positions.ShawRelative(2, 64, rngs=nnx.Rngs(0))}[kind]
   spec = jax.ShapeDtypeStruct((1, 2, 256, 64), dtype)
 
   def fn(q, k, v):
@@ -229,9 +255,11 @@ def _lowered(device_kind, *, kind='none', dtype=jnp.bfloat16, mask='lengths',
 def test_auto_takes_the_hopper_kernel_only_where_it_applies():
   assert MOSAIC_CALL in _lowered(None)
   assert MOSAIC_CALL in _lowered(None, kind='alibi', dtype=jnp.float16)
+  # T5's forward (its backward, Triton's: test_lowering.py).
+  assert MOSAIC_CALL in _lowered(None, kind='t5')
   assert MOSAIC_CALL in _lowered('NVIDIA H200')
   for text in (_lowered('NVIDIA A100-SXM4-80GB'),    # no wgmma before sm90
-               _lowered(None, kind='t5'),             # not in the kernel
+               _lowered(None, kind='shaw'),           # not in the kernels
                _lowered(None, dtype=jnp.float32),     # wgmma takes 16 bits
                _lowered(None, mask='key_valid'),      # a mask, not lengths
                _lowered(None, gpu_kernel='triton')):
@@ -261,7 +289,8 @@ def test_bad_requests_get_clear_errors():
   q, k, v = _qkv(16, 16, 64, batch=1)
   with pytest.raises(ValueError, match=r"gpu_kernel='hopper' computes"):
     pa.pallas_attention(q, k, v, gpu_kernel='hopper',
-                        relative=positions.T5RelativeBias(2, rngs=nnx.Rngs(0)))
+                        relative=positions.ShawRelative(2, 64,
+                                                        rngs=nnx.Rngs(0)))
   with pytest.raises(ValueError, match='key_valid mask'):
     pa.pallas_attention(q, k, v, gpu_kernel='hopper',
                         key_valid=jnp.ones((1, 16), bool))
@@ -278,6 +307,12 @@ def test_bad_requests_get_clear_errors():
                         key_valid=jnp.ones((1, 16), bool))
   with pytest.raises(ValueError, match='integers of shape'):
     pa.pallas_attention(q, k, v, key_lengths=jnp.array([3.0]))
+  with pytest.raises(ValueError, match='the Hopper backward computes'):
+    hopper_backward.backward(
+        hopper.HopperConfig(kind='t5', symmetric=False, causal=False,
+                            scale=1.0, num_buckets=8, max_distance=20),
+        q, k, v, None, jnp.zeros((8, 2)), q, jnp.zeros((1, 2, 16)),
+        jnp.zeros((1, 2, 16)))
   with pytest.raises(ValueError, match='multiples of 64'):
     hopper.check(hopper.HopperConfig(kind='none', symmetric=False,
                                      causal=False, scale=1.0, block_q=32))

@@ -1,0 +1,209 @@
+"""Block sizes, stages and ping-pong of the Hopper kernels (issue 47 item 4),
+timed against cuDNN in the same call.
+
+  python scripts/tune_hopper.py --out DIR        # on an H100 / H200
+  python scripts/tune_hopper.py --smoke          # the CPU dry run (interpreter)
+
+For each causal setting and each (block_k, stages, ping_pong) of the grid:
+the forward (hopper_attention.forward) and the backward alone
+(hopper_backward.backward, given the forward's lse and delta), bf16,
+B x H x L x D (default 2 x 16 x 8192 x 64), jitted and compiled ahead of
+time, median of --repeats runs; cuDNN's forward and forward + backward
+(jax.nn.dot_product_attention, implementation='cudnn') as the peer. A
+configuration that fails to compile or run prints a row saying so. The last
+lines are the fastest configuration per (pass, causal), in the form of
+hopper_attention.TUNED's rows. Outputs under --out: tune_hopper.json and
+tune_hopper.md, rewritten after every row (a time limit keeps what ran).
+
+TFLOP/s: 4 B H L^2 D per forward (halved when causal), 2.5 x that for the
+backward (bench_gpu.py's convention). `x cuDNN`: a forward row over cuDNN's
+forward; a backward row's forward + backward (with the same grid point's
+forward) over cuDNN's forward + backward.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from selfattn.nn import hopper_attention as hopper  # noqa: E402
+from selfattn.nn import hopper_backward  # noqa: E402
+
+_OUT = flags.DEFINE_string('out', os.environ.get('OUT'),
+                           'Directory for tune_hopper.json/.md (default $OUT).')
+_SMOKE = flags.DEFINE_bool('smoke', False, 'Tiny shapes in the Mosaic GPU '
+                           'interpreter on the CPU: checks the script.')
+_LENGTH = flags.DEFINE_integer('length', 8192, 'L (queries = keys).')
+_BATCH = flags.DEFINE_integer('batch', 2, 'B.')
+_HEADS = flags.DEFINE_integer('heads', 16, 'H.')
+_HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'D.')
+_REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed runs per row.')
+_BUDGET = flags.DEFINE_float('time_budget', 0.0, 'Seconds after which no '
+                             'new row starts (0: none).')
+_CAUSAL = flags.DEFINE_list('causal', 'false,true', 'Masks to run.')
+
+GRID = dict(block_k=(64, 128), stages=(2, 3), ping_pong=(True, False))
+SMOKE_GRID = dict(block_k=(64,), stages=(2,), ping_pong=(True, False))
+
+
+def median_ms(fn, args, repeats: int) -> float:
+  jax.block_until_ready(fn(*args))
+  samples = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    samples.append(time.perf_counter() - start)
+  return 1e3 * statistics.median(samples)
+
+
+def cudnn_rows(q, k, v, g, causal: bool, repeats: int) -> list[dict]:
+  """cuDNN's forward and forward + backward in (B, L, H, D) layout."""
+  blhd = [x.transpose(0, 2, 1, 3) for x in (q, k, v, g)]
+
+  def attend(q, k, v):
+    return jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                        implementation='cudnn')
+
+  def train(q, k, v, g):
+    out, vjp = jax.vjp(attend, q, k, v)
+    return out, vjp(g)
+
+  rows = []
+  for name, fn, args in (('forward', attend, blhd[:3]),
+                         ('forward+backward', train, blhd)):
+    try:
+      compiled = jax.jit(fn).lower(*args).compile()
+      rows.append({'pass': name, 'kernel': 'cudnn',
+                   'ms': median_ms(compiled, args, repeats)})
+    except Exception as e:  # noqa: BLE001  (a row, not a stop)
+      rows.append({'pass': name, 'kernel': 'cudnn',
+                   'status': f'{type(e).__name__}: {str(e)[:200]}'})
+  return rows
+
+
+def markdown(result: dict) -> str:
+  lines = [f'# tune_hopper on {result["device"]}, JAX {result["jax"]}, '
+           f'B={result["batch"]} H={result["heads"]} L={result["length"]} '
+           f'D={result["head_dim"]}, bf16', '',
+           '| causal | pass | kernel | block_k | stages | ping_pong | ms | '
+           'TFLOP/s | x cuDNN | status |',
+           '|---|---|---|---:|---:|---|---:|---:|---:|---|']
+  for r in result['rows']:
+    cell = lambda key, spec='': ('' if r.get(key) is None
+                                 else format(r[key], spec))
+    lines.append(
+        f'| {r["causal"]} | {r["pass"]} | {r["kernel"]} | {cell("block_k")} '
+        f'| {cell("stages")} | {cell("ping_pong")} | {cell("ms", ".3f")} | '
+        f'{cell("tflops", ".0f")} | {cell("x_cudnn", ".2f")} | '
+        f'{r.get("status", "ok")} |')
+  lines += ['', 'Fastest per pass (hopper_attention.TUNED rows):', '']
+  lines += [f'    {line}' for line in result['best']]
+  return '\n'.join(lines) + '\n'
+
+
+def best_rows(rows: list[dict]) -> list[str]:
+  out = []
+  for causal, name in itertools.product((False, True),
+                                        ('forward', 'backward')):
+    ok = [r for r in rows if r['causal'] == causal and r['pass'] == name
+          and r['kernel'] == 'hopper' and 'ms' in r]
+    if ok:
+      r = min(ok, key=lambda r: r['ms'])
+      ping_pong = (f", ping_pong={r['ping_pong']}" if name == 'forward'
+                   else '')
+      out.append(f"({name!r}, {causal}): dict(block_k={r['block_k']}, "
+                 f"stages={r['stages']}{ping_pong}),  # {r['ms']:.3f} ms")
+  return out
+
+
+def main(argv):
+  del argv
+  smoke = _SMOKE.value
+  b, h, length, d = ((1, 1, 256, 64) if smoke else
+                     (_BATCH.value, _HEADS.value, _LENGTH.value,
+                      _HEAD_DIM.value))
+  repeats = 2 if smoke else _REPEATS.value
+  grid = SMOKE_GRID if smoke else GRID
+  keys = jax.random.split(jax.random.key(0), 4)
+  q, k, v, g = (jax.random.normal(key, (b, h, length, d), jnp.bfloat16)
+                for key in keys)
+  device = jax.devices()[0]
+  result = {'device': device.device_kind, 'jax': jax.__version__,
+            'batch': b, 'heads': h, 'length': length, 'head_dim': d,
+            'smoke': smoke, 'rows': [], 'best': []}
+  started = time.perf_counter()
+
+  def save():
+    result['best'] = best_rows(result['rows'])
+    if _OUT.value:
+      os.makedirs(_OUT.value, exist_ok=True)
+      with open(os.path.join(_OUT.value, 'tune_hopper.json'), 'w') as f:
+        json.dump(result, f, indent=2)
+      with open(os.path.join(_OUT.value, 'tune_hopper.md'), 'w') as f:
+        f.write(markdown(result))
+
+  for causal in [c.strip().lower() == 'true' for c in _CAUSAL.value]:
+    flops = 4 * b * h * length * length * d / (2 if causal else 1)
+    base = {} if smoke else {
+        r['pass']: r.get('ms') for r in cudnn_rows(q, k, v, g, causal,
+                                                   repeats)}
+    for name, ms in base.items():
+      result['rows'].append({'causal': causal, 'pass': name,
+                             'kernel': 'cudnn', 'ms': ms})
+    for block_k, stages, ping_pong in itertools.product(*grid.values()):
+      if _BUDGET.value and time.perf_counter() - started > _BUDGET.value:
+        break
+      cfg = hopper.HopperConfig(kind='none', symmetric=False, causal=causal,
+                                scale=d ** -0.5, block_k=block_k,
+                                stages=stages, ping_pong=ping_pong,
+                                interpret=smoke)
+      forward = jax.jit(lambda q, k, v, cfg=cfg: hopper.forward(
+          cfg, q, k, v, None, None))
+      backward = jax.jit(lambda q, k, v, g, lse, delta, cfg=cfg:
+                         hopper_backward.backward(cfg, q, k, v, None, None,
+                                                  g, lse, delta))
+      row = dict(causal=causal, kernel='hopper', block_k=block_k,
+                 stages=stages, ping_pong=ping_pong)
+      try:
+        out, lse = forward(q, k, v)
+        ms = median_ms(forward, (q, k, v), repeats)
+        result['rows'].append({**row, 'pass': 'forward', 'ms': ms,
+                               'tflops': flops / ms / 1e9,
+                               'x_cudnn': (ms / base['forward']
+                                           if base.get('forward') else None)})
+        if ping_pong:      # the backward has no ping-pong: time it once
+          delta = jnp.sum(out.astype(jnp.float32) * g.astype(jnp.float32),
+                          -1)
+          args = (q, k, v, g, lse, delta)
+          ms_b = median_ms(backward, args, repeats)
+          both = base.get('forward+backward')
+          result['rows'].append(
+              {**row, 'ping_pong': None, 'pass': 'backward', 'ms': ms_b,
+               'tflops': 2.5 * flops / ms_b / 1e9,
+               'x_cudnn': (ms + ms_b) / both if both else None})
+      except Exception as e:  # noqa: BLE001  (a row, not a stop)
+        traceback.print_exc()
+        result['rows'].append({**row, 'pass': 'forward',
+                               'status': f'{type(e).__name__}: '
+                                         f'{str(e)[:200]}'})
+      print(result['rows'][-1], flush=True)
+      save()
+  save()
+  print(markdown(result))
+
+
+if __name__ == '__main__':
+  app.run(main)
