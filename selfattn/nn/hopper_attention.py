@@ -22,8 +22,10 @@ Per program: one (batch, head, tile of 2 * block_q query rows). Warpgroups
 0 and 1 each own block_q rows; warpgroup 2 only issues TMA copies of key
 blocks [0, tile_end) into slot j % stages, reusing a slot once both
 compute warpgroups released it. A compute warpgroup that needs fewer
-blocks than its tile (causal) releases the rest without reading them, so
-the producer never waits forever. A schedule barrier alternates the two
+blocks than its tile (causal) observes the rest's loads and releases them
+unread, so the producer never waits forever and every thread sees every
+phase of the barriers it shares (JAX 0.11's interpreter checks it); the
+producer ends by observing the last releases. A schedule barrier alternates the two
 compute warpgroups between their matmuls and their softmax (FA3's
 ping-pong), so the tensor cores stay busy while the other group
 exponentiates.
@@ -34,9 +36,9 @@ its wgmma reads the left operand only from shared memory, so P is staged
 through a (block_q, block_k) shared buffer there, where the GPU feeds it
 from registers and accumulates P V into the running output in place.
 
-Shapes: q (B, H, Lq, D), k and v (B, H, Lk, D), bf16 or f16, D a multiple
-of 64 after zero padding; lengths are padded to the blocks and the padding
-masked through the key length.
+Shapes: q (B, H, Lq, D), k and v (B, H, Lk, D), bf16 or f16, D padded
+with zeros to a multiple of 64 (at most MAX_HEAD); lengths are padded to
+the blocks and the padding masked through the key length.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ TUNED = {
 
 
 class HopperConfig(NamedTuple):
-  """Static description of one forward call (hashable)."""
+  """Static description of one kernel call, forward or backward (hashable)."""
   kind: str                 # one of KINDS
   symmetric: bool           # ALiBi's symmetric form
   causal: bool
