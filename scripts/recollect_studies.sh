@@ -47,7 +47,9 @@ run() {   # run STUDY MODULE [ARGS...]
 }
 
 run chapter chapter
-run compare compare_positions --task=reverse --seeds=5
+# The committed comparison predates PoPE: its nine encodings, in its order.
+run compare compare_positions --task=reverse --seeds=5 \
+  --positions=none,sinusoidal,learned,shaw,huang,rope,alibi,xl,t5
 run exercise1 exercise1_depth
 run exercise2 exercise2_learned --seeds=5
 run exercise3 exercise3_relative

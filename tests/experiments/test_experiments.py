@@ -45,6 +45,20 @@ def test_compare_positions_quick(tmp_path):
   assert (tmp_path / 'position=rope,seed=0' / 'summary.json').exists()
 
 
+def test_compare_positions_refuses_an_unknown_position_before_training(
+    tmp_path):
+  """--positions names encodings (the committed study re-collects with
+  its nine, scripts/recollect_studies.sh); a typo stops it in one line
+  before any run starts."""
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.compare_positions',
+       f'--workdir={tmp_path}', '--positions=rope,shaww'], cwd=ROOT,
+      capture_output=True, text=True, timeout=300, env=subprocess_env())
+  assert result.returncode != 0
+  assert 'unknown shaww; valid: none, sinusoidal' in result.stderr
+  assert not list(tmp_path.glob('position=*'))
+
+
 def test_exercise3_quick(tmp_path):
   data = run_driver('exercise3_relative', tmp_path)
   shift = data['shift']
