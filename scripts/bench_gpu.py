@@ -17,13 +17,13 @@ time. Rows:
                   falls back to plain for Shaw's value term and 'pallas' for
                   encodings its kernel does not compute (xl); such rows
                   repeat the plain row's numbers instead of timing it again.
-                  On a Hopper, 'pallas' runs the Mosaic GPU kernels where
-                  they apply (hopper_attention.py, hopper_backward.py;
-                  kernel column: mosaic-gpu).
-  selfattn:pallas_triton
-                  'pallas' with the Triton kernels forced
-                  (pallas_attention.default_gpu_kernel('triton')): the
-                  pre-Hopper kernels, to compare the two in one call.
+                  'pallas' runs the Triton kernels until the Hopper ones
+                  have run on a GPU (pallas_attention.AUTO_TAKES_HOPPER).
+  selfattn:pallas_hopper
+                  'pallas' with the Hopper kernels where they apply
+                  (pallas_attention.hopper_in_auto(): hopper_attention.py,
+                  hopper_backward.py; kernel column mosaic-gpu), Triton
+                  elsewhere: the two compared in one call.
   flax            flax.nnx.dot_product_attention (no encoding), the Flax peer
                   of the `x flax` column.
   cudnn           jax.nn.dot_product_attention(implementation='cudnn'), no
@@ -100,7 +100,7 @@ from scripts.gpu_targets import row_impl, targets, targets_table  # noqa: E402
 
 ENCODINGS = ('none', 'rope', 'alibi', 't5', 'shaw', 'xl')
 IMPLS = tuple(i for i in ('plain', 'chunked', 'fused', 'pallas')
-              if i in sa_attention.IMPLEMENTATIONS) + ('pallas_triton',)
+              if i in sa_attention.IMPLEMENTATIONS) + ('pallas_hopper',)
 PEERS = ('flax', 'cudnn', 'cudnn+bias', 'pallas_mha', 'pallas_mgpu')
 GPU_ONLY = ('cudnn', 'cudnn+bias', 'pallas_mgpu')
 
@@ -285,8 +285,8 @@ class Case:
 def selfattn_case(impl, encoding, x, causal) -> Case:
   b, h, length, d = x['q'].shape
   relative = relative_for(encoding, h, d, length)
-  triton_only = impl == 'pallas_triton'
-  attention_impl = 'pallas' if triton_only else impl
+  hopper = impl == 'pallas_hopper'
+  attention_impl = 'pallas' if hopper else impl
   module = _Core(h * d, h, relative=relative, attention_impl=attention_impl,
                  dtype=x['q'].dtype, rngs=nnx.Rngs(0))
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
@@ -294,16 +294,16 @@ def selfattn_case(impl, encoding, x, causal) -> Case:
   def forward(q, k, v, params):
     m = nnx.merge(graphdef, params, rest, copy=True)
     with contextlib.ExitStack() as stack:
-      if triton_only:
+      if hopper:
         from selfattn.nn import pallas_attention
-        stack.enter_context(pallas_attention.default_gpu_kernel('triton'))
+        stack.enter_context(pallas_attention.hopper_in_auto())
       return m._attend(q, k, v, None, mask=None, bias=None, causal=causal,
                        positions=None, key_positions=None,
                        deterministic=True)
 
   path = selfattn_path(attention_impl, relative)
-  if triton_only and path == 'pallas':
-    path = 'pallas (triton)'
+  if hopper and path == 'pallas':
+    path = 'pallas (hopper where it applies)'
   return Case(row_impl(impl), encoding, path, forward,
               (x['q'], x['k'], x['v'], params), (0, 1, 2, 3))
 

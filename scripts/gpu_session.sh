@@ -24,7 +24,7 @@
 #               `bench` at KERNEL_LENGTHS (default 8192,2048) for each
 #               --mode in KERNEL_MODES (default train), each within
 #               KERNEL_BENCH_BUDGET s (default 200; ARGS default
-#               --impls=fused,pallas,pallas_triton), then `tune`.   <= 9 min
+#               --impls=fused,pallas,pallas_hopper), then `tune`.   <= 9 min
 #   tune        scripts/tune_hopper.py (the Hopper kernels' block sizes,
 #               stages and ping-pong against cuDNN, L = 8192) within
 #               TUNE_BUDGET s (default 80): tune_hopper.json/.md.   <= 3 min
@@ -360,7 +360,7 @@ case "$STEP" in
       SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q tests/nn/test_hopper_attention.py tests/nn/test_pallas.py tests/nn/test_attention.py} \
       suite
     budget=${KERNEL_BENCH_BUDGET:-200}
-    [ $# -eq 0 ] && set -- --impls=fused,pallas,pallas_triton
+    [ $# -eq 0 ] && set -- --impls=fused,pallas,pallas_hopper
     for mode in ${KERNEL_MODES:-train}; do
       bench "bench_gpu_$mode" "${KERNEL_LENGTHS:-8192,2048}" $(( budget + 60 )) \
         "$budget" --mode="$mode" "$@"

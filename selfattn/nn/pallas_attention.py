@@ -17,11 +17,11 @@ the causal mask removes. A query row with no allowed key outputs zeros, as
 the plain path does.
 
 On a Hopper GPU (sm90) none, ALiBi, T5 and the rotation-only encodings in
-bf16 or f16 with key lengths (not a general key mask) run the Mosaic GPU
-forward of hopper_attention.py instead, and all but T5 the Mosaic GPU
+bf16 or f16 with key lengths (not a general key mask) can run the Mosaic
+GPU forward of hopper_attention.py instead, and all but T5 the Mosaic GPU
 backward of hopper_backward.py (dQ, dK/dV; T5's table gradient stays in
-the Triton pair) (`gpu_kernel`: 'auto' picks them where the lowering
-target is an H100-class GPU).
+the Triton pair): `gpu_kernel='hopper'`, or 'auto' under hopper_in_auto()
+(by default once AUTO_TAKES_HOPPER is set, after a GPU has run them).
 
 Backends, chosen when the step is lowered (jax.lax.platform_dependent), not
 by the host's default backend: Triton for 'cuda' and 'rocm', named
@@ -60,6 +60,24 @@ BLOCK_Q = 128
 BLOCK_K = 128
 GPU_KERNELS = ('auto', 'hopper', 'triton')
 _default_gpu_kernel = ['auto']
+# 'auto' takes the Hopper kernels only once they have run on a GPU: until a
+# lent H100/H200 has compiled, checked and timed them (BENCHMARKS.md, GPU
+# section), 'auto' keeps the Triton kernels, which an H100 has run. Set
+# True after that run; hopper_in_auto() turns it on around tracing (the
+# bench's pallas_hopper row, the lowering tests).
+AUTO_TAKES_HOPPER = False
+_auto_takes_hopper = [AUTO_TAKES_HOPPER]
+
+
+@contextlib.contextmanager
+def hopper_in_auto(enabled: bool = True) -> Iterator[None]:
+  """Inside it, gpu_kernel='auto' takes the Hopper kernels where they
+  apply (AUTO_TAKES_HOPPER's choice for a block of tracing)."""
+  _auto_takes_hopper.append(bool(enabled))
+  try:
+    yield
+  finally:
+    _auto_takes_hopper.pop()
 
 
 @contextlib.contextmanager
@@ -454,14 +472,15 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       platform's kernel when lowered for 'cuda', 'rocm' or 'tpu' and
       interpret mode when lowered for 'cpu'; False: never interpret (a CPU
       lowering then fails).
-    gpu_kernel: the forward's kernel on a CUDA GPU (None: 'auto', or the
-      name default_gpu_kernel set): 'auto': the
-      Hopper kernel (hopper_attention.py) where the GPU lowered for is an
-      sm90 part and the call is one it computes (none, ALiBi, T5 or a
-      rotation, bf16 or f16, heads up to 128 wide, no key_valid), else
-      Triton; 'hopper' insists (ValueError
-      where the call is not one it computes; with interpret=True it runs in
-      JAX's Mosaic GPU interpreter); 'triton' never uses it.
+    gpu_kernel: the kernels on a CUDA GPU (None: 'auto', or the name
+      default_gpu_kernel set): 'auto': Triton, or, under hopper_in_auto()
+      (AUTO_TAKES_HOPPER), the Hopper kernels (hopper_attention.py,
+      hopper_backward.py) where the GPU lowered for is an sm90 part and the
+      call is one they compute (none, ALiBi, T5 or a rotation, bf16 or
+      f16, heads up to 128 wide, no key_valid); 'hopper' insists
+      (ValueError where the call is not one they compute; with
+      interpret=True they run in JAX's Mosaic GPU interpreter); 'triton'
+      never uses them.
 
   Returns:
     (B, H, Lq, Dv) in v's dtype, equal to dot_product_attention's output; a
@@ -533,7 +552,8 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
         f'{q.dtype}/{k.dtype}/{v.dtype}, width {max(q.shape[-1], v.shape[-1])}, '
         f"{'key lengths' if prefix_mask else 'a key_valid mask'}")
   use_hopper = gpu_kernel == 'hopper' or (
-      gpu_kernel == 'auto' and hopper_computes and not interpret
+      gpu_kernel == 'auto' and _auto_takes_hopper[-1] and hopper_computes
+      and not interpret
       and hopper.lowering_for_hopper())
   cfg = Config(
       kind=kind, symmetric=options.get('symmetric', False),
@@ -548,5 +568,6 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   return _flash(cfg, q, k, v, key_valid, table)
 
 
-__all__ = ['BLOCK_Q', 'BLOCK_K', 'GPU_KERNELS', 'default_gpu_kernel',
+__all__ = ['AUTO_TAKES_HOPPER', 'BLOCK_Q', 'BLOCK_K', 'GPU_KERNELS',
+           'default_gpu_kernel', 'hopper_in_auto',
            'pallas_attention', 'supports']

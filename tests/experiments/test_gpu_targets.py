@@ -2,6 +2,8 @@
 from the same call, met or not, and 'not measured' (never 'met') where the
 call had no GPU."""
 
+import pytest
+
 from scripts import gpu_targets
 
 MINE = gpu_targets.KERNEL_ROW
@@ -32,10 +34,22 @@ def test_targets_read_the_rows_bench_gpu_writes():
   """bench_gpu.py names selfattn's rows 'selfattn:IMPL' (row_impl): a row
   named by the bare impl, as the first version of targets() expected, is
   not the kernel's row (that version matched no real row)."""
-  assert gpu_targets.KERNEL_ROW == 'selfattn:pallas'
+  assert gpu_targets.KERNEL_ROWS == ('selfattn:pallas_hopper',
+                                     'selfattn:pallas')
   rows = [_row('cudnn', 'none', 4.0, 100.0), _row('pallas', 'none', 4.4, 1.0)]
   by = {e['encoding']: e for e in gpu_targets.targets(rows, 8192)}
   assert by['none']['measured'] is None
+
+
+def test_the_faster_of_selfattns_kernel_rows_counts():
+  """'pallas' (Triton until the Hopper kernels are the default) and
+  'pallas_hopper': the target is selfattn's best kernel in that call."""
+  rows = [_row('cudnn', 'alibi', 4.0, 100.0),
+          _row('selfattn:pallas', 'alibi', 12.0, 100.0),
+          _row('selfattn:pallas_hopper', 'alibi', 4.8, 100.0)]
+  rows[0]['encoding'] = 'none'
+  by = {e['encoding']: e for e in gpu_targets.targets(rows, 8192)}
+  assert by['alibi']['measured'] == pytest.approx(1.2) and by['alibi']['met']
 
 
 def test_a_run_without_cudnn_meets_nothing():

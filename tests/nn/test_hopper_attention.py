@@ -252,7 +252,24 @@ def _lowered(device_kind, *, kind='none', dtype=jnp.bfloat16, mask='lengths',
         lowering_platforms=('cuda',)).as_text()
 
 
-def test_auto_takes_the_hopper_kernel_only_where_it_applies():
+def test_auto_keeps_triton_until_the_hopper_kernels_have_run_on_a_gpu():
+  """Unmeasured kernels are not the default: 'auto' lowers Triton for an
+  H100 until AUTO_TAKES_HOPPER is set; hopper_in_auto() opts in."""
+  assert pa.AUTO_TAKES_HOPPER is False
+  text = _lowered(None)
+  assert MOSAIC_CALL not in text and TRITON_CALL in text
+  with pa.hopper_in_auto():
+    assert MOSAIC_CALL in _lowered(None)
+  assert MOSAIC_CALL not in _lowered(None)
+
+
+@pytest.fixture
+def hopper_in_auto():
+  with pa.hopper_in_auto():
+    yield
+
+
+def test_auto_takes_the_hopper_kernel_only_where_it_applies(hopper_in_auto):
   assert MOSAIC_CALL in _lowered(None)
   assert MOSAIC_CALL in _lowered(None, kind='alibi', dtype=jnp.float16)
   # T5's forward (its backward, Triton's: test_lowering.py).
@@ -266,7 +283,8 @@ def test_auto_takes_the_hopper_kernel_only_where_it_applies():
     assert MOSAIC_CALL not in text and TRITON_CALL in text
 
 
-def test_default_gpu_kernel_sets_the_choice_for_calls_that_name_none():
+def test_default_gpu_kernel_sets_the_choice_for_calls_that_name_none(
+    hopper_in_auto):
   with pa.default_gpu_kernel('triton'):
     assert MOSAIC_CALL not in _lowered(None, gpu_kernel=None)
     assert MOSAIC_CALL in _lowered(None, gpu_kernel='hopper')  # named: kept

@@ -59,6 +59,16 @@ STEP_LENGTH = 1040           # >= AUTO_CHUNKED_FROM and not a block multiple
 assert STEP_LENGTH >= attention.AUTO_CHUNKED_FROM and STEP_LENGTH % 128
 
 
+@pytest.fixture(autouse=True)
+def _hopper_in_auto():
+  """'auto' as it will be once the Hopper kernels have run on a GPU
+  (pallas_attention.AUTO_TAKES_HOPPER): the abstract H100 then lowers
+  them wherever they apply, and Triton elsewhere (the kernel test's
+  key_valid call lowers Triton for every encoding at every length)."""
+  with pa.hopper_in_auto():
+    yield
+
+
 def _square(text: str, length: int) -> bool:
   """Whether some tensor type in the module has two axes of `length`."""
   return re.search(rf'[<x]{length}x{length}x', text) is not None
