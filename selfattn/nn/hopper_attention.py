@@ -173,6 +173,25 @@ def alibi_distance(offset, symmetric: bool):
   return distance
 
 
+def key_end(cfg: HopperConfig, length, shift, last_row, bk: int):
+  """One past the last key block that query rows up to last_row attend
+  to (keys [0, length); causal with shift = Lk - Lq)."""
+  seen = length
+  if cfg.causal:
+    seen = jnp.minimum(seen, jnp.maximum(last_row + 1 + shift, 0))
+  return cdiv(seen, bk)
+
+
+def unmasked_end(cfg: HopperConfig, length, shift, first_row, bk: int, end):
+  """Key blocks [0, result) are wholly inside both limits for every row
+  from first_row on: they need no mask."""
+  full = lax.div(length, jnp.int32(bk))
+  if cfg.causal:
+    full = jnp.minimum(full, lax.div(jnp.maximum(first_row + shift + 1, 0),
+                                     jnp.int32(bk)))
+  return jnp.minimum(full, end)
+
+
 def block_indices(row_base, column_base, shape):
   """(row, column) int32 indices of a block, WGMMA layout."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -290,14 +309,8 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, table_ref, out_ref, lse_ref,
   shift = lk - lq                        # causal: key j for query i iff j <= i + shift
   length = jnp.clip(len_ref[b], 0, lk)   # this row's keys [0, length)
 
-  def key_end(last_row):
-    """One past the last key block rows up to last_row attend to."""
-    seen = length
-    if cfg.causal:
-      seen = jnp.minimum(seen, jnp.maximum(last_row + 1 + shift, 0))
-    return cdiv(seen, bk)
-
-  tile_end = key_end(tile_base + COMPUTE_GROUPS * bq - 1)
+  tile_end = key_end(cfg, length, shift, tile_base + COMPUTE_GROUPS * bq - 1,
+                     bk)
 
   def take_turn():
     if cfg.ping_pong:
@@ -309,13 +322,8 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, table_ref, out_ref, lse_ref,
     plgpu.set_max_registers(232, action='increase')
     q_smem, lse_smem = q_smem2.at[wg], lse_smem2.at[wg]
     q_base = tile_base + wg * bq
-    end = key_end(q_base + bq - 1)
-    # Blocks wholly inside both limits need no mask.
-    full = lax.div(length, jnp.int32(bk))
-    if cfg.causal:
-      full = jnp.minimum(full, lax.div(jnp.maximum(q_base + shift + 1, 0),
-                                       jnp.int32(bk)))
-    full = jnp.minimum(full, end)
+    end = key_end(cfg, length, shift, q_base + bq - 1, bk)
+    full = unmasked_end(cfg, length, shift, q_base, bk, end)
     plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q_base, bq)], q_smem,
                             q_ready.at[wg])
     plgpu.barrier_wait(q_ready.at[wg])

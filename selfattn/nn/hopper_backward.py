@@ -43,8 +43,10 @@ from selfattn.nn.hopper_attention import check
 from selfattn.nn.hopper_attention import check_width
 from selfattn.nn.hopper_attention import head_table
 from selfattn.nn.hopper_attention import head_terms
+from selfattn.nn.hopper_attention import key_end
 from selfattn.nn.hopper_attention import logits2
 from selfattn.nn.hopper_attention import product
+from selfattn.nn.hopper_attention import unmasked_end
 from selfattn.nn.hopper_attention import round_up
 
 
@@ -86,13 +88,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
   shift = lk - lq
   length = jnp.clip(len_ref[b], 0, lk)
 
-  def key_end(last_row):
-    seen = length
-    if cfg.causal:
-      seen = jnp.minimum(seen, jnp.maximum(last_row + 1 + shift, 0))
-    return cdiv(seen, bk)
-
-  tile_end = key_end(tile_base + COMPUTE_GROUPS * bq - 1)
+  tile_end = key_end(cfg, length, shift, tile_base + COMPUTE_GROUPS * bq - 1,
+                     bk)
 
   @pl.when(wg < COMPUTE_GROUPS)
   def _compute():
@@ -111,12 +108,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
     lse2 = plgpu.load(lse_smem2.at[wg], layout=row_layout) * LOG2E
     delta = plgpu.load(delta_smem2.at[wg], layout=row_layout)
     terms = head_terms(cfg, table_ref, h)
-    end = key_end(base + bq - 1)
-    full = lax.div(length, jnp.int32(bk))
-    if cfg.causal:
-      full = jnp.minimum(full, lax.div(jnp.maximum(base + shift + 1, 0),
-                                       jnp.int32(bk)))
-    full = jnp.minimum(full, end)
+    end = key_end(cfg, length, shift, base + bq - 1, bk)
+    full = unmasked_end(cfg, length, shift, base, bk, end)
 
     def step(j, dq, masked: bool):
       slot = lax.rem(j, jnp.int32(stages))
