@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 import ml_collections
 from absl import logging
 
@@ -146,18 +147,31 @@ def diverged(summary: dict[str, Any]) -> bool:
   return 'diverged' in summary
 
 
-def _share_compilations(workdir: str) -> None:
+@contextlib.contextmanager
+def shared_compilations(workdir: str) -> Iterator[None]:
   """Runs that differ only in seed compile the same programs (the seed is an
-  argument of every compiled step, steps.batch_generator): keep XLA's
-  executables on disk under the study, so the second seed of a cell reuses
-  the first one's. Measured on configs/tiny.py: first step + evaluation
-  8.4 s for seed 0, 1.5 s for seed 1 with no new cache entry. An explicitly
-  configured cache directory wins."""
+  argument of every compiled step, steps.batch_generator): while inside,
+  keep XLA's executables on disk under the study, so the second seed of a
+  cell reuses the first one's. Measured on configs/tiny.py: first step +
+  evaluation 8.4 s for seed 0, 1.5 s for seed 1 with no new cache entry. An
+  explicitly configured cache directory wins.
+
+  On leaving, the process's settings come back and JAX's cache object is
+  dropped: a caller that runs a study in-process (the tests) does not go on
+  writing every later compilation into that study's folder."""
   if jax.config.jax_compilation_cache_dir:
+    yield
     return
+  min_seconds = jax.config.jax_persistent_cache_min_compile_time_secs
   jax.config.update('jax_compilation_cache_dir',
                     os.path.join(workdir, '.xla_cache'))
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
+  try:
+    yield
+  finally:
+    jax.config.update('jax_compilation_cache_dir', None)
+    jax.config.update('jax_persistent_cache_min_compile_time_secs', min_seconds)
+    compilation_cache.reset_cache()
 
 
 def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True,
@@ -172,49 +186,49 @@ def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True,
   Prints a progress line per run (i of N, the run's time, the ETA of the rest
   from the mean time of the runs trained in this invocation).
   """
-  _share_compilations(workdir)
-  summaries, todo = {}, []
-  for run in runs:
-    summary = finished_summary(run, workdir)
-    if summary is None:
-      todo.append(run)
-    else:
-      summaries[run.name] = summary
-  say = print if verbose else logging.info
-  say(f'[study] {workdir}: {len(summaries)} of {len(runs)} runs finished, '
-      f'{len(todo)} to train')
-  spent = []
-  for i, run in enumerate(todo):
-    start = time.perf_counter()
-    logging.info('study run %s', run.name)
-    try:
-      with contextlib.redirect_stdout(io.StringIO()):
-        summaries[run.name] = train_and_evaluate(
-            run.config, os.path.join(workdir, run.name))
-    except TrainingInterrupted as e:
-      # The run saved a checkpoint; rerunning the study resumes it.
-      print(f'[study] stopped: {e}', file=sys.stderr)
-      sys.exit(128 + e.signum)
-    except (ConfigError, DataError) as e:
-      # A run refused before it trained (its workdir locked by another live
-      # study, an invalid config, a damaged data file): one line, as the
-      # training CLI says it.
-      print(f'error: {run.name}: {e}', file=sys.stderr)
-      sys.exit(2)
-    except NonFiniteError as e:
-      summaries[run.name] = {'diverged': str(e)}
-      workdir_lib.write_json(os.path.join(workdir, run.name, DIVERGED_FILE),
-                             summaries[run.name])
-      say(f'[study] {run.name} diverged (recorded, not retried): {e}')
-    else:
-      if after_each is not None:
-        after_each(run, summaries[run.name])
-    spent.append(time.perf_counter() - start)
-    left = len(todo) - i - 1
-    eta = sum(spent) / len(spent) * left
-    say(f'[study] run {i + 1} of {len(todo)} done: {run.name} in '
-        f'{duration(spent[-1])}; {left} left, ETA {duration(eta)}')
-  return summaries
+  with shared_compilations(workdir):
+    summaries, todo = {}, []
+    for run in runs:
+      summary = finished_summary(run, workdir)
+      if summary is None:
+        todo.append(run)
+      else:
+        summaries[run.name] = summary
+    say = print if verbose else logging.info
+    say(f'[study] {workdir}: {len(summaries)} of {len(runs)} runs finished, '
+        f'{len(todo)} to train')
+    spent = []
+    for i, run in enumerate(todo):
+      start = time.perf_counter()
+      logging.info('study run %s', run.name)
+      try:
+        with contextlib.redirect_stdout(io.StringIO()):
+          summaries[run.name] = train_and_evaluate(
+              run.config, os.path.join(workdir, run.name))
+      except TrainingInterrupted as e:
+        # The run saved a checkpoint; rerunning the study resumes it.
+        print(f'[study] stopped: {e}', file=sys.stderr)
+        sys.exit(128 + e.signum)
+      except (ConfigError, DataError) as e:
+        # A run refused before it trained (its workdir locked by another live
+        # study, an invalid config, a damaged data file): one line, as the
+        # training CLI says it.
+        print(f'error: {run.name}: {e}', file=sys.stderr)
+        sys.exit(2)
+      except NonFiniteError as e:
+        summaries[run.name] = {'diverged': str(e)}
+        workdir_lib.write_json(os.path.join(workdir, run.name, DIVERGED_FILE),
+                               summaries[run.name])
+        say(f'[study] {run.name} diverged (recorded, not retried): {e}')
+      else:
+        if after_each is not None:
+          after_each(run, summaries[run.name])
+      spent.append(time.perf_counter() - start)
+      left = len(todo) - i - 1
+      eta = sum(spent) / len(spent) * left
+      say(f'[study] run {i + 1} of {len(todo)} done: {run.name} in '
+          f'{duration(spent[-1])}; {left} left, ETA {duration(eta)}')
+    return summaries
 
 
 def collect(runs: Sequence[Run], workdir: str) -> dict[str, dict[str, Any]]:

@@ -61,6 +61,37 @@ def test_a_diverged_run_is_recorded_once_and_not_retrained(tmp_path,
   assert again == first
 
 
+def test_a_study_shares_compilations_on_disk_only_while_it_runs(tmp_path,
+                                                               monkeypatch):
+  """Inside execute, XLA's executables go to the study's .xla_cache; after
+  it, the process's settings are back, so a caller that runs a study
+  in-process (these tests) does not write every later compilation there."""
+  import jax
+  import jax.numpy as jnp
+  assert jax.config.jax_compilation_cache_dir is None
+  min_seconds = jax.config.jax_persistent_cache_min_compile_time_secs
+  seen = []
+
+  def fake_train(config, workdir):
+    seen.append(jax.config.jax_compilation_cache_dir)
+    jax.jit(lambda x: x * 3.0 + 1.0)(jnp.ones(5)).block_until_ready()
+    return {'step': 10}
+
+  monkeypatch.setattr(study, 'train_and_evaluate', fake_train)
+  monkeypatch.setattr(study.workdir_lib, 'finished_summary',
+                      lambda path, steps: None)
+  study.execute([_run('a,seed=0', 0)], str(tmp_path), verbose=False)
+  cache = tmp_path / '.xla_cache'
+  assert seen == [str(cache)]
+  written = set(os.listdir(cache))
+  assert written                    # the run's compilation went to disk
+
+  assert jax.config.jax_compilation_cache_dir is None
+  assert jax.config.jax_persistent_cache_min_compile_time_secs == min_seconds
+  jax.jit(lambda x: x * 5.0 - 2.0)(jnp.ones(7)).block_until_ready()
+  assert set(os.listdir(cache)) == written
+
+
 def test_tables_leave_diverged_runs_out_and_say_how_many():
   ok = {'eval': {'16': {'token_accuracy': 0.5}}}
   good = {'eval': {'16': {'token_accuracy': 1.0}}}
