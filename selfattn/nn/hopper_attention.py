@@ -8,8 +8,8 @@ What it adds to a plain flash forward, and why:
   - the relative term from iota offsets inside the kernel, O(L) memory:
     ALiBi's -slope * distance (both forms); T5's bucket biases (blocks
     wholly beyond max_distance add one edge bias, near ones select the
-    bucket's bias per entry); none; rotation-only encodings (RoPE, PoPE)
-    arrive rotated and use 'none';
+    bucket's bias per entry); Shaw's keys and values (below); none;
+    rotation-only encodings (RoPE, PoPE) arrive rotated and use 'none';
   - masks only where a block needs one: key blocks wholly inside the
     causal limit and the batch row's key length run unmasked, the blocks
     crossing either limit run masked, and blocks wholly past them are never
@@ -36,6 +36,16 @@ its wgmma reads the left operand only from shared memory, so P is staged
 through a (block_q, block_k) shared buffer there, where the GPU feeds it
 from registers and accumulates P V into the running output in place.
 
+Shaw (k = clip): the key term scale q_i . a^K_{c(j-i)}, c = clip(., -k, k)
++ k, arrives as QA (B, H, 2k+1, Lq), q a^K^T computed before the kernel
+(O(L k) memory); far blocks add one edge row of it, near blocks select the
+offset's row per entry. With values, the kernel also returns each row's
+softmax mass per table row, W (B, H, 2k+1, Lq): the edges accumulate over
+far blocks, the 2k-1 interior rows only over the near ones (rescaled once
+at the end from the near region's running max); the value term W a^V is
+one small matmul after the kernel. The backward is Triton's (its table
+gradients), from this forward's lse, as for T5.
+
 Shapes: q (B, H, Lq, D), k and v (B, H, Lk, D), bf16 or f16, D padded
 with zeros to a multiple of 64 (at most MAX_HEAD); lengths are padded to
 the blocks and the padding masked through the key length.
@@ -56,8 +66,8 @@ F32 = jnp.float32
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
-KINDS = ('none', 'alibi', 't5')        # the forward's; the backward's below
-BACKWARD_KINDS = ('none', 'alibi')     # T5's table gradient: Triton's kernels
+KINDS = ('none', 'alibi', 't5', 'shaw')   # the forward's; the backward's below
+BACKWARD_KINDS = ('none', 'alibi')        # T5's, Shaw's table gradients: Triton's
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 HEAD_MULTIPLE = 64          # a 128-byte swizzled row of 16-bit values
 COMPUTE_GROUPS = 2
@@ -83,6 +93,8 @@ class HopperConfig(NamedTuple):
   scale: float              # softmax scale, 1/sqrt(D) of the unpadded head
   num_buckets: int = 0      # T5
   max_distance: int = 0     # T5
+  clip: int = 0             # Shaw's k: table rows 2k + 1
+  shaw_values: bool = False  # Shaw with a value table a^V
   block_q: int = 64         # query rows per compute warpgroup
   block_k: int = 128
   stages: int = 2           # key/value blocks in flight
@@ -143,6 +155,8 @@ def check(cfg: HopperConfig) -> None:
   if cfg.kind == 't5' and (cfg.num_buckets < 4 or cfg.max_distance < 1):
     raise ValueError(f'T5 needs num_buckets >= 4 and max_distance >= 1; got '
                      f'{cfg.num_buckets}, {cfg.max_distance}')
+  if cfg.kind == 'shaw' and cfg.clip < 1:
+    raise ValueError(f"Shaw needs clip >= 1; got {cfg.clip}")
   if cfg.block_q % 64 or cfg.block_k % 64:
     raise ValueError(f'block_q={cfg.block_q} and block_k={cfg.block_k} must '
                      f'be multiples of 64 (a wgmma tile)')
@@ -210,20 +224,28 @@ def head_terms(cfg: HopperConfig, table_ref, h):
   return None
 
 
-def t5_edge(cfg: HopperConfig, region: str) -> int:
-  """The bucket of every offset of a far block (beyond max_distance)."""
+def edge(cfg: HopperConfig, region: str) -> int:
+  """The T5 bucket or Shaw table row of every offset of a far block
+  (beyond max_distance, or k)."""
+  if cfg.kind == 'shaw':
+    return 0 if region == 'left' else 2 * cfg.clip
   return cfg.num_buckets // 2 - 1 if region == 'left' else cfg.num_buckets - 1
+
+
+def shaw_rows(cfg: HopperConfig) -> int:
+  return 2 * cfg.clip + 1
 
 
 def regions(cfg: HopperConfig, row_block, bq: int, bk: int, end):
   """[(lo, hi, region)] of key blocks [0, end) for query rows
-  [row_block bq, row_block bq + bq): T5's far blocks on each side (one
-  bucket each, no bucket search) apart from the near ones; one 'near'
-  range otherwise."""
-  if cfg.kind != 't5':
+  [row_block bq, row_block bq + bq): T5's and Shaw's far blocks on each
+  side (one bucket or table row each, no search) apart from the near ones;
+  one 'near' range otherwise."""
+  if cfg.kind not in ('t5', 'shaw'):
     return [(jnp.int32(0), end, 'near')]
   from selfattn.nn.pallas_kernels import far_blocks
-  left_end, right_start = far_blocks(row_block, bq, bk, cfg.max_distance, end)
+  reach = cfg.clip if cfg.kind == 'shaw' else cfg.max_distance
+  left_end, right_start = far_blocks(row_block, bq, bk, reach, end)
   return [(jnp.int32(0), left_end, 'left'), (left_end, right_start, 'near'),
           (right_start, end, 'right')]
 
@@ -240,18 +262,39 @@ def over_blocks(cfg: HopperConfig, step, carry, row_block, bq: int, bk: int,
   return carry
 
 
+def shaw_bucket(cfg: HopperConfig, q_idx, k_idx):
+  """Shaw's table row of each entry, clip(key - query, -k, k) + k."""
+  return jnp.clip(k_idx - q_idx, -cfg.clip, cfg.clip) + cfg.clip
+
+
+def shaw_row(qa_smem, n: int, shape):
+  """Table row n's key term of the block's query rows, broadcast along its
+  keys: (bq,) base-2 values of scale q a^K_n from shared memory."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  column = plgpu.load(qa_smem.at[n], layout=plgpu.Layout.WGMMA.reduce(1))
+  return lax.broadcast_in_dim(column, shape, [0])
+
+
 def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
-            masked: bool, region: str = 'near'):
+            masked: bool, region: str = 'near', bucket=None):
   """Base-2 logits of a block of raw scores s (q k^T): the scale and the
-  encoding's term (head_terms) folded in, -inf where the pair is not
-  allowed (masked blocks only: keys past `length`, causal with `shift` =
-  Lk - Lq). T5 far blocks add their edge bucket's bias; near ones look the
-  bucket up by one select per bucket (no gather)."""
+  encoding's term (head_terms; Shaw's: the QA rows in shared memory)
+  folded in, -inf where the pair is not allowed (masked blocks only: keys
+  past `length`, causal with `shift` = Lk - Lq). T5 and Shaw far blocks add
+  their edge bucket's or row's term; near ones look the bucket up by one
+  select per bucket (no gather)."""
   s = s * (cfg.scale * LOG2E)
   if cfg.kind == 'alibi':
     s = s - terms * alibi_distance(k_idx - q_idx, cfg.symmetric)
+  elif cfg.kind == 'shaw' and region != 'near':
+    s = s + shaw_row(terms, edge(cfg, region), s.shape)
+  elif cfg.kind == 'shaw':
+    term = jnp.zeros_like(s)
+    for n in range(shaw_rows(cfg)):
+      term = jnp.where(bucket == n, shaw_row(terms, n, s.shape), term)
+    s = s + term
   elif cfg.kind == 't5' and region != 'near':
-    s = s + terms[t5_edge(cfg, region)]
+    s = s + terms[edge(cfg, region)]
   elif cfg.kind == 't5':
     from selfattn.nn.positions import t5_bucket
     bucket = t5_bucket(k_idx - q_idx, cfg.num_buckets, cfg.max_distance)
@@ -296,11 +339,35 @@ def product(a_ref, b_ref, shape):
   return pl.run_scoped(product, plgpu.ACC(shape, F32))
 
 
-def _kernel(q_ref, k_ref, v_ref, len_ref, table_ref, out_ref, lse_ref,
-            scoped, *, cfg: HopperConfig, lq: int, lk: int, dtype):
+def _shaw_masses(cfg: HopperConfig, masses, p, alpha, psum, bucket, m_new,
+                 region: str):
+  """Shaw with values: each row's softmax mass per table row, carried as
+  (left edge, right edge, interior rows 1..2k-1, the running max when the
+  near blocks ended). The edges rescale every block; the interior rows
+  only change in near blocks and rescale there (end() brings them to the
+  final max)."""
+  left, right, interior, m_near = masses
+  left, right = left * alpha, right * alpha
+  if region == 'left':
+    return left + psum, right, interior, m_near
+  if region == 'right':
+    return left, right + psum, interior, m_near
+  mass = lambda n: jnp.where(bucket == n, p, 0.0).sum(axis=1)
+  interior = tuple(w * alpha + mass(n + 1) for n, w in enumerate(interior))
+  return (left + mass(0), right + mass(2 * cfg.clip), interior, m_new)
+
+
+def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  smem, (k_ready, v_ready, q_ready), (k_free, v_free), turn = scoped
-  q_smem2, k_smem, v_smem, p_smem2, lse_smem2 = smem
+  shaw = cfg.kind == 'shaw'
+  values = shaw and cfg.shaw_values
+  q_ref, k_ref, v_ref, len_ref, table_ref = refs[:5]
+  qa_ref = refs[5] if shaw else None
+  out_ref, lse_ref = refs[5 + shaw:7 + shaw]
+  w_ref = refs[7 + shaw] if values else None
+  scoped = refs[-1]
+  smem, (k_ready, v_ready, q_ready, qa_ready), (k_free, v_free), turn = scoped
+  q_smem2, k_smem, v_smem, p_smem2, lse_smem2, qa_smem2 = smem
   bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
   b = lax.axis_index('batch')
   h = lax.axis_index('heads')
@@ -326,17 +393,29 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, table_ref, out_ref, lse_ref,
     full = unmasked_end(cfg, length, shift, q_base, bk, end)
     plgpu.copy_gmem_to_smem(q_ref.at[b, h, pl.ds(q_base, bq)], q_smem,
                             q_ready.at[wg])
-    plgpu.barrier_wait(q_ready.at[wg])
     terms = head_terms(cfg, table_ref, h)
+    if shaw:
+      # This block's rows of QA, (2k+1, bq): the key term per table row.
+      terms = qa_smem2.at[wg]
+      plgpu.copy_gmem_to_smem(qa_ref.at[b, h, :, pl.ds(q_base, bq)], terms,
+                              qa_ready.at[wg])
+      plgpu.barrier_wait(qa_ready.at[wg])
+    plgpu.barrier_wait(q_ready.at[wg])
     row_layout = plgpu.Layout.WGMMA.reduce(1)
-    m = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, F32), row_layout)
-    l = plgpu.layout_cast(jnp.full((bq,), 0.0, F32), row_layout)
+    rows = lambda value: plgpu.layout_cast(jnp.full((bq,), value, F32),
+                                           row_layout)
+    m, l = rows(-jnp.inf), rows(0.0)
     acc = plgpu.layout_cast(jnp.zeros((bq, q_smem.shape[-1]), F32),
                             plgpu.Layout.WGMMA)
+    masses = ()
+    if values:
+      masses = (rows(0.0), rows(0.0),
+                tuple(rows(0.0) for _ in range(2 * cfg.clip - 1)),
+                rows(-jnp.inf))
     pl.when(wg == 1)(take_turn)
 
     def step(j, carry, masked: bool, region: str):
-      acc, m, l = carry
+      acc, m, l, masses = carry
       slot = lax.rem(j, jnp.int32(stages))
       plgpu.barrier_wait(k_ready.at[slot])
 
@@ -346,17 +425,24 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, table_ref, out_ref, lse_ref,
         return acc_ref[...]
       s = pl.run_scoped(scores, plgpu.ACC((bq, bk), F32))
       plgpu.barrier_arrive(k_free.at[slot])
-      q_idx = k_idx = None
-      if masked or cfg.kind == 'alibi' or (cfg.kind == 't5'
+      q_idx = k_idx = bucket = None
+      if masked or cfg.kind == 'alibi' or (cfg.kind in ('t5', 'shaw')
                                            and region == 'near'):
         q_idx, k_idx = block_indices(q_base, j * bk, (bq, bk))
-      s = logits2(cfg, s, q_idx, k_idx, terms, length, shift, masked, region)
+      if shaw and region == 'near':
+        bucket = shaw_bucket(cfg, q_idx, k_idx)
+      s = logits2(cfg, s, q_idx, k_idx, terms, length, shift, masked, region,
+                  bucket)
       m_new = jnp.maximum(m, s.max(axis=1))
       # A row with nothing allowed yet keeps m = -inf; shift by 0 there.
       m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
       alpha = jnp.exp2(m - m_use)
       p = jnp.exp2(s - lax.broadcast_in_dim(m_use, s.shape, [0]))
-      l = l * alpha + p.sum(axis=1)
+      psum = p.sum(axis=1)
+      l = l * alpha + psum
+      if values:
+        masses = _shaw_masses(cfg, masses, p, alpha, psum, bucket, m_new,
+                              region)
       acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
       p16 = p.astype(dtype)
       if cfg.ping_pong:
@@ -368,10 +454,10 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, table_ref, out_ref, lse_ref,
                         p_smem2.at[wg] if cfg.interpret else None,
                         cfg.interpret)
       plgpu.barrier_arrive(v_free.at[slot])
-      return acc, m_new, l
+      return acc, m_new, l, masses
 
-    acc, m, l = over_blocks(cfg, step, (acc, m, l), lax.div(q_base, bq), bq,
-                            bk, full, end)
+    acc, m, l, masses = over_blocks(cfg, step, (acc, m, l, masses),
+                                    lax.div(q_base, bq), bq, bk, full, end)
 
     @pl.loop(end, tile_end)
     def _release(j):
@@ -394,9 +480,22 @@ def _kernel(q_ref, k_ref, v_ref, len_ref, table_ref, out_ref, lse_ref,
     # A row with no allowed key: output 0 and lse = +inf (backward weight 0).
     lse_smem[...] = jnp.where(
         has_key, (m + jnp.log2(jnp.where(has_key, l, 1.0))) * LN2, jnp.inf)
+    if values:
+      # Normalized masses per table row, written over this block's QA rows
+      # (read for the last time above).
+      left, right, interior, m_near = masses
+      near_seen = has_key & (m_near > -jnp.inf)
+      rescale = jnp.where(near_seen, jnp.exp2(jnp.where(near_seen, m_near, m)
+                                              - m), 0.0) * inv
+      terms.at[0][...] = left * inv
+      terms.at[2 * cfg.clip][...] = right * inv
+      for n, w in enumerate(interior):
+        terms.at[n + 1][...] = w * rescale
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(q_smem, out_ref.at[b, h, pl.ds(q_base, bq)])
     plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, pl.ds(q_base, bq)])
+    if values:
+      plgpu.copy_smem_to_gmem(terms, w_ref.at[b, h, :, pl.ds(q_base, bq)])
     plgpu.wait_smem_to_gmem(0)
 
   @pl.when(wg == COMPUTE_GROUPS)
@@ -437,7 +536,8 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   q, k, v: (B, H, L, D), bf16 or f16, q rotated and not scaled (cfg.scale
   is applied here). key_lengths: (B,) int, keys [0, length) attended, or
   None for all. table: ALiBi's (H,) slopes, T5's (num_buckets, H) biases
-  (positions.T5RelativeBias.bias), else None.
+  (positions.T5RelativeBias.bias), Shaw's per-head (a^K (H, 2k+1, D), a^V
+  (H, 2k+1, Dv) or None), else None.
   """
   import jax.experimental.pallas.mosaic_gpu as plgpu
   check(cfg)
@@ -452,6 +552,16 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   lk_pad = round_up(lk, cfg.block_k)
   pad = lambda x, length: jnp.pad(
       x, [(0, 0), (0, 0), (0, length - x.shape[2]), (0, width - x.shape[3])])
+  shaw = cfg.kind == 'shaw'
+  extra_in, a_v = [], None
+  if shaw:
+    a_k, a_v = table
+    # The key term of every (query, table row), base 2: (B, H, 2k+1, Lq).
+    qa = jnp.einsum('bhld,hrd->bhrl', q, a_k.astype(q.dtype),
+                    preferred_element_type=F32) * (cfg.scale * LOG2E)
+    extra_in = [jnp.pad(qa, [(0, 0)] * 3 + [(0, lq_pad - lq)])]
+    cfg = cfg._replace(shaw_values=a_v is not None)
+    table = None
   q, k, v = pad(q, lq_pad), pad(k, lk_pad), pad(v, lk_pad)
   lengths = (jnp.full((b,), lk, jnp.int32) if key_lengths is None
              else jnp.asarray(key_lengths, jnp.int32))
@@ -466,10 +576,13 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
           tiled((cfg.stages, bk, width)),
           tiled((cfg.stages, bk, width)),
           tiled((COMPUTE_GROUPS, bq, bk)) if cfg.interpret else None,
-          plgpu.SMEM((COMPUTE_GROUPS, bq), F32))
+          plgpu.SMEM((COMPUTE_GROUPS, bq), F32),
+          plgpu.SMEM((COMPUTE_GROUPS, shaw_rows(cfg), bq), F32) if shaw
+          else None)
   barriers = (plgpu.Barrier(num_barriers=cfg.stages),
               plgpu.Barrier(num_barriers=cfg.stages),
-              plgpu.Barrier(num_barriers=COMPUTE_GROUPS))
+              plgpu.Barrier(num_barriers=COMPUTE_GROUPS),
+              plgpu.Barrier(num_barriers=COMPUTE_GROUPS) if shaw else None)
   freed = (plgpu.Barrier(num_arrivals=COMPUTE_GROUPS,
                          num_barriers=cfg.stages),) * 2
   turn = plgpu.Barrier(num_arrivals=COMPUTE_GROUPS)
@@ -479,18 +592,26 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
     pl.run_scoped(lambda *scoped: body(*refs, scoped), smem, barriers, freed,
                   turn, collective_axes='wg')
 
-  out, lse = plgpu.kernel(
+  out_type = [jax.ShapeDtypeStruct((b, h, lq_pad, width), q.dtype),
+              jax.ShapeDtypeStruct((b, h, lq_pad), F32)]
+  if cfg.shaw_values:
+    out_type.append(jax.ShapeDtypeStruct((b, h, shaw_rows(cfg), lq_pad), F32))
+  outs = plgpu.kernel(
       entry,
-      out_type=(jax.ShapeDtypeStruct((b, h, lq_pad, width), q.dtype),
-                jax.ShapeDtypeStruct((b, h, lq_pad), F32)),
+      out_type=tuple(out_type),
       grid=(h, lq_pad // (COMPUTE_GROUPS * bq), b),
       grid_names=('heads', 'q_tiles', 'batch'),
       num_threads=COMPUTE_GROUPS + 1, thread_name='wg',
       compiler_params=plgpu.CompilerParams(approx_math=True),
       interpret=plgpu.InterpretGPUParams() if cfg.interpret else None,
       kernel_name='selfattn_hopper_forward',
-  )(q, k, v, lengths, table)
-  return out[:, :, :lq, :dv], lse[:, :, :lq]
+  )(q, k, v, lengths, table, *extra_in)
+  out, lse = outs[0][:, :, :lq, :dv], outs[1][:, :, :lq]
+  if cfg.shaw_values:
+    # Shaw's value term, sum over table rows of mass x a^V (O(L k) work).
+    term = jnp.einsum('bhrl,hrd->bhld', outs[2][..., :lq], a_v.astype(F32))
+    out = (out.astype(F32) + term).astype(q.dtype)
+  return out, lse
 
 
 __all__ = ['BACKWARD_KINDS', 'HopperConfig', 'KINDS', 'TUNED', 'check',

@@ -16,11 +16,11 @@ padding mask (B, Lk) are applied per block, and the loops skip the blocks
 the causal mask removes. A query row with no allowed key outputs zeros, as
 the plain path does.
 
-On a Hopper GPU (sm90) none, ALiBi, T5 and the rotation-only encodings in
-bf16 or f16 with key lengths (not a general key mask) can run the Mosaic
-GPU forward of hopper_attention.py instead, and all but T5 the Mosaic GPU
-backward of hopper_backward.py (dQ, dK/dV; T5's table gradient stays in
-the Triton pair): `gpu_kernel='hopper'`, or 'auto' under hopper_in_auto()
+On a Hopper GPU (sm90) none, ALiBi, T5, Shaw and the rotation-only
+encodings in bf16 or f16 with key lengths (not a general key mask) can run
+the Mosaic GPU forward of hopper_attention.py instead, and all but T5 and
+Shaw the Mosaic GPU backward of hopper_backward.py (dQ, dK/dV; their table
+gradients stay in the Triton pair): `gpu_kernel='hopper'`, or 'auto' under hopper_in_auto()
 (by default once AUTO_TAKES_HOPPER is set, after a GPU has run them).
 
 Backends, chosen when the step is lowered (jax.lax.platform_dependent), not
@@ -258,7 +258,7 @@ def _compiler_params(backend: str, lay: kernels.Layout):
 
 def _hopper_args(cfg: Config, interpret: bool, key_valid, table,
                  pass_name: str):
-  """(HopperConfig, key lengths, ALiBi slopes) of a call the Hopper
+  """(HopperConfig, key lengths, the encoding's tables) of a call the Hopper
   kernels compute, with hopper.TUNED's shapes for the pass: key_valid is a
   prefix mask there (built from key lengths), so its row sums are the
   lengths."""
@@ -267,9 +267,10 @@ def _hopper_args(cfg: Config, interpret: bool, key_valid, table,
                              causal=cfg.causal, scale=cfg.scale,
                              num_buckets=cfg.num_buckets,
                              max_distance=cfg.max_distance,
+                             clip=cfg.clip, shaw_values=cfg.shaw_values,
                              interpret=interpret,
                              **hopper.TUNED[pass_name, cfg.causal])
-  return hcfg, lengths, table if cfg.kind in ('alibi', 't5') else None
+  return hcfg, lengths, table if cfg.kind in ('alibi', 't5', 'shaw') else None
 
 
 def _hopper_forward(cfg: Config, interpret: bool, q, k, v, key_valid, table):
@@ -325,8 +326,8 @@ def _backward_call(cfg: Config, backend: str, q, k, v, key_valid, table, g,
     if cfg.kind in hopper.BACKWARD_KINDS:
       return _hopper_backward(cfg, backend == 'hopper_interpret', q, k, v,
                               key_valid, table, g, lse, delta)
-    # T5: the Hopper forward's lse, Triton's backward with the table's
-    # gradient.
+    # T5, Shaw: the Hopper forward's out and lse, Triton's backward with
+    # the tables' gradients.
     backend = 'triton' if backend == 'hopper' else 'interpret'
   a = _Arrays(cfg, backend, q, k, v, key_valid, table)
   lay = a.lay
@@ -476,8 +477,9 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       default_gpu_kernel set): 'auto': Triton, or, under hopper_in_auto()
       (AUTO_TAKES_HOPPER), the Hopper kernels (hopper_attention.py,
       hopper_backward.py) where the GPU lowered for is an sm90 part and the
-      call is one they compute (none, ALiBi, T5 or a rotation, bf16 or
-      f16, heads up to 128 wide, no key_valid); 'hopper' insists
+      call is one they compute (none, ALiBi, T5, Shaw or a rotation, bf16
+      or f16, heads up to 128 wide, no key_valid; T5's and Shaw's backward
+      stays Triton's); 'hopper' insists
       (ValueError where the call is not one they compute; with
       interpret=True they run in JAX's Mosaic GPU interpreter); 'triton'
       never uses them.

@@ -5,13 +5,15 @@ gradients, both through pallas_attention against the Triton kernels
 lowering target. Lowering at every length is in test_lowering.py. On a
 Hopper GPU the same checks run the compiled kernels. The interpreter runs
 every warpgroup, barrier and TMA copy, so it is slow: the sizes stay
-small."""
+small; and it runs in a child process with larger XLA thread pools
+(support/interpreter.py says why: on two cores it could deadlock)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from interpreter import in_interpreter_process
 from jax.sharding import AbstractDevice
 from jax.sharding import AbstractMesh
 from jax.sharding import AxisType
@@ -29,10 +31,13 @@ MOSAIC_CALL = '@mosaic_gpu_v2'
 TRITON_CALL = '@__gpu$xla.gpu.triton'
 
 
-def _reference(q, k, v, lengths, causal, slopes, symmetric, t5=None):
+def _reference(q, k, v, lengths, causal, slopes, symmetric, t5=None,
+               shaw=None):
   """(out, lse) in float64 NumPy: softmax(q k^T / sqrt(D) + bias) v over
   the allowed keys; rows with none get 0 and lse = +inf. t5: (table
-  (num_buckets, H), num_buckets, max_distance)."""
+  (num_buckets, H), num_buckets, max_distance). shaw: (a^K (H, 2k+1, D),
+  a^V (H, 2k+1, D) or None, k): Shaw 2018, logits + q a^K_{c(j-i)} /
+  sqrt(D), values v_j + a^V_{c(j-i)}, c = clip(j - i, -k, k) + k."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   lq, lk, d = q.shape[2], k.shape[2], q.shape[3]
   s = np.einsum('bhqd,bhkd->bhqk', q, k) / np.sqrt(d)
@@ -45,6 +50,11 @@ def _reference(q, k, v, lengths, causal, slopes, symmetric, t5=None):
     bucket = np.asarray(positions.t5_bucket(jnp.asarray(offset), num_buckets,
                                             max_distance))
     s = s + np.asarray(table, np.float64)[bucket].transpose(2, 0, 1)[None]
+  if shaw is not None:
+    a_k, a_v, clip = shaw
+    row = np.clip(offset, -clip, clip) + clip              # (Lq, Lk)
+    a_k = np.asarray(a_k, np.float64)[:, row]              # (H, Lq, Lk, D)
+    s = s + np.einsum('bhqd,hqkd->bhqk', q, a_k) / np.sqrt(d)
   keep = np.arange(lk)[None, None, None, :] < np.asarray(lengths)[:, None, None, None]
   if causal:
     keep = keep & (offset <= lk - lq)
@@ -54,7 +64,11 @@ def _reference(q, k, v, lengths, causal, slopes, symmetric, t5=None):
   p = np.exp(s - top)
   total = p.sum(-1, keepdims=True)
   safe = np.where(total > 0, total, 1.0)
-  out = np.where(total > 0, np.einsum('bhqk,bhkd->bhqd', p, v) / safe, 0.0)
+  weighted = np.einsum('bhqk,bhkd->bhqd', p, v)
+  if shaw is not None and shaw[1] is not None:
+    weighted = weighted + np.einsum('bhqk,hqkd->bhqd', p,
+                                    np.asarray(shaw[1], np.float64)[:, row])
+  out = np.where(total > 0, weighted / safe, 0.0)
   lse = np.where(total[..., 0] > 0, (top + np.log(safe))[..., 0], np.inf)
   return out, lse
 
@@ -76,30 +90,42 @@ CASES = [
     # T5, max_distance 20: far blocks left and right of the near ones.
     ('t5', False, False, 130, 300, 64, 64),
     ('t5', False, True, 200, 200, 64, 64),
+    # Shaw, k = 6 (13 table rows), keys and values: far blocks on both
+    # sides at Lk 300; causal with Lq = Lk (near blocks on the diagonal).
+    ('shaw', False, False, 130, 300, 64, 64),
+    ('shaw', False, True, 200, 200, 64, 64),
+    ('shaw keys', False, False, 70, 150, 64, 64),   # no value table
 ]
 
 
 @pytest.mark.parametrize('kind,symmetric,causal,lq,lk,d,block_k', CASES)
+@in_interpreter_process
 def test_interpreted_forward_equals_numpy(kind, symmetric, causal, lq, lk, d,
                                           block_k):
   q, k, v = _qkv(lq, lk, d)
   lengths = np.array([lk, lk // 3, 0], np.int32)
   slopes = positions.alibi_slopes(2) if kind == 'alibi' else None
-  t5 = None
-  table = slopes
+  t5 = shaw = None
+  table = None if slopes is None else jnp.asarray(slopes, jnp.float32)
   if kind == 't5':
     table = jax.random.normal(jax.random.key(7), (8, 2))
     t5 = (table, 8, 20)
-  cfg = hopper.HopperConfig(kind=kind, symmetric=symmetric, causal=causal,
-                            scale=1 / np.sqrt(d), block_k=block_k,
-                            num_buckets=8 if t5 else 0,
+  if kind.startswith('shaw'):
+    a_k, a_v = (jax.random.normal(key, (2, 13, d)) for key in
+                jax.random.split(jax.random.key(8)))
+    shaw = (a_k, None if kind == 'shaw keys' else a_v, 6)
+    table = shaw[:2]
+  cfg = hopper.HopperConfig(kind=kind.split()[0], symmetric=symmetric,
+                            causal=causal, scale=1 / np.sqrt(d),
+                            block_k=block_k, num_buckets=8 if t5 else 0,
                             max_distance=20 if t5 else 0,
-                            interpret=not ON_HOPPER)
+                            clip=6 if shaw else 0, interpret=not ON_HOPPER)
   out, lse = jax.jit(lambda *a: hopper.forward(cfg, *a))(
-      q, k, v, jnp.asarray(lengths),
-      None if table is None else jnp.asarray(table, jnp.float32))
+      q, k, v, jnp.asarray(lengths), table)
+  if shaw:   # the kernel reads a^K in q's dtype, as the Triton kernel does
+    shaw = (shaw[0].astype(q.dtype), shaw[1], 6)
   want_out, want_lse = _reference(q, k, v, lengths, causal, slopes, symmetric,
-                                  t5)
+                                  t5, shaw)
   assert out.shape == want_out.shape and out.dtype == q.dtype
   # bf16 output and bf16 weights in the P V matmul: ~2^-8 relative.
   np.testing.assert_allclose(np.asarray(out, np.float64), want_out,
@@ -139,6 +165,7 @@ BACKWARD_CASES = [
 
 
 @pytest.mark.parametrize('kind,causal,lq,lk,d,block_k', BACKWARD_CASES)
+@in_interpreter_process
 def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
                                                        d, block_k):
   """hopper_backward's dQ and dK/dV kernels, fed the Hopper forward's lse
@@ -174,6 +201,7 @@ def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
   assert not np.any(np.asarray(got[2])[2])
 
 
+@in_interpreter_process
 def test_interpreted_ping_pong_off_gives_the_same_answer():
   """The schedule barrier changes the order of work, never the result."""
   q, k, v = _qkv(128, 256, 64, batch=1, heads=1)
@@ -188,7 +216,9 @@ def test_interpreted_ping_pong_off_gives_the_same_answer():
 
 
 # Rotations: PoPE (rotated outside the kernel as RoPE is, and Dq != Dv).
-@pytest.mark.parametrize('relative', ['alibi', 't5', 'pope'])
+# Shaw and T5: the Hopper forward's out and lse feed Triton's backward.
+@pytest.mark.parametrize('relative', ['alibi', 't5', 'pope', 'shaw'])
+@in_interpreter_process
 def test_gradients_through_the_hopper_kernels_match_triton(relative):
   """pallas_attention through the Hopper kernels (forward, dQ, dK/dV;
   interpreted) and through the Triton ones (interpret mode): value and
@@ -199,7 +229,9 @@ def test_gradients_through_the_hopper_kernels_match_triton(relative):
          't5': lambda: positions.T5RelativeBias(2, num_buckets=8,
                                                 max_distance=20,
                                                 rngs=nnx.Rngs(3)),
-         'pope': lambda: positions.PolarEncoding(2, 64, rngs=nnx.Rngs(2))}[
+         'pope': lambda: positions.PolarEncoding(2, 64, rngs=nnx.Rngs(2)),
+         'shaw': lambda: positions.ShawRelative(2, 64, clip_distance=6,
+                                                rngs=nnx.Rngs(4))}[
              relative]()
   q, k, v = _qkv(72, 200, 64, batch=2)
   lengths = jnp.array([200, 90])
@@ -222,7 +254,7 @@ def test_gradients_through_the_hopper_kernels_match_triton(relative):
     assert np.abs(want).max() > 0.1
     np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
   for got, want in zip(jax.tree.leaves(grads[0]),
-                       jax.tree.leaves(want_grads[0])):   # T5's table
+                       jax.tree.leaves(want_grads[0])):   # T5's, Shaw's
     np.testing.assert_allclose(got, want, atol=0.02 * np.abs(want).max())
 
 
@@ -272,11 +304,11 @@ def hopper_in_auto():
 def test_auto_takes_the_hopper_kernel_only_where_it_applies(hopper_in_auto):
   assert MOSAIC_CALL in _lowered(None)
   assert MOSAIC_CALL in _lowered(None, kind='alibi', dtype=jnp.float16)
-  # T5's forward (its backward, Triton's: test_lowering.py).
+  # T5's and Shaw's forward (their backward, Triton's: test_lowering.py).
   assert MOSAIC_CALL in _lowered(None, kind='t5')
+  assert MOSAIC_CALL in _lowered(None, kind='shaw')
   assert MOSAIC_CALL in _lowered('NVIDIA H200')
   for text in (_lowered('NVIDIA A100-SXM4-80GB'),    # no wgmma before sm90
-               _lowered(None, kind='shaw'),           # not in the kernels
                _lowered(None, dtype=jnp.float32),     # wgmma takes 16 bits
                _lowered(None, mask='key_valid'),      # a mask, not lengths
                _lowered(None, gpu_kernel='triton')):
@@ -305,11 +337,8 @@ def test_hopper_device_kinds():
 
 def test_bad_requests_get_clear_errors():
   q, k, v = _qkv(16, 16, 64, batch=1)
-  with pytest.raises(ValueError, match=r"gpu_kernel='hopper' computes"):
-    pa.pallas_attention(q, k, v, gpu_kernel='hopper',
-                        relative=positions.ShawRelative(2, 64,
-                                                        rngs=nnx.Rngs(0)))
-  with pytest.raises(ValueError, match='key_valid mask'):
+  with pytest.raises(ValueError, match=r"gpu_kernel='hopper' computes.*"
+                                       r'key_valid mask'):
     pa.pallas_attention(q, k, v, gpu_kernel='hopper',
                         key_valid=jnp.ones((1, 16), bool))
   with pytest.raises(ValueError, match='float32'):

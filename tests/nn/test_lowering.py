@@ -98,15 +98,16 @@ def _kernel_relative(kind: str):
 KERNEL_KINDS = ('none', 'alibi', 'alibi_symmetric', 't5', 'shaw',
                 'shaw_per_head_keys_only', 'rope')
 # What the Hopper kernels compute in bf16 (rope: rotated first), and how
-# many of an attention call's three kernels are theirs (T5: the forward;
-# its table gradient is Triton's).
-HOPPER_KINDS = ('none', 'alibi', 'alibi_symmetric', 'rope', 't5')
-HOPPER_KERNELS = {'t5': 1}
+# many of an attention call's three kernels are theirs (T5, Shaw: the
+# forward; their table gradients are Triton's).
+HOPPER_KINDS = ('none', 'alibi', 'alibi_symmetric', 'rope', 't5', 'shaw',
+                'shaw_per_head_keys_only')
+HOPPER_KERNELS = {'t5': 1, 'shaw': 1, 'shaw_per_head_keys_only': 1}
 HOPPER_CALL = '@mosaic_gpu_v2'
 # Model positions whose attention those kernels compute (the additive ones
 # leave 'none' to the attention).
 HOPPER_POSITIONS = ('none', 'sinusoidal', 'learned', 'rope', 'pope', 'alibi',
-                    't5')
+                    't5', 'shaw')
 
 
 @pytest.mark.parametrize('platform', PLATFORMS)
@@ -118,7 +119,8 @@ def test_kernel_lowers_forward_and_gradient(platform, kind, length):
   for the platform with the kernels in it and no (L, L) tensor. On the
   abstract H100 a call the Hopper kernels compute (key lengths; none,
   ALiBi, rotations) is three Mosaic GPU kernels (forward, dQ, dK/dV), T5's
-  a Mosaic GPU forward and the Triton backward, the rest Triton. (Causal
+  and Shaw's a Mosaic GPU forward and the Triton backward, the rest Triton
+  (a key mask). (Causal
   Hopper steps: the decoder's training steps below.)"""
   relative = _kernel_relative(kind)
   graphdef, tables = nnx.split(relative) if relative is not None else (None, None)
@@ -192,10 +194,14 @@ def _check_step(text: str, impl: str, position: str, length: int,
   if impl == 'pallas' and position in KERNEL_POSITIONS:
     assert kernel >= 1 and not _square(text, length)
     # bf16 with valid_lens or causal: the Hopper kernels (forward, and dQ,
-    # dK/dV but for T5) for the encodings they compute, on the abstract H100.
+    # dK/dV but for T5 and Shaw) for the encodings they compute, on the
+    # abstract H100.
     on_hopper = platform == 'cuda' and position in HOPPER_POSITIONS
     assert (hopper >= 1) == on_hopper
-    assert (hopper >= 3) == (on_hopper and position != 't5')
+    if on_hopper and position in ('t5', 'shaw'):
+      assert text.count(KERNEL_CALL[platform]) >= 2      # Triton's dQ, dK/dV
+    else:
+      assert (hopper >= 3) == on_hopper
   elif impl in LINEAR_MEMORY:
     assert kernel == 0 and not _square(text, length)
   else:
