@@ -44,7 +44,7 @@ softmax mass per table row, W (B, H, 2k+1, Lq): the edges accumulate over
 far blocks, the 2k-1 interior rows only over the near ones (rescaled once
 at the end from the near region's running max); the value term W a^V is
 one small matmul after the kernel. The backward is Triton's (its table
-gradients), from this forward's lse, as for T5.
+gradients), from this forward's out and lse, as for T5.
 
 Shapes: q (B, H, Lq, D), k and v (B, H, Lk, D), bf16 or f16, D padded
 with zeros to a multiple of 64 (at most MAX_HEAD); lengths are padded to
@@ -344,8 +344,8 @@ def _shaw_masses(cfg: HopperConfig, masses, p, alpha, psum, bucket, m_new,
   """Shaw with values: each row's softmax mass per table row, carried as
   (left edge, right edge, interior rows 1..2k-1, the running max when the
   near blocks ended). The edges rescale every block; the interior rows
-  only change in near blocks and rescale there (end() brings them to the
-  final max)."""
+  only change in near blocks and rescale there (the epilogue brings them
+  to the final max)."""
   left, right, interior, m_near = masses
   left, right = left * alpha, right * alpha
   if region == 'left':

@@ -20,8 +20,9 @@ On a Hopper GPU (sm90) none, ALiBi, T5, Shaw and the rotation-only
 encodings in bf16 or f16 with key lengths (not a general key mask) can run
 the Mosaic GPU forward of hopper_attention.py instead, and all but T5 and
 Shaw the Mosaic GPU backward of hopper_backward.py (dQ, dK/dV; their table
-gradients stay in the Triton pair): `gpu_kernel='hopper'`, or 'auto' under hopper_in_auto()
-(by default once AUTO_TAKES_HOPPER is set, after a GPU has run them).
+gradients stay in the Triton pair): `gpu_kernel='hopper'`, or 'auto' under
+hopper_in_auto() (by default once AUTO_TAKES_HOPPER is set, after a GPU has
+run them).
 
 Backends, chosen when the step is lowered (jax.lax.platform_dependent), not
 by the host's default backend: Triton for 'cuda' and 'rocm', named
