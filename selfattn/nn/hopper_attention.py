@@ -62,6 +62,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+# The bucketed encodings' bookkeeping (far-block split, edge rows, bucket of
+# an offset) is the Triton kernels'; HopperConfig has the fields it reads.
+from selfattn.nn import pallas_kernels as kernels
+
 F32 = jnp.float32
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -224,18 +228,6 @@ def head_terms(cfg: HopperConfig, table_ref, h):
   return None
 
 
-def edge(cfg: HopperConfig, region: str) -> int:
-  """The T5 bucket or Shaw table row of every offset of a far block
-  (beyond max_distance, or k)."""
-  if cfg.kind == 'shaw':
-    return 0 if region == 'left' else 2 * cfg.clip
-  return cfg.num_buckets // 2 - 1 if region == 'left' else cfg.num_buckets - 1
-
-
-def shaw_rows(cfg: HopperConfig) -> int:
-  return 2 * cfg.clip + 1
-
-
 def regions(cfg: HopperConfig, row_block, bq: int, bk: int, end):
   """[(lo, hi, region)] of key blocks [0, end) for query rows
   [row_block bq, row_block bq + bq): T5's and Shaw's far blocks on each
@@ -243,9 +235,8 @@ def regions(cfg: HopperConfig, row_block, bq: int, bk: int, end):
   one 'near' range otherwise."""
   if cfg.kind not in ('t5', 'shaw'):
     return [(jnp.int32(0), end, 'near')]
-  from selfattn.nn.pallas_kernels import far_blocks
-  reach = cfg.clip if cfg.kind == 'shaw' else cfg.max_distance
-  left_end, right_start = far_blocks(row_block, bq, bk, reach, end)
+  left_end, right_start = kernels.far_blocks(row_block, bq, bk,
+                                             kernels.reach(cfg), end)
   return [(jnp.int32(0), left_end, 'left'), (left_end, right_start, 'near'),
           (right_start, end, 'right')]
 
@@ -262,11 +253,6 @@ def over_blocks(cfg: HopperConfig, step, carry, row_block, bq: int, bk: int,
   return carry
 
 
-def shaw_bucket(cfg: HopperConfig, q_idx, k_idx):
-  """Shaw's table row of each entry, clip(key - query, -k, k) + k."""
-  return jnp.clip(k_idx - q_idx, -cfg.clip, cfg.clip) + cfg.clip
-
-
 def shaw_row(qa_smem, n: int, shape):
   """Table row n's key term of the block's query rows, broadcast along its
   keys: (bq,) base-2 values of scale q a^K_n from shared memory."""
@@ -281,27 +267,24 @@ def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
   encoding's term (head_terms; Shaw's: the QA rows in shared memory)
   folded in, -inf where the pair is not allowed (masked blocks only: keys
   past `length`, causal with `shift` = Lk - Lq). T5 and Shaw far blocks add
-  their edge bucket's or row's term; near ones look the bucket up by one
-  select per bucket (no gather)."""
+  their edge bucket's or row's term; near ones (`bucket`: each entry's, the
+  caller's kernels.bucket_of) look it up by one select per bucket (no
+  gather)."""
   s = s * (cfg.scale * LOG2E)
   if cfg.kind == 'alibi':
     s = s - terms * alibi_distance(k_idx - q_idx, cfg.symmetric)
-  elif cfg.kind == 'shaw' and region != 'near':
-    s = s + shaw_row(terms, edge(cfg, region), s.shape)
-  elif cfg.kind == 'shaw':
-    term = jnp.zeros_like(s)
-    for n in range(shaw_rows(cfg)):
-      term = jnp.where(bucket == n, shaw_row(terms, n, s.shape), term)
-    s = s + term
-  elif cfg.kind == 't5' and region != 'near':
-    s = s + terms[edge(cfg, region)]
-  elif cfg.kind == 't5':
-    from selfattn.nn.positions import t5_bucket
-    bucket = t5_bucket(k_idx - q_idx, cfg.num_buckets, cfg.max_distance)
-    term = jnp.zeros_like(s)
-    for n, bias in enumerate(terms):
-      term = jnp.where(bucket == n, bias, term)
-    s = s + term
+  elif cfg.kind in ('t5', 'shaw'):
+    if cfg.kind == 't5':
+      value = lambda n: terms[n]                    # a scalar per bucket
+    else:
+      value = lambda n: shaw_row(terms, n, s.shape)
+    if region != 'near':
+      s = s + value(kernels.edge(cfg, region))
+    else:
+      term = jnp.zeros_like(s)
+      for n in range(kernels.num_rows(cfg)):
+        term = jnp.where(bucket == n, value(n), term)
+      s = s + term
   if masked:
     keep = k_idx < length
     if cfg.causal:
@@ -429,8 +412,8 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       if masked or cfg.kind == 'alibi' or (cfg.kind in ('t5', 'shaw')
                                            and region == 'near'):
         q_idx, k_idx = block_indices(q_base, j * bk, (bq, bk))
-      if shaw and region == 'near':
-        bucket = shaw_bucket(cfg, q_idx, k_idx)
+      if cfg.kind in ('t5', 'shaw') and region == 'near':
+        bucket = kernels.bucket_of(cfg, k_idx - q_idx)
       s = logits2(cfg, s, q_idx, k_idx, terms, length, shift, masked, region,
                   bucket)
       m_new = jnp.maximum(m, s.max(axis=1))
@@ -577,7 +560,7 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
           tiled((cfg.stages, bk, width)),
           tiled((COMPUTE_GROUPS, bq, bk)) if cfg.interpret else None,
           plgpu.SMEM((COMPUTE_GROUPS, bq), F32),
-          plgpu.SMEM((COMPUTE_GROUPS, shaw_rows(cfg), bq), F32) if shaw
+          plgpu.SMEM((COMPUTE_GROUPS, kernels.num_rows(cfg), bq), F32) if shaw
           else None)
   barriers = (plgpu.Barrier(num_barriers=cfg.stages),
               plgpu.Barrier(num_barriers=cfg.stages),
@@ -595,7 +578,8 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   out_type = [jax.ShapeDtypeStruct((b, h, lq_pad, width), q.dtype),
               jax.ShapeDtypeStruct((b, h, lq_pad), F32)]
   if cfg.shaw_values:
-    out_type.append(jax.ShapeDtypeStruct((b, h, shaw_rows(cfg), lq_pad), F32))
+    out_type.append(jax.ShapeDtypeStruct((b, h, kernels.num_rows(cfg), lq_pad),
+                                         F32))
   outs = plgpu.kernel(
       entry,
       out_type=tuple(out_type),

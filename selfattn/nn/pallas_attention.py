@@ -268,10 +268,9 @@ def _hopper_args(cfg: Config, interpret: bool, key_valid, table,
                              causal=cfg.causal, scale=cfg.scale,
                              num_buckets=cfg.num_buckets,
                              max_distance=cfg.max_distance,
-                             clip=cfg.clip, shaw_values=cfg.shaw_values,
-                             interpret=interpret,
+                             clip=cfg.clip, interpret=interpret,
                              **hopper.TUNED[pass_name, cfg.causal])
-  return hcfg, lengths, table if cfg.kind in ('alibi', 't5', 'shaw') else None
+  return hcfg, lengths, table
 
 
 def _hopper_forward(cfg: Config, interpret: bool, q, k, v, key_valid, table):
