@@ -6,9 +6,15 @@ of scores from q, k and the encoding's small tables:
 
     s = (q k^T) * scale + term(offsets)   masked to -inf where not allowed
 
+held in base-2 units, s * log2(e), so every exponential is one exp2 (the
+scale and the encoding's small tables carry the log2(e) factor, once per
+program; FlashAttention-2/3 and JAX's own Triton kernel do the same: Pallas
+lowers exp to libdevice's range-reduced __nv_expf, exp2 to __nv_exp2f):
+
   forward  one program per (batch * head, query block), a loop over key
            blocks: the running max m, normaliser l and output acc in
-           float32 (FlashAttention); writes out and lse = m + log l.
+           float32 (FlashAttention); writes out and lse = m + log l
+           (natural units, what the backward and the Hopper kernels share).
   dQ       one program per (batch * head, query block), a loop over key
            blocks: p = exp(s - lse), dp = dO v^T (+ Shaw's value term),
            ds = p (dp - delta), dq += ds k; the table gradients (T5's per
@@ -37,6 +43,7 @@ on a TPU host (`floor_div`).
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -46,6 +53,8 @@ from jax.experimental import pallas as pl
 from selfattn.nn import positions
 
 F32 = jnp.float32
+LOG2E = math.log2(math.e)    # exp(x) = exp2(x * LOG2E)
+LN2 = math.log(2.0)
 
 
 class Config(NamedTuple):
@@ -246,12 +255,13 @@ class Refs(NamedTuple):
 
 
 def head_scalars(cfg: Config, refs: Refs):
-  """ALiBi's slope as (1, 1), or T5's biases as a list of (1, 1): read
-  once per program as reductions of the head's tile."""
+  """ALiBi's slope as (1, 1), or T5's biases as a list of (1, 1), times
+  log2(e) (the scores' base-2 units): read once per program as reductions
+  of the head's tile."""
   if cfg.kind == 'alibi':
-    return jnp.max(refs.table[...].astype(F32), axis=1, keepdims=True)
+    return LOG2E * jnp.max(refs.table[...].astype(F32), axis=1, keepdims=True)
   if cfg.kind == 't5':
-    row = refs.table[...].astype(F32)
+    row = LOG2E * refs.table[...].astype(F32)
     return [column(row, n) for n in range(cfg.num_buckets)]
   return None
 
@@ -329,11 +339,17 @@ def query_lower(cfg: Config, j, bq: int, bk: int, lq: int, lk: int):
   return floor_div(first, bq, 0)
 
 
+def logit_scale(cfg: Config) -> float:
+  """scale * log2(e): q k^T (and Shaw's q a^K^T) to base-2 scores."""
+  return cfg.scale * LOG2E
+
+
 def key_columns_of(cfg: Config, q, a_k_ref):
-  """Shaw's per-offset columns of scale * q a^K^T, (bq, 1) each, or None."""
+  """Shaw's per-offset columns of scale * log2(e) * q a^K^T, (bq, 1) each,
+  or None."""
   if cfg.kind != 'shaw':
     return None
-  q_dot_a = dot_t(q, a_k_ref[...].astype(q.dtype)) * cfg.scale  # (bq, rows)
+  q_dot_a = dot_t(q, a_k_ref[...].astype(q.dtype)) * logit_scale(cfg)
   return [column(q_dot_a, n) for n in range(num_rows(cfg))]
 
 
@@ -350,9 +366,10 @@ def key_block(j, k_ref, v_ref, valid_ref, bq: int, bk: int):
 def block_scores(cfg: Config, region: str, q, k_blk, q_idx, k_idx, scalars,
                  key_columns, lq: int, lk: int, valid):
   """(s, keep, bucket) of one (bq, bk) block: scale * q k^T plus the
-  encoding's term, which entries are attended, and each entry's table row
-  or bucket (near blocks of Shaw and T5, else None)."""
-  s = dot_t(q, k_blk) * cfg.scale
+  encoding's term, in base-2 units (times log2(e)), which entries are
+  attended, and each entry's table row or bucket (near blocks of Shaw and
+  T5, else None)."""
+  s = dot_t(q, k_blk) * logit_scale(cfg)
   term, bucket = logit_term(cfg, region, k_idx - q_idx, scalars, key_columns)
   if term is not None:
     s = s + term
@@ -386,8 +403,8 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     s = jnp.where(keep, s, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-    p = jnp.exp(s - m_safe)                     # masked: exp(-inf) = 0
-    alpha = jnp.exp(m - m_safe)                 # m = -inf (nothing yet): 0
+    p = jnp.exp2(s - m_safe)                    # masked: 2^-inf = 0
+    alpha = jnp.exp2(m - m_safe)                # m = -inf (nothing yet): 0
     l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
     pv = dot(p.astype(v_blk.dtype), v_blk)
     if r.a_v is not None:
@@ -406,7 +423,9 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   out = jnp.where(has_key, acc / jnp.where(has_key, l, 1.0), 0.0)
   o_ref[...] = out.astype(o_ref.dtype)
   # A row with no allowed key gets lse = +inf: its backward weights are 0.
-  lse = jnp.where(has_key, m + jnp.log(jnp.where(has_key, l, 1.0)), jnp.inf)
+  # m is base 2; lse leaves in natural units.
+  lse = jnp.where(has_key, LN2 * m + jnp.log(jnp.where(has_key, l, 1.0)),
+                  jnp.inf)
   lse_ref[...] = jnp.broadcast_to(lse, lse_ref.shape)
 
 
@@ -420,7 +439,7 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   bq, bk = lay.block_q, lay.block_k
   i = pl.program_id(1)
   q, do = q_ref[...], do_ref[...]
-  lse = jnp.max(lse_ref[...], axis=1, keepdims=True)       # (bq, 1)
+  lse2 = LOG2E * jnp.max(lse_ref[...], axis=1, keepdims=True)   # (bq, 1)
   delta = jnp.max(delta_ref[...], axis=1, keepdims=True)
   q_idx = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
   scalars = head_scalars(cfg, r)
@@ -435,12 +454,12 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
     s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
                                    scalars, key_columns, lq, lk, valid)
-    p = jnp.where(keep, jnp.exp(s - lse), 0.0)
+    p = jnp.where(keep, jnp.exp2(s - lse2), 0.0)
     dp = dot_t(do, v_blk)
     if value_columns is not None:
       dp = dp + (value_columns[edge(cfg, region)] if region != 'near'
                  else select_columns(bucket, value_columns, dp.shape))
-    ds = p * (dp - delta)
+    ds = p * (dp - delta)          # d loss / d s in natural units
     acc = acc + dot(ds.astype(k_blk.dtype), k_blk)
     if cfg.kind in ('t5', 'shaw'):
       fold_ds = fold_ds + fold(cfg, ds, bucket, region, width)
@@ -488,15 +507,16 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     start = pl.multiple_of(i * bq, bq)
     q = q_ref[pl.ds(start, bq), :]
     do = do_ref[pl.ds(start, bq), :]
-    lse = jnp.max(lse_ref[pl.ds(start, bq), :], axis=1, keepdims=True)
+    lse2 = LOG2E * jnp.max(lse_ref[pl.ds(start, bq), :], axis=1,
+                           keepdims=True)
     delta = jnp.max(delta_ref[pl.ds(start, bq), :], axis=1, keepdims=True)
     q_idx = start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
     key_columns = value_columns = None
     if cfg.kind == 'shaw':
-      # This query block's columns of scale q a^K^T (and dO a^V^T): all of
-      # them near the diagonal, the edge one beyond.
+      # This query block's columns of scale log2(e) q a^K^T (and dO a^V^T):
+      # all of them near the diagonal, the edge one beyond.
       wanted = range(rows) if region == 'near' else [edge(cfg, region)]
-      q_dot_a = dot_t(q, a_k.astype(q.dtype)) * cfg.scale
+      q_dot_a = dot_t(q, a_k.astype(q.dtype)) * logit_scale(cfg)
       key_columns = {n: column(q_dot_a, n) for n in wanted}
       if r.a_v is not None:
         do_dot_a = dot_t(do, a_v.astype(do.dtype))
@@ -507,7 +527,7 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
                          else [value_columns[n] for n in range(rows)])
     s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
                                    scalars, key_columns, lq, lk, valid)
-    p = jnp.where(keep, jnp.exp(s - lse), 0.0)
+    p = jnp.where(keep, jnp.exp2(s - lse2), 0.0)
     dv = dv + tdot(p.astype(do.dtype), do)
     dp = dot_t(do, v_blk)
     if value_columns is not None:
