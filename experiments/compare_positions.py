@@ -5,11 +5,15 @@
 
 Trains each encoding with configs/default.py (lengths 1-16) and evaluates at
 8, 16, 32 and 64. --quick: a small model, four encodings, one seed.
---positions: these encodings, in this order (default: every one); the
-committed study (experiments/results/compare) predates PoPE and
-re-collects with --positions=none,sinusoidal,learned,shaw,huang,rope,alibi,xl,t5
-(scripts/recollect_studies.sh).
+A study like the others (experiments/skeleton.py): rerunning the command
+skips finished runs and resumes the unfinished one; --positions trains only
+those encodings; --shard splits the runs; --collect_only trains nothing. The
+report ranks every encoding with a finished run, in the order of
+selfattn.nn.positions.POSITION_NAMES (the committed study,
+experiments/results/compare, predates PoPE and so holds nine).
 """
+
+from __future__ import annotations
 
 import os
 
@@ -17,15 +21,16 @@ from absl import app
 from absl import flags
 
 from experiments import common
+from experiments import skeleton
+from experiments import study
 from selfattn.nn.positions import POSITION_NAMES
 from selfattn.tasks import TASK_NAMES
 from selfattn.tasks import get_task
 
 _TASK = flags.DEFINE_enum('task', 'reverse', list(TASK_NAMES), 'Task to train on.')
-_POSITIONS = flags.DEFINE_list(
-    'positions', None, 'Encodings to compare, in this order (default: all '
-    'of selfattn.nn.positions.POSITION_NAMES).')
 BINARY = ('parity_check', 'even_pairs')
+QUICK_ENCODINGS = ('none', 'sinusoidal', 'shaw', 'rope')
+ENCODINGS = {name: (name, {}, {}) for name in POSITION_NAMES}
 
 
 def task_config(task: str, quick: bool):
@@ -35,21 +40,17 @@ def task_config(task: str, quick: bool):
   return common.small(config) if quick else config
 
 
-def compare(workdir: str, seeds: int, quick: bool, task: str = None) -> str:
-  task = task or _TASK.value
-  encodings = ('none', 'sinusoidal', 'shaw', 'rope') if quick else POSITION_NAMES
-  if _POSITIONS.value:
-    unknown = [p for p in _POSITIONS.value if p not in POSITION_NAMES]
-    if unknown:
-      raise SystemExit(f'error: --positions: unknown {", ".join(unknown)}; '
-                       f'valid: {", ".join(POSITION_NAMES)}')
-    encodings = tuple(_POSITIONS.value)
-  seeds = 1 if quick else seeds
+def report(workdir: str, runs: list[study.Run], summaries: dict, quick: bool,
+           task: str) -> str:
+  """results.md/.json and the plot from the finished runs' summaries; an
+  encoding without one is left out."""
   base = task_config(task, quick)
-  settings = []
-  for position in encodings:
-    settings.append((f'position={position}', common.variant(base, position=position)))
-  results = common.sweep(settings, workdir, seeds)
+  results: dict[str, list[dict]] = {}
+  for run in runs:
+    if run.name in summaries:
+      results.setdefault(f'position={run.tags["position"]}', []).append(
+          summaries[run.name])
+  seeds = max((len(r) for r in results.values()), default=0)
   lengths = list(base.eval.lengths)
   inside = max(n for n in lengths if n <= base.task.max_len)
   def mean_inside(runs):   # diverged runs left out; all diverged ranks last
@@ -68,7 +69,7 @@ def compare(workdir: str, seeds: int, quick: bool, task: str = None) -> str:
       {n.split('=')[1]: r for n, r in results.items()}, lengths,
       base.task.max_len, f'{task}: token accuracy by evaluation length', plot,
       chance=chance)
-  text = common.write_results(
+  return common.write_results(
       workdir, f'Every encoding on {task}',
       [('Setup', f'configs/default.py{" (quick: width 32)" if quick else ""} '
         f'with task={task}, trained on lengths '
@@ -79,9 +80,28 @@ def compare(workdir: str, seeds: int, quick: bool, task: str = None) -> str:
        ('Plot', f'![accuracy vs length]({os.path.basename(plot)})')],
       data={'task': task, 'chance': chance, 'lengths': lengths,
             'accuracy': {n: [s.get('eval') for s in r] for n, r in results.items()}})
-  print(text)
-  return text
 
+
+class ComparePositions(skeleton.Study):
+  """One task (--task), every encoding; --scale: cpu (configs/default.py)
+  or quick (a small model, four encodings, one seed)."""
+  scales = ('cpu',)
+  default_scale = 'cpu'
+
+  def filter_values(self):
+    return {'position': POSITION_NAMES}
+
+  def runs(self, scale, seeds, context):
+    quick = scale == 'quick'
+    labels = QUICK_ENCODINGS if quick else POSITION_NAMES
+    return common.encoding_runs(task_config(_TASK.value, quick), seeds,
+                                labels, ENCODINGS)
+
+  def report(self, workdir, runs, results, scale, context):
+    return report(workdir, runs, results, scale == 'quick', _TASK.value)
+
+
+STUDY = ComparePositions()
 
 if __name__ == '__main__':
-  app.run(common.main_wrapper(compare))
+  app.run(skeleton.main(STUDY))

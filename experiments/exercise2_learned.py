@@ -1,6 +1,6 @@
 """Exercise 2: a learnable positional encoding.
 
-  python -m experiments.exercise2_learned --workdir=runs/exercise2 [--seeds=5] [--quick]
+  python -m experiments.exercise2_learned --workdir=runs/exercise2 [--seeds=5] [--tasks=a,b] [--quick]
 
 A learned absolute table P against the chapter's sinusoidal table, and a
 learned table initialised from the sinusoidal one: accuracy at the trained
@@ -8,10 +8,11 @@ lengths, steps to reach 99% token accuracy, accuracy beyond the trained
 lengths (rows of P past 16 are never updated), and the position-position
 cosine similarity of each table after training. The sinusoidal and learned
 tables are also trained with the chapter's dropout (0.1), which every other
-study leaves at 0.
+study leaves at 0. A study like the others (experiments/skeleton.py):
+resumable, --tasks, --shard, --collect_only (which redraws the cosine
+pictures only where seed 0's checkpoints are still there).
 """
 
-import copy
 import os
 
 import matplotlib.pyplot as plt
@@ -20,8 +21,12 @@ from absl import app
 from absl import flags
 
 from experiments import common
+from experiments import skeleton
+from experiments import study
 
 _STEPS = flags.DEFINE_integer('steps', 2000, 'Training steps per run.')
+TASKS = ('reverse', 'sort')
+QUICK_TASKS = ('reverse',)
 SETTINGS = [('sinusoidal', {'position': 'sinusoidal'}),
             ('learned', {'position': 'learned'}),
             ('learned, sinusoidal init', {'position': 'learned',
@@ -37,61 +42,106 @@ def cosine_similarity(table: np.ndarray) -> np.ndarray:
   return unit @ unit.T
 
 
-def exercise2(workdir: str, seeds: int, quick: bool) -> str:
-  tasks = ('reverse',) if quick else ('reverse', 'sort')
-  seeds = 1 if quick else seeds
+def task_base(task: str, quick: bool):
+  base = common.base_config(name=task)
+  base.train.num_steps = _STEPS.value
+  base.eval.every = 100
+  base.model.max_len = 64
+  if quick:
+    base = common.small(base, steps=200)
+    base.eval.every = 50
+  return base
+
+
+def run_name(task: str, name: str, seed: int) -> str:
+  return f'{task}/{name.replace(", ", "_").replace(" ", "_")},seed={seed}'
+
+
+def study_runs(tasks, seeds: int, quick: bool) -> list[study.Run]:
+  """task-major, then seed, then variant (the committed study's folders)."""
+  runs = []
+  for task in tasks:
+    base = task_base(task, quick)
+    for seed in range(seeds):
+      for name, model in SETTINGS + DROPOUT_SETTINGS:
+        config = common.variant(base, **model)
+        config.seed = seed
+        runs.append(study.Run(run_name(task, name, seed), config,
+                              {'task': task, 'position': name, 'seed': seed}))
+  return runs
+
+
+def draw_tables(workdir: str, task: str, runs: list[study.Run], inside: int,
+                max_len: int) -> None:
+  """The position-position cosine similarity of seed 0's trained tables,
+  read from its checkpoints; left as it is where they are gone (a clone of
+  the committed study holds summaries, not checkpoints)."""
+  seed0 = {r.tags['position']: r for r in runs
+           if r.tags['task'] == task and r.tags['seed'] == 0}
+  models = []
+  for name, _ in SETTINGS:
+    run = seed0.get(name)
+    if run is None:
+      return
+    try:
+      models.append(common.trained_model(run.config,
+                                         os.path.join(workdir, run.name)))
+    except FileNotFoundError:
+      return
+  fig, axes = plt.subplots(1, len(SETTINGS), figsize=(4 * len(SETTINGS), 3.8))
+  for ax, (name, _), model in zip(axes, SETTINGS, models):
+    table = np.asarray(model.encoder.pos_encoding.table(max_len))
+    im = ax.imshow(cosine_similarity(table), cmap='viridis', vmin=-1, vmax=1)
+    ax.axvline(inside - 0.5, color='w', lw=0.8)
+    ax.axhline(inside - 0.5, color='w', lw=0.8)
+    ax.set_title(name, fontsize=9)
+    ax.set_xlabel('position')
+  axes[0].set_ylabel('position')
+  fig.colorbar(im, ax=axes, shrink=0.8)
+  fig.savefig(os.path.join(workdir, f'cosine_similarity_{task}.png'), dpi=100)
+  plt.close(fig)
+
+
+def report(workdir: str, runs: list[study.Run], summaries: dict,
+           quick: bool) -> str:
+  tasks = list(dict.fromkeys(r.tags['task'] for r in runs))
+  seeds = 0
   sections, data = [], {}
   for task in tasks:
-    base = common.base_config(name=task)
-    base.train.num_steps = _STEPS.value
-    base.eval.every = 100
-    base.model.max_len = 64
-    if quick:
-      base = common.small(base, steps=200)
-      base.eval.every = 50
-    runs = []
-    for name, model in SETTINGS + DROPOUT_SETTINGS:
-      runs.append((f'{task}/{name.replace(", ", "_").replace(" ", "_")}',
-                   common.variant(base, **model)))
-    results = dict(zip([n for n, _ in SETTINGS + DROPOUT_SETTINGS],
-                       common.sweep(runs, workdir, seeds).values()))
+    base = task_base(task, quick)
+    results: dict[str, list[dict]] = {}
+    for run in runs:
+      if run.tags['task'] == task and run.name in summaries:
+        results.setdefault(run.tags['position'], []).append(
+            summaries[run.name])
+    if not results:
+      continue
+    seeds = max(seeds, *(len(r) for r in results.values()))
     lengths = list(base.eval.lengths)
     inside = base.task.max_len
     rows = []
-    for name, summaries in results.items():
-      reached = [common.steps_to(s, inside) for s in summaries]
-      rows.append([name, common.mean_std([common.accuracy(s, inside) for s in summaries]),
+    for name, task_summaries in results.items():
+      reached = [common.steps_to(s, inside) for s in task_summaries]
+      rows.append([name, common.mean_std([common.accuracy(s, inside)
+                                          for s in task_summaries]),
                    ', '.join('never' if r is None else str(r) for r in reached)]
-                  + [common.mean_std([common.accuracy(s, n) for s in summaries])
+                  + [common.mean_std([common.accuracy(s, n)
+                                      for s in task_summaries])
                      for n in lengths if n > inside])
     header = (['encoding', f'acc at {inside} (trained)', 'steps to 99%']
               + [f'acc at {n}' for n in lengths if n > inside])
-    # Position-position cosine similarity of the trained tables (seed 0).
-    fig, axes = plt.subplots(1, len(SETTINGS), figsize=(4 * len(SETTINGS), 3.8))
-    for ax, ((name, _), (run_name, config)) in zip(axes, zip(SETTINGS, runs)):
-      config = copy.deepcopy(config)
-      config.seed = 0
-      model = common.trained_model(config, os.path.join(workdir, f'{run_name},seed=0'))
-      table = np.asarray(model.encoder.pos_encoding.table(base.model.max_len))
-      im = ax.imshow(cosine_similarity(table), cmap='viridis', vmin=-1, vmax=1)
-      ax.axvline(inside - 0.5, color='w', lw=0.8)
-      ax.axhline(inside - 0.5, color='w', lw=0.8)
-      ax.set_title(name, fontsize=9)
-      ax.set_xlabel('position')
-    axes[0].set_ylabel('position')
-    fig.colorbar(im, ax=axes, shrink=0.8)
-    picture = os.path.join(workdir, f'cosine_similarity_{task}.png')
-    fig.savefig(picture, dpi=100)
-    plt.close(fig)
+    draw_tables(workdir, task, runs, inside, base.model.max_len)
     plot = os.path.join(workdir, f'accuracy_vs_length_{task}.png')
     common.plot_accuracy_vs_length(results, lengths, inside,
                                    f'{task}: learned vs sinusoidal', plot)
     sections.append((task, common.markdown_table(header, rows) +
-                     f'\n\n![cosine similarity]({os.path.basename(picture)})'
+                     f'\n\n![cosine similarity](cosine_similarity_{task}.png)'
                      f'\n\n![accuracy vs length]({os.path.basename(plot)})'))
-    data[task] = {n: [{'eval': s.get('eval'), 'steps_to_99': common.steps_to(s, inside)}
+    data[task] = {n: [{'eval': s.get('eval'),
+                       'steps_to_99': common.steps_to(s, inside)}
                       for s in r] for n, r in results.items()}
-  text = common.write_results(
+  base = task_base(tasks[0], quick)
+  return common.write_results(
       workdir, 'Exercise 2: a learnable positional encoding',
       [('Setup', f'configs/default.py, {base.train.num_steps} steps, trained '
         f'on lengths {base.task.min_len}-{base.task.max_len}, evaluated every '
@@ -102,9 +152,27 @@ def exercise2(workdir: str, seeds: int, quick: bool) -> str:
         f'weights and in every AddNorm). White lines in the pictures mark the '
         f'longest trained position.')] + sections,
       data=data)
-  print(text)
-  return text
 
+
+class Exercise2(skeleton.Study):
+  """--scale: cpu (reverse and sort, five variants); quick (reverse, one
+  seed, 200 steps)."""
+  scales = ('cpu',)
+  default_scale = 'cpu'
+  filters = ('task',)
+
+  def filter_values(self):
+    return {'task': TASKS}
+
+  def runs(self, scale, seeds, context):
+    quick = scale == 'quick'
+    return study_runs(QUICK_TASKS if quick else TASKS, seeds, quick)
+
+  def report(self, workdir, runs, results, scale, context):
+    return report(workdir, runs, results, scale == 'quick')
+
+
+STUDY = Exercise2()
 
 if __name__ == '__main__':
-  app.run(common.main_wrapper(exercise2))
+  app.run(skeleton.main(STUDY))

@@ -1,13 +1,14 @@
 """Exercise 3: learned embeddings per query-key offset (Shaw 2018, Huang 2018).
 
-  python -m experiments.exercise3_relative --workdir=runs/exercise3 [--seeds=5] [--quick]
+  python -m experiments.exercise3_relative --workdir=runs/exercise3 [--seeds=5] [--tasks=a,b] [--quick]
 
 Shaw's relative attention with clipping distance k in {2, 4, 8, 16, 64}, keys
 only vs keys and values, one table shared by the heads vs one per head,
 against absolute encodings (sinusoidal, learned) and the other relative
 families (huang, rope, alibi, t5). Tasks: reverse (position-absolute), shift
 and window_sum (translation-invariant). Trained on lengths 1-16, evaluated at
-8, 16 and at 2x and 4x the longest trained length.
+8, 16 and at 2x and 4x the longest trained length. A study like the others
+(experiments/skeleton.py): resumable, --tasks, --shard, --collect_only.
 """
 
 import os
@@ -16,9 +17,13 @@ from absl import app
 from absl import flags
 
 from experiments import common
+from experiments import skeleton
+from experiments import study
 from selfattn.tasks import get_task
 
 _STEPS = flags.DEFINE_integer('steps', 1000, 'Training steps per run.')
+TASKS = ('reverse', 'shift', 'window_sum')
+QUICK_TASKS = ('shift',)
 
 
 def settings(quick: bool):
@@ -39,21 +44,44 @@ def settings(quick: bool):
   return out
 
 
-def exercise3(workdir: str, seeds: int, quick: bool) -> str:
-  tasks = ('shift',) if quick else ('reverse', 'shift', 'window_sum')
-  seeds = 1 if quick else seeds
+def task_base(task: str, quick: bool):
+  base = common.base_config(name=task)
+  base.train.num_steps = _STEPS.value
+  base.eval.every = max(100, _STEPS.value // 5)
+  return common.small(base, steps=200) if quick else base
+
+
+def study_runs(tasks, seeds: int, quick: bool) -> list[study.Run]:
+  """task-major, then seed, then variant; named <task>/<variant with
+  underscores>,seed=<seed> (the committed study's folders)."""
+  runs = []
+  for task in tasks:
+    base = task_base(task, quick)
+    for seed in range(seeds):
+      for name, model in settings(quick):
+        config = common.variant(base, **model)
+        config.seed = seed
+        runs.append(study.Run(f'{task}/{name.replace(" ", "_")},seed={seed}',
+                              config, {'task': task, 'position': name,
+                                       'seed': seed}))
+  return runs
+
+
+def report(workdir: str, runs: list[study.Run], summaries: dict,
+           quick: bool) -> str:
+  tasks = list(dict.fromkeys(r.tags['task'] for r in runs))
+  seeds = 0
   sections, data = [], {}
   for task in tasks:
-    base = common.base_config(name=task)
-    base.train.num_steps = _STEPS.value
-    base.eval.every = max(100, _STEPS.value // 5)
-    if quick:
-      base = common.small(base, steps=200)
-    runs = []
-    for name, model in settings(quick):
-      runs.append((f'{task}/{name.replace(" ", "_")}', common.variant(base, **model)))
-    results = common.sweep(runs, workdir, seeds)
-    results = {name.split('/', 1)[1].replace('_', ' '): r for name, r in results.items()}
+    base = task_base(task, quick)
+    results: dict[str, list[dict]] = {}
+    for run in runs:
+      if run.tags['task'] == task and run.name in summaries:
+        results.setdefault(run.tags['position'], []).append(
+            summaries[run.name])
+    if not results:
+      continue
+    seeds = max(seeds, *(len(r) for r in results.values()))
     lengths = list(base.eval.lengths)
     chance = get_task(task, base.task.vocab_size).chance
     plot = os.path.join(workdir, f'accuracy_vs_length_{task}.png')
@@ -64,16 +92,35 @@ def exercise3(workdir: str, seeds: int, quick: bool) -> str:
                      common.accuracy_table(results, lengths, 'encoding') +
                      f'\n\n![{task}]({os.path.basename(plot)})'))
     data[task] = {n: [s.get('eval') for s in r] for n, r in results.items()}
-  text = common.write_results(
+  base = task_base(tasks[0], quick)
+  return common.write_results(
       workdir, 'Exercise 3: relative position embeddings per query-key offset',
       [('Setup', f'configs/default.py (2 layers, width '
         f'{32 if quick else 64}, pre-LN), {200 if quick else _STEPS.value} '
         f'steps, trained on lengths {base.task.min_len}-{base.task.max_len}; '
         f'token accuracy, mean ± std over {seeds} seed(s).')] + sections,
       data=data)
-  print(text)
-  return text
 
+
+class Exercise3(skeleton.Study):
+  """--scale: cpu (three tasks, thirteen variants); quick (shift, three
+  variants, one seed)."""
+  scales = ('cpu',)
+  default_scale = 'cpu'
+  filters = ('task',)
+
+  def filter_values(self):
+    return {'task': TASKS}
+
+  def runs(self, scale, seeds, context):
+    quick = scale == 'quick'
+    return study_runs(QUICK_TASKS if quick else TASKS, seeds, quick)
+
+  def report(self, workdir, runs, results, scale, context):
+    return report(workdir, runs, results, scale == 'quick')
+
+
+STUDY = Exercise3()
 
 if __name__ == '__main__':
-  app.run(common.main_wrapper(exercise3))
+  app.run(skeleton.main(STUDY))

@@ -47,15 +47,15 @@ def test_compare_positions_quick(tmp_path):
 
 def test_compare_positions_refuses_an_unknown_position_before_training(
     tmp_path):
-  """--positions names encodings (the committed study re-collects with
-  its nine, scripts/recollect_studies.sh); a typo stops it in one line
-  before any run starts."""
+  """--positions names encodings; a typo stops it in one line, with the
+  valid names, before any run starts (the skeleton's check, as in every
+  study)."""
   result = subprocess.run(
       [sys.executable, '-m', 'experiments.compare_positions',
        f'--workdir={tmp_path}', '--positions=rope,shaww'], cwd=ROOT,
       capture_output=True, text=True, timeout=300, env=subprocess_env())
   assert result.returncode != 0
-  assert 'unknown shaww; valid: none, sinusoidal' in result.stderr
+  assert 'unknown shaww (valid: none, sinusoidal' in result.stderr
   assert not list(tmp_path.glob('position=*'))
 
 
