@@ -92,6 +92,37 @@ def encoding_runs(base: ml_collections.ConfigDict, seeds: int,
   return runs
 
 
+def variant_runs(tasks: Iterable[str], seeds: int,
+                 variants: list[tuple[str, dict]], base_of: Callable,
+                 folder: Callable[[str], str]) -> list[study.Run]:
+  """Runs of a sweep over tasks and model variants: task-major, then seed,
+  then variant, named <task>/<folder(variant)>,seed=<seed> and tagged with
+  task, position (the variant's name) and seed. base_of(task) is the
+  task's base config; each variant's dict replaces config.model fields."""
+  runs = []
+  for task in tasks:
+    base = base_of(task)
+    for seed in range(seeds):
+      for name, model in variants:
+        config = variant(base, **model)
+        config.seed = seed
+        runs.append(study.Run(f'{task}/{folder(name)},seed={seed}', config,
+                              {'task': task, 'position': name, 'seed': seed}))
+  return runs
+
+
+def by_label(runs: Iterable[study.Run], summaries: dict,
+             task: str | None = None) -> dict[str, list[dict]]:
+  """{position tag: [summary of each finished seed]} in the runs' order
+  (of one task's runs when task is given); labels with no finished run are
+  left out."""
+  out: dict[str, list[dict]] = {}
+  for run in runs:
+    if run.name in summaries and task in (None, run.tags.get('task')):
+      out.setdefault(run.tags['position'], []).append(summaries[run.name])
+  return out
+
+
 def finite(values: list[float]) -> list[float]:
   """The values that are not NaN (NaN marks a diverged run)."""
   return [v for v in values if not math.isnan(v)]

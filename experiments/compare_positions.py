@@ -45,11 +45,8 @@ def report(workdir: str, runs: list[study.Run], summaries: dict, quick: bool,
   """results.md/.json and the plot from the finished runs' summaries; an
   encoding without one is left out."""
   base = task_config(task, quick)
-  results: dict[str, list[dict]] = {}
-  for run in runs:
-    if run.name in summaries:
-      results.setdefault(f'position={run.tags["position"]}', []).append(
-          summaries[run.name])
+  results = {f'position={label}': r
+             for label, r in common.by_label(runs, summaries).items()}
   seeds = max((len(r) for r in results.values()), default=0)
   lengths = list(base.eval.lengths)
   inside = max(n for n in lengths if n <= base.task.max_len)

@@ -53,22 +53,9 @@ def task_base(task: str, quick: bool):
   return base
 
 
-def run_name(task: str, name: str, seed: int) -> str:
-  return f'{task}/{name.replace(", ", "_").replace(" ", "_")},seed={seed}'
-
-
-def study_runs(tasks, seeds: int, quick: bool) -> list[study.Run]:
-  """task-major, then seed, then variant (the committed study's folders)."""
-  runs = []
-  for task in tasks:
-    base = task_base(task, quick)
-    for seed in range(seeds):
-      for name, model in SETTINGS + DROPOUT_SETTINGS:
-        config = common.variant(base, **model)
-        config.seed = seed
-        runs.append(study.Run(run_name(task, name, seed), config,
-                              {'task': task, 'position': name, 'seed': seed}))
-  return runs
+def folder(name: str) -> str:
+  """A variant's folder name (the committed study's)."""
+  return name.replace(', ', '_').replace(' ', '_')
 
 
 def draw_tables(workdir: str, task: str, runs: list[study.Run], inside: int,
@@ -109,11 +96,7 @@ def report(workdir: str, runs: list[study.Run], summaries: dict,
   sections, data = [], {}
   for task in tasks:
     base = task_base(task, quick)
-    results: dict[str, list[dict]] = {}
-    for run in runs:
-      if run.tags['task'] == task and run.name in summaries:
-        results.setdefault(run.tags['position'], []).append(
-            summaries[run.name])
+    results = common.by_label(runs, summaries, task)
     if not results:
       continue
     seeds = max(seeds, *(len(r) for r in results.values()))
@@ -154,22 +137,17 @@ def report(workdir: str, runs: list[study.Run], summaries: dict,
       data=data)
 
 
-class Exercise2(skeleton.Study):
+class Exercise2(skeleton.TaskSweep):
   """--scale: cpu (reverse and sort, five variants); quick (reverse, one
   seed, 200 steps)."""
-  scales = ('cpu',)
-  default_scale = 'cpu'
-  filters = ('task',)
+  tasks, quick_tasks = TASKS, QUICK_TASKS
 
-  def filter_values(self):
-    return {'task': TASKS}
+  def sweep_runs(self, tasks, seeds, quick):
+    return common.variant_runs(tasks, seeds, SETTINGS + DROPOUT_SETTINGS,
+                               lambda task: task_base(task, quick), folder)
 
-  def runs(self, scale, seeds, context):
-    quick = scale == 'quick'
-    return study_runs(QUICK_TASKS if quick else TASKS, seeds, quick)
-
-  def report(self, workdir, runs, results, scale, context):
-    return report(workdir, runs, results, scale == 'quick')
+  def sweep_report(self, workdir, runs, summaries, quick):
+    return report(workdir, runs, summaries, quick)
 
 
 STUDY = Exercise2()

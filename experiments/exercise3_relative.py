@@ -51,22 +51,6 @@ def task_base(task: str, quick: bool):
   return common.small(base, steps=200) if quick else base
 
 
-def study_runs(tasks, seeds: int, quick: bool) -> list[study.Run]:
-  """task-major, then seed, then variant; named <task>/<variant with
-  underscores>,seed=<seed> (the committed study's folders)."""
-  runs = []
-  for task in tasks:
-    base = task_base(task, quick)
-    for seed in range(seeds):
-      for name, model in settings(quick):
-        config = common.variant(base, **model)
-        config.seed = seed
-        runs.append(study.Run(f'{task}/{name.replace(" ", "_")},seed={seed}',
-                              config, {'task': task, 'position': name,
-                                       'seed': seed}))
-  return runs
-
-
 def report(workdir: str, runs: list[study.Run], summaries: dict,
            quick: bool) -> str:
   tasks = list(dict.fromkeys(r.tags['task'] for r in runs))
@@ -74,11 +58,7 @@ def report(workdir: str, runs: list[study.Run], summaries: dict,
   sections, data = [], {}
   for task in tasks:
     base = task_base(task, quick)
-    results: dict[str, list[dict]] = {}
-    for run in runs:
-      if run.tags['task'] == task and run.name in summaries:
-        results.setdefault(run.tags['position'], []).append(
-            summaries[run.name])
+    results = common.by_label(runs, summaries, task)
     if not results:
       continue
     seeds = max(seeds, *(len(r) for r in results.values()))
@@ -102,22 +82,19 @@ def report(workdir: str, runs: list[study.Run], summaries: dict,
       data=data)
 
 
-class Exercise3(skeleton.Study):
+class Exercise3(skeleton.TaskSweep):
   """--scale: cpu (three tasks, thirteen variants); quick (shift, three
   variants, one seed)."""
-  scales = ('cpu',)
-  default_scale = 'cpu'
-  filters = ('task',)
+  tasks, quick_tasks = TASKS, QUICK_TASKS
 
-  def filter_values(self):
-    return {'task': TASKS}
+  def sweep_runs(self, tasks, seeds, quick):
+    # <task>/<variant with underscores>,seed=<seed>: the committed folders.
+    return common.variant_runs(tasks, seeds, settings(quick),
+                               lambda task: task_base(task, quick),
+                               lambda name: name.replace(' ', '_'))
 
-  def runs(self, scale, seeds, context):
-    quick = scale == 'quick'
-    return study_runs(QUICK_TASKS if quick else TASKS, seeds, quick)
-
-  def report(self, workdir, runs, results, scale, context):
-    return report(workdir, runs, results, scale == 'quick')
+  def sweep_report(self, workdir, runs, summaries, quick):
+    return report(workdir, runs, summaries, quick)
 
 
 STUDY = Exercise3()

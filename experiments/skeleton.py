@@ -80,6 +80,37 @@ class Study:
     raise NotImplementedError
 
 
+class TaskSweep(Study):
+  """A sweep of model variants over tasks (the chapter's exercises): the
+  subclass names its tasks and implements `sweep_runs(tasks, seeds, quick)`
+  and `sweep_report(workdir, runs, summaries, quick)`; --tasks filters."""
+  scales = ('cpu',)
+  default_scale = 'cpu'
+  filters = ('task',)
+  tasks: tuple[str, ...] = ()
+  quick_tasks: tuple[str, ...] = ()
+
+  def filter_values(self) -> dict[str, Sequence[str]]:
+    return {'task': self.tasks}
+
+  def runs(self, scale: str, seeds: int, context: Any) -> list[study.Run]:
+    quick = scale == 'quick'
+    return self.sweep_runs(self.quick_tasks if quick else self.tasks, seeds,
+                           quick)
+
+  def report(self, workdir: str, runs: list[study.Run], results: dict,
+             scale: str, context: Any) -> str:
+    return self.sweep_report(workdir, runs, results, scale == 'quick')
+
+  def sweep_runs(self, tasks: Sequence[str], seeds: int, quick: bool
+                 ) -> list[study.Run]:
+    raise NotImplementedError
+
+  def sweep_report(self, workdir: str, runs: list[study.Run], summaries: dict,
+                   quick: bool) -> str:
+    raise NotImplementedError
+
+
 def scored_results(runs: Sequence[study.Run], workdir: str, result_file: str,
                    evaluate, *, score_missing: bool) -> dict[str, Any]:
   """{name: evaluate(run, path) with the run's label and seed} for every

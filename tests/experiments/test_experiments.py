@@ -68,6 +68,19 @@ def test_exercise3_quick(tmp_path):
   assert token_acc(shift['shaw k=2'], 16) > token_acc(shift['sinusoidal'], 16)
 
 
+def test_an_exercise_refuses_an_unknown_task_before_training(tmp_path):
+  """The exercises are skeleton studies: --tasks names their tasks, and a
+  typo stops the study in one line naming the valid ones."""
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.exercise3_relative',
+       f'--workdir={tmp_path}', '--tasks=shift,revrse'], cwd=ROOT,
+      capture_output=True, text=True, timeout=300, env=subprocess_env())
+  assert result.returncode != 0
+  assert result.stderr.strip() == ('error: --tasks: unknown revrse (valid: '
+                                   'reverse, shift, window_sum)')
+  assert not list(tmp_path.iterdir())
+
+
 def test_exercise2_quick(tmp_path):
   data = run_driver('exercise2_learned', tmp_path)
   runs = data['reverse']
