@@ -61,6 +61,9 @@ def draw(logits: jax.Array, key: jax.Array | None, temperature: float,
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
   logits = logits / temperature
   if top_k is not None:
+    if not 1 <= top_k <= logits.shape[-1]:
+      raise ValueError(f'top_k must be between 1 and the {logits.shape[-1]} '
+                       f'logits of a step, or None; got {top_k}')
     kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
     logits = jnp.where(logits >= kth, logits, -jnp.inf)
   return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)

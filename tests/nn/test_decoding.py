@@ -222,6 +222,16 @@ def test_bad_requests_say_what_is_wrong():
   with pytest.raises(ValueError, match='temperature must be > 0'):
     decoding.generate(dec, prompt, 2, method='sample', temperature=0.0,
                       key=jax.random.key(0))
+  # Its neighbour: a top_k outside 1..V failed deep in lax.top_k (0, or
+  # more than the vocabulary) or broadcast an empty row (negative).
+  vocab = dec(prompt, deterministic=True).shape[-1]
+  for top_k in (0, -3, vocab + 1):
+    with pytest.raises(ValueError, match=rf'top_k must be between 1 and the '
+                       rf'{vocab} logits of a step, or None; got {top_k}'):
+      decoding.generate(dec, prompt, 2, method='sample', top_k=top_k,
+                        key=jax.random.key(0))
+  assert decoding.generate(dec, prompt, 2, method='sample', top_k=vocab,
+                           key=jax.random.key(0)).tokens.shape == (1, 4)
 
 
 def test_generating_past_a_learned_table_is_refused_like_a_full_pass():
