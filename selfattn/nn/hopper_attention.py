@@ -54,7 +54,6 @@ the blocks and the padding masked through the key length.
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import jax
@@ -67,8 +66,7 @@ from jax.experimental import pallas as pl
 from selfattn.nn import pallas_kernels as kernels
 
 F32 = jnp.float32
-LOG2E = math.log2(math.e)
-LN2 = math.log(2.0)
+LN2, LOG2E = kernels.LN2, kernels.LOG2E      # base-2 scores, as the Triton kernels
 
 KINDS = ('none', 'alibi', 't5', 'shaw')   # the forward's; the backward's below
 BACKWARD_KINDS = ('none', 'alibi')        # T5's, Shaw's table gradients: Triton's
