@@ -152,8 +152,9 @@ def test_length_generalization_quick_survives_a_kill_and_shards(tmp_path):
   killed = tmp_path / 'killed'
   cmd = [sys.executable, '-m', 'experiments.length_generalization',
          f'--workdir={killed}', '--quick', *flags]
-  proc = subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(cmd, cwd=ROOT,
+                          env=subprocess_env(xla_cache=tmp_path / 'xla'),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 600
   # Kill once the first run has finished and the second has a checkpoint.
   while time.time() < deadline and not (

@@ -61,8 +61,22 @@ def test_a_diverged_run_is_recorded_once_and_not_retrained(tmp_path,
   assert again == first
 
 
-def test_a_study_shares_compilations_on_disk_only_while_it_runs(tmp_path,
-                                                               monkeypatch):
+@pytest.fixture
+def no_process_cache():
+  """This process without the session's XLA cache (conftest), as a user's
+  process is by default; the cache comes back afterwards."""
+  import jax
+  from jax.experimental.compilation_cache import compilation_cache
+  before = jax.config.jax_compilation_cache_dir
+  jax.config.update('jax_compilation_cache_dir', None)
+  compilation_cache.reset_cache()
+  yield
+  jax.config.update('jax_compilation_cache_dir', before)
+  compilation_cache.reset_cache()
+
+
+def test_a_study_shares_compilations_on_disk_only_while_it_runs(
+    tmp_path, monkeypatch, no_process_cache):
   """Inside execute, XLA's executables go to the study's .xla_cache; after
   it, the process's settings are back, so a caller that runs a study
   in-process (these tests) does not write every later compilation there."""

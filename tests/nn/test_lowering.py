@@ -218,17 +218,25 @@ def _check_step(text: str, impl: str, position: str, length: int,
     assert kernel == 0 and _square(text, length)
 
 
-# (impl, platform): the paths that route per platform (the kernels, and
-# 'auto', which picks among them) on both; plain, fused and chunked trace
-# the same StableHLO for either (from a CPU host, fused is XLA's attention
-# for 'cuda' too: test_fused_step_holds_cudnn_lowered_for_cuda), so once.
-STEP_CASES = [(impl, platform) for impl in attention.IMPLEMENTATIONS
-              for platform in (PLATFORMS if impl in ('pallas', 'auto')
-                               else ('cuda',))]
+# (impl, platform, positions): only the kernels route per platform, so they
+# are lowered for both; 'auto' at STEP_LENGTH is the chunked path whatever
+# the platform, and plain, fused and chunked trace the same StableHLO for
+# either (from a CPU host, fused is XLA's attention for 'cuda' too:
+# test_fused_step_holds_cudnn_lowered_for_cuda), so once. The O(L) paths
+# (chunked, auto) and the kernel hold their promise per encoding; plain and
+# fused, which materialize the weights whatever the encoding, are checked
+# on the four kinds of term (none, a rotation, a bias, Shaw's, which fused
+# leaves to plain).
+MATERIALIZING_POSITIONS = ('none', 'rope', 't5', 'shaw')
+STEP_CASES = [(impl, platform, position)
+              for impl in attention.IMPLEMENTATIONS
+              for platform in (PLATFORMS if impl == 'pallas' else ('cuda',))
+              for position in (positions.POSITION_NAMES
+                               if impl in ('pallas',) + LINEAR_MEMORY
+                               else MATERIALIZING_POSITIONS)]
 
 
-@pytest.mark.parametrize('impl,platform', STEP_CASES)
-@pytest.mark.parametrize('position', positions.POSITION_NAMES)
+@pytest.mark.parametrize('impl,platform,position', STEP_CASES)
 def test_training_steps_lower(platform, impl, position):
   """The encoder's and the causal decoder's training step, for each
   attention_impl and encoding, hold the kernel where the path promises it

@@ -31,17 +31,23 @@ def saved_params(workdir, step=None):
   return [np.asarray(x) for x in jax.tree.leaves(params)]
 
 
-def subprocess_env(**extra) -> dict[str, str]:
+def subprocess_env(*, xla_cache: str | os.PathLike | None = None,
+                   **extra) -> dict[str, str]:
   """The environment of a training subprocess: the repository importable, and
   XLA's compiled programs cached on disk across the session's subprocesses
   (conftest makes the directory). Every tiny-config run compiles the same
   programs; the cache cuts the suite's time, and changes no number (it
   stores the executables, keyed by program and options). Not for the
-  benchmark, whose compile times it would falsify."""
+  benchmark, whose compile times it would falsify.
+
+  A process the test kills passes its own `xla_cache` directory: JAX
+  writes an entry in place, and a kill in the middle of a write would leave
+  the session's cache a truncated entry, which every later reader would
+  warn about on stderr."""
   env = {**os.environ, 'PYTHONPATH': ROOT}
-  cache = os.environ.get('SELFATTN_TEST_XLA_CACHE')
+  cache = xla_cache or os.environ.get('SELFATTN_TEST_XLA_CACHE')
   if cache:
-    env.update(JAX_COMPILATION_CACHE_DIR=cache,
+    env.update(JAX_COMPILATION_CACHE_DIR=str(cache),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
   if 'XLA_FLAGS' in extra:      # added to the suite's flags (conftest), not instead
     extra = {**extra, 'XLA_FLAGS': ' '.join(
@@ -59,11 +65,13 @@ def benchmark_env() -> dict[str, str]:
   return env
 
 
-def cli(workdir, *overrides, config='configs/tiny.py', env=None, wait=True):
-  """Runs `python -m selfattn.main` in a subprocess from the repository root."""
+def cli(workdir, *overrides, config='configs/tiny.py', env=None, wait=True,
+        xla_cache=None):
+  """Runs `python -m selfattn.main` in a subprocess from the repository root
+  (`xla_cache`: subprocess_env's, for a process the test will kill)."""
   cmd = [sys.executable, '-m', 'selfattn.main', f'--config={config}',
          f'--workdir={workdir}', *overrides]
-  full_env = subprocess_env(**(env or {}))
+  full_env = subprocess_env(xla_cache=xla_cache, **(env or {}))
   if not wait:
     return subprocess.Popen(cmd, cwd=ROOT, env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

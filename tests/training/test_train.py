@@ -95,7 +95,7 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
   reference = cli(tmp_path / 'reference', *overrides)
   assert reference.returncode == 0, reference.stderr[-2000:]
   victim = tmp_path / 'victim'
-  proc = cli(victim, *overrides, wait=False)
+  proc = cli(victim, *overrides, wait=False, xla_cache=tmp_path / 'xla')
   deadline = time.time() + 300
   while time.time() < deadline and proc.poll() is None:
     done = [d for d in os.listdir(victim / 'checkpoints')
