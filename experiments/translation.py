@@ -32,6 +32,7 @@ import os
 import statistics
 from typing import Any
 
+import ml_collections
 import numpy as np
 from absl import app
 
@@ -165,6 +166,16 @@ def is_current(result: dict) -> bool:
   return result.get('beam_search') == BEAM_SEARCH
 
 
+def scheduled_checkpoints(steps: list[int],
+                          config: ml_collections.ConfigDict) -> list[int]:
+  """The kept checkpoints an uninterrupted run has too: those on the
+  checkpoint_every grid and the last step. A run paused by a signal also
+  keeps the step it stopped at; choosing among those would make the chosen
+  checkpoint depend on when the run was paused."""
+  every, last = config.train.checkpoint_every, config.train.num_steps
+  return [s for s in steps if s % every == 0 or s == last]
+
+
 def evaluate_run(run: study.Run, path: str,
                  greedy_by_step: dict[int, float] | None = None
                  ) -> dict[str, Any]:
@@ -189,7 +200,7 @@ def evaluate_run(run: study.Run, path: str,
   state = trainer.init_state()
   writer = SummaryWriter(logdir=path)
   if old is None:
-    kept = checkpoints.saved_steps(path)
+    kept = scheduled_checkpoints(checkpoints.saved_steps(path), run.config)
     # The training loop's own greedy BLEU where it has one; every other kept
     # checkpoint is decoded here (a record missing a step, or none at all).
     by_step = {s: b for s, b in (greedy_by_step or {}).items() if s in kept}
