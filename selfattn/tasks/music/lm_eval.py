@@ -15,6 +15,7 @@ model was trained on, so NLL can be read per position beyond the window.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import jax
@@ -109,15 +110,38 @@ def sample(model: nnx.Module, prompt: jax.Array, num_steps: int,
     raise ValueError(f'num_steps must be >= 1; got {num_steps}')
   prompt = jnp.asarray(prompt, jnp.int32)
   if not use_cache:
-    forward = nnx.jit(lambda m, x: m(x, deterministic=True)[:, -1])
-    seq = prompt
+    # One length for every step: the sequence is padded to its final length
+    # and step i reads the logits at its last real position (a causal pass,
+    # so the padding after it changes nothing there). One compiled program,
+    # where a pass over each length would compile one per step.
+    p = prompt.shape[1]
+    seq = jnp.pad(prompt, ((0, 0), (0, num_steps)))
     for i in range(num_steps):
-      token = decoding.draw(forward(model, seq), jax.random.fold_in(key, i),
-                            temperature, top_k)
-      seq = jnp.concatenate([seq, token[:, None]], axis=1)
+      logits = _logits_at(model, seq, jnp.int32(p + i - 1))
+      token = decoding.draw(logits, jax.random.fold_in(key, i), temperature,
+                            top_k)
+      seq = seq.at[:, p + i].set(token)
     return seq
   method = 'greedy' if temperature == 0 else 'sample'
-  run = nnx.jit(lambda m, x: decoding.generate(
-      m, x, num_steps, method=method, key=key, temperature=temperature,
-      top_k=top_k).tokens)
-  return run(model, prompt)
+  return _generate(model, prompt, key, num_steps=num_steps, method=method,
+                   temperature=temperature, top_k=top_k)
+
+
+# Module-level, so a second call with the same model structure, shapes and
+# settings reuses the compiled program.
+@nnx.jit
+def _logits_at(model: nnx.Module, seq: jax.Array, position: jax.Array
+               ) -> jax.Array:
+  """(B, V) logits at `position` of a causal full pass over seq (B, T)."""
+  logits = model(seq, deterministic=True)
+  return jax.lax.dynamic_index_in_dim(logits, position, axis=1,
+                                      keepdims=False)
+
+
+@functools.partial(nnx.jit, static_argnames=('num_steps', 'method',
+                                             'temperature', 'top_k'))
+def _generate(model: nnx.Module, prompt: jax.Array, key: jax.Array, *,
+              num_steps: int, method: str, temperature: float,
+              top_k: int | None) -> jax.Array:
+  return decoding.generate(model, prompt, num_steps, method=method, key=key,
+                           temperature=temperature, top_k=top_k).tokens
