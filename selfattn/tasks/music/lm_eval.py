@@ -30,14 +30,19 @@ from selfattn.tasks.music import jsb
 def _nll_fn(model: nnx.Module) -> Callable:
   """A jitted (tokens (B, T), targets (B, T)) -> -log p(target) (B, T)."""
   graphdef, state = nnx.split(model)
+  return lambda tokens, targets: np.asarray(
+      _nll(graphdef, state, tokens, targets))
 
-  @jax.jit
-  def nll(state, tokens, targets):
-    logits = nnx.merge(graphdef, state)(tokens, deterministic=True)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
 
-  return lambda tokens, targets: np.asarray(nll(state, tokens, targets))
+# Module-level, the model's structure static: the valid and test splits
+# (same window and batch) and every model of one structure share one
+# compiled program.
+@functools.partial(jax.jit, static_argnums=0)
+def _nll(graphdef: nnx.GraphDef, state: nnx.State, tokens: jax.Array,
+         targets: jax.Array) -> jax.Array:
+  logits = nnx.merge(graphdef, state)(tokens, deterministic=True)
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
 
 
 def _batched(rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
