@@ -108,8 +108,10 @@ def sample(model: nnx.Module, prompt: jax.Array, num_steps: int,
   Step i draws with jax.random.fold_in(key, i) (decoding.draw: softmax of
   logits / temperature among the top_k; temperature 0 is argmax), so the
   cached path (decoding.generate: the prompt fills the key/value caches,
-  then one token per step) and the uncached one (a full causal pass over
-  everything so far, per step) draw the same tokens from the same logits.
+  then one token per step) and the uncached one (per step, a full pass over
+  the sequence padded to its final length, read at the last token so far)
+  draw the same tokens from the same logits. `model` is causal (a
+  LanguageModel): the uncached path relies on it.
   """
   if num_steps < 1:
     raise ValueError(f'num_steps must be >= 1; got {num_steps}')
