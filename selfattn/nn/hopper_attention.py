@@ -43,8 +43,8 @@ offset's row per entry. With values, the kernel also returns each row's
 softmax mass per table row, W (B, H, 2k+1, Lq): the edges accumulate over
 far blocks, the 2k-1 interior rows only over the near ones (rescaled once
 at the end from the near region's running max); the value term W a^V is
-one small matmul after the kernel. The backward is Triton's (its table
-gradients), from this forward's out and lse, as for T5.
+one small matmul after the kernel. Shaw's backward is Triton's (its table
+gradients), from this forward's out and lse; T5's is hopper_backward.py's.
 
 Shapes: q (B, H, Lq, D), k and v (B, H, Lk, D), bf16 or f16, D padded
 with zeros to a multiple of 64 (at most MAX_HEAD); lengths are padded to
@@ -69,7 +69,7 @@ F32 = jnp.float32
 LN2, LOG2E = kernels.LN2, kernels.LOG2E      # base-2 scores, as the Triton kernels
 
 KINDS = ('none', 'alibi', 't5', 'shaw')   # the forward's; the backward's below
-BACKWARD_KINDS = ('none', 'alibi')        # T5's, Shaw's table gradients: Triton's
+BACKWARD_KINDS = ('none', 'alibi', 't5')  # Shaw's backward is Triton's
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 HEAD_MULTIPLE = 64          # a 128-byte swizzled row of 16-bit values
 COMPUTE_GROUPS = 2

@@ -3,11 +3,16 @@ dK/dV kernel, each with one producer warpgroup streaming blocks through
 shared-memory slots and two compute warpgroups (hopper_attention.py's
 forward has the same shape and explains the pipeline).
 
-With s = scale q k^T + term (ALiBi's, from iota offsets) and the forward's
-lse, p = exp(s - lse), delta = rowsum(dO * out) (computed outside, O(L D)):
+With s = scale q k^T + term (ALiBi's, from iota offsets; T5's bucket
+bias, one edge bucket on blocks wholly beyond max_distance as in the
+forward) and the forward's lse, p = exp(s - lse), delta = rowsum(dO * out)
+(computed outside, O(L D)):
 
   dQ    per (batch, head, tile of 2 x block_q query rows), over key blocks:
         dp = dO v^T; ds = p (dp - delta); dq += ds k       (3 matmuls)
+        T5: each row's sums of ds per bucket (a far block's row sums go to
+        its edge bucket whole), written (B, H, num_buckets, Lq) and summed
+        to the table's gradient after the kernel, O(L) memory
   dK/dV per (batch, head, tile of 2 x block_q key rows), over query blocks
         (streamed q, dO, lse, delta): p^T from k q^T; dv += p^T dO;
         dp^T = v dO^T; ds^T = p^T (dp^T - delta); dk += ds^T q   (4 matmuls)
@@ -30,6 +35,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from selfattn.nn import pallas_kernels as kernels
 from selfattn.nn.hopper_attention import BACKWARD_KINDS
 from selfattn.nn.hopper_attention import COMPUTE_GROUPS
 from selfattn.nn.hopper_attention import F32
@@ -45,6 +51,7 @@ from selfattn.nn.hopper_attention import head_table
 from selfattn.nn.hopper_attention import head_terms
 from selfattn.nn.hopper_attention import key_end
 from selfattn.nn.hopper_attention import logits2
+from selfattn.nn.hopper_attention import over_blocks
 from selfattn.nn.hopper_attention import product
 from selfattn.nn.hopper_attention import unmasked_end
 from selfattn.nn.hopper_attention import round_up
@@ -76,12 +83,27 @@ def _stream(j0, end, stages, slots_and_refs, ready, free, index_of):
     plgpu.barrier_wait(free.at[lax.rem(j - j0, jnp.int32(stages))])
 
 
-def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
-               table_ref, dq_ref, scoped, *, cfg: HopperConfig, lq: int,
-               lk: int, dtype):
+def _fold(cfg: HopperConfig, folds, x, bucket, region: str):
+  """T5: each row's sums of x per bucket, added to `folds` (a (bq,) row
+  vector per bucket): a far block's row sums all go to its edge bucket,
+  a near block's by one select per bucket."""
+  if region != 'near':
+    n = kernels.edge(cfg, region)
+    return folds[:n] + (folds[n] + x.sum(axis=1),) + folds[n + 1:]
+  return tuple(f + jnp.where(bucket == n, x, 0.0).sum(axis=1)
+               for n, f in enumerate(folds))
+
+
+def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
   import jax.experimental.pallas.mosaic_gpu as plgpu
+  t5 = cfg.kind == 't5'
+  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, table_ref,
+   dq_ref) = refs[:9]
+  dtable_ref = refs[9] if t5 else None
+  scoped = refs[-1]
   smem, (k_ready, v_ready), own_ready, free = scoped
-  q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem, ds_smem2 = smem
+  (q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem, ds_smem2,
+   fold_smem2) = smem
   bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
   b, h, wg = (lax.axis_index(n) for n in ('batch', 'heads', 'wg'))
   tile_base = lax.axis_index('tiles') * (COMPUTE_GROUPS * bq)
@@ -111,26 +133,36 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
     end = key_end(cfg, length, shift, base + bq - 1, bk)
     full = unmasked_end(cfg, length, shift, base, bk, end)
 
-    def step(j, dq, masked: bool):
+    def step(j, carry, masked: bool, region: str):
+      dq, folds = carry
       slot = lax.rem(j, jnp.int32(stages))
       plgpu.barrier_wait(k_ready.at[slot])
       s = product(q_smem, k_smem.at[slot].transpose((1, 0)), (bq, bk))
       q_idx, k_idx = block_indices(base, j * bk, (bq, bk))
-      s2 = logits2(cfg, s, q_idx, k_idx, terms, length, shift, masked)
+      bucket = (kernels.bucket_of(cfg, k_idx - q_idx)
+                if t5 and region == 'near' else None)
+      s2 = logits2(cfg, s, q_idx, k_idx, terms, length, shift, masked,
+                   region, bucket)
       p = jnp.exp2(s2 - lax.broadcast_in_dim(lse2, s2.shape, [0]))
       plgpu.barrier_wait(v_ready.at[slot])
       dp = product(do_smem, v_smem.at[slot].transpose((1, 0)), (bq, bk))
       ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+      if t5:
+        folds = _fold(cfg, folds, ds, bucket, region)
       dq = accumulate_product(dq, ds.astype(dtype), k_smem.at[slot],
                               ds_smem2.at[wg] if cfg.interpret else None,
                               cfg.interpret)
       plgpu.barrier_arrive(free.at[slot])
-      return dq
+      return dq, folds
 
     dq = plgpu.layout_cast(jnp.zeros((bq, q_smem.shape[-1]), F32),
                            plgpu.Layout.WGMMA)
-    dq = lax.fori_loop(0, full, functools.partial(step, masked=False), dq)
-    dq = lax.fori_loop(full, end, functools.partial(step, masked=True), dq)
+    folds = ()
+    if t5:
+      folds = tuple(plgpu.layout_cast(jnp.zeros((bq,), F32), row_layout)
+                    for _ in range(cfg.num_buckets))
+    dq, folds = over_blocks(cfg, step, (dq, folds), lax.div(base, bq), bq, bk,
+                            full, end)
 
     @pl.loop(end, tile_end)
     def _release(j):
@@ -141,8 +173,14 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
       plgpu.barrier_arrive(free.at[slot])
 
     q_smem[...] = (dq * cfg.scale).astype(dtype)
+    if t5:
+      fold_smem = fold_smem2.at[wg]
+      for n, f in enumerate(folds):
+        fold_smem.at[n][...] = f
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[b, h, rows])
+    if t5:
+      plgpu.copy_smem_to_gmem(fold_smem, dtable_ref.at[b, h, :, rows])
     plgpu.wait_smem_to_gmem(0)
 
   @pl.when(wg == COMPUTE_GROUPS)
@@ -152,6 +190,21 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
     _stream(0, tile_end, stages, ((block(k_ref), k_smem),
                                   (block(v_ref), v_smem)),
             (k_ready, v_ready), free, lambda j: j)
+
+
+def _query_regions(cfg: HopperConfig, key_block, bq: int, bkv: int, start,
+                   end):
+  """[(lo, hi, region)] of query blocks [start, end) for keys [key_block
+  bkv, key_block bkv + bkv): T5's far blocks on each side (the transpose of
+  hopper_attention.regions: queries far left of the keys see them at
+  offsets >= max_distance, the 'right' edge bucket) apart from the near
+  ones; one 'near' range otherwise."""
+  if cfg.kind != 't5':
+    return [(start, end, 'near')]
+  right_end, left_start = kernels.far_query_blocks(
+      key_block, bq, bkv, kernels.reach(cfg), start, end)
+  return [(start, right_end, 'right'), (right_end, left_start, 'near'),
+          (left_start, end, 'left')]
 
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
@@ -209,14 +262,17 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
         plgpu.barrier_wait(barrier.at[slot])
       plgpu.barrier_arrive(free.at[slot])
 
-    def step(i, carry, masked: bool):
+    def step(i, carry, masked: bool, region: str):
       dk, dv = carry
       slot = lax.rem(i - tile_start, jnp.int32(stages))
       for barrier in ready:
         plgpu.barrier_wait(barrier.at[slot])
       s_t = product(k_smem, q_smem.at[slot].transpose((1, 0)), (bkv, bq))
       k_idx, q_idx = block_indices(base, i * bq, (bkv, bq))
-      s2 = logits2(cfg, s_t, q_idx, k_idx, terms, length, shift, masked)
+      bucket = (kernels.bucket_of(cfg, k_idx - q_idx)
+                if cfg.kind == 't5' and region == 'near' else None)
+      s2 = logits2(cfg, s_t, q_idx, k_idx, terms, length, shift, masked,
+                   region, bucket)
       lse2 = plgpu.load(lse_smem.at[slot], layout=column_layout) * LOG2E
       p_t = jnp.exp2(s2 - lax.broadcast_in_dim(lse2, s2.shape, [1]))
       dv = accumulate_product(dv, p_t.astype(dtype), do_smem.at[slot],
@@ -232,10 +288,13 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
     zeros = lambda width: plgpu.layout_cast(jnp.zeros((bkv, width), F32),
                                             plgpu.Layout.WGMMA)
     carry = (zeros(k_smem.shape[-1]), zeros(v_smem.shape[-1]))
-    carry = lax.fori_loop(start, full, functools.partial(step, masked=True),
-                          carry)
-    dk, dv = lax.fori_loop(full, num_query_blocks,
-                           functools.partial(step, masked=False), carry)
+    for lo, hi, region in _query_regions(cfg, lax.div(base, bkv), bq, bkv,
+                                         start, num_query_blocks):
+      split = jnp.clip(full, lo, hi)
+      for a, b_, masked in ((lo, split, True), (split, hi, False)):
+        carry = lax.fori_loop(a, b_, functools.partial(
+            step, masked=masked, region=region), carry)
+    dk, dv = carry
     k_smem[...] = (dk * cfg.scale).astype(dtype)
     v_smem[...] = dv.astype(dtype)
     plgpu.commit_smem()
@@ -256,13 +315,14 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
 def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
              key_lengths: jax.Array | None, table: jax.Array | None,
              d_out: jax.Array, lse: jax.Array, delta: jax.Array
-             ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(dq, dk, dv) in q's dtype of hopper_attention.forward's output.
+             ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
+  """(dq, dk, dv) in q's dtype of hopper_attention.forward's output, and
+  T5's table gradient (num_buckets, H) float32 (None for the other kinds).
 
-  q, k, v, key_lengths, table: as the forward's (ALiBi's slopes or None:
-  BACKWARD_KINDS; T5's table gradient is the Triton kernels'). d_out: (B, H, Lq, Dv) the
-  output's cotangent; lse: the forward's (B, H, Lq) float32 (+inf where a
-  row had no key); delta: (B, H, Lq) float32 rowsum(d_out * out).
+  q, k, v, key_lengths, table: as the forward's (ALiBi's slopes, T5's
+  (num_buckets, H) biases or None: BACKWARD_KINDS). d_out: (B, H, Lq, Dv)
+  the output's cotangent; lse: the forward's (B, H, Lq) float32 (+inf
+  where a row had no key); delta: (B, H, Lq) float32 rowsum(d_out * out).
   """
   import jax.experimental.pallas.mosaic_gpu as plgpu
   check(cfg)
@@ -316,14 +376,25 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   # dQ: query tiles of 2 x bq rows, key blocks of bk streamed.
   stages = min(cfg.stages, lk_pad // bk)
   dq_cfg = cfg._replace(stages=stages)
+  # T5: each query row's sums of ds per bucket, (B, H, num_buckets, Lq)
+  # (O(L) memory), summed over batch and rows below.
+  t5 = cfg.kind == 't5'
+  dq_out = jax.ShapeDtypeStruct((b, h, lq_pad, width), q.dtype)
+  if t5:
+    dq_out = (dq_out, jax.ShapeDtypeStruct((b, h, cfg.num_buckets, lq_pad),
+                                           F32))
   dq = call(
       functools.partial(_dq_kernel, cfg=dq_cfg, lq=lq, lk=lk, dtype=q.dtype),
       (tiled((groups, bq, width)), tiled((groups, bq, width)),
        plgpu.SMEM((groups, bq), F32), plgpu.SMEM((groups, bq), F32),
        tiled((stages, bk, width)), tiled((stages, bk, width)),
-       tiled((groups, bq, bk)) if cfg.interpret else None),
-      stages, 2, 4, jax.ShapeDtypeStruct((b, h, lq_pad, width), q.dtype),
-      lq_pad // (groups * bq), 'selfattn_hopper_dq')
+       tiled((groups, bq, bk)) if cfg.interpret else None,
+       plgpu.SMEM((groups, cfg.num_buckets, bq), F32) if t5 else None),
+      stages, 2, 4, dq_out, lq_pad // (groups * bq), 'selfattn_hopper_dq')
+  dtable = None
+  if t5:
+    dq, folds = dq
+    dtable = folds.sum((0, 3)).T                      # (num_buckets, H)
 
   # dK/dV: key tiles of 2 x bq rows, query blocks of bk streamed.
   num_query_blocks = lq_pad // bk
@@ -338,7 +409,8 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
        tiled((groups, bq, bk)) if cfg.interpret else None),
       stages, 4, 2, (jax.ShapeDtypeStruct((b, h, lk_pad, width), q.dtype),) * 2,
       lk_pad // (groups * bq), 'selfattn_hopper_dkdv')
-  return (dq[:, :, :lq, :d], dk[:, :, :lk, :d], dv[:, :, :lk, :dv_width])
+  return (dq[:, :, :lq, :d], dk[:, :, :lk, :d], dv[:, :, :lk, :dv_width],
+          dtable)
 
 
 __all__ = ['backward']

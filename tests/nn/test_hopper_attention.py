@@ -137,14 +137,18 @@ def test_interpreted_forward_equals_numpy(kind, symmetric, causal, lq, lk, d,
   assert not np.any(np.asarray(out)[2])        # length 0: zeros
 
 
-def _reference_jax(q, k, v, lengths, causal, slopes):
-  """The same attention in float32 JAX, for its gradients (jax.vjp)."""
+def _reference_jax(q, k, v, t5_table, lengths, causal, slopes, t5=None):
+  """The same attention in float32 JAX, for its gradients (jax.vjp);
+  t5: (num_buckets, max_distance) of a T5 bias t5_table (num_buckets, H)."""
   lq, lk, d = q.shape[2], k.shape[2], q.shape[3]
   s = jnp.einsum('bhqd,bhkd->bhqk', q, k) / np.sqrt(d)
   offset = jnp.arange(lk)[None, :] - jnp.arange(lq)[:, None]
   if slopes is not None:
     s = s - jnp.asarray(slopes, jnp.float32)[None, :, None, None] * (
         jnp.abs(offset) - 0.5 * (offset < 0))
+  if t5 is not None:
+    bucket = positions.t5_bucket(offset, *t5)            # (Lq, Lk)
+    s = s + jnp.moveaxis(t5_table[bucket], -1, 0)[None]
   keep = jnp.arange(lk)[None, None, None, :] < lengths[:, None, None, None]
   if causal:
     keep = keep & (offset <= lk - lq)
@@ -158,9 +162,12 @@ def _reference_jax(q, k, v, lengths, causal, slopes):
 
 BACKWARD_CASES = [
     # kind, causal, lq, lk, d, block_k: causal rows with no key, a third of
-    # the keys, none; a head padded from 96 to 128 with 128-key blocks.
+    # the keys, none; a head padded from 96 to 128 with 128-key blocks;
+    # T5 with max_distance 20: far blocks on both sides of the near ones,
+    # in the dQ kernel's key blocks and the dK/dV kernel's query blocks.
     ('alibi', True, 200, 130, 64, 64),
     ('none', False, 100, 260, 96, 128),
+    ('t5', False, 130, 300, 64, 64),
 ]
 
 
@@ -175,22 +182,35 @@ def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
   lengths = jnp.array([lk, lk // 3, 0], jnp.int32)
   slopes = (jnp.asarray(positions.alibi_slopes(2), jnp.float32)
             if kind == 'alibi' else None)
+  t5 = (8, 20) if kind == 't5' else None
+  t5_table = jax.random.normal(jax.random.key(6), (8, 2))
   cfg = hopper.HopperConfig(kind=kind, symmetric=False, causal=causal,
                             scale=1 / np.sqrt(d), block_k=block_k,
+                            num_buckets=8 if t5 else 0,
+                            max_distance=20 if t5 else 0,
                             interpret=not ON_HOPPER)
+  table = t5_table if t5 else slopes
 
   @jax.jit
   def gradients(q, k, v, d_out):
-    out, lse = hopper.forward(cfg, q, k, v, lengths, slopes)
+    out, lse = hopper.forward(cfg, q, k, v, lengths, table)
     delta = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), -1)
-    return hopper_backward.backward(cfg, q, k, v, lengths, slopes, d_out,
+    return hopper_backward.backward(cfg, q, k, v, lengths, table, d_out,
                                     lse, delta)
 
   got = gradients(q, k, v, d_out)
   f32 = lambda x: x.astype(jnp.float32)
-  _, vjp = jax.vjp(lambda *a: _reference_jax(*a, lengths, causal, slopes),
-                   f32(q), f32(k), f32(v))
-  for name, g, want in zip(('dq', 'dk', 'dv'), got, vjp(f32(d_out))):
+  _, vjp = jax.vjp(
+      lambda *a: _reference_jax(*a, lengths, causal, slopes, t5),
+      f32(q), f32(k), f32(v), t5_table)
+  wants = vjp(f32(d_out))
+  if t5:     # T5's table gradient: ds summed per bucket, in float32
+    assert got[3].shape == (8, 2) and got[3].dtype == jnp.float32
+    np.testing.assert_allclose(got[3], wants[3],
+                               atol=0.02 * np.abs(wants[3]).max())
+  else:
+    assert got[3] is None
+  for name, g, want in zip(('dq', 'dk', 'dv'), got, wants):
     assert g.shape == want.shape and g.dtype == q.dtype, name
     want = np.asarray(want)
     assert np.abs(want).max() > 0.5, name
@@ -216,7 +236,8 @@ def test_interpreted_ping_pong_off_gives_the_same_answer():
 
 
 # Rotations: PoPE (rotated outside the kernel as RoPE is, and Dq != Dv).
-# Shaw and T5: the Hopper forward's out and lse feed Triton's backward.
+# T5: the Hopper backward with the table gradient; Shaw: the Hopper
+# forward's out and lse feed Triton's backward.
 @pytest.mark.parametrize('relative', ['alibi', 't5', 'pope', 'shaw'])
 @in_interpreter_process
 def test_gradients_through_the_hopper_kernels_match_triton(relative):
@@ -304,7 +325,8 @@ def hopper_in_auto():
 def test_auto_takes_the_hopper_kernel_only_where_it_applies(hopper_in_auto):
   assert MOSAIC_CALL in _lowered(None)
   assert MOSAIC_CALL in _lowered(None, kind='alibi', dtype=jnp.float16)
-  # T5's and Shaw's forward (their backward, Triton's: test_lowering.py).
+  # T5 forward and backward, Shaw's forward (its backward, Triton's:
+  # test_lowering.py).
   assert MOSAIC_CALL in _lowered(None, kind='t5')
   assert MOSAIC_CALL in _lowered(None, kind='shaw')
   assert MOSAIC_CALL in _lowered('NVIDIA H200')
@@ -356,10 +378,9 @@ def test_bad_requests_get_clear_errors():
     pa.pallas_attention(q, k, v, key_lengths=jnp.array([3.0]))
   with pytest.raises(ValueError, match='the Hopper backward computes'):
     hopper_backward.backward(
-        hopper.HopperConfig(kind='t5', symmetric=False, causal=False,
-                            scale=1.0, num_buckets=8, max_distance=20),
-        q, k, v, None, jnp.zeros((8, 2)), q, jnp.zeros((1, 2, 16)),
-        jnp.zeros((1, 2, 16)))
+        hopper.HopperConfig(kind='shaw', symmetric=False, causal=False,
+                            scale=1.0, clip=4),
+        q, k, v, None, None, q, jnp.zeros((1, 2, 16)), jnp.zeros((1, 2, 16)))
   with pytest.raises(ValueError, match='multiples of 64'):
     hopper.check(hopper.HopperConfig(kind='none', symmetric=False,
                                      causal=False, scale=1.0, block_q=32))
