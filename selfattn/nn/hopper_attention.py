@@ -43,8 +43,8 @@ offset's row per entry. With values, the kernel also returns each row's
 softmax mass per table row, W (B, H, 2k+1, Lq): the edges accumulate over
 far blocks, the 2k-1 interior rows only over the near ones (rescaled once
 at the end from the near region's running max); the value term W a^V is
-one small matmul after the kernel. Shaw's backward is Triton's (its table
-gradients), from this forward's out and lse; T5's is hopper_backward.py's.
+one small matmul after the kernel. The backward (hopper_backward.py)
+recomputes the same terms; with heads over 64 wide Shaw's is Triton's.
 
 Shapes: q (B, H, Lq, D), k and v (B, H, Lk, D), bf16 or f16, D padded
 with zeros to a multiple of 64 (at most MAX_HEAD); lengths are padded to
@@ -69,7 +69,7 @@ F32 = jnp.float32
 LN2, LOG2E = kernels.LN2, kernels.LOG2E      # base-2 scores, as the Triton kernels
 
 KINDS = ('none', 'alibi', 't5', 'shaw')   # the forward's; the backward's below
-BACKWARD_KINDS = ('none', 'alibi', 't5')  # Shaw's backward is Triton's
+BACKWARD_KINDS = ('none', 'alibi', 't5', 'shaw')   # Shaw's: heads <= 64
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 HEAD_MULTIPLE = 64          # a 128-byte swizzled row of 16-bit values
 COMPUTE_GROUPS = 2
@@ -114,6 +114,22 @@ def supports(kind: str, dtype, head_dim: int) -> bool:
   head_dim is the widest of q's (after any rotation) and v's."""
   return (kind in KINDS and jnp.dtype(dtype) in DTYPES
           and round_up(head_dim, HEAD_MULTIPLE) <= MAX_HEAD)
+
+
+# Shaw's backward streams its q a^K and dO a^V rows ((2k+1) x 128 float32
+# per block and stage) beside q and dO, and keeps them for its dQ rows: at
+# 128-wide heads the dQ kernel's shared memory (192 KiB without them) would
+# pass the 227 KiB an sm90 block may have at k = 16. Wider heads' Shaw
+# backward is the Triton kernels'.
+SHAW_BACKWARD_MAX_HEAD = 64
+
+
+def backward_computes(kind: str, head_dim: int) -> bool:
+  """Whether hopper_backward computes the backward of a call the forward
+  computes (supports): head_dim the widest of q's and v's."""
+  return kind in BACKWARD_KINDS and (
+      kind != 'shaw' or round_up(head_dim, HEAD_MULTIPLE)
+      <= SHAW_BACKWARD_MAX_HEAD)
 
 
 # Device kinds of sm90 parts (wgmma is sm90a only: not Ampere, not Blackwell).
@@ -251,23 +267,39 @@ def over_blocks(cfg: HopperConfig, step, carry, row_block, bq: int, bk: int,
   return carry
 
 
-def shaw_row(qa_smem, n: int, shape):
-  """Table row n's key term of the block's query rows, broadcast along its
-  keys: (bq,) base-2 values of scale q a^K_n from shared memory."""
+def shaw_row(qa_smem, n: int, shape, query_axis: int = 0):
+  """Table row n's term of the block's queries (the key term: base-2
+  values of scale q a^K_n; the backward's dO a^V_n) from shared memory,
+  broadcast along the keys: queries on axis 0 (the forward, dQ) or axis 1
+  (dK/dV's transposed blocks)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  column = plgpu.load(qa_smem.at[n], layout=plgpu.Layout.WGMMA.reduce(1))
-  return lax.broadcast_in_dim(column, shape, [0])
+  vector = plgpu.load(qa_smem.at[n],
+                      layout=plgpu.Layout.WGMMA.reduce(1 - query_axis))
+  return lax.broadcast_in_dim(vector, shape, [query_axis])
+
+
+def table_term(cfg: HopperConfig, value, region: str, bucket, like):
+  """T5's or Shaw's per-entry term of a block: value(n) of each entry's
+  bucket or table row n. A far block's entries all take their edge's (no
+  select); a near block's by one select per row (no gather)."""
+  if region != 'near':
+    return value(kernels.edge(cfg, region))
+  term = jnp.zeros_like(like)
+  for n in range(kernels.num_rows(cfg)):
+    term = jnp.where(bucket == n, value(n), term)
+  return term
 
 
 def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
-            masked: bool, region: str = 'near', bucket=None):
+            masked: bool, region: str = 'near', bucket=None,
+            query_axis: int = 0):
   """Base-2 logits of a block of raw scores s (q k^T): the scale and the
   encoding's term (head_terms; Shaw's: the QA rows in shared memory)
   folded in, -inf where the pair is not allowed (masked blocks only: keys
   past `length`, causal with `shift` = Lk - Lq). T5 and Shaw far blocks add
   their edge bucket's or row's term; near ones (`bucket`: each entry's, the
   caller's kernels.bucket_of) look it up by one select per bucket (no
-  gather)."""
+  gather). query_axis: 1 for dK/dV's transposed blocks (keys on axis 0)."""
   s = s * (cfg.scale * LOG2E)
   if cfg.kind == 'alibi':
     s = s - terms * alibi_distance(k_idx - q_idx, cfg.symmetric)
@@ -275,14 +307,8 @@ def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
     if cfg.kind == 't5':
       value = lambda n: terms[n]                    # a scalar per bucket
     else:
-      value = lambda n: shaw_row(terms, n, s.shape)
-    if region != 'near':
-      s = s + value(kernels.edge(cfg, region))
-    else:
-      term = jnp.zeros_like(s)
-      for n in range(kernels.num_rows(cfg)):
-        term = jnp.where(bucket == n, value(n), term)
-      s = s + term
+      value = lambda n: shaw_row(terms, n, s.shape, query_axis)
+    s = s + table_term(cfg, value, region, bucket, s)
   if masked:
     keep = k_idx < length
     if cfg.causal:
@@ -596,5 +622,6 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   return out, lse
 
 
-__all__ = ['BACKWARD_KINDS', 'HopperConfig', 'KINDS', 'TUNED', 'check',
+__all__ = ['BACKWARD_KINDS', 'HopperConfig', 'KINDS', 'SHAW_BACKWARD_MAX_HEAD',
+           'TUNED', 'backward_computes', 'check',
            'forward', 'lowering_for_hopper', 'supports']

@@ -4,17 +4,22 @@ shared-memory slots and two compute warpgroups (hopper_attention.py's
 forward has the same shape and explains the pipeline).
 
 With s = scale q k^T + term (ALiBi's, from iota offsets; T5's bucket
-bias, one edge bucket on blocks wholly beyond max_distance as in the
-forward) and the forward's lse, p = exp(s - lse), delta = rowsum(dO * out)
-(computed outside, O(L D)):
+bias; Shaw's scale q a^K of the pair's table row, from QA = q a^K^T
+computed before the kernels; T5's and Shaw's far blocks take one edge
+bucket or row, as in the forward) and the forward's lse, p = exp(s - lse),
+delta = rowsum(dO * out) (computed outside, O(L D)):
 
   dQ    per (batch, head, tile of 2 x block_q query rows), over key blocks:
         dp = dO v^T; ds = p (dp - delta); dq += ds k       (3 matmuls)
-        T5: each row's sums of ds per bucket (a far block's row sums go to
-        its edge bucket whole), written (B, H, num_buckets, Lq) and summed
-        to the table's gradient after the kernel, O(L) memory
+        Shaw's value term adds dO a^V of the pair's row to dp (from DA =
+        dO a^V^T, computed before the kernels). T5, Shaw: each row's sums
+        of ds per bucket or table row (and Shaw's of p, with values; a far
+        block's row sums go to its edge whole), written (B, H, rows, Lq)
+        and turned into the tables' gradients and Shaw's dq term
+        scale fold(ds) a^K after the kernel, O(L k) memory
   dK/dV per (batch, head, tile of 2 x block_q key rows), over query blocks
-        (streamed q, dO, lse, delta): p^T from k q^T; dv += p^T dO;
+        (streamed q, dO, lse, delta; Shaw's QA and DA rows): p^T from
+        k q^T; dv += p^T dO;
         dp^T = v dO^T; ds^T = p^T (dp^T - delta); dk += ds^T q   (4 matmuls)
 
 Both skip the blocks no allowed pair reaches (causal, key lengths) without
@@ -37,6 +42,8 @@ from jax.experimental import pallas as pl
 
 from selfattn.nn import pallas_kernels as kernels
 from selfattn.nn.hopper_attention import BACKWARD_KINDS
+from selfattn.nn.hopper_attention import SHAW_BACKWARD_MAX_HEAD
+from selfattn.nn.hopper_attention import backward_computes
 from selfattn.nn.hopper_attention import COMPUTE_GROUPS
 from selfattn.nn.hopper_attention import F32
 from selfattn.nn.hopper_attention import HEAD_MULTIPLE
@@ -55,6 +62,8 @@ from selfattn.nn.hopper_attention import over_blocks
 from selfattn.nn.hopper_attention import product
 from selfattn.nn.hopper_attention import unmasked_end
 from selfattn.nn.hopper_attention import round_up
+from selfattn.nn.hopper_attention import shaw_row
+from selfattn.nn.hopper_attention import table_term
 
 
 def _stream(j0, end, stages, slots_and_refs, ready, free, index_of):
@@ -84,9 +93,9 @@ def _stream(j0, end, stages, slots_and_refs, ready, free, index_of):
 
 
 def _fold(cfg: HopperConfig, folds, x, bucket, region: str):
-  """T5: each row's sums of x per bucket, added to `folds` (a (bq,) row
-  vector per bucket): a far block's row sums all go to its edge bucket,
-  a near block's by one select per bucket."""
+  """T5, Shaw: each row's sums of x per bucket / table row, added to
+  `folds` (a (bq,) row vector per row): a far block's row sums all go to
+  its edge, a near block's by one select per row."""
   if region != 'near':
     n = kernels.edge(cfg, region)
     return folds[:n] + (folds[n] + x.sum(axis=1),) + folds[n + 1:]
@@ -96,14 +105,22 @@ def _fold(cfg: HopperConfig, folds, x, bucket, region: str):
 
 def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  t5 = cfg.kind == 't5'
-  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, table_ref,
-   dq_ref) = refs[:9]
-  dtable_ref = refs[9] if t5 else None
+  bucketed = cfg.kind in ('t5', 'shaw')
+  shaw = cfg.kind == 'shaw'
+  values = shaw and cfg.shaw_values
+  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
+   table_ref) = refs[:8]
+  refs = refs[8:]
+  # Shaw's inputs: QA, and with values DA (B, H, 2k+1, Lq).
+  qa_ref, refs = (refs[0], refs[1:]) if shaw else (None, refs)
+  da_ref, refs = (refs[0], refs[1:]) if values else (None, refs)
+  dq_ref = refs[0]
+  fold_ref = refs[1] if bucketed else None       # ds per bucket / table row
+  mass_ref = refs[2] if values else None         # p per table row
   scoped = refs[-1]
   smem, (k_ready, v_ready), own_ready, free = scoped
   (q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem, ds_smem2,
-   fold_smem2) = smem
+   fold_smem2, mass_smem2) = smem
   bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
   b, h, wg = (lax.axis_index(n) for n in ('batch', 'heads', 'wg'))
   tile_base = lax.axis_index('tiles') * (COMPUTE_GROUPS * bq)
@@ -119,50 +136,63 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
     q_smem, do_smem = q_smem2.at[wg], do_smem2.at[wg]
     base = tile_base + wg * bq
     rows = pl.ds(base, bq)
-    for src, dst, barrier in ((q_ref, q_smem, own_ready[0]),
-                              (do_ref, do_smem, own_ready[1]),
-                              (lse_ref, lse_smem2.at[wg], own_ready[2]),
-                              (delta_ref, delta_smem2.at[wg], own_ready[3])):
-      plgpu.copy_gmem_to_smem(src.at[b, h, rows], dst, barrier.at[wg])
+    own = [(q_ref.at[b, h, rows], q_smem),
+           (do_ref.at[b, h, rows], do_smem),
+           (lse_ref.at[b, h, rows], lse_smem2.at[wg]),
+           (delta_ref.at[b, h, rows], delta_smem2.at[wg])]
+    if shaw:
+      # The rows' QA (and DA) per table row; after the loop the same
+      # buffers take the rows' folds of ds (and masses of p).
+      own.append((qa_ref.at[b, h, :, rows], fold_smem2.at[wg]))
+    if values:
+      own.append((da_ref.at[b, h, :, rows], mass_smem2.at[wg]))
+    for (src, dst), barrier in zip(own, own_ready):
+      plgpu.copy_gmem_to_smem(src, dst, barrier.at[wg])
     for barrier in own_ready:
       plgpu.barrier_wait(barrier.at[wg])
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     lse2 = plgpu.load(lse_smem2.at[wg], layout=row_layout) * LOG2E
     delta = plgpu.load(delta_smem2.at[wg], layout=row_layout)
-    terms = head_terms(cfg, table_ref, h)
+    terms = fold_smem2.at[wg] if shaw else head_terms(cfg, table_ref, h)
     end = key_end(cfg, length, shift, base + bq - 1, bk)
     full = unmasked_end(cfg, length, shift, base, bk, end)
 
     def step(j, carry, masked: bool, region: str):
-      dq, folds = carry
+      dq, folds, masses = carry
       slot = lax.rem(j, jnp.int32(stages))
       plgpu.barrier_wait(k_ready.at[slot])
       s = product(q_smem, k_smem.at[slot].transpose((1, 0)), (bq, bk))
       q_idx, k_idx = block_indices(base, j * bk, (bq, bk))
       bucket = (kernels.bucket_of(cfg, k_idx - q_idx)
-                if t5 and region == 'near' else None)
+                if bucketed and region == 'near' else None)
       s2 = logits2(cfg, s, q_idx, k_idx, terms, length, shift, masked,
                    region, bucket)
       p = jnp.exp2(s2 - lax.broadcast_in_dim(lse2, s2.shape, [0]))
       plgpu.barrier_wait(v_ready.at[slot])
       dp = product(do_smem, v_smem.at[slot].transpose((1, 0)), (bq, bk))
+      if values:    # out's value term W a^V: dp gains dO a^V of the pair's row
+        dp = dp + table_term(
+            cfg, lambda n: shaw_row(mass_smem2.at[wg], n, dp.shape), region,
+            bucket, dp)
+        masses = _fold(cfg, masses, p, bucket, region)
       ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
-      if t5:
+      if bucketed:
         folds = _fold(cfg, folds, ds, bucket, region)
       dq = accumulate_product(dq, ds.astype(dtype), k_smem.at[slot],
                               ds_smem2.at[wg] if cfg.interpret else None,
                               cfg.interpret)
       plgpu.barrier_arrive(free.at[slot])
-      return dq, folds
+      return dq, folds, masses
 
     dq = plgpu.layout_cast(jnp.zeros((bq, q_smem.shape[-1]), F32),
                            plgpu.Layout.WGMMA)
-    folds = ()
-    if t5:
-      folds = tuple(plgpu.layout_cast(jnp.zeros((bq,), F32), row_layout)
-                    for _ in range(cfg.num_buckets))
-    dq, folds = over_blocks(cfg, step, (dq, folds), lax.div(base, bq), bq, bk,
-                            full, end)
+    row_zeros = lambda count: tuple(
+        plgpu.layout_cast(jnp.zeros((bq,), F32), row_layout)
+        for _ in range(count))
+    folds = row_zeros(kernels.num_rows(cfg) if bucketed else 0)
+    masses = row_zeros(kernels.num_rows(cfg) if values else 0)
+    dq, folds, masses = over_blocks(cfg, step, (dq, folds, masses),
+                                    lax.div(base, bq), bq, bk, full, end)
 
     @pl.loop(end, tile_end)
     def _release(j):
@@ -173,14 +203,15 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       plgpu.barrier_arrive(free.at[slot])
 
     q_smem[...] = (dq * cfg.scale).astype(dtype)
-    if t5:
-      fold_smem = fold_smem2.at[wg]
-      for n, f in enumerate(folds):
-        fold_smem.at[n][...] = f
+    for rows_out, smem_rows in ((folds, fold_smem2), (masses, mass_smem2)):
+      for n, f in enumerate(rows_out):
+        smem_rows.at[wg, n][...] = f
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[b, h, rows])
-    if t5:
-      plgpu.copy_smem_to_gmem(fold_smem, dtable_ref.at[b, h, :, rows])
+    if bucketed:
+      plgpu.copy_smem_to_gmem(fold_smem2.at[wg], fold_ref.at[b, h, :, rows])
+    if values:
+      plgpu.copy_smem_to_gmem(mass_smem2.at[wg], mass_ref.at[b, h, :, rows])
     plgpu.wait_smem_to_gmem(0)
 
   @pl.when(wg == COMPUTE_GROUPS)
@@ -195,11 +226,11 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
 def _query_regions(cfg: HopperConfig, key_block, bq: int, bkv: int, start,
                    end):
   """[(lo, hi, region)] of query blocks [start, end) for keys [key_block
-  bkv, key_block bkv + bkv): T5's far blocks on each side (the transpose of
-  hopper_attention.regions: queries far left of the keys see them at
-  offsets >= max_distance, the 'right' edge bucket) apart from the near
-  ones; one 'near' range otherwise."""
-  if cfg.kind != 't5':
+  bkv, key_block bkv + bkv): T5's and Shaw's far blocks on each side (the
+  transpose of hopper_attention.regions: queries far left of the keys see
+  them at offsets >= max_distance or k, the 'right' edge) apart from the
+  near ones; one 'near' range otherwise."""
+  if cfg.kind not in ('t5', 'shaw'):
     return [(start, end, 'near')]
   right_end, left_start = kernels.far_query_blocks(
       key_block, bq, bkv, kernels.reach(cfg), start, end)
@@ -207,12 +238,20 @@ def _query_regions(cfg: HopperConfig, key_block, bq: int, bkv: int, start,
           (left_start, end, 'left')]
 
 
-def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
-                 table_ref, dk_ref, dv_ref, scoped, *, cfg: HopperConfig,
-                 lq: int, lk: int, num_query_blocks: int, dtype):
+def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
+                 num_query_blocks: int, dtype):
   import jax.experimental.pallas.mosaic_gpu as plgpu
+  bucketed = cfg.kind in ('t5', 'shaw')
+  shaw = cfg.kind == 'shaw'
+  values = shaw and cfg.shaw_values
+  (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
+   table_ref) = refs[:8]
+  qa_ref = refs[8] if shaw else None        # QA, DA: streamed like q
+  da_ref = refs[9] if values else None
+  dk_ref, dv_ref, scoped = refs[-3:]
   smem, ready, own_ready, free = scoped
-  k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem, a_smem2 = smem
+  (k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem, a_smem2,
+   qa_smem, da_smem) = smem
   bkv, bq, stages = cfg.block_q, cfg.block_k, cfg.stages   # keys per group
   b, h, wg = (lax.axis_index(n) for n in ('batch', 'heads', 'wg'))
   tile_base = lax.axis_index('tiles') * (COMPUTE_GROUPS * bkv)
@@ -270,14 +309,19 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
       s_t = product(k_smem, q_smem.at[slot].transpose((1, 0)), (bkv, bq))
       k_idx, q_idx = block_indices(base, i * bq, (bkv, bq))
       bucket = (kernels.bucket_of(cfg, k_idx - q_idx)
-                if cfg.kind == 't5' and region == 'near' else None)
-      s2 = logits2(cfg, s_t, q_idx, k_idx, terms, length, shift, masked,
-                   region, bucket)
+                if bucketed and region == 'near' else None)
+      s2 = logits2(cfg, s_t, q_idx, k_idx,
+                   qa_smem.at[slot] if shaw else terms, length, shift,
+                   masked, region, bucket, query_axis=1)
       lse2 = plgpu.load(lse_smem.at[slot], layout=column_layout) * LOG2E
       p_t = jnp.exp2(s2 - lax.broadcast_in_dim(lse2, s2.shape, [1]))
       dv = accumulate_product(dv, p_t.astype(dtype), do_smem.at[slot],
                               a_smem, cfg.interpret)
       dp_t = product(v_smem, do_smem.at[slot].transpose((1, 0)), (bkv, bq))
+      if values:    # dp gains dO a^V of the pair's table row
+        dp_t = dp_t + table_term(
+            cfg, lambda n: shaw_row(da_smem.at[slot], n, dp_t.shape, 1),
+            region, bucket, dp_t)
       delta = plgpu.load(delta_smem.at[slot], layout=column_layout)
       ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))
       dk = accumulate_product(dk, ds_t.astype(dtype), q_smem.at[slot],
@@ -306,10 +350,15 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
   def _produce():
     plgpu.set_max_registers(40, action='decrease')
     block = lambda ref: (lambda i: ref.at[b, h, pl.ds(i * bq, bq)])
-    _stream(tile_start, num_query_blocks, stages,
-            ((block(q_ref), q_smem), (block(do_ref), do_smem),
-             (block(lse_ref), lse_smem), (block(delta_ref), delta_smem)),
-            ready, free, lambda i: i)
+    table_rows = lambda ref: (lambda i: ref.at[b, h, :, pl.ds(i * bq, bq)])
+    streams = [(block(q_ref), q_smem), (block(do_ref), do_smem),
+               (block(lse_ref), lse_smem), (block(delta_ref), delta_smem)]
+    if shaw:
+      streams.append((table_rows(qa_ref), qa_smem))
+    if values:
+      streams.append((table_rows(da_ref), da_smem))
+    _stream(tile_start, num_query_blocks, stages, tuple(streams), ready, free,
+            lambda i: i)
 
 
 def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
@@ -317,22 +366,32 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
              d_out: jax.Array, lse: jax.Array, delta: jax.Array
              ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
   """(dq, dk, dv) in q's dtype of hopper_attention.forward's output, and
-  T5's table gradient (num_buckets, H) float32 (None for the other kinds).
+  the table's gradient in float32: T5's (num_buckets, H); Shaw's (d a^K
+  (H, 2k+1, D), d a^V (H, 2k+1, Dv) or None); None for the other kinds.
 
   q, k, v, key_lengths, table: as the forward's (ALiBi's slopes, T5's
-  (num_buckets, H) biases or None: BACKWARD_KINDS). d_out: (B, H, Lq, Dv)
-  the output's cotangent; lse: the forward's (B, H, Lq) float32 (+inf
-  where a row had no key); delta: (B, H, Lq) float32 rowsum(d_out * out).
+  (num_buckets, H) biases, Shaw's per-head (a^K, a^V or None), or None:
+  BACKWARD_KINDS). d_out: (B, H, Lq, Dv) the output's cotangent; lse: the
+  forward's (B, H, Lq) float32 (+inf where a row had no key); delta:
+  (B, H, Lq) float32 rowsum(d_out * out), out with Shaw's value term.
   """
   import jax.experimental.pallas.mosaic_gpu as plgpu
   check(cfg)
-  if cfg.kind not in BACKWARD_KINDS:
-    raise ValueError(f'kind={cfg.kind!r}: the Hopper backward computes '
-                     f'{BACKWARD_KINDS}')
   b, h, lq, d = q.shape
   lk, dv_width = k.shape[2], v.shape[3]
+  if not backward_computes(cfg.kind, max(d, dv_width)):
+    raise ValueError(f'kind={cfg.kind!r} with heads {max(d, dv_width)} wide: '
+                     f'the Hopper backward computes {BACKWARD_KINDS}, Shaw '
+                     f'with heads up to {SHAW_BACKWARD_MAX_HEAD} wide')
   width = round_up(max(d, dv_width), HEAD_MULTIPLE)
   check_width(width)
+  shaw = cfg.kind == 'shaw'
+  q_in, d_out_in = q, d_out
+  a_k = a_v = None
+  if shaw:
+    a_k, a_v = table
+    cfg = cfg._replace(shaw_values=a_v is not None)
+    table = None
   bq, bk = cfg.block_q, cfg.block_k
   tile = math.lcm(COMPUTE_GROUPS * bq, bk)
   lq_pad, lk_pad = round_up(lq, tile), round_up(lk, tile)
@@ -348,12 +407,24 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   lengths = (jnp.full((b,), lk, jnp.int32) if key_lengths is None
              else jnp.asarray(key_lengths, jnp.int32))
   table = head_table(cfg, table, h)
+  rows = kernels.num_rows(cfg) if cfg.kind in ('t5', 'shaw') else 0
+  extra = []
+  if shaw:
+    # As the forward: QA = scale log2(e) q a^K^T, base 2, and for the value
+    # term DA = dO a^V^T, the pair's share of dp; (B, H, 2k+1, Lq), O(L k).
+    table_rows = lambda x, t, factor: jnp.pad(
+        jnp.einsum('bhld,hrd->bhrl', x, t.astype(x.dtype),
+                   preferred_element_type=F32) * factor,
+        [(0, 0)] * 3 + [(0, lq_pad - lq)])
+    extra.append(table_rows(q_in, a_k, cfg.scale * LOG2E))
+    if cfg.shaw_values:
+      extra.append(table_rows(d_out_in.astype(q.dtype), a_v, 1.0))
   tiled = lambda shape: plgpu.SMEM(
       shape, q.dtype, transforms=(plgpu.TilingTransform((8, 64)),
                                   plgpu.SwizzleTransform(128)))
   interpret = plgpu.InterpretGPUParams() if cfg.interpret else None
   groups = COMPUTE_GROUPS
-  operands = (q, k, v, d_out, lse, delta, lengths, table)
+  operands = (q, k, v, d_out, lse, delta, lengths, table, *extra)
 
   def call(kernel, smem, stages, num_streamed, num_own, out_type, tiles,
            name):
@@ -376,25 +447,39 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   # dQ: query tiles of 2 x bq rows, key blocks of bk streamed.
   stages = min(cfg.stages, lk_pad // bk)
   dq_cfg = cfg._replace(stages=stages)
-  # T5: each query row's sums of ds per bucket, (B, H, num_buckets, Lq)
-  # (O(L) memory), summed over batch and rows below.
-  t5 = cfg.kind == 't5'
-  dq_out = jax.ShapeDtypeStruct((b, h, lq_pad, width), q.dtype)
-  if t5:
-    dq_out = (dq_out, jax.ShapeDtypeStruct((b, h, cfg.num_buckets, lq_pad),
-                                           F32))
-  dq = call(
+  # T5, Shaw: each query row's sums of ds per bucket / table row, and
+  # Shaw's masses of p per table row with values, (B, H, rows, Lq): O(L)
+  # memory, reduced to the tables' gradients below.
+  by_rows = jax.ShapeDtypeStruct((b, h, rows, lq_pad), F32)
+  dq_out = ((jax.ShapeDtypeStruct((b, h, lq_pad, width), q.dtype),)
+            + (by_rows,) * (bool(rows) + cfg.shaw_values))
+  row_smem = lambda used: (plgpu.SMEM((groups, rows, bq), F32) if used
+                           else None)
+  dq, *by_row = call(
       functools.partial(_dq_kernel, cfg=dq_cfg, lq=lq, lk=lk, dtype=q.dtype),
       (tiled((groups, bq, width)), tiled((groups, bq, width)),
        plgpu.SMEM((groups, bq), F32), plgpu.SMEM((groups, bq), F32),
        tiled((stages, bk, width)), tiled((stages, bk, width)),
        tiled((groups, bq, bk)) if cfg.interpret else None,
-       plgpu.SMEM((groups, cfg.num_buckets, bq), F32) if t5 else None),
-      stages, 2, 4, dq_out, lq_pad // (groups * bq), 'selfattn_hopper_dq')
+       row_smem(rows), row_smem(cfg.shaw_values)),
+      stages, 2, 4 + shaw + cfg.shaw_values, dq_out,
+      lq_pad // (groups * bq), 'selfattn_hopper_dq')
+  dq = dq[:, :, :lq, :d]
   dtable = None
-  if t5:
-    dq, folds = dq
-    dtable = folds.sum((0, 3)).T                      # (num_buckets, H)
+  if cfg.kind == 't5':
+    dtable = by_row[0].sum((0, 3)).T                  # (num_buckets, H)
+  elif shaw:
+    # s = scale q (k_j + a^K_row): dq gains scale sum_row fold(ds) a^K_row,
+    # d a^K_row = scale sum fold(ds) q; out gains sum_row W a^V_row, so
+    # d a^V_row = sum W dO, W the masses of p.
+    folds = by_row[0][..., :lq]
+    dq = (dq.astype(F32) + cfg.scale * jnp.einsum(
+        'bhrl,hrd->bhld', folds, a_k.astype(F32))).astype(q.dtype)
+    d_a_k = cfg.scale * jnp.einsum('bhrl,bhld->hrd', folds,
+                                   q_in.astype(F32))
+    d_a_v = (jnp.einsum('bhrl,bhld->hrd', by_row[1][..., :lq],
+                        d_out_in.astype(F32)) if cfg.shaw_values else None)
+    dtable = (d_a_k, d_a_v)
 
   # dK/dV: key tiles of 2 x bq rows, query blocks of bk streamed.
   num_query_blocks = lq_pad // bk
@@ -406,11 +491,13 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
       (tiled((groups, bq, width)), tiled((groups, bq, width)),
        tiled((stages, bk, width)), tiled((stages, bk, width)),
        plgpu.SMEM((stages, bk), F32), plgpu.SMEM((stages, bk), F32),
-       tiled((groups, bq, bk)) if cfg.interpret else None),
-      stages, 4, 2, (jax.ShapeDtypeStruct((b, h, lk_pad, width), q.dtype),) * 2,
+       tiled((groups, bq, bk)) if cfg.interpret else None,
+       plgpu.SMEM((stages, rows, bk), F32) if shaw else None,
+       plgpu.SMEM((stages, rows, bk), F32) if cfg.shaw_values else None),
+      stages, 4 + shaw + cfg.shaw_values, 2,
+      (jax.ShapeDtypeStruct((b, h, lk_pad, width), q.dtype),) * 2,
       lk_pad // (groups * bq), 'selfattn_hopper_dkdv')
-  return (dq[:, :, :lq, :d], dk[:, :, :lk, :d], dv[:, :, :lk, :dv_width],
-          dtable)
+  return dq, dk[:, :, :lk, :d], dv[:, :, :lk, :dv_width], dtable
 
 
 __all__ = ['backward']

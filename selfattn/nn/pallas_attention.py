@@ -18,9 +18,9 @@ the plain path does.
 
 On a Hopper GPU (sm90) none, ALiBi, T5, Shaw and the rotation-only
 encodings in bf16 or f16 with key lengths (not a general key mask) can run
-the Mosaic GPU forward of hopper_attention.py instead, and all but Shaw
-the Mosaic GPU backward of hopper_backward.py (dQ with T5's table
-gradient, dK/dV; Shaw's backward stays in the Triton pair): `gpu_kernel='hopper'`, or 'auto' under
+the Mosaic GPU forward of hopper_attention.py instead, and the Mosaic GPU
+backward of hopper_backward.py (dQ with T5's and Shaw's table gradients,
+dK/dV; Shaw's with heads up to 64 wide, wider ones in the Triton pair): `gpu_kernel='hopper'`, or 'auto' under
 hopper_in_auto() (by default once AUTO_TAKES_HOPPER is set, after a GPU has
 run them).
 
@@ -284,13 +284,13 @@ def _hopper_forward(cfg: Config, interpret: bool, q, k, v, key_valid, table):
 def _hopper_backward(cfg: Config, interpret: bool, q, k, v, key_valid, table,
                      g, lse, delta):
   """_backward_call's result from the Hopper dQ and dK/dV kernels: T5's
-  table gradient with them (ALiBi's slopes are constants)."""
+  and Shaw's table gradients with them (ALiBi's slopes are constants)."""
   hcfg, lengths, table = _hopper_args(cfg, interpret, key_valid, table,
                                       'backward')
   dq, dk, dv, dtable = hopper_backward.backward(hcfg, q, k, v, lengths, table,
                                                 g, lse, delta)
   if dtable is not None:
-    dtable = dtable.astype(table.dtype)
+    dtable = jax.tree.map(lambda g, t: g.astype(t.dtype), dtable, table)
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dtable
 
 
@@ -325,11 +325,11 @@ def _backward_call(cfg: Config, backend: str, q, k, v, key_valid, table, g,
   kernel (with the tables' gradients, summed here over batch and query
   blocks) and the dK/dV kernel."""
   if backend in ('hopper', 'hopper_interpret'):
-    if cfg.kind in hopper.BACKWARD_KINDS:
+    if hopper.backward_computes(cfg.kind, max(q.shape[-1], v.shape[-1])):
       return _hopper_backward(cfg, backend == 'hopper_interpret', q, k, v,
                               key_valid, table, g, lse, delta)
-    # Shaw: the Hopper forward's out and lse, Triton's backward with the
-    # tables' gradients.
+    # Shaw with heads wider than 64: the Hopper forward's out and lse,
+    # Triton's backward with the tables' gradients.
     backend = 'triton' if backend == 'hopper' else 'interpret'
   a = _Arrays(cfg, backend, q, k, v, key_valid, table)
   lay = a.lay
@@ -480,8 +480,8 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       (AUTO_TAKES_HOPPER), the Hopper kernels (hopper_attention.py,
       hopper_backward.py) where the GPU lowered for is an sm90 part and the
       call is one they compute (none, ALiBi, T5, Shaw or a rotation, bf16
-      or f16, heads up to 128 wide, no key_valid; Shaw's backward stays
-      Triton's); 'hopper' insists
+      or f16, heads up to 128 wide, no key_valid; Shaw's backward with
+      heads over 64 wide stays Triton's); 'hopper' insists
       (ValueError where the call is not one they compute; with
       interpret=True they run in JAX's Mosaic GPU interpreter); 'triton'
       never uses them.

@@ -137,9 +137,11 @@ def test_interpreted_forward_equals_numpy(kind, symmetric, causal, lq, lk, d,
   assert not np.any(np.asarray(out)[2])        # length 0: zeros
 
 
-def _reference_jax(q, k, v, t5_table, lengths, causal, slopes, t5=None):
-  """The same attention in float32 JAX, for its gradients (jax.vjp);
-  t5: (num_buckets, max_distance) of a T5 bias t5_table (num_buckets, H)."""
+def _reference_jax(q, k, v, tables, lengths, causal, slopes, t5=None,
+                   clip=None):
+  """The same attention in float32 JAX, for its gradients (jax.vjp).
+  tables: {'t5': (num_buckets, H)} with t5 = (num_buckets, max_distance);
+  {'a_k': (H, 2k+1, D), 'a_v': (H, 2k+1, D) or absent} with clip = k."""
   lq, lk, d = q.shape[2], k.shape[2], q.shape[3]
   s = jnp.einsum('bhqd,bhkd->bhqk', q, k) / np.sqrt(d)
   offset = jnp.arange(lk)[None, :] - jnp.arange(lq)[:, None]
@@ -148,7 +150,10 @@ def _reference_jax(q, k, v, t5_table, lengths, causal, slopes, t5=None):
         jnp.abs(offset) - 0.5 * (offset < 0))
   if t5 is not None:
     bucket = positions.t5_bucket(offset, *t5)            # (Lq, Lk)
-    s = s + jnp.moveaxis(t5_table[bucket], -1, 0)[None]
+    s = s + jnp.moveaxis(tables['t5'][bucket], -1, 0)[None]
+  if clip is not None:
+    row = jnp.clip(offset, -clip, clip) + clip           # (Lq, Lk)
+    s = s + jnp.einsum('bhqd,hqkd->bhqk', q, tables['a_k'][:, row]) / np.sqrt(d)
   keep = jnp.arange(lk)[None, None, None, :] < lengths[:, None, None, None]
   if causal:
     keep = keep & (offset <= lk - lq)
@@ -156,18 +161,23 @@ def _reference_jax(q, k, v, t5_table, lengths, causal, slopes, t5=None):
   top = jax.lax.stop_gradient(s.max(-1, keepdims=True))
   p = jnp.exp(s - jnp.where(jnp.isfinite(top), top, 0.0))
   total = p.sum(-1, keepdims=True)
-  return jnp.where(total > 0, jnp.einsum('bhqk,bhkd->bhqd', p, v)
-                   / jnp.where(total > 0, total, 1.0), 0.0)
+  out = jnp.einsum('bhqk,bhkd->bhqd', p, v)
+  if 'a_v' in tables:
+    out = out + jnp.einsum('bhqk,hqkd->bhqd', p, tables['a_v'][:, row])
+  return jnp.where(total > 0, out / jnp.where(total > 0, total, 1.0), 0.0)
 
 
 BACKWARD_CASES = [
     # kind, causal, lq, lk, d, block_k: causal rows with no key, a third of
     # the keys, none; a head padded from 96 to 128 with 128-key blocks;
-    # T5 with max_distance 20: far blocks on both sides of the near ones,
-    # in the dQ kernel's key blocks and the dK/dV kernel's query blocks.
+    # T5 with max_distance 20 and Shaw with k = 6: far blocks on both sides
+    # of the near ones, in the dQ kernel's key blocks and the dK/dV
+    # kernel's query blocks; Shaw with and without its value table.
     ('alibi', True, 200, 130, 64, 64),
     ('none', False, 100, 260, 96, 128),
     ('t5', False, 130, 300, 64, 64),
+    ('shaw', False, 130, 300, 64, 64),
+    ('shaw keys', True, 130, 130, 64, 64),
 ]
 
 
@@ -183,13 +193,24 @@ def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
   slopes = (jnp.asarray(positions.alibi_slopes(2), jnp.float32)
             if kind == 'alibi' else None)
   t5 = (8, 20) if kind == 't5' else None
-  t5_table = jax.random.normal(jax.random.key(6), (8, 2))
-  cfg = hopper.HopperConfig(kind=kind, symmetric=False, causal=causal,
-                            scale=1 / np.sqrt(d), block_k=block_k,
-                            num_buckets=8 if t5 else 0,
-                            max_distance=20 if t5 else 0,
+  clip = 6 if kind.startswith('shaw') else None
+  # Tables as the kernels read them (Shaw's in q's dtype, as the Triton
+  # kernel reads a^K), given to the reference in float32.
+  draw = lambda seed, shape: jax.random.normal(jax.random.key(seed), shape)
+  tables = {}
+  if t5:
+    tables = {'t5': draw(6, (8, 2))}
+  elif clip:
+    tables = {'a_k': draw(7, (2, 13, d)).astype(q.dtype).astype(jnp.float32)}
+    if kind == 'shaw':
+      tables['a_v'] = draw(8, (2, 13, d))
+  cfg = hopper.HopperConfig(kind=kind.split()[0], symmetric=False,
+                            causal=causal, scale=1 / np.sqrt(d),
+                            block_k=block_k, num_buckets=8 if t5 else 0,
+                            max_distance=20 if t5 else 0, clip=clip or 0,
                             interpret=not ON_HOPPER)
-  table = t5_table if t5 else slopes
+  table = (tables['t5'] if t5 else
+           (tables['a_k'], tables.get('a_v')) if clip else slopes)
 
   @jax.jit
   def gradients(q, k, v, d_out):
@@ -201,14 +222,21 @@ def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
   got = gradients(q, k, v, d_out)
   f32 = lambda x: x.astype(jnp.float32)
   _, vjp = jax.vjp(
-      lambda *a: _reference_jax(*a, lengths, causal, slopes, t5),
-      f32(q), f32(k), f32(v), t5_table)
+      lambda *a: _reference_jax(*a, lengths, causal, slopes, t5, clip),
+      f32(q), f32(k), f32(v), tables)
   wants = vjp(f32(d_out))
-  if t5:     # T5's table gradient: ds summed per bucket, in float32
-    assert got[3].shape == (8, 2) and got[3].dtype == jnp.float32
-    np.testing.assert_allclose(got[3], wants[3],
-                               atol=0.02 * np.abs(wants[3]).max())
-  else:
+  # The tables' gradients (T5's: ds summed per bucket; Shaw's: folds of ds
+  # and p per table row against q and dO), in float32.
+  got_tables = ({'t5': got[3]} if t5 else
+                dict(zip(('a_k', 'a_v'), got[3])) if clip else {})
+  got_tables = {name: g for name, g in got_tables.items() if g is not None}
+  assert got_tables.keys() == wants[3].keys()
+  for name, want in wants[3].items():
+    assert got_tables[name].shape == want.shape, name
+    assert got_tables[name].dtype == jnp.float32, name
+    np.testing.assert_allclose(got_tables[name], want, err_msg=name,
+                               atol=0.02 * np.abs(want).max())
+  if not (t5 or clip):
     assert got[3] is None
   for name, g, want in zip(('dq', 'dk', 'dv'), got, wants):
     assert g.shape == want.shape and g.dtype == q.dtype, name
@@ -236,8 +264,7 @@ def test_interpreted_ping_pong_off_gives_the_same_answer():
 
 
 # Rotations: PoPE (rotated outside the kernel as RoPE is, and Dq != Dv).
-# T5: the Hopper backward with the table gradient; Shaw: the Hopper
-# forward's out and lse feed Triton's backward.
+# T5 and Shaw: the Hopper backward with the tables' gradients.
 @pytest.mark.parametrize('relative', ['alibi', 't5', 'pope', 'shaw'])
 @in_interpreter_process
 def test_gradients_through_the_hopper_kernels_match_triton(relative):
@@ -305,6 +332,30 @@ def _lowered(device_kind, *, kind='none', dtype=jnp.bfloat16, mask='lengths',
         lowering_platforms=('cuda',)).as_text()
 
 
+@pytest.mark.parametrize('head_dim,hopper_kernels', [(64, 3), (128, 1)])
+def test_shaws_backward_is_the_hopper_kernels_up_to_64_wide_heads(
+    head_dim, hopper_kernels):
+  """Shaw's value and gradients lowered for an H100 with gpu_kernel='hopper':
+  three Mosaic GPU kernels at 64-wide heads; at 128 (whose dQ kernel's
+  shared memory would not fit the table rows) the Hopper forward and the
+  Triton dQ and dK/dV kernels."""
+  shaw = positions.ShawRelative(2, head_dim, clip_distance=16,
+                                rngs=nnx.Rngs(0))
+  graphdef, tables = nnx.split(shaw)
+  spec = jax.ShapeDtypeStruct((1, 2, 256, head_dim), jnp.bfloat16)
+
+  def loss(tables, q, k, v):
+    out = pa.pallas_attention(q, k, v, relative=nnx.merge(graphdef, tables),
+                              key_lengths=jnp.array([200]),
+                              gpu_kernel='hopper')
+    return jnp.sum(out.astype(jnp.float32))
+
+  text = lowered_text(jax.grad(loss, argnums=(0, 1, 2, 3)), tables, spec,
+                      spec, spec, platform='cuda')
+  assert text.count(MOSAIC_CALL) == hopper_kernels
+  assert text.count(TRITON_CALL) == 3 - hopper_kernels
+
+
 def test_auto_keeps_triton_until_the_hopper_kernels_have_run_on_a_gpu():
   """Unmeasured kernels are not the default: 'auto' lowers Triton for an
   H100 until AUTO_TAKES_HOPPER is set; hopper_in_auto() opts in."""
@@ -325,8 +376,7 @@ def hopper_in_auto():
 def test_auto_takes_the_hopper_kernel_only_where_it_applies(hopper_in_auto):
   assert MOSAIC_CALL in _lowered(None)
   assert MOSAIC_CALL in _lowered(None, kind='alibi', dtype=jnp.float16)
-  # T5 forward and backward, Shaw's forward (its backward, Triton's:
-  # test_lowering.py).
+  # T5's and Shaw's forward and backward (test_lowering.py counts them).
   assert MOSAIC_CALL in _lowered(None, kind='t5')
   assert MOSAIC_CALL in _lowered(None, kind='shaw')
   assert MOSAIC_CALL in _lowered('NVIDIA H200')
@@ -376,11 +426,14 @@ def test_bad_requests_get_clear_errors():
                         key_valid=jnp.ones((1, 16), bool))
   with pytest.raises(ValueError, match='integers of shape'):
     pa.pallas_attention(q, k, v, key_lengths=jnp.array([3.0]))
-  with pytest.raises(ValueError, match='the Hopper backward computes'):
+  with pytest.raises(ValueError, match='128 wide: the Hopper backward '
+                                       'computes.*Shaw with heads up to 64'):
+    wide = jnp.zeros((1, 2, 16, 128), q.dtype)
     hopper_backward.backward(
         hopper.HopperConfig(kind='shaw', symmetric=False, causal=False,
                             scale=1.0, clip=4),
-        q, k, v, None, None, q, jnp.zeros((1, 2, 16)), jnp.zeros((1, 2, 16)))
+        wide, wide, wide, None, None, wide, jnp.zeros((1, 2, 16)),
+        jnp.zeros((1, 2, 16)))
   with pytest.raises(ValueError, match='multiples of 64'):
     hopper.check(hopper.HopperConfig(kind='none', symmetric=False,
                                      causal=False, scale=1.0, block_q=32))
