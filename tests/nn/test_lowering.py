@@ -253,14 +253,18 @@ def test_pallas_training_steps_lower_at_the_longest_length(platform):
   """The table-carrying encodings (Shaw, T5) through the Pallas kernel, in
   the encoder and the decoder, at 8k: no (L, L) tensor anywhere in the step
   at the longest length (test_training_steps_lower checks every encoding at
-  STEP_LENGTH; the kernel tests every length)."""
+  STEP_LENGTH; the kernel tests every length). On cuda the Triton kernels,
+  'auto''s choice today: the Hopper ones are lowered at 8k by the kernel
+  test, and in a whole step at STEP_LENGTH (their Shaw backward at the
+  default k = 16 costs a minute more to lower here)."""
   length = max(LENGTHS)
-  for position in ('shaw', 't5'):
-    for kind in ('encoder', 'decoder'):
-      model = _model(kind, position, 'pallas', length)
-      text = _lowered_train_step(model, length, platform)
-      assert text.count(KERNEL_CALL[platform]) >= 1
-      assert not _square(text, length)
+  with pa.hopper_in_auto(False):
+    for position in ('shaw', 't5'):
+      for kind in ('encoder', 'decoder'):
+        model = _model(kind, position, 'pallas', length)
+        text = _lowered_train_step(model, length, platform)
+        assert text.count(KERNEL_CALL[platform]) >= 1
+        assert not _square(text, length)
 
 
 @pytest.mark.parametrize('platform', PLATFORMS)
