@@ -315,20 +315,63 @@ def key_upper(cfg: Config, i, bq: int, bk: int, lq: int, lk: int,
   return jnp.clip(floor_div(seen + bk - 1, bk, lq - lk), 0, num_key_blocks)
 
 
+def unmasked_key_blocks(cfg: Config, i, bq: int, bk: int, lq: int, lk: int,
+                        has_valid: bool):
+  """Key blocks [0, result) hold only keys every row of query block i
+  attends (real, and causal-allowed for its first row): they need no mask.
+  None of them with a key mask (has_valid), whose zeros may be anywhere."""
+  if has_valid:
+    return jnp.int32(0)
+  full = jnp.int32(lk // bk)               # past it: the padded last block
+  if cfg.causal:
+    # Block j's last key j bk + bk - 1 <= i bq + (lk - lq), the first row's
+    # last allowed key  <=>  j < (i bq + lk - lq + 1) / bk.
+    full = jnp.minimum(full, jnp.maximum(
+        floor_div(i * bq + (lk - lq) + 1, bk, lk - lq + 1), 0))
+  return full
+
+
+def masked_split(at, lo, hi, unmasked_below: bool = True):
+  """[(a, b, masked)] of a loop [lo, hi) split at `at`: the blocks below it
+  need no mask (unmasked_below) or the blocks from it on, so a mask is
+  applied only where a block needs one."""
+  at = jnp.clip(at, lo, hi)
+  return [(lo, at, not unmasked_below), (at, hi, unmasked_below)]
+
+
 def over_key_blocks(cfg: Config, body, carry, i, bq: int, bk: int, lq: int,
-                    lk: int, num_key_blocks: int):
+                    lk: int, num_key_blocks: int, has_valid: bool):
   """Query block i's loop over its key blocks (the forward and dQ kernels):
-  body(j, carry, region) -> carry, run region by region (near and far
-  blocks apart for the bucketed encodings, so far blocks skip the bucket
-  search)."""
+  body(j, carry, region, masked) -> carry, run region by region (near and
+  far blocks apart for the bucketed encodings, so far blocks skip the
+  bucket search), and in each the blocks that need no mask apart."""
   upper = key_upper(cfg, i, bq, bk, lq, lk, num_key_blocks)
+  full = unmasked_key_blocks(cfg, i, bq, bk, lq, lk, has_valid)
   split = None
   if cfg.kind in ('shaw', 't5'):
     split = (*far_blocks(i, bq, bk, reach(cfg), upper), ('left', 'right'))
   for lo, hi, region in regions(cfg, split, 0, upper):
-    carry = jax.lax.fori_loop(lo, hi, functools.partial(body, region=region),
-                              carry)
+    for a, b, masked in masked_split(full, lo, hi):
+      carry = jax.lax.fori_loop(a, b, functools.partial(
+          body, region=region, masked=masked), carry)
   return carry
+
+
+def first_unmasked_query_block(cfg: Config, j, bq: int, bk: int, lq: int,
+                               lk: int, lower, upper, has_valid: bool):
+  """Query blocks [result, upper) attend every key of key block j (causal:
+  the block's first row already sees j's last key): they need no mask;
+  upper with a key mask. Padding keys past lk need none here: a key's dK
+  and dV rows depend on its own weights only, and theirs are cut off."""
+  if has_valid:
+    return jnp.int32(upper)
+  first = jnp.int32(lower)
+  if cfg.causal:
+    # Row i bq sees key j bk + bk - 1 iff j bk + bk - 1 <= i bq + lk - lq
+    #   <=> i >= ceil((j bk + bk - 1 - (lk - lq)) / bq).
+    first = jnp.maximum(first, floor_div(
+        j * bk + bk - 1 - (lk - lq) + bq - 1, bq, bk - 1 - (lk - lq) + bq - 1))
+  return jnp.clip(first, lower, upper)
 
 
 def query_lower(cfg: Config, j, bq: int, bk: int, lq: int, lk: int):
@@ -364,16 +407,23 @@ def key_block(j, k_ref, v_ref, valid_ref, bq: int, bk: int):
 
 
 def block_scores(cfg: Config, region: str, q, k_blk, q_idx, k_idx, scalars,
-                 key_columns, lq: int, lk: int, valid):
+                 key_columns, lq: int, lk: int, valid, masked: bool = True):
   """(s, keep, bucket) of one (bq, bk) block: scale * q k^T plus the
   encoding's term, in base-2 units (times log2(e)), which entries are
-  attended, and each entry's table row or bucket (near blocks of Shaw and
-  T5, else None)."""
+  attended (None for a block that needs no mask), and each entry's table
+  row or bucket (near blocks of Shaw and T5, else None)."""
   s = dot_t(q, k_blk) * logit_scale(cfg)
   term, bucket = logit_term(cfg, region, k_idx - q_idx, scalars, key_columns)
   if term is not None:
     s = s + term
-  return s, keep_mask(cfg, q_idx, k_idx, lq, lk, valid), bucket
+  keep = keep_mask(cfg, q_idx, k_idx, lq, lk, valid) if masked else None
+  return s, keep, bucket
+
+
+def weights(s, lse2, keep):
+  """p = 2^(s - lse) of a block in base-2 units, 0 where not attended."""
+  p = jnp.exp2(s - lse2)
+  return p if keep is None else jnp.where(keep, p, 0.0)
 
 
 # --------------------------------------------------------------------------
@@ -395,12 +445,13 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   if r.a_v is not None:
     a_v = r.a_v[...]
 
-  def body(j, carry, region):
+  def body(j, carry, region, masked):
     acc, m, l = carry
     k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
     s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
-                                   scalars, key_columns, lq, lk, valid)
-    s = jnp.where(keep, s, -jnp.inf)
+                                   scalars, key_columns, lq, lk, valid, masked)
+    if masked:
+      s = jnp.where(keep, s, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     p = jnp.exp2(s - m_safe)                    # masked: 2^-inf = 0
@@ -417,7 +468,8 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   dv = v_ref.shape[-1]
   carry = (jnp.zeros((bq, dv), F32), jnp.full((bq, 1), -jnp.inf, F32),
            jnp.zeros((bq, 1), F32))
-  carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks)
+  carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks,
+                          has_valid)
   acc, m, l = carry
   has_key = l > 0
   out = jnp.where(has_key, acc / jnp.where(has_key, l, 1.0), 0.0)
@@ -449,12 +501,12 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     value_columns = [column(do_dot_a, n) for n in range(num_rows(cfg))]
   width = {'t5': lay.lanes, 'shaw': lay.table_rows}.get(cfg.kind, 1)
 
-  def body(j, carry, region):
+  def body(j, carry, region, masked):
     acc, fold_ds, fold_p = carry
     k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
     s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
-                                   scalars, key_columns, lq, lk, valid)
-    p = jnp.where(keep, jnp.exp2(s - lse2), 0.0)
+                                   scalars, key_columns, lq, lk, valid, masked)
+    p = weights(s, lse2, keep)
     dp = dot_t(do, v_blk)
     if value_columns is not None:
       dp = dp + (value_columns[edge(cfg, region)] if region != 'near'
@@ -469,7 +521,8 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
 
   carry = (jnp.zeros((bq, q_ref.shape[-1]), F32), jnp.zeros((bq, width), F32),
            jnp.zeros((bq, width), F32))
-  carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks)
+  carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks,
+                          has_valid)
   acc, fold_ds, fold_p = carry
   if cfg.kind == 'shaw':
     # s = scale q (k + a^K[bucket]): dq = scale (ds k + fold(ds) a^K), and
@@ -502,7 +555,7 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   if r.a_v is not None:
     a_v = r.a_v[...]
 
-  def body(i, carry, region):
+  def body(i, carry, region, masked):
     dk, dv = carry
     start = pl.multiple_of(i * bq, bq)
     q = q_ref[pl.ds(start, bq), :]
@@ -526,8 +579,8 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
         value_columns = (None if value_columns is None
                          else [value_columns[n] for n in range(rows)])
     s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
-                                   scalars, key_columns, lq, lk, valid)
-    p = jnp.where(keep, jnp.exp2(s - lse2), 0.0)
+                                   scalars, key_columns, lq, lk, valid, masked)
+    p = weights(s, lse2, keep)
     dv = dv + tdot(p.astype(do.dtype), do)
     dp = dot_t(do, v_blk)
     if value_columns is not None:
@@ -544,9 +597,12 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   if cfg.kind in ('shaw', 't5'):
     split = (*far_query_blocks(j, bq, bk, reach(cfg), lower,
                                num_query_blocks), ('right', 'left'))
+  first = first_unmasked_query_block(cfg, j, bq, bk, lq, lk, lower,
+                                     num_query_blocks, has_valid)
   for lo, hi, region in regions(cfg, split, lower, num_query_blocks):
-    carry = jax.lax.fori_loop(lo, hi, functools.partial(body, region=region),
-                              carry)
+    for a, b, masked in masked_split(first, lo, hi, unmasked_below=False):
+      carry = jax.lax.fori_loop(a, b, functools.partial(
+          body, region=region, masked=masked), carry)
   dk, dv = carry
   dk_ref[...] = (cfg.scale * dk).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)

@@ -239,6 +239,29 @@ def test_gradients_equal_plain(kind, causal):
     assert float(jnp.abs(table).max()) > 0               # the tables learn
 
 
+@pytest.mark.parametrize('kind', ['none', 't5', 'shaw'])
+@pytest.mark.parametrize('causal', [False, True])
+def test_gradients_without_a_key_mask_equal_plain(kind, causal):
+  """Without a key mask the kernels mask only the blocks that need it (the
+  padded last key block in the forward and dQ; causal blocks crossing the
+  diagonal): Lq != Lk, neither a multiple of the 8-blocks, so each loop has
+  unmasked and masked blocks."""
+  relative = _relative(kind)
+  q, k, v, g = _qkv(21, 30, seed=2)
+
+  def loss(fn):
+    def f(q, k, v, relative):
+      return jnp.sum(fn(q, k, v, relative) * g)
+    return nnx.jit(nnx.grad(f, argnums=(0, 1, 2, 3)))
+
+  got = loss(lambda q, k, v, r: pa.pallas_attention(
+      q, k, v, relative=r, causal=causal, **BLOCKS))(q, k, v, relative)
+  want = loss(lambda q, k, v, r: _plain(q, k, v, r, causal, None))(
+      q, k, v, relative)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
+
+
 def test_bfloat16_inputs():
   q, k, v, _ = _qkv(17, 17, dtype=jnp.bfloat16)
   relative = _relative('t5')
