@@ -162,11 +162,16 @@ class _Arrays:
     self.q = self.rows(q, self.lq_pad, lay.head_q)
     self.k = self.rows(k, self.lk_pad, lay.head_q)
     self.v = self.rows(v, self.lk_pad, lay.head_v)
-    self.valid = None
+    self.valid = self.lengths = None
     if key_valid is not None:
       valid = jnp.pad(key_valid.astype(jnp.int32),
                       [(0, 0), (0, self.lk_pad - lk)])
       self.valid = valid[:, None, :]                          # (B, 1, Lk_pad)
+      if cfg.key_prefix:
+        # Each batch row's key length, one (1, lanes) tile per row.
+        lengths = key_valid.sum(-1, dtype=jnp.int32)
+        self.lengths = jnp.broadcast_to(lengths[:, None, None],
+                                        (b, 1, lay.stat_lanes))
     self.tables = []
     if cfg.kind in ('alibi', 't5'):
       # One (1, lanes) tile per head: (H,) slopes broadcast, or the head's
@@ -216,6 +221,10 @@ class _Arrays:
       else:
         specs.append(pl.BlockSpec((None, 1, self.lk_pad),
                                   lambda r, i: (jax.lax.div(r, h), 0, 0)))
+    if self.lengths is not None:
+      inputs.append(self.lengths)
+      specs.append(pl.BlockSpec((None, 1, lay.stat_lanes),
+                                lambda r, i: (jax.lax.div(r, h), 0, 0)))
     for t in self.tables:
       inputs.append(t)
       specs.append(pl.BlockSpec((None,) + t.shape[1:],
@@ -568,7 +577,8 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       causal=bool(causal),
       scale=scale, block_q=int(block_q), block_k=int(block_k),
       interpret=None if interpret is None else bool(interpret),
-      gpu_kernel='hopper' if use_hopper else 'triton')
+      gpu_kernel='hopper' if use_hopper else 'triton',
+      key_prefix=prefix_mask and key_valid is not None)
   return _flash(cfg, q, k, v, key_valid, table)
 
 

@@ -73,6 +73,10 @@ class Config(NamedTuple):
   # The GPU kernels: 'triton', or 'hopper' (hopper_attention.py and
   # hopper_backward.py, Mosaic GPU on sm90).
   gpu_kernel: str = 'triton'
+  # The key mask is a prefix (key lengths): the kernels also read each
+  # batch row's length, skip the key blocks past it and leave unmasked the
+  # blocks wholly inside it.
+  key_prefix: bool = False
 
 
 class Layout(NamedTuple):
@@ -241,6 +245,7 @@ class Refs(NamedTuple):
   """A kernel's optional inputs, popped in the order pallas_attention
   passes them."""
   valid: object = None
+  length: object = None      # key_prefix: the row's key length, (1, lanes)
   table: object = None       # ALiBi slopes or T5 biases, (1, lanes)
   a_k: object = None         # Shaw, (rows, Dq)
   a_v: object = None         # Shaw, (rows, Dv)
@@ -248,10 +253,19 @@ class Refs(NamedTuple):
   @classmethod
   def pop(cls, cfg: Config, rest: list, has_valid: bool) -> 'Refs':
     return cls(valid=rest.pop(0) if has_valid else None,
+               length=rest.pop(0) if has_valid and cfg.key_prefix else None,
                table=rest.pop(0) if cfg.kind in ('alibi', 't5') else None,
                a_k=rest.pop(0) if cfg.kind == 'shaw' else None,
                a_v=rest.pop(0) if cfg.kind == 'shaw' and cfg.shaw_values
                else None)
+
+
+def key_length(refs: Refs):
+  """The batch row's key length (an int32 scalar) where the key mask is a
+  prefix, else None: a reduction of its (1, lanes) tile."""
+  if refs.length is None:
+    return None
+  return jnp.max(refs.length[...])
 
 
 def head_scalars(cfg: Config, refs: Refs):
@@ -316,13 +330,16 @@ def key_upper(cfg: Config, i, bq: int, bk: int, lq: int, lk: int,
 
 
 def unmasked_key_blocks(cfg: Config, i, bq: int, bk: int, lq: int, lk: int,
-                        has_valid: bool):
+                        has_valid: bool, length=None):
   """Key blocks [0, result) hold only keys every row of query block i
-  attends (real, and causal-allowed for its first row): they need no mask.
-  None of them with a key mask (has_valid), whose zeros may be anywhere."""
-  if has_valid:
+  attends (real, inside the key length, and causal-allowed for its first
+  row): they need no mask. None of them with a general key mask
+  (has_valid without a length), whose zeros may be anywhere."""
+  if has_valid and length is None:
     return jnp.int32(0)
   full = jnp.int32(lk // bk)               # past it: the padded last block
+  if length is not None:
+    full = jnp.minimum(full, jax.lax.div(length, jnp.int32(bk)))
   if cfg.causal:
     # Block j's last key j bk + bk - 1 <= i bq + (lk - lq), the first row's
     # last allowed key  <=>  j < (i bq + lk - lq + 1) / bk.
@@ -340,13 +357,17 @@ def masked_split(at, lo, hi, unmasked_below: bool = True):
 
 
 def over_key_blocks(cfg: Config, body, carry, i, bq: int, bk: int, lq: int,
-                    lk: int, num_key_blocks: int, has_valid: bool):
+                    lk: int, num_key_blocks: int, has_valid: bool,
+                    length=None):
   """Query block i's loop over its key blocks (the forward and dQ kernels):
   body(j, carry, region, masked) -> carry, run region by region (near and
   far blocks apart for the bucketed encodings, so far blocks skip the
-  bucket search), and in each the blocks that need no mask apart."""
+  bucket search), and in each the blocks that need no mask apart. With a
+  key length, the blocks wholly past it are skipped."""
   upper = key_upper(cfg, i, bq, bk, lq, lk, num_key_blocks)
-  full = unmasked_key_blocks(cfg, i, bq, bk, lq, lk, has_valid)
+  if length is not None:
+    upper = jnp.minimum(upper, jax.lax.div(length + (bk - 1), jnp.int32(bk)))
+  full = unmasked_key_blocks(cfg, i, bq, bk, lq, lk, has_valid, length)
   split = None
   if cfg.kind in ('shaw', 't5'):
     split = (*far_blocks(i, bq, bk, reach(cfg), upper), ('left', 'right'))
@@ -358,12 +379,14 @@ def over_key_blocks(cfg: Config, body, carry, i, bq: int, bk: int, lq: int,
 
 
 def first_unmasked_query_block(cfg: Config, j, bq: int, bk: int, lq: int,
-                               lk: int, lower, upper, has_valid: bool):
+                               lk: int, lower, upper, has_valid: bool,
+                               length=None):
   """Query blocks [result, upper) attend every key of key block j (causal:
   the block's first row already sees j's last key): they need no mask;
-  upper with a key mask. Padding keys past lk need none here: a key's dK
-  and dV rows depend on its own weights only, and theirs are cut off."""
-  if has_valid:
+  upper with a general key mask, or where the block crosses the key
+  length. Padding keys past lk need none here: a key's dK and dV rows
+  depend on its own weights only, and theirs are cut off."""
+  if has_valid and length is None:
     return jnp.int32(upper)
   first = jnp.int32(lower)
   if cfg.causal:
@@ -371,6 +394,11 @@ def first_unmasked_query_block(cfg: Config, j, bq: int, bk: int, lq: int,
     #   <=> i >= ceil((j bk + bk - 1 - (lk - lq)) / bq).
     first = jnp.maximum(first, floor_div(
         j * bk + bk - 1 - (lk - lq) + bq - 1, bq, bk - 1 - (lk - lq) + bq - 1))
+  if length is not None:
+    # Past the length: every block masked. (Arithmetic: a select of these
+    # int32 scalars failed Pallas's Triton lowering, an i1 x i32 multiply.)
+    crosses = (j * bk + bk > length).astype(jnp.int32)
+    first = first + crosses * (upper - first)
   return jnp.clip(first, lower, upper)
 
 
@@ -469,7 +497,7 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   carry = (jnp.zeros((bq, dv), F32), jnp.full((bq, 1), -jnp.inf, F32),
            jnp.zeros((bq, 1), F32))
   carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks,
-                          has_valid)
+                          has_valid, key_length(r))
   acc, m, l = carry
   has_key = l > 0
   out = jnp.where(has_key, acc / jnp.where(has_key, l, 1.0), 0.0)
@@ -522,7 +550,7 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   carry = (jnp.zeros((bq, q_ref.shape[-1]), F32), jnp.zeros((bq, width), F32),
            jnp.zeros((bq, width), F32))
   carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks,
-                          has_valid)
+                          has_valid, key_length(r))
   acc, fold_ds, fold_p = carry
   if cfg.kind == 'shaw':
     # s = scale q (k + a^K[bucket]): dq = scale (ds k + fold(ds) a^K), and
@@ -593,12 +621,18 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   carry = (jnp.zeros((bk, k_ref.shape[-1]), F32),
            jnp.zeros((bk, v_ref.shape[-1]), F32))
   lower = query_lower(cfg, j, bq, bk, lq, lk)
+  length = key_length(r)
+  if length is not None:
+    # Keys wholly past the length: no query block, zero dK and dV (as a
+    # product: see first_unmasked_query_block).
+    past = (j * bk >= length).astype(jnp.int32)
+    lower = lower + past * (num_query_blocks - lower)
   split = None
   if cfg.kind in ('shaw', 't5'):
     split = (*far_query_blocks(j, bq, bk, reach(cfg), lower,
                                num_query_blocks), ('right', 'left'))
   first = first_unmasked_query_block(cfg, j, bq, bk, lq, lk, lower,
-                                     num_query_blocks, has_valid)
+                                     num_query_blocks, has_valid, length)
   for lo, hi, region in regions(cfg, split, lower, num_query_blocks):
     for a, b, masked in masked_split(first, lo, hi, unmasked_below=False):
       carry = jax.lax.fori_loop(a, b, functools.partial(

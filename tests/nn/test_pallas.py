@@ -262,6 +262,30 @@ def test_gradients_without_a_key_mask_equal_plain(kind, causal):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize('kind', ['none', 't5', 'shaw'])
+@pytest.mark.parametrize('causal', [False, True])
+def test_gradients_with_key_lengths_equal_plain(kind, causal):
+  """Key lengths (a prefix mask, as valid_lens arrive): the kernels skip
+  the key blocks past a row's length and mask only the block crossing it;
+  one row's length is a multiple of the 8-blocks, the other's is not."""
+  relative = _relative(kind)
+  q, k, v, g = _qkv(21, 30, seed=3)
+  lengths = jnp.array([16, 11])
+
+  def loss(fn):
+    def f(q, k, v, relative):
+      return jnp.sum(fn(q, k, v, relative) * g)
+    return nnx.jit(nnx.grad(f, argnums=(0, 1, 2, 3)))
+
+  got = loss(lambda q, k, v, r: pa.pallas_attention(
+      q, k, v, relative=r, causal=causal, key_lengths=lengths, **BLOCKS))(
+          q, k, v, relative)
+  want = loss(lambda q, k, v, r: _plain(
+      q, k, v, r, causal, _key_valid(30, lengths)))(q, k, v, relative)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
+
+
 def test_bfloat16_inputs():
   q, k, v, _ = _qkv(17, 17, dtype=jnp.bfloat16)
   relative = _relative('t5')
