@@ -489,7 +489,9 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
         has_key, (m + jnp.log2(jnp.where(has_key, l, 1.0))) * LN2, jnp.inf)
     if values:
       # Normalized masses per table row, written over this block's QA rows
-      # (read for the last time above).
+      # (read for the last time above, by every warp of the group once
+      # commit_smem's warpgroup barrier passes).
+      plgpu.commit_smem()
       left, right, interior, m_near = masses
       near_seen = has_key & (m_near > -jnp.inf)
       rescale = jnp.where(near_seen, jnp.exp2(jnp.where(near_seen, m_near, m)

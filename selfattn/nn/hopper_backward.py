@@ -203,6 +203,11 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       plgpu.barrier_arrive(free.at[slot])
 
     q_smem[...] = (dq * cfg.scale).astype(dtype)
+    if shaw:
+      # The folds overwrite the QA (and DA) rows the loop read: every warp
+      # of the group past its last read first (commit_smem's warpgroup
+      # barrier).
+      plgpu.commit_smem()
     for rows_out, smem_rows in ((folds, fold_smem2), (masses, mass_smem2)):
       for n, f in enumerate(rows_out):
         smem_rows.at[wg, n][...] = f
