@@ -339,8 +339,8 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
     carry = (zeros(k_smem.shape[-1]), zeros(v_smem.shape[-1]))
     for lo, hi, region in _query_regions(cfg, lax.div(base, bkv), bq, bkv,
                                          start, num_query_blocks):
-      split = jnp.clip(full, lo, hi)
-      for a, b_, masked in ((lo, split, True), (split, hi, False)):
+      for a, b_, masked in kernels.masked_split(full, lo, hi,
+                                                unmasked_below=False):
         carry = lax.fori_loop(a, b_, functools.partial(
             step, masked=masked, region=region), carry)
     dk, dv = carry

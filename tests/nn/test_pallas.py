@@ -60,6 +60,14 @@ def _key_valid(lk, lengths):
   return jnp.arange(lk)[None, :] < jnp.asarray(lengths)[:, None]
 
 
+def _gradients(fn, g, q, k, v, relative):
+  """Gradients of sum(fn(q, k, v, relative) * g) in q, k, v and the
+  encoding's tables, under jit."""
+  def f(q, k, v, relative):
+    return jnp.sum(fn(q, k, v, relative) * g)
+  return nnx.jit(nnx.grad(f, argnums=(0, 1, 2, 3)))(q, k, v, relative)
+
+
 def _plain(q, k, v, relative, causal, key_valid):
   mask = None if key_valid is None else key_valid[:, None, None, :]
   return attention.dot_product_attention(q, k, v, mask=mask, causal=causal,
@@ -220,16 +228,11 @@ def test_gradients_equal_plain(kind, causal):
   q, k, v, g = _qkv(19, 19, seed=1)
   valid = _key_valid(19, [19, 12])
 
-  def loss(fn):
-    def f(q, k, v, relative):
-      return jnp.sum(fn(q, k, v, relative) * g)
-    return nnx.jit(nnx.grad(f, argnums=(0, 1, 2, 3)))
-
-  got = loss(lambda q, k, v, r: pa.pallas_attention(
-      q, k, v, relative=r, causal=causal, key_valid=valid, **BLOCKS))(
-          q, k, v, relative)
-  want = loss(lambda q, k, v, r: _plain(q, k, v, r, causal, valid))(
-      q, k, v, relative)
+  got = _gradients(lambda q, k, v, r: pa.pallas_attention(
+      q, k, v, relative=r, causal=causal, key_valid=valid, **BLOCKS),
+      g, q, k, v, relative)
+  want = _gradients(lambda q, k, v, r: _plain(q, k, v, r, causal, valid),
+                    g, q, k, v, relative)
   got_leaves, want_leaves = jax.tree.leaves(got), jax.tree.leaves(want)
   tables = {'t5': 1, 'shaw': 2, 'shaw_per_head': 2}.get(kind, 0)
   assert len(got_leaves) == len(want_leaves) == 3 + tables
@@ -249,15 +252,10 @@ def test_gradients_without_a_key_mask_equal_plain(kind, causal):
   relative = _relative(kind)
   q, k, v, g = _qkv(21, 30, seed=2)
 
-  def loss(fn):
-    def f(q, k, v, relative):
-      return jnp.sum(fn(q, k, v, relative) * g)
-    return nnx.jit(nnx.grad(f, argnums=(0, 1, 2, 3)))
-
-  got = loss(lambda q, k, v, r: pa.pallas_attention(
-      q, k, v, relative=r, causal=causal, **BLOCKS))(q, k, v, relative)
-  want = loss(lambda q, k, v, r: _plain(q, k, v, r, causal, None))(
-      q, k, v, relative)
+  got = _gradients(lambda q, k, v, r: pa.pallas_attention(
+      q, k, v, relative=r, causal=causal, **BLOCKS), g, q, k, v, relative)
+  want = _gradients(lambda q, k, v, r: _plain(q, k, v, r, causal, None),
+                    g, q, k, v, relative)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
 
@@ -272,16 +270,11 @@ def test_gradients_with_key_lengths_equal_plain(kind, causal):
   q, k, v, g = _qkv(21, 30, seed=3)
   lengths = jnp.array([16, 11])
 
-  def loss(fn):
-    def f(q, k, v, relative):
-      return jnp.sum(fn(q, k, v, relative) * g)
-    return nnx.jit(nnx.grad(f, argnums=(0, 1, 2, 3)))
-
-  got = loss(lambda q, k, v, r: pa.pallas_attention(
-      q, k, v, relative=r, causal=causal, key_lengths=lengths, **BLOCKS))(
-          q, k, v, relative)
-  want = loss(lambda q, k, v, r: _plain(
-      q, k, v, r, causal, _key_valid(30, lengths)))(q, k, v, relative)
+  got = _gradients(lambda q, k, v, r: pa.pallas_attention(
+      q, k, v, relative=r, causal=causal, key_lengths=lengths, **BLOCKS),
+      g, q, k, v, relative)
+  want = _gradients(lambda q, k, v, r: _plain(
+      q, k, v, r, causal, _key_valid(30, lengths)), g, q, k, v, relative)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
 
