@@ -93,6 +93,10 @@ def pytest_collection_modifyitems(config, items):
   items.sort(key=lambda item: item.get_closest_marker('slow') is None)
 
 
+# A worker ignores SIGINT once its session is over (execnet's shutdown
+# signal would otherwise print a stray KeyboardInterrupt after 100%).
+from quiet_worker_exit import pytest_sessionfinish  # noqa: E402,F401
+
 # The made-up parallel corpus of the translation tests, as a fixture; imported
 # last, after XLA_FLAGS is set, since it imports JAX.
 from tiny_corpus import tiny_multi30k  # noqa: E402,F401
