@@ -1,6 +1,6 @@
 """Benchmarks: selfattn against its peers, measured in the same run.
 
-  python scripts/bench.py [--quick] [--json OUT.json]
+  python scripts/bench.py [--quick | --smoke] [--json OUT.json]
 
 Prints a markdown table per section and, with --json, the keys that
 BENCHMARKS.md tracks. All timings are medians over repeats after warm-up,
@@ -58,6 +58,11 @@ from selfattn.nn.positions import RelativePosition  # noqa: E402
 from selfattn.nn.positions import relative_offsets  # noqa: E402
 
 _QUICK = flags.DEFINE_bool('quick', False, 'Small shapes, few repeats (65 s on the 2-core CPU).')
+_SMOKE = flags.DEFINE_bool(
+    'smoke', False, "The test's level (tests/experiments/test_bench.py): "
+    "--quick's sections at their smallest (one repeat, 20 training steps, "
+    "compile time at depth 1, chunked timings at 256-512), to check that "
+    "every key is written. Its numbers are not measurements.")
 _JSON = flags.DEFINE_string('json', None, 'Write the results as JSON here.')
 _PLOT = flags.DEFINE_string('plot', None, 'Write the memory/time vs length '
                             'plot of the chunked section here (PNG).')
@@ -235,7 +240,7 @@ def bench_encodings(length, tokens, repeats):
 # Training loop.
 # --------------------------------------------------------------------------
 
-def bench_training(config_name: str, steps: int, repeats: int):
+def bench_training(config_name: str, steps: int, repeats: int, rounds: int):
   """The real loop (train_and_evaluate at the config's own logging,
   checkpoint and eval cadence; its warm steps/s excludes compilation, eval
   and checkpoint saving) against the same compiled step called back to back
@@ -258,7 +263,7 @@ def bench_training(config_name: str, steps: int, repeats: int):
   # This machine's speed drifts by 10-15% between minutes, so loop and
   # compiled step are measured in alternating rounds and compared by median.
   count, loops, compiled = min(steps, 300), [], []
-  for _ in range(1 if _QUICK.value else 3):
+  for _ in range(rounds):
     compiled += compiled_rate('float32', count)
     # The run's own results table and orbax's INFO lines are not part of
     # the benchmark's report.
@@ -345,10 +350,11 @@ def bench_causal_chunked(length: int, repeats: int) -> dict:
   return out
 
 
-def bench_chunked(quick: bool, repeats: int) -> dict:
+def bench_chunked(quick: bool, repeats: int, smoke: bool = False) -> dict:
   """The long-sequence section; returns its JSON keys."""
   target = 1024 if quick else 8192        # the memory target's length
-  mid = 512 if quick else 2048            # the time target's shorter length
+  # the time target's shorter length
+  mid = 256 if smoke else 512 if quick else 2048
   print(f'## Chunked attention vs plain, forward+backward, batch 1, width '
         f'{bench_long.WIDTH}, {bench_long.HEADS} heads\n', flush=True)
   memory_lengths = [1024] if quick else [512, 1024, 2048, 4096, 8192]
@@ -365,7 +371,7 @@ def bench_chunked(quick: bool, repeats: int) -> dict:
     for name, row in rows.items():
       times.setdefault(name, {})[str(length)] = row
   lengths = bench_long.max_train_length(longest=1024 if quick else 65536)
-  depths = [2] if quick else [2, 12, 48]
+  depths = [1] if smoke else [2] if quick else [2, 12, 48]
   compiles = bench_long.compile_seconds(depths)
   if _PLOT.value:
     bench_long.plot(memory, times, _PLOT.value)
@@ -381,7 +387,7 @@ def bench_chunked(quick: bool, repeats: int) -> dict:
   print(table(['attention', 'longest length within 16 GiB'],
               [[k, v['max_length']] for k, v in lengths.items()]) + '\n')
   print(table(list(compiles), [list(compiles.values())]) + '\n')
-  causal_length = 1024 if quick else 4096
+  causal_length = 512 if smoke else 1024 if quick else 4096
   causal = bench_causal_chunked(causal_length, repeats)
   print(f'Causal over bidirectional chunked attention at length '
         f'{causal_length} (blocks above the diagonal skipped):\n')
@@ -400,7 +406,8 @@ def bench_chunked(quick: bool, repeats: int) -> dict:
       'max_train_length_plain': float(lengths['plain']['max_length'] or 0),
       'train_step_gib': lengths,
       'compile_seconds': compiles,
-      'scan_compile_ratio': compiles[f'scan_{depths[-1]}'] / compiles['scan_2'],
+      'scan_compile_ratio': (compiles[f'scan_{depths[-1]}']
+                             / compiles[f'scan_{depths[0]}']),
       'chunked_causal_time_ratio': causal['forward+backward']['ratio'],
       'chunked_causal': causal,
   }
@@ -411,15 +418,16 @@ def bench_chunked(quick: bool, repeats: int) -> dict:
 
 def main(argv):
   del argv
-  quick = _QUICK.value
-  repeats = 3 if quick else 7
+  smoke = _SMOKE.value
+  quick = _QUICK.value or smoke
+  repeats = 1 if smoke else 3 if quick else 7
   lengths = [128] if quick else [128, 512, 2048]
   tokens = 1024 if quick else 4096       # batch = tokens // length beyond 128
   started = time.perf_counter()
   machine = (f'{jax.devices()[0].device_kind} x{jax.device_count()} '
              f'({jax.default_backend()}), {os.cpu_count()} CPU cores')
   print(f'# selfattn benchmarks on {machine}'
-        f'{" (quick)" if quick else ""}\n')
+        f'{" (smoke)" if smoke else " (quick)" if quick else ""}\n')
 
   config_name = 'tiny' if quick else 'default'
   rss = peak_rss_mb(config_name)     # first, while this process is small
@@ -464,15 +472,16 @@ def main(argv):
   print('## PoPE over RoPE, one layer forward+backward (scripts/bench_pope.py)\n')
   print(bench_pope.markdown(pope) + '\n')
 
-  training = bench_training(config_name, 60 if quick else 500, repeats)
+  training = bench_training(config_name, 20 if smoke else 60 if quick else 500,
+                            repeats, rounds=1 if quick else 3)
   training['peak_rss_mb'] = rss
   print(f'## Training loop, configs/{config_name}.py\n')
   print(table(list(training), [list(training.values())]) + '\n')
 
-  long = bench_chunked(quick, repeats)
+  long = bench_chunked(quick, repeats, smoke)
 
   results = {
-      'machine': machine, 'quick': quick,
+      'machine': machine, 'quick': quick, 'smoke': smoke,
       'matmul_gflops': roofline,
       'mha_speedup_vs_flax': mha[128]['speedup_vs_flax'],
       'mha_fraction_of_roofline': mha[128]['fraction_of_roofline'],
