@@ -33,8 +33,8 @@ def token_acc(evals, length):
 
 
 def test_compare_positions_quick(tmp_path):
-  # Three of the quick mode's four encodings (rope's run is the same code
-  # path as shaw's): the baseline at chance, two that learn.
+  # Three of the quick mode's four encodings: the baseline at chance and two
+  # that learn (rope's run goes through the same driver code as theirs).
   data = run_driver('compare_positions', tmp_path, '--task=precedes',
                     '--positions=none,sinusoidal,shaw')
   acc = {name.split('=')[1]: token_acc(e, 8) for name, e in data['accuracy'].items()}
