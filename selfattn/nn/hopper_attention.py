@@ -281,9 +281,21 @@ def shaw_row(qa_smem, n: int, shape, query_axis: int = 0):
 def table_term(cfg: HopperConfig, value, region: str, bucket, like):
   """T5's or Shaw's per-entry term of a block: value(n) of each entry's
   bucket or table row n. A far block's entries all take their edge's (no
-  select); a near block's by one select per row (no gather)."""
+  select); a near block's by one select per row (no gather).
+
+  Shaw's 2k + 1 rows are a loop, not unrolled: the same selects, but Mosaic
+  GPU's layout inference grows with the unrolled ops, and one attention
+  call's forward and backward at k = 16 took 48 s to lower unrolled against
+  12 s rolled (8k, from this CPU, 2026-11-28). Its rows come from shared
+  memory by a traced index; T5's num_buckets (at most a few dozen) are
+  scalars in registers, unrolled."""
   if region != 'near':
     return value(kernels.edge(cfg, region))
+  if cfg.kind == 'shaw':
+    return lax.fori_loop(
+        0, kernels.num_rows(cfg),
+        lambda n, term: jnp.where(bucket == n, value(n), term),
+        jnp.zeros_like(like))
   term = jnp.zeros_like(like)
   for n in range(kernels.num_rows(cfg)):
     term = jnp.where(bucket == n, value(n), term)

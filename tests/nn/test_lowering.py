@@ -83,13 +83,14 @@ def _square(text: str, length: int) -> bool:
 # The kernel alone, forward and gradient, at every length.
 # --------------------------------------------------------------------------
 
-# Shaw's k in the lowering tests: the near blocks' selects and folds unroll
-# 2k + 1 ways, and Mosaic GPU's layout inference grows with them (the
-# Hopper forward and backward of one call took 14 s to lower at k = 4 and
-# 48 s at the default k = 16 here, 2026-11-28); the grids and blocks do not
-# depend on k. Shared memory does ((2k + 1) rows of q a^K and dO a^V per
-# block), and Mosaic GPU checks it when it lowers, so the kernel test
-# lowers the default k once, at the longest length (DEFAULT_CLIP_AT).
+# Shaw's k in the lowering tests: the near blocks' folds unroll 2k + 1 ways
+# (their selects are a loop, hopper_attention.table_term), and Mosaic GPU's
+# layout inference grows with them: the Hopper forward and backward of one
+# call took 8 s to lower at k = 4 and 12 s at the default k = 16 here
+# (2026-11-28). The grids and blocks do not depend on k. Shared memory does
+# ((2k + 1) rows of q a^K and dO a^V per block), and Mosaic GPU checks it
+# when it lowers, so the kernel test lowers the default k once, at the
+# longest length (DEFAULT_CLIP_AT).
 KERNEL_TEST_CLIP = 4
 DEFAULT_CLIP_AT = max(LENGTHS)
 # Kinds whose Hopper kernels carry a table (T5's buckets, Shaw's rows): at
