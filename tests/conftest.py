@@ -9,7 +9,7 @@ import pytest
 # LLVM's optimisation passes are most of XLA's CPU compile time, and skipping
 # them cuts a tiny training run from 15 s to 10 s with the same numbers (the
 # golden steps hold). Set before any test imports JAX; inherited by the
-# subprocesses the tests start, except the benchmark's (runs.benchmark_env).
+# subprocesses the tests start (`bench.py --smoke` too: runs.smoke_env).
 FAST_COMPILE = '--xla_backend_optimization_level=0'
 if FAST_COMPILE not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = ' '.join(

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from runs import ROOT
-from runs import benchmark_env
+from runs import smoke_env
 
 KEYS = ['matmul_gflops', 'mha_speedup_vs_flax', 'mha_fraction_of_roofline',
         'shaw_time_ratio', 'shaw_memory_ratio', 'huang_memory_ratio',
@@ -25,7 +25,7 @@ def test_smoke_benchmark_writes_every_key(tmp_path):
   result = subprocess.run(
       [sys.executable, 'scripts/bench.py', '--smoke', f'--json={out}'],
       cwd=ROOT, capture_output=True, text=True, timeout=600,
-      env=benchmark_env())
+      env=smoke_env())
   assert result.returncode == 0, result.stderr[-3000:]
   assert '| length | batch | selfattn ms | flax ms |' in result.stdout
   data = json.loads(out.read_text())

@@ -55,12 +55,11 @@ def subprocess_env(*, xla_cache: str | os.PathLike | None = None,
   return {**env, **extra}
 
 
-def benchmark_env() -> dict[str, str]:
-  """The environment of a benchmark subprocess: none of the suite's compile
-  shortcuts, whose code and compile times are not what users get."""
-  flags = os.environ.get('XLA_FLAGS', '').split()
-  flags = [f for f in flags if not f.startswith('--xla_backend_optimization_level')]
-  env = {**os.environ, 'PYTHONPATH': ROOT, 'XLA_FLAGS': ' '.join(flags)}
+def smoke_env() -> dict[str, str]:
+  """The environment of `bench.py --smoke`, whose numbers are not
+  measurements: the suite's compile shortcut kept (XLA_FLAGS from
+  conftest), but no shared XLA cache, so its compile times are real ones."""
+  env = {**os.environ, 'PYTHONPATH': ROOT}
   env.pop('JAX_COMPILATION_CACHE_DIR', None)
   return env
 
