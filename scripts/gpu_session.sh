@@ -27,7 +27,9 @@
 #               --impls=fused,pallas,pallas_hopper), then `tune`.   <= 9 min
 #   tune        scripts/tune_hopper.py (the Hopper kernels' block sizes,
 #               stages and ping-pong against cuDNN, L = 8192) within
-#               TUNE_BUDGET s (default 80): tune_hopper.json/.md.   <= 3 min
+#               TUNE_BUDGET s (default 80): tune_hopper.json/.md;
+#               ARGS go to tune_hopper.py (--kind=shaw: Shaw's kernels,
+#               tune_hopper_shaw.json/.md).                         <= 3 min
 #   music       python -m experiments.music --scale=paper --seeds=1, one
 #               encoding at a time in MUSIC_POSITIONS order (default
 #               "rope pope alibi t5 shaw none") until MUSIC_BUDGET seconds

@@ -3,6 +3,13 @@ timed against cuDNN in the same call.
 
   python scripts/tune_hopper.py --out DIR        # on an H100 / H200
   python scripts/tune_hopper.py --smoke          # the CPU dry run (interpreter)
+  python scripts/tune_hopper.py --kind=shaw ...  # an encoding's kernels
+
+--kind: the encoding the kernels compute, at the model's defaults (ALiBi's
+slopes; T5 with 32 buckets up to distance 128; Shaw with k = 16, keys and
+values); its table is random. hopper_attention.TUNED holds one shape per
+(pass, causal) for every kind; a kind whose best differs is a reason to key
+it by kind too.
 
 For each causal setting and each (block_k, stages, ping_pong) of the grid:
 the forward (hopper_attention.forward) and the backward alone
@@ -13,7 +20,8 @@ time, median of --repeats runs; cuDNN's forward and forward + backward
 configuration that fails to compile or run prints a row saying so. The last
 lines are the fastest configuration per (pass, causal), in the form of
 hopper_attention.TUNED's rows. Outputs under --out: tune_hopper.json and
-tune_hopper.md, rewritten after every row (a time limit keeps what ran).
+tune_hopper.md (tune_hopper_KIND.* for another --kind), rewritten after
+every row (a time limit keeps what ran).
 
 TFLOP/s: 4 B H L^2 D per forward (halved when causal), 2.5 x that for the
 backward (bench_gpu.py's convention). `x cuDNN`: a forward row over cuDNN's
@@ -54,9 +62,29 @@ _REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed runs per row.')
 _BUDGET = flags.DEFINE_float('time_budget', 0.0, 'Seconds after which no '
                              'new row starts (0: none).')
 _CAUSAL = flags.DEFINE_list('causal', 'false,true', 'Masks to run.')
+_KIND = flags.DEFINE_enum('kind', 'none', hopper.KINDS,
+                          'The encoding the kernels compute.')
 
 GRID = dict(block_k=(64, 128), stages=(2, 3), ping_pong=(True, False))
 SMOKE_GRID = dict(block_k=(64,), stages=(2,), ping_pong=(True, False))
+
+
+def encoding(kind: str, heads: int, head_dim: int, key: jax.Array
+             ) -> tuple[dict, object]:
+  """(HopperConfig fields, table) of `kind` at the model defaults, the
+  table random: ALiBi's (H,) slopes, T5's (32, H) biases, Shaw's
+  (a^K, a^V), each (H, 2k + 1, D) with k = 16."""
+  if kind == 'alibi':
+    return {}, 2.0 ** (-8.0 * jnp.arange(1, heads + 1) / heads)
+  if kind == 't5':
+    return (dict(num_buckets=32, max_distance=128),
+            0.1 * jax.random.normal(key, (32, heads)))
+  if kind == 'shaw':
+    clip = 16
+    a_k, a_v = (0.1 * jax.random.normal(k, (heads, 2 * clip + 1, head_dim))
+                for k in jax.random.split(key))
+    return dict(clip=clip, shaw_values=True), (a_k, a_v)
+  return {}, None
 
 
 def median_ms(fn, args, repeats: int) -> float:
@@ -95,7 +123,8 @@ def cudnn_rows(q, k, v, g, causal: bool, repeats: int) -> list[dict]:
 
 
 def markdown(result: dict) -> str:
-  lines = [f'# tune_hopper on {result["device"]}, JAX {result["jax"]}, '
+  lines = [f'# tune_hopper ({result["kind"]}) on {result["device"]}, '
+           f'JAX {result["jax"]}, '
            f'B={result["batch"]} H={result["heads"]} L={result["length"]} '
            f'D={result["head_dim"]}, bf16', '',
            '| causal | pass | kernel | block_k | stages | ping_pong | ms | '
@@ -137,12 +166,15 @@ def main(argv):
                       _HEAD_DIM.value))
   repeats = 2 if smoke else _REPEATS.value
   grid = SMOKE_GRID if smoke else GRID
-  keys = jax.random.split(jax.random.key(0), 4)
+  keys = jax.random.split(jax.random.key(0), 5)
   q, k, v, g = (jax.random.normal(key, (b, h, length, d), jnp.bfloat16)
-                for key in keys)
+                for key in keys[:4])
+  kind = _KIND.value
+  fields, table = encoding(kind, h, d, keys[4])
   device = jax.devices()[0]
   result = {'device': device.device_kind, 'jax': jax.__version__,
-            'batch': b, 'heads': h, 'length': length, 'head_dim': d,
+            'kind': kind, 'batch': b, 'heads': h, 'length': length,
+            'head_dim': d,
             'smoke': smoke, 'rows': [], 'best': []}
   started = time.perf_counter()
 
@@ -150,9 +182,10 @@ def main(argv):
     result['best'] = best_rows(result['rows'])
     if _OUT.value:
       os.makedirs(_OUT.value, exist_ok=True)
-      with open(os.path.join(_OUT.value, 'tune_hopper.json'), 'w') as f:
+      stem = 'tune_hopper' + ('' if kind == 'none' else f'_{kind}')
+      with open(os.path.join(_OUT.value, f'{stem}.json'), 'w') as f:
         json.dump(result, f, indent=2)
-      with open(os.path.join(_OUT.value, 'tune_hopper.md'), 'w') as f:
+      with open(os.path.join(_OUT.value, f'{stem}.md'), 'w') as f:
         f.write(markdown(result))
 
   for causal in [c.strip().lower() == 'true' for c in _CAUSAL.value]:
@@ -166,20 +199,20 @@ def main(argv):
     for block_k, stages, ping_pong in itertools.product(*grid.values()):
       if _BUDGET.value and time.perf_counter() - started > _BUDGET.value:
         break
-      cfg = hopper.HopperConfig(kind='none', symmetric=False, causal=causal,
+      cfg = hopper.HopperConfig(kind=kind, symmetric=False, causal=causal,
                                 scale=d ** -0.5, block_k=block_k,
                                 stages=stages, ping_pong=ping_pong,
-                                interpret=smoke)
-      forward = jax.jit(lambda q, k, v, cfg=cfg: hopper.forward(
-          cfg, q, k, v, None, None))
-      backward = jax.jit(lambda q, k, v, g, lse, delta, cfg=cfg:
-                         hopper_backward.backward(cfg, q, k, v, None, None,
+                                interpret=smoke, **fields)
+      forward = jax.jit(lambda q, k, v, table, cfg=cfg: hopper.forward(
+          cfg, q, k, v, None, table))
+      backward = jax.jit(lambda q, k, v, table, g, lse, delta, cfg=cfg:
+                         hopper_backward.backward(cfg, q, k, v, None, table,
                                                   g, lse, delta))
       row = dict(causal=causal, kernel='hopper', block_k=block_k,
                  stages=stages, ping_pong=ping_pong)
       try:
-        out, lse = forward(q, k, v)
-        ms = median_ms(forward, (q, k, v), repeats)
+        out, lse = forward(q, k, v, table)
+        ms = median_ms(forward, (q, k, v, table), repeats)
         result['rows'].append({**row, 'pass': 'forward', 'ms': ms,
                                'tflops': flops / ms / 1e9,
                                'x_cudnn': (ms / base['forward']
@@ -187,7 +220,7 @@ def main(argv):
         if ping_pong:      # the backward has no ping-pong: time it once
           delta = jnp.sum(out.astype(jnp.float32) * g.astype(jnp.float32),
                           -1)
-          args = (q, k, v, g, lse, delta)
+          args = (q, k, v, table, g, lse, delta)
           ms_b = median_ms(backward, args, repeats)
           both = base.get('forward+backward')
           result['rows'].append(
