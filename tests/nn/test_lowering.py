@@ -288,9 +288,9 @@ def test_scanned_and_rematerialized_steps_lower(platform, impl, layers):
   """nnx.scan over two layers, or nnx.remat per layer, around the kernel
   or the chunked path: still the kernel, still no (L, L) tensor. Scan and
   remat act on pallas_attention's custom VJP, which the Triton and Hopper
-  kernels share, so on cuda the Triton kernels stand for both (the Hopper
-  ones, Shaw's included, are lowered in whole steps above; under remat
-  they took 20-50 s more to lower here)."""
+  kernels share, so on cuda the Triton kernels, cheaper to lower, stand
+  for both (the Hopper ones, Shaw's included, are lowered in whole steps
+  above)."""
   for kind in ('encoder', 'decoder'):
     model = _model(kind, 'shaw', impl, STEP_LENGTH, num_layers=2,
                    scan_layers=layers == 'scan_layers',
