@@ -30,19 +30,21 @@ def test_sigterm_saves_a_checkpoint_flushes_events_and_resumes(tmp_path):
   workdir = tmp_path / 'run'
   overrides = ['--config.train.num_steps=3000', '--config.train.log_every=10',
                '--config.train.checkpoint_every=3000', '--config.eval.every=3000']
-  log = open(tmp_path / 'stderr.txt', 'w+')
-  proc = subprocess.Popen(
-      [sys.executable, '-m', 'selfattn.main', '--config=configs/tiny.py',
-       f'--workdir={workdir}', *overrides], cwd=ROOT, stdout=subprocess.DEVNULL,
-      stderr=log, env=subprocess_env())
-  deadline = time.time() + 300
-  while time.time() < deadline and 'step     20/' not in open(log.name).read():
-    time.sleep(0.1)
-  proc.send_signal(signal.SIGTERM)
-  assert proc.wait(timeout=120) == 128 + signal.SIGTERM
-  lines = open(log.name).read().strip().splitlines()
+  log = tmp_path / 'stderr.txt'
+  with open(log, 'w') as stderr:
+    proc = subprocess.Popen(
+        [sys.executable, '-m', 'selfattn.main', '--config=configs/tiny.py',
+         f'--workdir={workdir}', *overrides], cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=stderr, env=subprocess_env())
+    deadline = time.time() + 300
+    while time.time() < deadline and 'step     20/' not in log.read_text():
+      time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+  text = log.read_text()
+  lines = text.strip().splitlines()
   assert lines[-1].startswith('stopped: SIGTERM received: stopped after step')
-  assert 'Traceback' not in open(log.name).read()
+  assert 'Traceback' not in text
   step = int(lines[-1].split('after step ')[1].split()[0])
   assert 20 <= step < 3000
   assert sorted(int(d) for d in os.listdir(workdir / 'checkpoints')
