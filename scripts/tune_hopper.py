@@ -5,9 +5,9 @@ timed against cuDNN in the same call.
   python scripts/tune_hopper.py --smoke          # the CPU dry run (interpreter)
   python scripts/tune_hopper.py --kind=shaw ...  # an encoding's kernels
 
---kind: the encoding the kernels compute, at the model's defaults (ALiBi's
-slopes; T5 with 32 buckets up to distance 128; Shaw with k = 16, keys and
-values); its table is random. hopper_attention.TUNED holds one shape per
+--kind: the encoding the kernels compute, its position module at its
+defaults (selfattn.nn.positions; Shaw per head, keys and values), randomly
+initialised. hopper_attention.TUNED holds one shape per
 (pass, causal) for every kind; a kind whose best differs is a reason to key
 it by kind too.
 
@@ -46,8 +46,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
+from flax import nnx  # noqa: E402
 
 from selfattn.nn import hopper_attention as hopper  # noqa: E402
+from selfattn.nn import positions  # noqa: E402
 from selfattn.nn import hopper_backward  # noqa: E402
 
 _OUT = flags.DEFINE_string('out', os.environ.get('OUT'),
@@ -69,21 +71,23 @@ GRID = dict(block_k=(64, 128), stages=(2, 3), ping_pong=(True, False))
 SMOKE_GRID = dict(block_k=(64,), stages=(2,), ping_pong=(True, False))
 
 
-def encoding(kind: str, heads: int, head_dim: int, key: jax.Array
+def encoding(kind: str, heads: int, head_dim: int, seed: int = 0
              ) -> tuple[dict, object]:
-  """(HopperConfig fields, table) of `kind` at the model defaults, the
-  table random: ALiBi's (H,) slopes, T5's (32, H) biases, Shaw's
-  (a^K, a^V), each (H, 2k + 1, D) with k = 16."""
+  """(HopperConfig fields, table) of `kind`'s position module at its
+  defaults, randomly initialised: ALiBi's (H,) slopes, T5's (num_buckets,
+  H) biases, Shaw's per-head (a^K, a^V), each (H, 2k + 1, D)."""
+  rngs = nnx.Rngs(seed)
   if kind == 'alibi':
-    return {}, 2.0 ** (-8.0 * jnp.arange(1, heads + 1) / heads)
+    return {}, jnp.asarray(positions.alibi_slopes(heads), jnp.float32)
   if kind == 't5':
-    return (dict(num_buckets=32, max_distance=128),
-            0.1 * jax.random.normal(key, (32, heads)))
+    t5 = positions.T5RelativeBias(heads, rngs=rngs)
+    return (dict(num_buckets=t5.num_buckets, max_distance=t5.max_distance),
+            t5.bias[...])
   if kind == 'shaw':
-    clip = 16
-    a_k, a_v = (0.1 * jax.random.normal(k, (heads, 2 * clip + 1, head_dim))
-                for k in jax.random.split(key))
-    return dict(clip=clip, shaw_values=True), (a_k, a_v)
+    shaw = positions.ShawRelative(heads, head_dim, shared_heads=False,
+                                  rngs=rngs)
+    return (dict(clip=shaw.clip_distance, shaw_values=True),
+            (shaw.a_K[...], shaw.a_V[...]))
   return {}, None
 
 
@@ -166,11 +170,11 @@ def main(argv):
                       _HEAD_DIM.value))
   repeats = 2 if smoke else _REPEATS.value
   grid = SMOKE_GRID if smoke else GRID
-  keys = jax.random.split(jax.random.key(0), 5)
+  keys = jax.random.split(jax.random.key(0), 4)
   q, k, v, g = (jax.random.normal(key, (b, h, length, d), jnp.bfloat16)
-                for key in keys[:4])
+                for key in keys)
   kind = _KIND.value
-  fields, table = encoding(kind, h, d, keys[4])
+  fields, table = encoding(kind, h, d)
   device = jax.devices()[0]
   result = {'device': device.device_kind, 'jax': jax.__version__,
             'kind': kind, 'batch': b, 'heads': h, 'length': length,

@@ -260,8 +260,7 @@ def over_blocks(cfg: HopperConfig, step, carry, row_block, bq: int, bk: int,
   """step(j, carry, masked=, region=) over key blocks [0, end) in
   static (region, masked) segments: blocks below `full` unmasked."""
   for lo, hi, region in regions(cfg, row_block, bq, bk, end):
-    split = jnp.clip(full, lo, hi)
-    for a, b, masked in ((lo, split, False), (split, hi, True)):
+    for a, b, masked in kernels.masked_split(full, lo, hi):
       carry = lax.fori_loop(a, b, functools.partial(
           step, masked=masked, region=region), carry)
   return carry
