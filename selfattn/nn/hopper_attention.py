@@ -234,11 +234,12 @@ def block_indices(row_base, column_base, shape):
 
 def head_terms(cfg: HopperConfig, table_ref, h):
   """The head's encoding scalars in base 2: ALiBi's slope log2 e, T5's
-  num_buckets biases times log2 e (scalar loads), else None."""
+  bias of bucket n times log2 e as a function of n (a scalar load, n
+  static or traced), else None."""
   if cfg.kind == 'alibi':
     return table_ref[h] * LOG2E
   if cfg.kind == 't5':
-    return [table_ref[h, n] * LOG2E for n in range(cfg.num_buckets)]
+    return lambda n: table_ref[h, n] * LOG2E
   return None
 
 
@@ -282,23 +283,20 @@ def table_term(cfg: HopperConfig, value, region: str, bucket, like):
   bucket or table row n. A far block's entries all take their edge's (no
   select); a near block's by one select per row (no gather).
 
-  Shaw's 2k + 1 rows are a loop, not unrolled: the same selects, but Mosaic
-  GPU's layout inference grows with the unrolled ops, and one attention
-  call's forward and backward at k = 16 took 48 s to lower unrolled against
-  12 s rolled (8k, from this CPU, 2026-11-28). Its rows come from shared
-  memory by a traced index; T5's num_buckets (at most a few dozen) are
-  scalars in registers, unrolled."""
+  The rows are a loop, not unrolled: the same selects, but Mosaic GPU's
+  layout inference grows with the unrolled ops. One attention call's
+  forward and backward with Shaw at k = 16 took 48 s to lower unrolled
+  against 12 s rolled (8k, from this CPU, 2026-11-28); with T5's 32
+  buckets (then unrolled, the biases held in registers) a call at 1000
+  took 9.3 s, 7.0 s with these selects rolled and 5.5 s with its dQ folds
+  in shared memory too (hopper_backward._fold_into). Shaw's rows come from
+  shared memory by a traced index, T5's biases by a scalar load each."""
   if region != 'near':
     return value(kernels.edge(cfg, region))
-  if cfg.kind == 'shaw':
-    return lax.fori_loop(
-        0, kernels.num_rows(cfg),
-        lambda n, term: jnp.where(bucket == n, value(n), term),
-        jnp.zeros_like(like))
-  term = jnp.zeros_like(like)
-  for n in range(kernels.num_rows(cfg)):
-    term = jnp.where(bucket == n, value(n), term)
-  return term
+  return lax.fori_loop(
+      0, kernels.num_rows(cfg),
+      lambda n, term: jnp.where(bucket == n, value(n), term),
+      jnp.zeros_like(like))
 
 
 def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
@@ -316,7 +314,7 @@ def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
     s = s - terms * alibi_distance(k_idx - q_idx, cfg.symmetric)
   elif cfg.kind in ('t5', 'shaw'):
     if cfg.kind == 't5':
-      value = lambda n: terms[n]                    # a scalar per bucket
+      value = terms                                 # a scalar per bucket
     else:
       value = lambda n: shaw_row(terms, n, s.shape, query_axis)
     s = s + table_term(cfg, value, region, bucket, s)

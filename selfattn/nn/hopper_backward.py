@@ -93,7 +93,7 @@ def _stream(j0, end, stages, slots_and_refs, ready, free, index_of):
 
 
 def _fold(cfg: HopperConfig, folds, x, bucket, region: str):
-  """T5, Shaw: each row's sums of x per bucket / table row, added to
+  """Shaw: each row's sums of x per table row, added to
   `folds` (a (bq,) row vector per row): a far block's row sums all go to
   its edge, a near block's by one select per row."""
   if region != 'near':
@@ -101,6 +101,30 @@ def _fold(cfg: HopperConfig, folds, x, bucket, region: str):
     return folds[:n] + (folds[n] + x.sum(axis=1),) + folds[n + 1:]
   return tuple(f + jnp.where(bucket == n, x, 0.0).sum(axis=1)
                for n, f in enumerate(folds))
+
+
+def _fold_into(cfg: HopperConfig, fold_smem, x, bucket, region: str,
+               layout):
+  """T5: _fold's sums kept in shared memory (fold_smem: (num_buckets, bq)
+  float32, zeroed before the first block) instead of registers, a near
+  block's buckets by a loop: unrolled, T5's 32 register rows made its dQ
+  kernel the slowest of the Hopper kernels to lower (Mosaic GPU's layout
+  inference grows with the unrolled ops). Each row's value is held, and
+  read back, by the same threads of the warpgroup (one layout for the load
+  and the store), so no barrier is needed between blocks."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+
+  def add(n, sums):
+    row = fold_smem.at[n]
+    row[...] = plgpu.load(row, layout=layout) + sums
+
+  if region != 'near':
+    add(kernels.edge(cfg, region), x.sum(axis=1))
+    return
+
+  @pl.loop(0, kernels.num_rows(cfg))
+  def _bucket(n):
+    add(n, jnp.where(bucket == n, x, 0.0).sum(axis=1))
 
 
 def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
@@ -176,7 +200,9 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
             bucket, dp)
         masses = _fold(cfg, masses, p, bucket, region)
       ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
-      if bucketed:
+      if cfg.kind == 't5':
+        _fold_into(cfg, fold_smem2.at[wg], ds, bucket, region, row_layout)
+      elif shaw:   # fold_smem2 holds QA until the loop ends: registers
         folds = _fold(cfg, folds, ds, bucket, region)
       dq = accumulate_product(dq, ds.astype(dtype), k_smem.at[slot],
                               ds_smem2.at[wg] if cfg.interpret else None,
@@ -189,8 +215,12 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
     row_zeros = lambda count: tuple(
         plgpu.layout_cast(jnp.zeros((bq,), F32), row_layout)
         for _ in range(count))
-    folds = row_zeros(kernels.num_rows(cfg) if bucketed else 0)
+    folds = row_zeros(kernels.num_rows(cfg) if shaw else 0)
     masses = row_zeros(kernels.num_rows(cfg) if values else 0)
+    if cfg.kind == 't5':
+      @pl.loop(0, kernels.num_rows(cfg))
+      def _zero(n):
+        fold_smem2.at[wg, n][...] = row_zeros(1)[0]
     dq, folds, masses = over_blocks(cfg, step, (dq, folds, masses),
                                     lax.div(base, bq), bq, bk, full, end)
 
