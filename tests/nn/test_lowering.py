@@ -100,7 +100,7 @@ DEFAULT_CLIP_AT = {'cuda': max(LENGTHS), 'tpu': LENGTHS[-1]}   # tpu: the odd on
 TABLE_KINDS = ('t5', 'shaw', 'shaw_per_head_keys_only')
 
 
-def _kernel_relative(kind: str, length: int, platform: str = 'cuda'):
+def _kernel_relative(kind: str, length: int, platform: str):
   rngs = nnx.Rngs(0)
   clip = 16 if length == DEFAULT_CLIP_AT[platform] else KERNEL_TEST_CLIP
   return {
