@@ -117,3 +117,32 @@ def test_the_floors_and_the_pilot_match_the_committed_scores(by_label):
   text = _section8()
   assert (f'beam search {pilot["val"]["bleu"]:.2f} val, '
           f'**{pilot["test_2016_flickr"]["bleu"]:.2f} test_2016_flickr**') in text
+
+
+CONVERGENCE = os.path.join(
+    ROOT, 'experiments/results/translation_convergence/results.json')
+
+
+def test_the_convergence_pairs_match_the_runs(by_label):
+  """Each pair table of the convergence check (seed 0's, then seed 1's,
+  ...): sinusoidal's converged BLEU (its 3,000-step run's), shaw minus
+  sinusoidal converged and at 3,000 steps, per split."""
+  with open(CONVERGENCE) as f:
+    converged = {(r['label'], r['seed']): r['bleu']
+                 for r in json.load(f).values()}
+  header = '| split | sinusoidal, converged (3,000 steps) |'
+  text = _section8()
+  tables = [m.start() for m in re.finditer(re.escape(header), text)]
+  assert len(tables) >= 2
+  for seed, at in enumerate(tables):
+    rows = _table_after(text[at:], header)
+    short = lambda label, split: by_label[label][seed]['splits'][split]['bleu']
+    long = lambda label, split: converged[label, seed][split]
+    assert [row[0] for row in rows] == list(SPLITS)
+    for split, row in zip(SPLITS, rows):
+      assert row[1:] == [
+          f'{long("sinusoidal", split):.2f} '
+          f'({short("sinusoidal", split):.2f})',
+          f'{long("shaw", split) - long("sinusoidal", split):+.2f}',
+          f'{short("shaw", split) - short("sinusoidal", split):+.2f}'], (
+              seed, split)
