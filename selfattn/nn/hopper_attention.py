@@ -41,10 +41,13 @@ Shaw (k = clip): the key term scale q_i . a^K_{c(j-i)}, c = clip(., -k, k)
 (O(L k) memory); far blocks add one edge row of it, near blocks select the
 offset's row per entry. With values, the kernel also returns each row's
 softmax mass per table row, W (B, H, 2k+1, Lq): the edges accumulate over
-far blocks, the 2k-1 interior rows only over the near ones (rescaled once
-at the end from the near region's running max); the value term W a^V is
-one small matmul after the kernel. The backward (hopper_backward.py)
-recomputes the same terms; with heads over 64 wide Shaw's is Triton's.
+far blocks in registers, the 2k-1 interior rows only over the near ones,
+in shared memory (rescaled once at the end from the near region's running
+max); the value term W a^V is one small matmul after the kernel. The
+backward (hopper_backward.py) recomputes the same terms. The table rows
+take shared memory ((2k+1) x 64 float32 per buffer and group): where a
+kernel's scratch would not fit (fits; wide heads, large k), the call is
+Triton's.
 
 Shapes: q (B, H, Lq, D), k and v (B, H, Lk, D), bf16 or f16, D padded
 with zeros to a multiple of 64 (at most MAX_HEAD); lengths are padded to
@@ -54,6 +57,7 @@ the blocks and the padding masked through the key length.
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -69,7 +73,7 @@ F32 = jnp.float32
 LN2, LOG2E = kernels.LN2, kernels.LOG2E      # base-2 scores, as the Triton kernels
 
 KINDS = ('none', 'alibi', 't5', 'shaw')   # the forward's; the backward's below
-BACKWARD_KINDS = ('none', 'alibi', 't5', 'shaw')   # Shaw's: heads <= 64
+BACKWARD_KINDS = ('none', 'alibi', 't5', 'shaw')   # where their scratch fits
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 HEAD_MULTIPLE = 64          # a 128-byte swizzled row of 16-bit values
 COMPUTE_GROUPS = 2
@@ -109,27 +113,61 @@ class HopperConfig(NamedTuple):
 MAX_HEAD = 128
 
 
-def supports(kind: str, dtype, head_dim: int) -> bool:
-  """Whether these kernels compute the call (else the Triton ones do):
-  head_dim is the widest of q's (after any rotation) and v's."""
-  return (kind in KINDS and jnp.dtype(dtype) in DTYPES
-          and round_up(head_dim, HEAD_MULTIPLE) <= MAX_HEAD)
+def supports(kind: str, dtype, head_dim: int, clip: int = 0,
+             values: bool = False) -> bool:
+  """Whether these kernels compute the call's forward (else the Triton ones
+  do): head_dim is the widest of q's (after any rotation) and v's; clip
+  and values are Shaw's k and whether it has a value table (its rows take
+  shared memory: fits)."""
+  if not (kind in KINDS and jnp.dtype(dtype) in DTYPES
+          and round_up(head_dim, HEAD_MULTIPLE) <= MAX_HEAD):
+    return False
+  cfg = HopperConfig(kind=kind, symmetric=False, causal=False, scale=1.0,
+                     clip=clip, shaw_values=values,
+                     **TUNED['forward', False])
+  return fits(forward_scratch(cfg, round_up(head_dim, HEAD_MULTIPLE),
+                              jnp.dtype(dtype)))
 
 
-# Shaw's backward streams its q a^K and dO a^V rows ((2k+1) x 128 float32
-# per block and stage) beside q and dO, and keeps them for its dQ rows: at
-# 128-wide heads the dQ kernel's shared memory (192 KiB without them) would
-# pass the 227 KiB an sm90 block may have at k = 16. Wider heads' Shaw
-# backward is the Triton kernels'.
-SHAW_BACKWARD_MAX_HEAD = 64
+# An sm90 block's shared memory, as Mosaic GPU checks it when lowering:
+# each scratch buffer starts at a 1 KiB boundary, each barrier takes 8
+# bytes. Shaw's table rows ((2k+1) x block float32 per buffer) are what can
+# pass it. With values: the forward's from k = 71 with 64-wide heads and
+# k = 31 with 128-wide ones; the dK/dV kernel's from k = 32 and k = 8
+# (so the default k = 16 at 128-wide heads has Triton's backward). Keys
+# only, about twice those k.
+SMEM_BYTES = 227 * 1024
+SMEM_ALIGNMENT = 1024
+BARRIER_BYTES = 8
 
 
-def backward_computes(kind: str, head_dim: int) -> bool:
-  """Whether hopper_backward computes the backward of a call the forward
-  computes (supports): head_dim the widest of q's and v's."""
-  return kind in BACKWARD_KINDS and (
-      kind != 'shaw' or round_up(head_dim, HEAD_MULTIPLE)
-      <= SHAW_BACKWARD_MAX_HEAD)
+def smem_bytes(scratch) -> int:
+  """Shared memory of a kernel's scratch: a nest of tuples of plgpu.SMEM
+  and plgpu.Barrier specs (None where a kernel has none). Mosaic GPU adds
+  its reduction scratch to a kernel that reduces across lanes (fits
+  counts it)."""
+  if scratch is None:
+    return 0
+  if isinstance(scratch, (tuple, list)):
+    return sum(smem_bytes(item) for item in scratch)
+  if hasattr(scratch, 'num_barriers'):      # a shape, e.g. (stages,)
+    return BARRIER_BYTES * math.prod(scratch.num_barriers)
+  size = math.prod(scratch.shape) * jnp.dtype(scratch.dtype).itemsize
+  return round_up(size, SMEM_ALIGNMENT)
+
+
+def fits(scratch) -> bool:
+  """Whether a kernel's scratch fits an sm90 block's shared memory beside
+  the scratch Mosaic GPU reserves for row reductions (the forward's and
+  dQ's; counted for dK/dV too, which has none: 2 KiB on the safe side)."""
+  return smem_bytes(scratch) + reduction_scratch_bytes() <= SMEM_BYTES
+
+
+def reduction_scratch_bytes() -> int:
+  """Shared memory Mosaic GPU reserves in a kernel with a cross-warp
+  reduction (its CompilerParams' default; 2 KiB in JAX 0.11 and 0.12)."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  return plgpu.CompilerParams().reduction_scratch_bytes
 
 
 # Device kinds of sm90 parts (wgmma is sm90a only: not Ampere, not Blackwell).
@@ -355,22 +393,46 @@ def product(a_ref, b_ref, shape):
   return pl.run_scoped(product, plgpu.ACC(shape, F32))
 
 
-def _shaw_masses(cfg: HopperConfig, masses, p, alpha, psum, bucket, m_new,
-                 region: str):
-  """Shaw with values: each row's softmax mass per table row, carried as
-  (left edge, right edge, interior rows 1..2k-1, the running max when the
-  near blocks ended). The edges rescale every block; the interior rows
-  only change in near blocks and rescale there (the epilogue brings them
-  to the final max)."""
-  left, right, interior, m_near = masses
+def add_to_row(rows_smem, n, value, layout, decay=None):
+  """rows_smem[n] = rows_smem[n] (times decay) + value, for a (rows, block)
+  float32 buffer of per-row sums kept in shared memory rather than in
+  registers: unrolled, a register row per table row or bucket made Mosaic
+  GPU's layout inference (which grows with the unrolled ops) the slowest
+  part of lowering, and each row costs every thread of the group about
+  two registers (33 rows at k = 16, twice in Shaw's dQ with values).
+  Lowered for cuda at 8k and k = 16 from this CPU (2026-11-28), Shaw's
+  forward with values took 4.5 s with its masses in registers and 2.8 s
+  here; its dQ kernel 5.6 s and 3.1 s. Each entry is held, and read back,
+  by the same threads of the warpgroup (one layout for the load and the
+  store; Mosaic GPU stores a replicated layout from every replica), so
+  consecutive blocks need no barrier between them."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  row = rows_smem.at[n]
+  old = plgpu.load(row, layout=layout)
+  row[...] = (old if decay is None else old * decay) + value
+
+
+def _shaw_masses(cfg: HopperConfig, masses, mass_smem, p, alpha, psum,
+                 bucket, m_new, region: str):
+  """Shaw with values: each row's softmax mass per table row. The edges
+  (left, right) are carried in registers and rescale every block; the
+  interior rows 1..2k-1 sit in mass_smem ((2k+1, bq) float32, zeroed
+  first) and change only in near blocks, rescaling there; m_near, the
+  running max when the near blocks ended, lets the epilogue bring them to
+  the final max."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  left, right, m_near = masses
   left, right = left * alpha, right * alpha
   if region == 'left':
-    return left + psum, right, interior, m_near
+    return left + psum, right, m_near
   if region == 'right':
-    return left, right + psum, interior, m_near
+    return left, right + psum, m_near
   mass = lambda n: jnp.where(bucket == n, p, 0.0).sum(axis=1)
-  interior = tuple(w * alpha + mass(n + 1) for n, w in enumerate(interior))
-  return (left + mass(0), right + mass(2 * cfg.clip), interior, m_new)
+
+  @pl.loop(1, 2 * cfg.clip)
+  def _interior(n):
+    add_to_row(mass_smem, n, mass(n), plgpu.Layout.WGMMA.reduce(1), alpha)
+  return left + mass(0), right + mass(2 * cfg.clip), m_new
 
 
 def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
@@ -383,7 +445,7 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
   w_ref = refs[7 + shaw] if values else None
   scoped = refs[-1]
   smem, (k_ready, v_ready, q_ready, qa_ready), (k_free, v_free), turn = scoped
-  q_smem2, k_smem, v_smem, p_smem2, lse_smem2, qa_smem2 = smem
+  q_smem2, k_smem, v_smem, p_smem2, lse_smem2, qa_smem2, mass_smem2 = smem
   bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
   b = lax.axis_index('batch')
   h = lax.axis_index('heads')
@@ -423,11 +485,14 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
     m, l = rows(-jnp.inf), rows(0.0)
     acc = plgpu.layout_cast(jnp.zeros((bq, q_smem.shape[-1]), F32),
                             plgpu.Layout.WGMMA)
-    masses = ()
+    masses, mass_smem = (), None
     if values:
-      masses = (rows(0.0), rows(0.0),
-                tuple(rows(0.0) for _ in range(2 * cfg.clip - 1)),
-                rows(-jnp.inf))
+      mass_smem = mass_smem2.at[wg]
+      masses = (rows(0.0), rows(0.0), rows(-jnp.inf))
+
+      @pl.loop(1, 2 * cfg.clip)
+      def _zero(n):
+        mass_smem.at[n][...] = rows(0.0)
     pl.when(wg == 1)(take_turn)
 
     def step(j, carry, masked: bool, region: str):
@@ -457,8 +522,8 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       psum = p.sum(axis=1)
       l = l * alpha + psum
       if values:
-        masses = _shaw_masses(cfg, masses, p, alpha, psum, bucket, m_new,
-                              region)
+        masses = _shaw_masses(cfg, masses, mass_smem, p, alpha, psum, bucket,
+                              m_new, region)
       acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
       p16 = p.astype(dtype)
       if cfg.ping_pong:
@@ -497,23 +562,23 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
     lse_smem[...] = jnp.where(
         has_key, (m + jnp.log2(jnp.where(has_key, l, 1.0))) * LN2, jnp.inf)
     if values:
-      # Normalized masses per table row, written over this block's QA rows
-      # (read for the last time above, by every warp of the group once
-      # commit_smem's warpgroup barrier passes).
-      plgpu.commit_smem()
-      left, right, interior, m_near = masses
+      # Normalized masses per table row: the edges from registers, the
+      # interior rows rescaled in place from the near blocks' max.
+      left, right, m_near = masses
       near_seen = has_key & (m_near > -jnp.inf)
       rescale = jnp.where(near_seen, jnp.exp2(jnp.where(near_seen, m_near, m)
                                               - m), 0.0) * inv
-      terms.at[0][...] = left * inv
-      terms.at[2 * cfg.clip][...] = right * inv
-      for n, w in enumerate(interior):
-        terms.at[n + 1][...] = w * rescale
+      mass_smem.at[0][...] = left * inv
+      mass_smem.at[2 * cfg.clip][...] = right * inv
+
+      @pl.loop(1, 2 * cfg.clip)
+      def _normalize(n):
+        add_to_row(mass_smem, n, 0.0, row_layout, rescale)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(q_smem, out_ref.at[b, h, pl.ds(q_base, bq)])
     plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, pl.ds(q_base, bq)])
     if values:
-      plgpu.copy_smem_to_gmem(terms, w_ref.at[b, h, :, pl.ds(q_base, bq)])
+      plgpu.copy_smem_to_gmem(mass_smem, w_ref.at[b, h, :, pl.ds(q_base, bq)])
     plgpu.wait_smem_to_gmem(0)
 
   @pl.when(wg == COMPUTE_GROUPS)
@@ -544,6 +609,33 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       slot = lax.rem(j, jnp.int32(stages))
       plgpu.barrier_wait(k_free.at[slot])
       plgpu.barrier_wait(v_free.at[slot])
+
+
+def forward_scratch(cfg: HopperConfig, width: int, dtype):
+  """The forward kernel's scratch, (shared buffers, ready barriers, freed
+  barriers, turn barrier), for heads `width` wide (padded)."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  bq, bk, groups = cfg.block_q, cfg.block_k, COMPUTE_GROUPS
+  shaw = cfg.kind == 'shaw'
+  tiled = lambda shape: plgpu.SMEM(
+      shape, dtype, transforms=(plgpu.TilingTransform((8, 64)),
+                                plgpu.SwizzleTransform(128)))
+  table_rows = lambda used: (
+      plgpu.SMEM((groups, kernels.num_rows(cfg), bq), F32) if used else None)
+  smem = (tiled((groups, bq, width)),
+          tiled((cfg.stages, bk, width)),
+          tiled((cfg.stages, bk, width)),
+          tiled((groups, bq, bk)) if cfg.interpret else None,
+          plgpu.SMEM((groups, bq), F32),
+          table_rows(shaw),                             # QA's rows
+          table_rows(shaw and cfg.shaw_values))         # the masses
+  barriers = (plgpu.Barrier(num_barriers=cfg.stages),
+              plgpu.Barrier(num_barriers=cfg.stages),
+              plgpu.Barrier(num_barriers=groups),
+              plgpu.Barrier(num_barriers=groups) if shaw else None)
+  freed = (plgpu.Barrier(num_arrivals=groups, num_barriers=cfg.stages),) * 2
+  turn = plgpu.Barrier(num_arrivals=groups)
+  return smem, barriers, freed, turn
 
 
 def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
@@ -586,24 +678,8 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   table = head_table(cfg, table, h)
   # No more slots than key blocks (a short sequence has one).
   cfg = cfg._replace(stages=min(cfg.stages, lk_pad // cfg.block_k))
-  bq, bk = cfg.block_q, cfg.block_k
-  tiled = lambda shape: plgpu.SMEM(
-      shape, q.dtype, transforms=(plgpu.TilingTransform((8, 64)),
-                                  plgpu.SwizzleTransform(128)))
-  smem = (tiled((COMPUTE_GROUPS, bq, width)),
-          tiled((cfg.stages, bk, width)),
-          tiled((cfg.stages, bk, width)),
-          tiled((COMPUTE_GROUPS, bq, bk)) if cfg.interpret else None,
-          plgpu.SMEM((COMPUTE_GROUPS, bq), F32),
-          plgpu.SMEM((COMPUTE_GROUPS, kernels.num_rows(cfg), bq), F32) if shaw
-          else None)
-  barriers = (plgpu.Barrier(num_barriers=cfg.stages),
-              plgpu.Barrier(num_barriers=cfg.stages),
-              plgpu.Barrier(num_barriers=COMPUTE_GROUPS),
-              plgpu.Barrier(num_barriers=COMPUTE_GROUPS) if shaw else None)
-  freed = (plgpu.Barrier(num_arrivals=COMPUTE_GROUPS,
-                         num_barriers=cfg.stages),) * 2
-  turn = plgpu.Barrier(num_arrivals=COMPUTE_GROUPS)
+  bq = cfg.block_q
+  smem, barriers, freed, turn = forward_scratch(cfg, width, q.dtype)
   body = functools.partial(_kernel, cfg=cfg, lq=lq, lk=lk, dtype=q.dtype)
 
   def entry(*refs):
@@ -633,6 +709,6 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   return out, lse
 
 
-__all__ = ['BACKWARD_KINDS', 'HopperConfig', 'KINDS', 'SHAW_BACKWARD_MAX_HEAD',
-           'TUNED', 'backward_computes', 'check',
+__all__ = ['BACKWARD_KINDS', 'HopperConfig', 'KINDS', 'TUNED', 'check',
+           'fits', 'forward_scratch', 'reduction_scratch_bytes', 'smem_bytes',
            'forward', 'lowering_for_hopper', 'supports']

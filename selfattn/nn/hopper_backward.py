@@ -42,8 +42,9 @@ from jax.experimental import pallas as pl
 
 from selfattn.nn import pallas_kernels as kernels
 from selfattn.nn.hopper_attention import BACKWARD_KINDS
-from selfattn.nn.hopper_attention import SHAW_BACKWARD_MAX_HEAD
-from selfattn.nn.hopper_attention import backward_computes
+from selfattn.nn.hopper_attention import TUNED
+from selfattn.nn.hopper_attention import add_to_row
+from selfattn.nn.hopper_attention import fits
 from selfattn.nn.hopper_attention import COMPUTE_GROUPS
 from selfattn.nn.hopper_attention import F32
 from selfattn.nn.hopper_attention import HEAD_MULTIPLE
@@ -92,39 +93,21 @@ def _stream(j0, end, stages, slots_and_refs, ready, free, index_of):
     plgpu.barrier_wait(free.at[lax.rem(j - j0, jnp.int32(stages))])
 
 
-def _fold(cfg: HopperConfig, folds, x, bucket, region: str):
-  """Shaw: each row's sums of x per table row, added to
-  `folds` (a (bq,) row vector per row): a far block's row sums all go to
-  its edge, a near block's by one select per row."""
-  if region != 'near':
-    n = kernels.edge(cfg, region)
-    return folds[:n] + (folds[n] + x.sum(axis=1),) + folds[n + 1:]
-  return tuple(f + jnp.where(bucket == n, x, 0.0).sum(axis=1)
-               for n, f in enumerate(folds))
-
-
 def _fold_into(cfg: HopperConfig, fold_smem, x, bucket, region: str,
                layout):
-  """T5: _fold's sums kept in shared memory (fold_smem: (num_buckets, bq)
-  float32, zeroed before the first block) instead of registers, a near
-  block's buckets by a loop: unrolled, T5's 32 register rows made its dQ
-  kernel the slowest of the Hopper kernels to lower (Mosaic GPU's layout
-  inference grows with the unrolled ops). Each row's value is held, and
-  read back, by the same threads of the warpgroup (one layout for the load
-  and the store), so no barrier is needed between blocks."""
-  import jax.experimental.pallas.mosaic_gpu as plgpu
-
-  def add(n, sums):
-    row = fold_smem.at[n]
-    row[...] = plgpu.load(row, layout=layout) + sums
-
+  """T5's and Shaw's sums of x per bucket or table row, for each row of the
+  block, added into fold_smem ((rows, bq) float32, zeroed before the
+  first block; in shared memory rather than registers: add_to_row says
+  why): a far block's row sums all go to its edge, a near block's by one
+  select per bucket or table row, in a loop."""
   if region != 'near':
-    add(kernels.edge(cfg, region), x.sum(axis=1))
+    add_to_row(fold_smem, kernels.edge(cfg, region), x.sum(axis=1), layout)
     return
 
   @pl.loop(0, kernels.num_rows(cfg))
   def _bucket(n):
-    add(n, jnp.where(bucket == n, x, 0.0).sum(axis=1))
+    add_to_row(fold_smem, n, jnp.where(bucket == n, x, 0.0).sum(axis=1),
+               layout)
 
 
 def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
@@ -144,7 +127,7 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
   scoped = refs[-1]
   smem, (k_ready, v_ready), own_ready, free = scoped
   (q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem, ds_smem2,
-   fold_smem2, mass_smem2) = smem
+   qa_smem2, da_smem2, fold_smem2, mass_smem2) = smem
   bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
   b, h, wg = (lax.axis_index(n) for n in ('batch', 'heads', 'wg'))
   tile_base = lax.axis_index('tiles') * (COMPUTE_GROUPS * bq)
@@ -164,12 +147,10 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
            (do_ref.at[b, h, rows], do_smem),
            (lse_ref.at[b, h, rows], lse_smem2.at[wg]),
            (delta_ref.at[b, h, rows], delta_smem2.at[wg])]
-    if shaw:
-      # The rows' QA (and DA) per table row; after the loop the same
-      # buffers take the rows' folds of ds (and masses of p).
-      own.append((qa_ref.at[b, h, :, rows], fold_smem2.at[wg]))
+    if shaw:        # the rows' QA (and DA) per table row
+      own.append((qa_ref.at[b, h, :, rows], qa_smem2.at[wg]))
     if values:
-      own.append((da_ref.at[b, h, :, rows], mass_smem2.at[wg]))
+      own.append((da_ref.at[b, h, :, rows], da_smem2.at[wg]))
     for (src, dst), barrier in zip(own, own_ready):
       plgpu.copy_gmem_to_smem(src, dst, barrier.at[wg])
     for barrier in own_ready:
@@ -177,12 +158,11 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
     row_layout = plgpu.Layout.WGMMA.reduce(1)
     lse2 = plgpu.load(lse_smem2.at[wg], layout=row_layout) * LOG2E
     delta = plgpu.load(delta_smem2.at[wg], layout=row_layout)
-    terms = fold_smem2.at[wg] if shaw else head_terms(cfg, table_ref, h)
+    terms = qa_smem2.at[wg] if shaw else head_terms(cfg, table_ref, h)
     end = key_end(cfg, length, shift, base + bq - 1, bk)
     full = unmasked_end(cfg, length, shift, base, bk, end)
 
-    def step(j, carry, masked: bool, region: str):
-      dq, folds, masses = carry
+    def step(j, dq, masked: bool, region: str):
       slot = lax.rem(j, jnp.int32(stages))
       plgpu.barrier_wait(k_ready.at[slot])
       s = product(q_smem, k_smem.at[slot].transpose((1, 0)), (bq, bk))
@@ -196,33 +176,27 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       dp = product(do_smem, v_smem.at[slot].transpose((1, 0)), (bq, bk))
       if values:    # out's value term W a^V: dp gains dO a^V of the pair's row
         dp = dp + table_term(
-            cfg, lambda n: shaw_row(mass_smem2.at[wg], n, dp.shape), region,
+            cfg, lambda n: shaw_row(da_smem2.at[wg], n, dp.shape), region,
             bucket, dp)
-        masses = _fold(cfg, masses, p, bucket, region)
+        _fold_into(cfg, mass_smem2.at[wg], p, bucket, region, row_layout)
       ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
-      if cfg.kind == 't5':
+      if bucketed:
         _fold_into(cfg, fold_smem2.at[wg], ds, bucket, region, row_layout)
-      elif shaw:   # fold_smem2 holds QA until the loop ends: registers
-        folds = _fold(cfg, folds, ds, bucket, region)
       dq = accumulate_product(dq, ds.astype(dtype), k_smem.at[slot],
                               ds_smem2.at[wg] if cfg.interpret else None,
                               cfg.interpret)
       plgpu.barrier_arrive(free.at[slot])
-      return dq, folds, masses
+      return dq
 
     dq = plgpu.layout_cast(jnp.zeros((bq, q_smem.shape[-1]), F32),
                            plgpu.Layout.WGMMA)
-    row_zeros = lambda count: tuple(
-        plgpu.layout_cast(jnp.zeros((bq,), F32), row_layout)
-        for _ in range(count))
-    folds = row_zeros(kernels.num_rows(cfg) if shaw else 0)
-    masses = row_zeros(kernels.num_rows(cfg) if values else 0)
-    if cfg.kind == 't5':
-      @pl.loop(0, kernels.num_rows(cfg))
-      def _zero(n):
-        fold_smem2.at[wg, n][...] = row_zeros(1)[0]
-    dq, folds, masses = over_blocks(cfg, step, (dq, folds, masses),
-                                    lax.div(base, bq), bq, bk, full, end)
+    zeros = plgpu.layout_cast(jnp.zeros((bq,), F32), row_layout)
+    for sums, used in ((fold_smem2, bucketed), (mass_smem2, values)):
+      if used:
+        @pl.loop(0, kernels.num_rows(cfg))
+        def _zero(n):
+          sums.at[wg, n][...] = zeros
+    dq = over_blocks(cfg, step, dq, lax.div(base, bq), bq, bk, full, end)
 
     @pl.loop(end, tile_end)
     def _release(j):
@@ -233,14 +207,6 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       plgpu.barrier_arrive(free.at[slot])
 
     q_smem[...] = (dq * cfg.scale).astype(dtype)
-    if shaw:
-      # The folds overwrite the QA (and DA) rows the loop read: every warp
-      # of the group past its last read first (commit_smem's warpgroup
-      # barrier).
-      plgpu.commit_smem()
-    for rows_out, smem_rows in ((folds, fold_smem2), (masses, mass_smem2)):
-      for n, f in enumerate(rows_out):
-        smem_rows.at[wg, n][...] = f
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[b, h, rows])
     if bucketed:
@@ -396,6 +362,82 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
             lambda i: i)
 
 
+def _scratch(cfg: HopperConfig, smem, num_streamed: int, num_own: int):
+  """A backward kernel's scratch: (shared buffers, ready barriers of the
+  streamed blocks' slots, the compute groups' own loads, freed slots)."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  ready = tuple(plgpu.Barrier(num_barriers=cfg.stages)
+                for _ in range(num_streamed))
+  own = tuple(plgpu.Barrier(num_barriers=COMPUTE_GROUPS)
+              for _ in range(num_own))
+  freed = plgpu.Barrier(num_arrivals=COMPUTE_GROUPS, num_barriers=cfg.stages)
+  return smem, ready, own, freed
+
+
+def _tiled(dtype):
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  return lambda shape: plgpu.SMEM(
+      shape, dtype, transforms=(plgpu.TilingTransform((8, 64)),
+                                plgpu.SwizzleTransform(128)))
+
+
+def dq_scratch(cfg: HopperConfig, width: int, dtype):
+  """The dQ kernel's scratch: its groups' q, dO, lse, delta, key and
+  value slots, Shaw's QA (and DA) rows, and the sums per bucket or table
+  row: T5's and Shaw's of ds, Shaw's of p with values."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  tiled, groups = _tiled(dtype), COMPUTE_GROUPS
+  bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
+  shaw = cfg.kind == 'shaw'
+  values = shaw and cfg.shaw_values
+  rows = kernels.num_rows(cfg) if cfg.kind in ('t5', 'shaw') else 0
+  row_smem = lambda used: (plgpu.SMEM((groups, rows, bq), F32) if used
+                           else None)
+  smem = (tiled((groups, bq, width)), tiled((groups, bq, width)),
+          plgpu.SMEM((groups, bq), F32), plgpu.SMEM((groups, bq), F32),
+          tiled((stages, bk, width)), tiled((stages, bk, width)),
+          tiled((groups, bq, bk)) if cfg.interpret else None,
+          row_smem(shaw), row_smem(values),             # QA, DA
+          row_smem(rows), row_smem(values))             # ds's sums, p's
+  return _scratch(cfg, smem, 2, 4 + shaw + values)
+
+
+def dkdv_scratch(cfg: HopperConfig, width: int, dtype):
+  """The dK/dV kernel's scratch: its groups' k and v, the streamed query
+  blocks' q, dO, lse, delta (and Shaw's QA and DA rows) slots."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  tiled, groups = _tiled(dtype), COMPUTE_GROUPS
+  bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
+  shaw = cfg.kind == 'shaw'
+  values = shaw and cfg.shaw_values
+  rows = kernels.num_rows(cfg) if shaw else 0
+  smem = (tiled((groups, bq, width)), tiled((groups, bq, width)),
+          tiled((stages, bk, width)), tiled((stages, bk, width)),
+          plgpu.SMEM((stages, bk), F32), plgpu.SMEM((stages, bk), F32),
+          tiled((groups, bq, bk)) if cfg.interpret else None,
+          plgpu.SMEM((stages, rows, bk), F32) if shaw else None,
+          plgpu.SMEM((stages, rows, bk), F32) if values else None)
+  return _scratch(cfg, smem, 4 + shaw + values, 2)
+
+
+def backward_computes(kind: str, head_dim: int, clip: int = 0,
+                      values: bool = False) -> bool:
+  """Whether backward computes the backward of a call the forward computes
+  (hopper_attention.supports): head_dim the widest of q's and v's, clip
+  and values Shaw's k and whether it has a value table. Shaw's table rows
+  are streamed beside each block and held per group, so its backward fits
+  in shared memory only for narrow heads and moderate k (with values:
+  64-wide heads up to k = 31, 128-wide up to k = 7)."""
+  if kind not in BACKWARD_KINDS:
+    return False
+  width = round_up(head_dim, HEAD_MULTIPLE)
+  cfg = HopperConfig(kind=kind, symmetric=False, causal=False, scale=1.0,
+                     clip=clip, shaw_values=values,
+                     **TUNED['backward', False])
+  return (fits(dq_scratch(cfg, width, jnp.bfloat16))
+          and fits(dkdv_scratch(cfg, width, jnp.bfloat16)))
+
+
 def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
              key_lengths: jax.Array | None, table: jax.Array | None,
              d_out: jax.Array, lse: jax.Array, delta: jax.Array
@@ -414,10 +456,12 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   check(cfg)
   b, h, lq, d = q.shape
   lk, dv_width = k.shape[2], v.shape[3]
-  if not backward_computes(cfg.kind, max(d, dv_width)):
-    raise ValueError(f'kind={cfg.kind!r} with heads {max(d, dv_width)} wide: '
-                     f'the Hopper backward computes {BACKWARD_KINDS}, Shaw '
-                     f'with heads up to {SHAW_BACKWARD_MAX_HEAD} wide')
+  values = cfg.kind == 'shaw' and table[1] is not None
+  if not backward_computes(cfg.kind, max(d, dv_width), cfg.clip, values):
+    raise ValueError(f'kind={cfg.kind!r} with heads {max(d, dv_width)} wide '
+                     f'and clip={cfg.clip}: the Hopper backward computes '
+                     f'{BACKWARD_KINDS} where its scratch fits in shared '
+                     f'memory (backward_computes)')
   width = round_up(max(d, dv_width), HEAD_MULTIPLE)
   check_width(width)
   shaw = cfg.kind == 'shaw'
@@ -454,28 +498,18 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
     extra.append(table_rows(q_in, a_k, cfg.scale * LOG2E))
     if cfg.shaw_values:
       extra.append(table_rows(d_out_in.astype(q.dtype), a_v, 1.0))
-  tiled = lambda shape: plgpu.SMEM(
-      shape, q.dtype, transforms=(plgpu.TilingTransform((8, 64)),
-                                  plgpu.SwizzleTransform(128)))
   interpret = plgpu.InterpretGPUParams() if cfg.interpret else None
-  groups = COMPUTE_GROUPS
   operands = (q, k, v, d_out, lse, delta, lengths, table, *extra)
 
-  def call(kernel, smem, stages, num_streamed, num_own, out_type, tiles,
-           name):
-    freed = plgpu.Barrier(num_arrivals=groups, num_barriers=stages)
-    ready = tuple(plgpu.Barrier(num_barriers=stages)
-                  for _ in range(num_streamed))
-    own = tuple(plgpu.Barrier(num_barriers=groups) for _ in range(num_own))
-
+  def call(kernel, scratch, out_type, tiles, name):
     def entry(*refs):
-      pl.run_scoped(lambda *scoped: kernel(*refs, scoped), smem, ready, own,
-                    freed, collective_axes='wg')
+      pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch,
+                    collective_axes='wg')
 
     return plgpu.kernel(
         entry, out_type=out_type, grid=(h, tiles, b),
-        grid_names=('heads', 'tiles', 'batch'), num_threads=groups + 1,
-        thread_name='wg',
+        grid_names=('heads', 'tiles', 'batch'),
+        num_threads=COMPUTE_GROUPS + 1, thread_name='wg',
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=interpret, kernel_name=name)(*operands)
 
@@ -488,17 +522,10 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   by_rows = jax.ShapeDtypeStruct((b, h, rows, lq_pad), F32)
   dq_out = ((jax.ShapeDtypeStruct((b, h, lq_pad, width), q.dtype),)
             + (by_rows,) * (bool(rows) + cfg.shaw_values))
-  row_smem = lambda used: (plgpu.SMEM((groups, rows, bq), F32) if used
-                           else None)
   dq, *by_row = call(
       functools.partial(_dq_kernel, cfg=dq_cfg, lq=lq, lk=lk, dtype=q.dtype),
-      (tiled((groups, bq, width)), tiled((groups, bq, width)),
-       plgpu.SMEM((groups, bq), F32), plgpu.SMEM((groups, bq), F32),
-       tiled((stages, bk, width)), tiled((stages, bk, width)),
-       tiled((groups, bq, bk)) if cfg.interpret else None,
-       row_smem(rows), row_smem(cfg.shaw_values)),
-      stages, 2, 4 + shaw + cfg.shaw_values, dq_out,
-      lq_pad // (groups * bq), 'selfattn_hopper_dq')
+      dq_scratch(dq_cfg, width, q.dtype), dq_out,
+      lq_pad // (COMPUTE_GROUPS * bq), 'selfattn_hopper_dq')
   dq = dq[:, :, :lq, :d]
   dtable = None
   if cfg.kind == 't5':
@@ -523,16 +550,10 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   dk, dv = call(
       functools.partial(_dkdv_kernel, cfg=dkdv_cfg, lq=lq, lk=lk,
                         num_query_blocks=num_query_blocks, dtype=q.dtype),
-      (tiled((groups, bq, width)), tiled((groups, bq, width)),
-       tiled((stages, bk, width)), tiled((stages, bk, width)),
-       plgpu.SMEM((stages, bk), F32), plgpu.SMEM((stages, bk), F32),
-       tiled((groups, bq, bk)) if cfg.interpret else None,
-       plgpu.SMEM((stages, rows, bk), F32) if shaw else None,
-       plgpu.SMEM((stages, rows, bk), F32) if cfg.shaw_values else None),
-      stages, 4 + shaw + cfg.shaw_values, 2,
+      dkdv_scratch(dkdv_cfg, width, q.dtype),
       (jax.ShapeDtypeStruct((b, h, lk_pad, width), q.dtype),) * 2,
-      lk_pad // (groups * bq), 'selfattn_hopper_dkdv')
+      lk_pad // (COMPUTE_GROUPS * bq), 'selfattn_hopper_dkdv')
   return dq, dk[:, :, :lk, :d], dv[:, :, :lk, :dv_width], dtable
 
 
-__all__ = ['backward']
+__all__ = ['backward', 'backward_computes', 'dkdv_scratch', 'dq_scratch']

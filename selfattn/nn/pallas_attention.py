@@ -20,7 +20,8 @@ On a Hopper GPU (sm90) none, ALiBi, T5, Shaw and the rotation-only
 encodings in bf16 or f16 with key lengths (not a general key mask) can run
 the Mosaic GPU forward of hopper_attention.py instead, and the Mosaic GPU
 backward of hopper_backward.py (dQ with T5's and Shaw's table gradients,
-dK/dV; Shaw's with heads up to 64 wide, wider ones in the Triton pair): `gpu_kernel='hopper'`, or 'auto' under
+dK/dV; Shaw's where its table rows fit in shared memory, else the Triton
+pair): `gpu_kernel='hopper'`, or 'auto' under
 hopper_in_auto() (by default once AUTO_TAKES_HOPPER is set, after a GPU has
 run them).
 
@@ -334,7 +335,9 @@ def _backward_call(cfg: Config, backend: str, q, k, v, key_valid, table, g,
   kernel (with the tables' gradients, summed here over batch and query
   blocks) and the dK/dV kernel."""
   if backend in ('hopper', 'hopper_interpret'):
-    if hopper.backward_computes(cfg.kind, max(q.shape[-1], v.shape[-1])):
+    if hopper_backward.backward_computes(cfg.kind,
+                                         max(q.shape[-1], v.shape[-1]),
+                                         cfg.clip, cfg.shaw_values):
       return _hopper_backward(cfg, backend == 'hopper_interpret', q, k, v,
                               key_valid, table, g, lse, delta)
     # Shaw with heads wider than 64: the Hopper forward's out and lse,
@@ -489,8 +492,10 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       (AUTO_TAKES_HOPPER), the Hopper kernels (hopper_attention.py,
       hopper_backward.py) where the GPU lowered for is an sm90 part and the
       call is one they compute (none, ALiBi, T5, Shaw or a rotation, bf16
-      or f16, heads up to 128 wide, no key_valid; Shaw's backward with
-      heads over 64 wide stays Triton's); 'hopper' insists
+      or f16, heads up to 128 wide, no key_valid; Shaw's with its table
+      rows in shared memory: hopper_attention.supports, and for the
+      backward hopper_backward.backward_computes, else Triton's);
+      'hopper' insists
       (ValueError where the call is not one they compute; with
       interpret=True they run in JAX's Mosaic GPU interpreter); 'triton'
       never uses them.
@@ -555,14 +560,19 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   scale = 1.0 / math.sqrt(q.shape[-1])       # of the head before `rotate`
   if relative is not None:
     q, k = relative.rotate(q, k)
+  width = max(q.shape[-1], v.shape[-1])
+  clip = options.get('clip', 0)
+  shaw_values = kind == 'shaw' and table[1] is not None
   hopper_computes = (prefix_mask and q.dtype == k.dtype == v.dtype
-                     and hopper.supports(kind, q.dtype,
-                                         max(q.shape[-1], v.shape[-1])))
+                     and hopper.supports(kind, q.dtype, width, clip,
+                                         shaw_values))
   if gpu_kernel == 'hopper' and not hopper_computes:
     raise ValueError(
         f"gpu_kernel='hopper' computes {hopper.KINDS} in bf16 or f16, heads "
-        f'up to {hopper.MAX_HEAD} wide, with key lengths; got {kind}, '
-        f'{q.dtype}/{k.dtype}/{v.dtype}, width {max(q.shape[-1], v.shape[-1])}, '
+        f'up to {hopper.MAX_HEAD} wide, with key lengths, where its shared '
+        f'memory fits (hopper_attention.supports, for Shaw by k); got '
+        f'{kind}, {q.dtype}/{k.dtype}/{v.dtype}, width {width}'
+        f"{f', clip {clip}' if kind == 'shaw' else ''}, "
         f"{'key lengths' if prefix_mask else 'a key_valid mask'}")
   use_hopper = gpu_kernel == 'hopper' or (
       gpu_kernel == 'auto' and _auto_takes_hopper[-1] and hopper_computes
@@ -572,8 +582,8 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       kind=kind, symmetric=options.get('symmetric', False),
       num_buckets=options.get('num_buckets', 0),
       max_distance=options.get('max_distance', 0),
-      clip=options.get('clip', 0),
-      shaw_values=kind == 'shaw' and table[1] is not None,
+      clip=clip,
+      shaw_values=shaw_values,
       causal=bool(causal),
       scale=scale, block_q=int(block_q), block_k=int(block_k),
       interpret=None if interpret is None else bool(interpret),

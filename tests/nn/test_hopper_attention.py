@@ -8,6 +8,8 @@ every warpgroup, barrier and TMA copy, so it is slow: the sizes stay
 small; and it runs in a child process with larger XLA thread pools
 (support/interpreter.py says why: on two cores it could deadlock)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -176,7 +178,7 @@ BACKWARD_CASES = [
     ('alibi', True, 200, 130, 64, 64),
     ('none', False, 100, 260, 96, 128),
     ('t5', False, 130, 300, 64, 64),
-    ('shaw', False, 130, 300, 64, 64),
+    ('shaw', False, 130, 300, 96, 64),     # 128 wide: fits at k = 6
     ('shaw keys', True, 130, 130, 64, 64),
 ]
 
@@ -332,14 +334,13 @@ def _lowered(device_kind, *, kind='none', dtype=jnp.bfloat16, mask='lengths',
         lowering_platforms=('cuda',)).as_text()
 
 
-def test_shaws_backward_over_64_wide_heads_is_the_triton_kernels():
-  """Shaw's value and gradients lowered for an H100 with gpu_kernel='hopper'
-  at 128-wide heads (whose dQ kernel's shared memory would not fit the
-  table rows): the Hopper forward and the Triton dQ and dK/dV kernels (at
-  64, all three are Mosaic GPU kernels: test_lowering.py)."""
-  shaw = positions.ShawRelative(2, 128, clip_distance=4, rngs=nnx.Rngs(0))
+def _lowered_shaw_gradients(width: int, clip: int) -> str:
+  """Shaw's (keys and values) value and gradients lowered for an H100 with
+  gpu_kernel='hopper', 256 queries and keys of `width`-wide heads."""
+  shaw = positions.ShawRelative(2, width, clip_distance=clip,
+                                rngs=nnx.Rngs(0))
   graphdef, tables = nnx.split(shaw)
-  spec = jax.ShapeDtypeStruct((1, 2, 256, 128), jnp.bfloat16)
+  spec = jax.ShapeDtypeStruct((1, 2, 256, width), jnp.bfloat16)
 
   def loss(tables, q, k, v):
     out = pa.pallas_attention(q, k, v, relative=nnx.merge(graphdef, tables),
@@ -347,9 +348,45 @@ def test_shaws_backward_over_64_wide_heads_is_the_triton_kernels():
                               gpu_kernel='hopper')
     return jnp.sum(out.astype(jnp.float32))
 
-  text = lowered_text(jax.grad(loss, argnums=(0, 1, 2, 3)), tables, spec,
+  return lowered_text(jax.grad(loss, argnums=(0, 1, 2, 3)), tables, spec,
                       spec, spec, platform='cuda')
-  assert text.count(MOSAIC_CALL) == 1 and text.count(TRITON_CALL) == 2
+
+
+@pytest.mark.parametrize('clip,mosaic_calls', [(16, 1), (4, 3)])
+def test_shaws_backward_is_hoppers_where_its_shared_memory_fits(clip,
+                                                                mosaic_calls):
+  """At 128-wide heads the dK/dV kernel's streamed table rows fit in
+  shared memory up to k = 7: at the default k = 16 the backward is the
+  Triton dQ and dK/dV kernels' behind the Hopper forward, at k = 4 all
+  three kernels are Mosaic GPU's."""
+  text = _lowered_shaw_gradients(128, clip)
+  assert text.count(MOSAIC_CALL) == mosaic_calls
+  assert text.count(TRITON_CALL) == 3 - mosaic_calls
+
+
+def test_shared_memory_is_counted_as_mosaic_gpu_counts_it():
+  """hopper.smem_bytes against Mosaic GPU's own count: the forward with
+  Shaw's values at 128-wide heads and k = 31, one past what fits (so
+  pallas_attention would route it to Triton), fails to lower, and the
+  bytes Mosaic reports are the ones counted here."""
+  assert hopper.supports('shaw', jnp.bfloat16, 128, 30, values=True)
+  assert not hopper.supports('shaw', jnp.bfloat16, 128, 31, values=True)
+  cfg = hopper.HopperConfig(kind='shaw', symmetric=False, causal=False,
+                            scale=1.0, clip=31,
+                            **hopper.TUNED['forward', False])
+  spec = jax.ShapeDtypeStruct((1, 2, 256, 128), jnp.bfloat16)
+  table = jax.ShapeDtypeStruct((2, 63, 128), jnp.float32)
+  with pytest.raises(ValueError, match='exceeds available shared memory'
+                     ) as error:
+    lowered_text(lambda q, a_k, a_v: hopper.forward(cfg, q, q, q, None,
+                                                    (a_k, a_v)),
+                 spec, table, table, platform='cuda')
+  reported = int(re.search(r'smem_bytes=(\d+)', str(error.value)).group(1))
+  counted = hopper.smem_bytes(hopper.forward_scratch(
+      cfg._replace(shaw_values=True), 128, jnp.bfloat16))
+  # The forward reduces rows (max, sums): Mosaic adds its reduction scratch.
+  assert reported == counted + hopper.reduction_scratch_bytes()
+  assert reported > hopper.SMEM_BYTES
 
 
 def test_auto_keeps_triton_until_the_hopper_kernels_have_run_on_a_gpu():
@@ -422,14 +459,17 @@ def test_bad_requests_get_clear_errors():
                         key_valid=jnp.ones((1, 16), bool))
   with pytest.raises(ValueError, match='integers of shape'):
     pa.pallas_attention(q, k, v, key_lengths=jnp.array([3.0]))
-  with pytest.raises(ValueError, match='128 wide: the Hopper backward '
-                                       'computes.*Shaw with heads up to 64'):
+  with pytest.raises(ValueError, match='128 wide and clip=16: the Hopper '
+                                       'backward computes.*shared memory'):
     wide = jnp.zeros((1, 2, 16, 128), q.dtype)
     hopper_backward.backward(
         hopper.HopperConfig(kind='shaw', symmetric=False, causal=False,
-                            scale=1.0, clip=4),
-        wide, wide, wide, None, None, wide, jnp.zeros((1, 2, 16)),
-        jnp.zeros((1, 2, 16)))
+                            scale=1.0, clip=16),
+        wide, wide, wide, None, (jnp.zeros((2, 33, 128)), None), wide,
+        jnp.zeros((1, 2, 16)), jnp.zeros((1, 2, 16)))
+  with pytest.raises(ValueError, match='clip 72'):
+    shaw = positions.ShawRelative(2, 64, clip_distance=72, rngs=nnx.Rngs(0))
+    pa.pallas_attention(q, q, q, relative=shaw, gpu_kernel='hopper')
   with pytest.raises(ValueError, match='multiples of 64'):
     hopper.check(hopper.HopperConfig(kind='none', symmetric=False,
                                      causal=False, scale=1.0, block_q=32))

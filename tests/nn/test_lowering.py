@@ -120,8 +120,9 @@ def _kernel_relative(kind: str, length: int, platform: str):
 KERNEL_KINDS = ('none', 'alibi', 'alibi_symmetric', 't5', 'shaw',
                 'shaw_per_head_keys_only', 'rope')
 # What the Hopper kernels compute in bf16 (rope: rotated first): all three
-# kernels of an attention call (Shaw's backward up to 64-wide heads, and
-# HEAD_DIM is 64; test_hopper_attention.py lowers a wider one).
+# kernels of an attention call (Shaw's where its table rows fit in shared
+# memory, as at HEAD_DIM = 64 and k = 16; test_hopper_attention.py lowers
+# wider heads).
 HOPPER_KINDS = ('none', 'alibi', 'alibi_symmetric', 'rope', 't5', 'shaw',
                 'shaw_per_head_keys_only')
 HOPPER_CALL = '@mosaic_gpu_v2'
