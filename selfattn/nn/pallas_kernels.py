@@ -186,6 +186,22 @@ def column(x: jax.Array, n: int) -> jax.Array:
   return jnp.sum(jnp.where(lane == n, x, 0.0), axis=1, keepdims=True)
 
 
+def table_row(table: jax.Array, n: int) -> jax.Array:
+  """Row n of a (rows, width) value as (1, width), by a masked column sum
+  (no slice of a value in Pallas's Triton lowering)."""
+  row = jax.lax.broadcasted_iota(jnp.int32, table.shape, 0)
+  return jnp.sum(jnp.where(row == n, table, 0.0), axis=0, keepdims=True)
+
+
+def row_dot(x: jax.Array, row: jax.Array) -> jax.Array:
+  """x row^T, (n, 1) float32, of x (n, width) and row (1, width) in x's
+  dtype: one column of dot_t(x, table) by products and a lane sum, where
+  a far block needs only its edge's column of a table (2k + 1 columns,
+  padded to a power of two, by the matmul)."""
+  return jnp.sum(x.astype(F32) * row.astype(x.dtype).astype(F32), axis=1,
+                 keepdims=True)
+
+
 def dot(a, b, contract=((1,), (0,))):
   return jax.lax.dot_general(a, b, (contract, ((), ())),
                              preferred_element_type=F32)
@@ -580,8 +596,12 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   rows = num_rows(cfg) if cfg.kind in ('shaw', 't5') else 0
   if cfg.kind == 'shaw':
     a_k = r.a_k[...]
+    edge_rows = lambda table: {region: table_row(table, edge(cfg, region))
+                               for region in ('left', 'right')}
+    a_k_edges = edge_rows(a_k)
   if r.a_v is not None:
     a_v = r.a_v[...]
+    a_v_edges = edge_rows(a_v)
 
   def body(i, carry, region, masked):
     dk, dv = carry
@@ -593,19 +613,20 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     delta = jnp.max(delta_ref[pl.ds(start, bq), :], axis=1, keepdims=True)
     q_idx = start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
     key_columns = value_columns = None
-    if cfg.kind == 'shaw':
-      # This query block's columns of scale log2(e) q a^K^T (and dO a^V^T):
-      # all of them near the diagonal, the edge one beyond.
-      wanted = range(rows) if region == 'near' else [edge(cfg, region)]
+    if cfg.kind == 'shaw' and region == 'near':
+      # Near the diagonal every column of this query block's scale log2(e)
+      # q a^K^T (and dO a^V^T) is used: one small matmul each.
       q_dot_a = dot_t(q, a_k.astype(q.dtype)) * logit_scale(cfg)
-      key_columns = {n: column(q_dot_a, n) for n in wanted}
+      key_columns = [column(q_dot_a, n) for n in range(rows)]
       if r.a_v is not None:
         do_dot_a = dot_t(do, a_v.astype(do.dtype))
-        value_columns = {n: column(do_dot_a, n) for n in wanted}
-      if region == 'near':
-        key_columns = [key_columns[n] for n in range(rows)]
-        value_columns = (None if value_columns is None
-                         else [value_columns[n] for n in range(rows)])
+        value_columns = [column(do_dot_a, n) for n in range(rows)]
+    elif cfg.kind == 'shaw':
+      # A far block reads its edge's column only: one row's products.
+      n = edge(cfg, region)
+      key_columns = {n: row_dot(q, a_k_edges[region]) * logit_scale(cfg)}
+      if r.a_v is not None:
+        value_columns = {n: row_dot(do, a_v_edges[region])}
     s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
                                    scalars, key_columns, lq, lk, valid, masked)
     p = weights(s, lse2, keep)
