@@ -114,7 +114,7 @@ MAX_HEAD = 128
 
 
 def supports(kind: str, dtype, head_dim: int, clip: int = 0,
-             values: bool = False) -> bool:
+             values: bool = False, causal: bool = False) -> bool:
   """Whether these kernels compute the call's forward (else the Triton ones
   do): head_dim is the widest of q's (after any rotation) and v's; clip
   and values are Shaw's k and whether it has a value table (its rows take
@@ -122,9 +122,9 @@ def supports(kind: str, dtype, head_dim: int, clip: int = 0,
   if not (kind in KINDS and jnp.dtype(dtype) in DTYPES
           and round_up(head_dim, HEAD_MULTIPLE) <= MAX_HEAD):
     return False
-  cfg = HopperConfig(kind=kind, symmetric=False, causal=False, scale=1.0,
+  cfg = HopperConfig(kind=kind, symmetric=False, causal=causal, scale=1.0,
                      clip=clip, shaw_values=values,
-                     **TUNED['forward', False])
+                     **TUNED['forward', causal])
   return fits(forward_scratch(cfg, round_up(head_dim, HEAD_MULTIPLE),
                               jnp.dtype(dtype)))
 
@@ -132,10 +132,10 @@ def supports(kind: str, dtype, head_dim: int, clip: int = 0,
 # An sm90 block's shared memory, as Mosaic GPU checks it when lowering:
 # each scratch buffer starts at a 1 KiB boundary, each barrier takes 8
 # bytes. Shaw's table rows ((2k+1) x block float32 per buffer) are what can
-# pass it. With values: the forward's from k = 71 with 64-wide heads and
-# k = 31 with 128-wide ones; the dK/dV kernel's from k = 32 and k = 8
-# (so the default k = 16 at 128-wide heads has Triton's backward). Keys
-# only, about twice those k.
+# pass it. With values the forward fits up to k = 70 with 64-wide heads
+# and k = 30 with 128-wide ones, the backward up to k = 30 and k = 6
+# (hopper_backward.backward_computes; so the default k = 16 at 128-wide
+# heads has Triton's backward). Keys only, about twice those k.
 SMEM_BYTES = 227 * 1024
 SMEM_ALIGNMENT = 1024
 BARRIER_BYTES = 8
@@ -680,6 +680,13 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   cfg = cfg._replace(stages=min(cfg.stages, lk_pad // cfg.block_k))
   bq = cfg.block_q
   smem, barriers, freed, turn = forward_scratch(cfg, width, q.dtype)
+  # What a GPU allocates (the interpreter's extra buffer has no limit).
+  if not fits(forward_scratch(cfg._replace(interpret=False), width,
+                              q.dtype)):
+    raise ValueError(f'kind={cfg.kind!r} with heads {width} wide (padded)'
+                     + (f' and clip={cfg.clip}' if shaw else '')
+                     + ': the Hopper forward\'s scratch would not fit in '
+                     'shared memory (supports)')
   body = functools.partial(_kernel, cfg=cfg, lq=lq, lk=lk, dtype=q.dtype)
 
   def entry(*refs):

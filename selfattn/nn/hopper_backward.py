@@ -421,19 +421,21 @@ def dkdv_scratch(cfg: HopperConfig, width: int, dtype):
 
 
 def backward_computes(kind: str, head_dim: int, clip: int = 0,
-                      values: bool = False) -> bool:
+                      values: bool = False, causal: bool = False) -> bool:
   """Whether backward computes the backward of a call the forward computes
-  (hopper_attention.supports): head_dim the widest of q's and v's, clip
-  and values Shaw's k and whether it has a value table. Shaw's table rows
-  are streamed beside each block and held per group, so its backward fits
-  in shared memory only for narrow heads and moderate k (with values:
-  64-wide heads up to k = 31, 128-wide up to k = 7)."""
+  (hopper_attention.supports), at TUNED's shapes: head_dim the widest of
+  q's and v's, clip and values Shaw's k and whether it has a value table.
+  Shaw's table rows take shared memory in both kernels (dQ holds four
+  (2k+1) x block_q buffers per group: QA, DA and the sums of ds and p;
+  dK/dV streams QA and DA per stage), so its backward fits only for narrow
+  heads and moderate k: with values up to k = 30 at 64-wide heads and
+  k = 6 at 128-wide ones (dQ is the limit), keys only up to 62 and 14."""
   if kind not in BACKWARD_KINDS:
     return False
   width = round_up(head_dim, HEAD_MULTIPLE)
-  cfg = HopperConfig(kind=kind, symmetric=False, causal=False, scale=1.0,
+  cfg = HopperConfig(kind=kind, symmetric=False, causal=causal, scale=1.0,
                      clip=clip, shaw_values=values,
-                     **TUNED['backward', False])
+                     **TUNED['backward', causal])
   return (fits(dq_scratch(cfg, width, jnp.bfloat16))
           and fits(dkdv_scratch(cfg, width, jnp.bfloat16)))
 
@@ -456,12 +458,9 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   check(cfg)
   b, h, lq, d = q.shape
   lk, dv_width = k.shape[2], v.shape[3]
-  values = cfg.kind == 'shaw' and table[1] is not None
-  if not backward_computes(cfg.kind, max(d, dv_width), cfg.clip, values):
-    raise ValueError(f'kind={cfg.kind!r} with heads {max(d, dv_width)} wide '
-                     f'and clip={cfg.clip}: the Hopper backward computes '
-                     f'{BACKWARD_KINDS} where its scratch fits in shared '
-                     f'memory (backward_computes)')
+  if cfg.kind not in BACKWARD_KINDS:
+    raise ValueError(f'kind={cfg.kind!r}: the Hopper backward computes '
+                     f'{BACKWARD_KINDS}')
   width = round_up(max(d, dv_width), HEAD_MULTIPLE)
   check_width(width)
   shaw = cfg.kind == 'shaw'
@@ -474,6 +473,17 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   bq, bk = cfg.block_q, cfg.block_k
   tile = math.lcm(COMPUTE_GROUPS * bq, bk)
   lq_pad, lk_pad = round_up(lq, tile), round_up(lk, tile)
+  # dQ streams key blocks, dK/dV query blocks: no more slots than blocks.
+  dq_cfg = cfg._replace(stages=min(cfg.stages, lk_pad // bk))
+  dkdv_cfg = cfg._replace(stages=min(cfg.stages, lq_pad // bk))
+  # What a GPU allocates (the interpreter's extra buffer has no limit).
+  on_gpu = lambda c: c._replace(interpret=False)
+  if not (fits(dq_scratch(on_gpu(dq_cfg), width, q.dtype))
+          and fits(dkdv_scratch(on_gpu(dkdv_cfg), width, q.dtype))):
+    raise ValueError(f'kind={cfg.kind!r} with heads {max(d, dv_width)} wide'
+                     + (f' and clip={cfg.clip}' if shaw else '')
+                     + ": the Hopper backward kernels' scratch would not fit "
+                     'in shared memory (backward_computes)')
   pad = lambda x, length: jnp.pad(
       x.astype(q.dtype), [(0, 0), (0, 0), (0, length - x.shape[2]),
                           (0, width - x.shape[3])])
@@ -514,8 +524,6 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
         interpret=interpret, kernel_name=name)(*operands)
 
   # dQ: query tiles of 2 x bq rows, key blocks of bk streamed.
-  stages = min(cfg.stages, lk_pad // bk)
-  dq_cfg = cfg._replace(stages=stages)
   # T5, Shaw: each query row's sums of ds per bucket / table row, and
   # Shaw's masses of p per table row with values, (B, H, rows, Lq): O(L)
   # memory, reduced to the tables' gradients below.
@@ -545,8 +553,6 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
 
   # dK/dV: key tiles of 2 x bq rows, query blocks of bk streamed.
   num_query_blocks = lq_pad // bk
-  stages = min(cfg.stages, num_query_blocks)
-  dkdv_cfg = cfg._replace(stages=stages)
   dk, dv = call(
       functools.partial(_dkdv_kernel, cfg=dkdv_cfg, lq=lq, lk=lk,
                         num_query_blocks=num_query_blocks, dtype=q.dtype),

@@ -337,11 +337,13 @@ def _backward_call(cfg: Config, backend: str, q, k, v, key_valid, table, g,
   if backend in ('hopper', 'hopper_interpret'):
     if hopper_backward.backward_computes(cfg.kind,
                                          max(q.shape[-1], v.shape[-1]),
-                                         cfg.clip, cfg.shaw_values):
+                                         cfg.clip, cfg.shaw_values,
+                                         cfg.causal):
       return _hopper_backward(cfg, backend == 'hopper_interpret', q, k, v,
                               key_valid, table, g, lse, delta)
-    # Shaw with heads wider than 64: the Hopper forward's out and lse,
-    # Triton's backward with the tables' gradients.
+    # Shaw whose table rows would not fit the backward kernels' shared
+    # memory: the Hopper forward's out and lse, Triton's backward with the
+    # tables' gradients.
     backend = 'triton' if backend == 'hopper' else 'interpret'
   a = _Arrays(cfg, backend, q, k, v, key_valid, table)
   lay = a.lay
@@ -565,7 +567,7 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   shaw_values = kind == 'shaw' and table[1] is not None
   hopper_computes = (prefix_mask and q.dtype == k.dtype == v.dtype
                      and hopper.supports(kind, q.dtype, width, clip,
-                                         shaw_values))
+                                         shaw_values, bool(causal)))
   if gpu_kernel == 'hopper' and not hopper_computes:
     raise ValueError(
         f"gpu_kernel='hopper' computes {hopper.KINDS} in bf16 or f16, heads "

@@ -197,7 +197,9 @@ def row_dot(x: jax.Array, row: jax.Array) -> jax.Array:
   """x row^T, (n, 1) float32, of x (n, width) and row (1, width) in x's
   dtype: one column of dot_t(x, table) by products and a lane sum, where
   a far block needs only its edge's column of a table (2k + 1 columns,
-  padded to a power of two, by the matmul)."""
+  padded to a power of two, by the matmul). Equal to that column up to the
+  order of the sum for 16-bit x; for float32 x it is full float32 where
+  Triton's dot at the default precision runs TF32."""
   return jnp.sum(x.astype(F32) * row.astype(x.dtype).astype(F32), axis=1,
                  keepdims=True)
 

@@ -352,41 +352,63 @@ def _lowered_shaw_gradients(width: int, clip: int) -> str:
                       spec, spec, platform='cuda')
 
 
-@pytest.mark.parametrize('clip,mosaic_calls', [(16, 1), (4, 3)])
+@pytest.mark.parametrize('clip,mosaic_calls', [(6, 3), (7, 1)])
 def test_shaws_backward_is_hoppers_where_its_shared_memory_fits(clip,
                                                                 mosaic_calls):
-  """At 128-wide heads the dK/dV kernel's streamed table rows fit in
-  shared memory up to k = 7: at the default k = 16 the backward is the
-  Triton dQ and dK/dV kernels' behind the Hopper forward, at k = 4 all
-  three kernels are Mosaic GPU's."""
+  """At 128-wide heads with values the dQ kernel's four (2k+1)-row buffers
+  per group fit in shared memory up to k = 6: there all three kernels are
+  Mosaic GPU's; from k = 7 (the default 16 too) the backward is the Triton
+  dQ and dK/dV kernels' behind the Hopper forward."""
   text = _lowered_shaw_gradients(128, clip)
   assert text.count(MOSAIC_CALL) == mosaic_calls
   assert text.count(TRITON_CALL) == 3 - mosaic_calls
 
 
-def test_shared_memory_is_counted_as_mosaic_gpu_counts_it():
-  """hopper.smem_bytes against Mosaic GPU's own count: the forward with
-  Shaw's values at 128-wide heads and k = 31, one past what fits (so
-  pallas_attention would route it to Triton), fails to lower, and the
-  bytes Mosaic reports are the ones counted here."""
-  assert hopper.supports('shaw', jnp.bfloat16, 128, 30, values=True)
-  assert not hopper.supports('shaw', jnp.bfloat16, 128, 31, values=True)
-  cfg = hopper.HopperConfig(kind='shaw', symmetric=False, causal=False,
-                            scale=1.0, clip=31,
-                            **hopper.TUNED['forward', False])
-  spec = jax.ShapeDtypeStruct((1, 2, 256, 128), jnp.bfloat16)
-  table = jax.ShapeDtypeStruct((2, 63, 128), jnp.float32)
+def _mosaics_count(lower) -> int:
+  """The shared memory Mosaic GPU reports for a kernel it refuses."""
   with pytest.raises(ValueError, match='exceeds available shared memory'
                      ) as error:
-    lowered_text(lambda q, a_k, a_v: hopper.forward(cfg, q, q, q, None,
-                                                    (a_k, a_v)),
-                 spec, table, table, platform='cuda')
-  reported = int(re.search(r'smem_bytes=(\d+)', str(error.value)).group(1))
-  counted = hopper.smem_bytes(hopper.forward_scratch(
-      cfg._replace(shaw_values=True), 128, jnp.bfloat16))
-  # The forward reduces rows (max, sums): Mosaic adds its reduction scratch.
-  assert reported == counted + hopper.reduction_scratch_bytes()
+    lower()
+  return int(re.search(r'smem_bytes=(\d+)', str(error.value)).group(1))
+
+
+def test_shared_memory_is_counted_as_mosaic_gpu_counts_it(monkeypatch):
+  """hopper.smem_bytes against Mosaic GPU's own count, with the kernels'
+  own checks bypassed: Shaw's forward at 128-wide heads and k = 31, and
+  its dQ kernel at k = 7, each one past what fits (pallas_attention would
+  route them to Triton), fail to lower with the bytes counted here plus
+  Mosaic's reduction scratch (both kernels reduce rows)."""
+  assert hopper.supports('shaw', jnp.bfloat16, 128, 30, values=True)
+  assert not hopper.supports('shaw', jnp.bfloat16, 128, 31, values=True)
+  assert hopper_backward.backward_computes('shaw', 128, 6, values=True)
+  assert not hopper_backward.backward_computes('shaw', 128, 7, values=True)
+  monkeypatch.setattr(hopper, 'fits', lambda scratch: True)
+  monkeypatch.setattr(hopper_backward, 'fits', lambda scratch: True)
+  spec = jax.ShapeDtypeStruct((1, 2, 256, 128), jnp.bfloat16)
+  rows = jax.ShapeDtypeStruct((1, 2, 256), jnp.float32)
+  config = lambda clip, pass_name: hopper.HopperConfig(
+      kind='shaw', symmetric=False, causal=False, scale=1.0, clip=clip,
+      **hopper.TUNED[pass_name, False])
+  table = lambda clip: jax.ShapeDtypeStruct((2, 2 * clip + 1, 128),
+                                            jnp.float32)
+  reduction = hopper.reduction_scratch_bytes()
+
+  cfg = config(31, 'forward')
+  reported = _mosaics_count(lambda: lowered_text(
+      lambda q, a_k, a_v: hopper.forward(cfg, q, q, q, None, (a_k, a_v)),
+      spec, table(31), table(31), platform='cuda'))
   assert reported > hopper.SMEM_BYTES
+  assert reported == reduction + hopper.smem_bytes(hopper.forward_scratch(
+      cfg._replace(shaw_values=True), 128, jnp.bfloat16))
+
+  cfg = config(7, 'backward')
+  reported = _mosaics_count(lambda: lowered_text(
+      lambda q, a_k, a_v, lse: hopper_backward.backward(
+          cfg, q, q, q, None, (a_k, a_v), q, lse, lse),
+      spec, table(7), table(7), rows, platform='cuda'))
+  assert reported > hopper.SMEM_BYTES
+  assert reported == reduction + hopper.smem_bytes(hopper_backward.dq_scratch(
+      cfg._replace(shaw_values=True), 128, jnp.bfloat16))
 
 
 def test_auto_keeps_triton_until_the_hopper_kernels_have_run_on_a_gpu():
@@ -459,14 +481,16 @@ def test_bad_requests_get_clear_errors():
                         key_valid=jnp.ones((1, 16), bool))
   with pytest.raises(ValueError, match='integers of shape'):
     pa.pallas_attention(q, k, v, key_lengths=jnp.array([3.0]))
-  with pytest.raises(ValueError, match='128 wide and clip=16: the Hopper '
-                                       'backward computes.*shared memory'):
-    wide = jnp.zeros((1, 2, 16, 128), q.dtype)
+  with pytest.raises(ValueError, match="128 wide and clip=16: the Hopper "
+                                       "backward kernels' scratch would not "
+                                       "fit"):
+    # 256 keys: two key blocks, so two stages (one block would need one).
+    wide = jnp.zeros((1, 2, 256, 128), q.dtype)
     hopper_backward.backward(
         hopper.HopperConfig(kind='shaw', symmetric=False, causal=False,
                             scale=1.0, clip=16),
         wide, wide, wide, None, (jnp.zeros((2, 33, 128)), None), wide,
-        jnp.zeros((1, 2, 16)), jnp.zeros((1, 2, 16)))
+        jnp.zeros((1, 2, 256)), jnp.zeros((1, 2, 256)))
   with pytest.raises(ValueError, match='clip 72'):
     shaw = positions.ShawRelative(2, 64, clip_distance=72, rngs=nnx.Rngs(0))
     pa.pallas_attention(q, q, q, relative=shaw, gpu_kernel='hopper')
