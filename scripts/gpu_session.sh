@@ -20,7 +20,8 @@
 #   kernel      issue 32's one-call session: info, then the Pallas and
 #               attention tests on the GPU (tests/nn/test_pallas.py runs the
 #               compiled Triton kernel there, not interpret mode;
-#               test_hopper_attention.py the compiled Mosaic GPU one), then
+#               test_hopper_attention.py the compiled Mosaic GPU one,
+#               test_cudnn_flash.py the cuDNN route), then
 #               `bench` at KERNEL_LENGTHS (default 8192,2048) for each
 #               --mode in KERNEL_MODES (default train), each within
 #               KERNEL_BENCH_BUDGET s (default 200; ARGS default
@@ -359,7 +360,7 @@ case "$STEP" in
   translation) setup; info >/dev/null; translation "$@" ;;
   kernel) setup; info >/dev/null
     SUITE_MARK=${SUITE_MARK:-not slow} SUITE_TIMEOUT=${SUITE_TIMEOUT:-150} \
-      SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q tests/nn/test_hopper_attention.py tests/nn/test_pallas.py tests/nn/test_attention.py} \
+      SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q tests/nn/test_hopper_attention.py tests/nn/test_cudnn_flash.py tests/nn/test_pallas.py tests/nn/test_attention.py} \
       suite
     budget=${KERNEL_BENCH_BUDGET:-200}
     [ $# -eq 0 ] && set -- --impls=fused,pallas,pallas_hopper

@@ -21,6 +21,9 @@ from flax import nnx
 
 from selfattn.nn import chunked
 from selfattn.nn import masks
+# The fused path's test of what cuDNN takes (re-exported: attention.cudnn_*).
+from selfattn.nn.cudnn_flash import cudnn_takes  # noqa: F401
+from selfattn.nn.cudnn_flash import cudnn_traceable  # noqa: F401
 from selfattn.nn.layers import dropout_layer  # noqa: F401  (re-exported)
 
 
@@ -164,34 +167,6 @@ def can_fuse(relative: RelativeTerms | None) -> bool:
   """Whether jax.nn.dot_product_attention can compute this encoding: every
   term but Shaw's value term is a rotation or a logit bias."""
   return getattr(relative, 'fusable', True)
-
-
-def cudnn_takes(dtype, head_dim: int, *, lq: int = 2, lk: int = 2,
-                has_bias: bool = False) -> bool:
-  """Whether jax.nn.dot_product_attention's cuDNN path takes the call,
-  training included, by its dtype and shapes: bfloat16 or float16, head
-  width a multiple of 8 up to 128, and, with a bias or mask (which cuDNN
-  receives as a bias), even lengths Lq and Lk (its backward pass refuses
-  odd ones). Checked before tracing, because a refusal raised while
-  differentiating through nnx.remat or nnx.scan cannot be caught. Whether
-  the platform is a GPU is decided later, at lowering (fused_attention)."""
-  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-    return False
-  if head_dim % 8 or head_dim > 128:
-    return False
-  return not (has_bias and (lq % 2 or lk % 2))
-
-
-@functools.cache
-def cudnn_traceable() -> bool:
-  """Whether this process can trace cuDNN attention at all: jax.nn reads
-  cuDNN's version and the GPU's compute capability while tracing, so
-  without a CUDA device here ("cuDNN is not detected") a step lowered for
-  'cuda' from this host holds XLA's attention instead (JAX's limit)."""
-  try:
-    return bool(jax.devices('cuda'))
-  except RuntimeError:
-    return False
 
 
 @functools.cache

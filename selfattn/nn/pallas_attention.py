@@ -23,7 +23,10 @@ backward of hopper_backward.py (dQ with T5's and Shaw's table gradients,
 dK/dV; Shaw's where its table rows fit in shared memory, else the Triton
 pair): `gpu_kernel='hopper'`, or 'auto' under
 hopper_in_auto() (by default once AUTO_TAKES_HOPPER is set, after a GPU has
-run them).
+run them). A call with no logit term (none, or a rotation), key lengths and
+16-bit inputs can go to cuDNN's flash attention instead (cudnn_flash.py,
+gpu_kernel='cudnn'; 'auto' once AUTO_TAKES_CUDNN is set), which an H100 ran
+2.8x faster than the Triton kernel for it.
 
 Backends, chosen when the step is lowered (jax.lax.platform_dependent), not
 by the host's default backend: Triton for 'cuda' and 'rocm', named
@@ -52,16 +55,24 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from selfattn.nn import cudnn_flash
 from selfattn.nn import hopper_attention as hopper
 from selfattn.nn import hopper_backward
 from selfattn.nn import pallas_kernels as kernels
 from selfattn.nn import positions
+from selfattn.nn.cudnn_flash import cudnn_traceable
 from selfattn.nn.pallas_kernels import Config
 
 BLOCK_Q = 128
 BLOCK_K = 128
-GPU_KERNELS = ('auto', 'hopper', 'triton')
+GPU_KERNELS = ('auto', 'cudnn', 'hopper', 'triton')
 _default_gpu_kernel = ['auto']
+# 'auto' hands the calls with no logit term (none, rotations) with key
+# lengths to cuDNN (cudnn_flash.py) only once that route has run on a GPU:
+# cuDNN's kernel has (issue 47's table, 2.8x selfattn's), the route through
+# jax.nn with key_value_seq_lengths has not. Set True after a GPU session
+# passes tests/nn/test_pallas.py's cuDNN test; read at tracing.
+AUTO_TAKES_CUDNN = False
 # 'auto' takes the Hopper kernels only once they have run on a GPU: until a
 # lent H100/H200 has compiled, checked and timed them (BENCHMARKS.md, GPU
 # section), 'auto' keeps the Triton kernels, which an H100 has run. Set
@@ -490,7 +501,13 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       interpret mode when lowered for 'cpu'; False: never interpret (a CPU
       lowering then fails).
     gpu_kernel: the kernels on a CUDA GPU (None: 'auto', or the name
-      default_gpu_kernel set): 'auto': Triton, or, under hopper_in_auto()
+      default_gpu_kernel set): 'cudnn': cuDNN's flash attention through
+      jax.nn (cudnn_flash.py) for a call with no logit term (none or a
+      rotation), one 16-bit dtype and head width, key lengths or no mask,
+      causal only with Lq == Lk, traced by a process with a CUDA device
+      (ValueError otherwise; the CPU and TPU lowerings of the same trace
+      keep these kernels); 'auto': that where AUTO_TAKES_CUDNN is set and
+      the call qualifies, else Triton, or, under hopper_in_auto()
       (AUTO_TAKES_HOPPER), the Hopper kernels (hopper_attention.py,
       hopper_backward.py) where the GPU lowered for is an sm90 part and the
       call is one they compute (none, ALiBi, T5, Shaw or a rotation, bf16
@@ -576,6 +593,24 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
         f'{kind}, {q.dtype}/{k.dtype}/{v.dtype}, width {width}'
         f"{f', clip {clip}' if kind == 'shaw' else ''}, "
         f"{'key lengths' if prefix_mask else 'a key_valid mask'}")
+  use_cudnn = gpu_kernel == 'cudnn' or (
+      gpu_kernel == 'auto' and AUTO_TAKES_CUDNN and not interpret)
+  if use_cudnn:
+    qualifies = (not interpret and cudnn_flash.computes(
+        q, k, v, kind=kind, causal=bool(causal), key_mask=not prefix_mask)
+                 and cudnn_traceable())
+    if gpu_kernel == 'cudnn' and not qualifies:
+      raise ValueError(
+          "gpu_kernel='cudnn' computes calls with no logit term (none or a "
+          'rotation) in bf16 or f16 with one head width (a multiple of 8 up '
+          'to 128), key lengths or no mask, causal only with Lq == Lk, not '
+          'interpreted, traced by a process with a CUDA device; got '
+          f'{kind}, {q.dtype}/{k.dtype}/{v.dtype}, widths {q.shape[-1]}/'
+          f'{v.shape[-1]}, Lq={lq}, Lk={lk}, causal={bool(causal)}, '
+          f"{'a key_valid mask' if not prefix_mask else 'key lengths or none'}"
+          f", interpret={interpret}, "
+          f"{'a' if cudnn_traceable() else 'no'} CUDA device")
+    use_cudnn = qualifies
   use_hopper = gpu_kernel == 'hopper' or (
       gpu_kernel == 'auto' and _auto_takes_hopper[-1] and hopper_computes
       and not interpret
@@ -591,9 +626,25 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       interpret=None if interpret is None else bool(interpret),
       gpu_kernel='hopper' if use_hopper else 'triton',
       key_prefix=prefix_mask and key_valid is not None)
+  if use_cudnn:
+    # cuDNN for a step lowered for 'cuda', these kernels for the others.
+    kernels = lambda q, k, v: _flash(cfg, q, k, v, key_valid, table)
+
+    def on_cuda(q, k, v):
+      try:
+        return cudnn_flash.attention(q, k, v, key_lengths=key_lengths,
+                                     causal=bool(causal), scale=scale)
+      except (ValueError, NotImplementedError):
+        # cuDNN's trace-time refusals (its version, the GPU): 'auto' keeps
+        # these kernels; 'cudnn' insists.
+        if gpu_kernel == 'cudnn':
+          raise
+        return kernels(q, k, v)
+    return jax.lax.platform_dependent(q, k, v, cuda=on_cuda, default=kernels)
   return _flash(cfg, q, k, v, key_valid, table)
 
 
-__all__ = ['AUTO_TAKES_HOPPER', 'BLOCK_Q', 'BLOCK_K', 'GPU_KERNELS',
+__all__ = ['AUTO_TAKES_CUDNN', 'AUTO_TAKES_HOPPER', 'BLOCK_Q', 'BLOCK_K',
+           'GPU_KERNELS',
            'default_gpu_kernel', 'hopper_in_auto',
            'pallas_attention', 'supports']

@@ -475,7 +475,7 @@ def test_bad_requests_get_clear_errors():
   with pytest.raises(ValueError, match='up to 128 wide'):
     pa.pallas_attention(wide, wide, wide, gpu_kernel='hopper')
   with pytest.raises(ValueError, match="choose one of .*'auto'"):
-    pa.pallas_attention(q, k, v, gpu_kernel='cudnn')
+    pa.pallas_attention(q, k, v, gpu_kernel='flash')
   with pytest.raises(ValueError, match='not both'):
     pa.pallas_attention(q, k, v, key_lengths=jnp.array([3]),
                         key_valid=jnp.ones((1, 16), bool))
