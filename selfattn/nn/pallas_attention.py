@@ -53,6 +53,7 @@ from typing import Iterator
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 from jax.experimental import pallas as pl
 
 from selfattn.nn import cudnn_flash
@@ -67,11 +68,12 @@ BLOCK_Q = 128
 BLOCK_K = 128
 GPU_KERNELS = ('auto', 'cudnn', 'hopper', 'triton')
 _default_gpu_kernel = ['auto']
-# 'auto' hands the calls with no logit term (none, rotations) with key
-# lengths to cuDNN (cudnn_flash.py) only once that route has run on a GPU:
-# cuDNN's kernel has (issue 47's table, 2.8x selfattn's), the route through
-# jax.nn with key_value_seq_lengths has not. Set True after a GPU session
-# passes tests/nn/test_pallas.py's cuDNN test; read at tracing.
+# 'auto' hands the calls with no logit term (none, rotations) to cuDNN
+# (cudnn_flash.py) only once that route has run on a GPU. cuDNN's kernel
+# has run there (issue 47's table: 2.8x the Triton kernel's speed for this
+# case); this route into it, with key_value_seq_lengths, has not. Set True
+# after a GPU session passes tests/nn/test_cudnn_flash.py; read at tracing.
+# Under 'auto' it then takes such calls before the Hopper kernels would.
 AUTO_TAKES_CUDNN = False
 # 'auto' takes the Hopper kernels only once they have run on a GPU: until a
 # lent H100/H200 has compiled, checked and timed them (BENCHMARKS.md, GPU
@@ -106,6 +108,13 @@ def default_gpu_kernel(name: str) -> Iterator[None]:
     yield
   finally:
     _default_gpu_kernel.pop()
+
+
+@functools.cache
+def _warn_cudnn_refused(message: str) -> None:
+  """Logged once per distinct refusal (every trace would repeat it)."""
+  logging.warning("gpu_kernel='auto': cuDNN refused the call (%s); the "
+                  'Pallas kernels run it instead', message)
 
 
 def _is_rotation_only(relative) -> bool:
@@ -634,11 +643,12 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       try:
         return cudnn_flash.attention(q, k, v, key_lengths=key_lengths,
                                      causal=bool(causal), scale=scale)
-      except (ValueError, NotImplementedError):
-        # cuDNN's trace-time refusals (its version, the GPU): 'auto' keeps
-        # these kernels; 'cudnn' insists.
+      except (ValueError, NotImplementedError, RuntimeError) as e:
+        # cuDNN's trace-time refusals (its version, the GPU, no cuDNN at
+        # all): 'auto' keeps these kernels; 'cudnn' insists.
         if gpu_kernel == 'cudnn':
           raise
+        _warn_cudnn_refused(str(e).split('\n')[0])
         return kernels(q, k, v)
     return jax.lax.platform_dependent(q, k, v, cuda=on_cuda, default=kernels)
   return _flash(cfg, q, k, v, key_valid, table)

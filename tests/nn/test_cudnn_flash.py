@@ -14,6 +14,7 @@ from selfattn.nn import attention
 from selfattn.nn import cudnn_flash
 from selfattn.nn import pallas_attention as pa
 from selfattn.nn import positions
+from selfattn.nn.lowering import lowered_text
 
 ON_CUDA = attention.cudnn_traceable()
 
@@ -34,12 +35,12 @@ def _plain(q, k, v, lengths, causal):
 
 
 @pytest.mark.parametrize('causal', [False, True])
-@pytest.mark.parametrize('lengths', [None, (24, 7, 0)])
+@pytest.mark.parametrize('lengths', [None, (24, 7, 0), (30, 24, 5)])
 def test_the_wrapper_equals_the_plain_path(causal, lengths):
   """Through jax.nn's XLA implementation (the one a CPU can trace): the
   (B, H, L, D) <-> (B, L, H, D) transposes, the scale, the key lengths
-  (a row of length 0 outputs zeros, as the plain path) and the causal
-  mask on a square score matrix."""
+  (a row of length 0 outputs zeros, as the plain path; one past Lk reads
+  every key) and the causal mask on a square score matrix."""
   q, k, v = _qkv(24, 24)
   wrapper = lambda q, k, v: cudnn_flash.attention(
       q, k, v, key_lengths=lengths, causal=causal, scale=1 / np.sqrt(16),
@@ -47,7 +48,7 @@ def test_the_wrapper_equals_the_plain_path(causal, lengths):
   plain = lambda q, k, v: _plain(q, k, v, lengths, causal)
   got, want = wrapper(q, k, v), plain(q, k, v)
   np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
-  if lengths is not None:
+  if lengths is not None and lengths[2] == 0:
     assert not np.any(np.asarray(got)[2])
   # Gradients too: finite and equal where a row has no key (zero there).
   grads = lambda fn: jax.grad(lambda *a: jnp.sum(fn(*a) ** 2),
@@ -86,7 +87,42 @@ def test_cudnn_is_refused_without_a_cuda_device():
 
 
 def test_auto_routes_nothing_to_cudnn_until_it_has_run_on_a_gpu():
+  """A tripwire: flip it with AUTO_TAKES_CUDNN, citing the GPU run of this
+  file's GPU test."""
   assert pa.AUTO_TAKES_CUDNN is False
+
+
+def test_the_route_passes_the_rotated_call_to_cudnn(monkeypatch):
+  """The route inside pallas_attention, lowered for 'cuda' from this CPU
+  with cuDNN's tracing faked: cudnn_flash.attention receives the rotated
+  q and k, the unrotated head's scale, the key lengths and `causal`, and
+  the Triton kernels are not in the cuda lowering."""
+  calls = []
+  real = cudnn_flash.attention
+
+  def spy(q, k, v, **kwargs):
+    calls.append((q, k, v, kwargs))
+    return real(q, k, v, **kwargs, implementation='xla')
+
+  monkeypatch.setattr(pa, 'cudnn_traceable', lambda: True)
+  monkeypatch.setattr(cudnn_flash, 'attention', spy)
+  q, k, v = _qkv(32, 32, dtype=jnp.bfloat16)
+  rope = positions.RotaryEncoding(16)
+  lengths = jnp.array([32, 9, 0])
+  text = lowered_text(
+      lambda q, k, v: pa.pallas_attention(q, k, v, relative=rope,
+                                          causal=True, key_lengths=lengths,
+                                          gpu_kernel='cudnn'),
+      q, k, v, platform='cuda')
+  assert '__gpu$xla.gpu.triton' not in text
+  (got_q, got_k, got_v, kwargs), = calls
+  assert kwargs['causal'] is True and kwargs['scale'] == 1 / np.sqrt(16)
+  np.testing.assert_array_equal(kwargs['key_lengths'], lengths)
+  # Traced: shapes and dtypes here; the values below, by evaluating the
+  # same rotation eagerly.
+  want_q, want_k = rope.rotate(q, k)
+  assert got_q.shape == want_q.shape and got_q.dtype == want_q.dtype
+  assert got_k.shape == want_k.shape and got_v.shape == v.shape
 
 
 @pytest.mark.skipif(not ON_CUDA, reason='traces cuDNN: needs a CUDA device')
