@@ -128,9 +128,10 @@ def test_the_route_passes_the_rotated_call_to_cudnn(monkeypatch):
 @pytest.mark.skipif(not ON_CUDA, reason='traces cuDNN: needs a CUDA device')
 @pytest.mark.parametrize('causal', [False, True])
 def test_routed_call_runs_cudnn_and_equals_the_plain_path(causal):
-  """On a GPU: the routed call lowers to cuDNN's fused attention, and its
-  output and gradients in q, k, v equal the plain path's in float32 (bf16
-  tolerances), lengths 0 and partial included; RoPE's rotation first."""
+  """On a GPU: the routed call lowers to cuDNN's fused attention with no
+  (L, L) array, and its output and gradients in q, k, v equal the plain
+  path's in float32 (bf16 tolerances), lengths 0 and partial included;
+  RoPE's rotation first."""
   q, k, v = _qkv(256, 256, d=64, dtype=jnp.bfloat16)
   lengths = jnp.array([256, 100, 0])
   rope = positions.RotaryEncoding(64)
@@ -145,6 +146,7 @@ def test_routed_call_runs_cudnn_and_equals_the_plain_path(causal):
       gpu_kernel='cudnn')
   text = jax.jit(routed).lower(q, k, v).as_text()
   assert 'cudnn' in text.lower()
+  assert '256x256' not in text          # no (L, L) array: O(L) memory
 
   def plain(q, k, v):
     f32 = lambda x: x.astype(jnp.float32)
