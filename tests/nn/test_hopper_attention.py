@@ -491,6 +491,14 @@ def test_bad_requests_get_clear_errors():
                             scale=1.0, clip=16),
         wide, wide, wide, None, (jnp.zeros((2, 33, 128)), None), wide,
         jnp.zeros((1, 2, 256)), jnp.zeros((1, 2, 256)))
+  with pytest.raises(ValueError, match="clip=31: the Hopper forward's "
+                                       'scratch would not fit'):
+    wide = jnp.zeros((1, 2, 256, 128), q.dtype)
+    table = jnp.zeros((2, 63, 128))
+    hopper.forward(
+        hopper.HopperConfig(kind='shaw', symmetric=False, causal=False,
+                            scale=1.0, clip=31),
+        wide, wide, wide, None, (table, table))
   with pytest.raises(ValueError, match='clip 72'):
     shaw = positions.ShawRelative(2, 64, clip_distance=72, rngs=nnx.Rngs(0))
     pa.pallas_attention(q, q, q, relative=shaw, gpu_kernel='hopper')
