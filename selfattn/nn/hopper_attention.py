@@ -122,11 +122,19 @@ def supports(kind: str, dtype, head_dim: int, clip: int = 0,
   if not (kind in KINDS and jnp.dtype(dtype) in DTYPES
           and round_up(head_dim, HEAD_MULTIPLE) <= MAX_HEAD):
     return False
-  cfg = HopperConfig(kind=kind, symmetric=False, causal=causal, scale=1.0,
-                     clip=clip, shaw_values=values,
-                     **TUNED['forward', causal])
+  cfg = tuned_config(kind, 'forward', clip, values, causal)
   return fits(forward_scratch(cfg, round_up(head_dim, HEAD_MULTIPLE),
                               jnp.dtype(dtype)))
+
+
+def tuned_config(kind: str, pass_name: str, clip: int = 0,
+                 values: bool = False, causal: bool = False) -> HopperConfig:
+  """A config at TUNED's shapes for a pass ('forward' or 'backward'), with
+  what its scratch depends on (the kind, Shaw's k and value table): the
+  routing's question of whether a call fits."""
+  return HopperConfig(kind=kind, symmetric=False, causal=causal, scale=1.0,
+                      clip=clip, shaw_values=values,
+                      **TUNED[pass_name, causal])
 
 
 # An sm90 block's shared memory, as Mosaic GPU checks it when lowering:
@@ -611,15 +619,22 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       plgpu.barrier_wait(v_free.at[slot])
 
 
+def tiled_smem(shape, dtype):
+  """A shared buffer of 16-bit operands in wgmma's layout: 8 x 64 tiles,
+  128-byte swizzle."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  return plgpu.SMEM(shape, dtype,
+                    transforms=(plgpu.TilingTransform((8, 64)),
+                                plgpu.SwizzleTransform(128)))
+
+
 def forward_scratch(cfg: HopperConfig, width: int, dtype):
   """The forward kernel's scratch, (shared buffers, ready barriers, freed
   barriers, turn barrier), for heads `width` wide (padded)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
   bq, bk, groups = cfg.block_q, cfg.block_k, COMPUTE_GROUPS
   shaw = cfg.kind == 'shaw'
-  tiled = lambda shape: plgpu.SMEM(
-      shape, dtype, transforms=(plgpu.TilingTransform((8, 64)),
-                                plgpu.SwizzleTransform(128)))
+  tiled = lambda shape: tiled_smem(shape, dtype)
   table_rows = lambda used: (
       plgpu.SMEM((groups, kernels.num_rows(cfg), bq), F32) if used else None)
   smem = (tiled((groups, bq, width)),
@@ -718,4 +733,5 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
 
 __all__ = ['BACKWARD_KINDS', 'HopperConfig', 'KINDS', 'TUNED', 'check',
            'fits', 'forward_scratch', 'reduction_scratch_bytes', 'smem_bytes',
+           'tiled_smem', 'tuned_config',
            'forward', 'lowering_for_hopper', 'supports']

@@ -42,7 +42,6 @@ from jax.experimental import pallas as pl
 
 from selfattn.nn import pallas_kernels as kernels
 from selfattn.nn.hopper_attention import BACKWARD_KINDS
-from selfattn.nn.hopper_attention import TUNED
 from selfattn.nn.hopper_attention import add_to_row
 from selfattn.nn.hopper_attention import fits
 from selfattn.nn.hopper_attention import COMPUTE_GROUPS
@@ -65,6 +64,8 @@ from selfattn.nn.hopper_attention import unmasked_end
 from selfattn.nn.hopper_attention import round_up
 from selfattn.nn.hopper_attention import shaw_row
 from selfattn.nn.hopper_attention import table_term
+from selfattn.nn.hopper_attention import tiled_smem
+from selfattn.nn.hopper_attention import tuned_config
 
 
 def _stream(j0, end, stages, slots_and_refs, ready, free, index_of):
@@ -374,19 +375,12 @@ def _scratch(cfg: HopperConfig, smem, num_streamed: int, num_own: int):
   return smem, ready, own, freed
 
 
-def _tiled(dtype):
-  import jax.experimental.pallas.mosaic_gpu as plgpu
-  return lambda shape: plgpu.SMEM(
-      shape, dtype, transforms=(plgpu.TilingTransform((8, 64)),
-                                plgpu.SwizzleTransform(128)))
-
-
 def dq_scratch(cfg: HopperConfig, width: int, dtype):
   """The dQ kernel's scratch: its groups' q, dO, lse, delta, key and
   value slots, Shaw's QA (and DA) rows, and the sums per bucket or table
   row: T5's and Shaw's of ds, Shaw's of p with values."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  tiled, groups = _tiled(dtype), COMPUTE_GROUPS
+  tiled, groups = lambda shape: tiled_smem(shape, dtype), COMPUTE_GROUPS
   bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
   shaw = cfg.kind == 'shaw'
   values = shaw and cfg.shaw_values
@@ -406,7 +400,7 @@ def dkdv_scratch(cfg: HopperConfig, width: int, dtype):
   """The dK/dV kernel's scratch: its groups' k and v, the streamed query
   blocks' q, dO, lse, delta (and Shaw's QA and DA rows) slots."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  tiled, groups = _tiled(dtype), COMPUTE_GROUPS
+  tiled, groups = lambda shape: tiled_smem(shape, dtype), COMPUTE_GROUPS
   bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
   shaw = cfg.kind == 'shaw'
   values = shaw and cfg.shaw_values
@@ -433,9 +427,7 @@ def backward_computes(kind: str, head_dim: int, clip: int = 0,
   if kind not in BACKWARD_KINDS:
     return False
   width = round_up(head_dim, HEAD_MULTIPLE)
-  cfg = HopperConfig(kind=kind, symmetric=False, causal=causal, scale=1.0,
-                     clip=clip, shaw_values=values,
-                     **TUNED['backward', causal])
+  cfg = tuned_config(kind, 'backward', clip, values, causal)
   return (fits(dq_scratch(cfg, width, jnp.bfloat16))
           and fits(dkdv_scratch(cfg, width, jnp.bfloat16)))
 

@@ -602,8 +602,8 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
         f'{kind}, {q.dtype}/{k.dtype}/{v.dtype}, width {width}'
         f"{f', clip {clip}' if kind == 'shaw' else ''}, "
         f"{'key lengths' if prefix_mask else 'a key_valid mask'}")
-  use_cudnn = gpu_kernel == 'cudnn' or (
-      gpu_kernel == 'auto' and AUTO_TAKES_CUDNN and not interpret)
+  use_cudnn = gpu_kernel == 'cudnn' or (gpu_kernel == 'auto'
+                                         and AUTO_TAKES_CUDNN)
   if use_cudnn:
     qualifies = (not interpret and cudnn_flash.computes(
         q, k, v, kind=kind, causal=bool(causal), key_mask=not prefix_mask)
@@ -637,7 +637,7 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       key_prefix=prefix_mask and key_valid is not None)
   if use_cudnn:
     # cuDNN for a step lowered for 'cuda', these kernels for the others.
-    kernels = lambda q, k, v: _flash(cfg, q, k, v, key_valid, table)
+    own_kernels = lambda q, k, v: _flash(cfg, q, k, v, key_valid, table)
 
     def on_cuda(q, k, v):
       try:
@@ -649,8 +649,9 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
         if gpu_kernel == 'cudnn':
           raise
         _warn_cudnn_refused(str(e).split('\n')[0])
-        return kernels(q, k, v)
-    return jax.lax.platform_dependent(q, k, v, cuda=on_cuda, default=kernels)
+        return own_kernels(q, k, v)
+    return jax.lax.platform_dependent(q, k, v, cuda=on_cuda,
+                                      default=own_kernels)
   return _flash(cfg, q, k, v, key_valid, table)
 
 

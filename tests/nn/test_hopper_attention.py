@@ -386,9 +386,8 @@ def test_shared_memory_is_counted_as_mosaic_gpu_counts_it(monkeypatch):
   monkeypatch.setattr(hopper_backward, 'fits', lambda scratch: True)
   spec = jax.ShapeDtypeStruct((1, 2, 256, 128), jnp.bfloat16)
   rows = jax.ShapeDtypeStruct((1, 2, 256), jnp.float32)
-  config = lambda clip, pass_name: hopper.HopperConfig(
-      kind='shaw', symmetric=False, causal=False, scale=1.0, clip=clip,
-      **hopper.TUNED[pass_name, False])
+  config = lambda clip, pass_name: hopper.tuned_config('shaw', pass_name,
+                                                      clip)
   table = lambda clip: jax.ShapeDtypeStruct((2, 2 * clip + 1, 128),
                                             jnp.float32)
   reduction = hopper.reduction_scratch_bytes()
