@@ -31,6 +31,12 @@
 #               TUNE_BUDGET s (default 80): tune_hopper.json/.md;
 #               ARGS go to tune_hopper.py (--kind=shaw: Shaw's kernels,
 #               tune_hopper_shaw.json/.md).                         <= 3 min
+#   tune_triton scripts/tune_triton.py (the Triton kernels' blocks and
+#               per-kernel warps and stages, a coordinate sweep, against
+#               cuDNN, L = 8192) within TUNE_TRITON_BUDGET s (default 200):
+#               tune_triton.json/.md; ARGS go to tune_triton.py (e.g.
+#               --kind=shaw --causal=false). Not part of `kernel` (its 9
+#               minutes are spent); a call of its own.          <= 5 min
 #   music       python -m experiments.music --scale=paper --seeds=1, one
 #               encoding at a time in MUSIC_POSITIONS order (default
 #               "rope pope alibi t5 shaw none") until MUSIC_BUDGET seconds
@@ -272,6 +278,14 @@ tune() {    # scripts/tune_hopper.py within TUNE_BUDGET s; stdout to the call
   echo "tune_hopper exit status: ${PIPESTATUS[0]}"
 }
 
+tune_triton() {   # scripts/tune_triton.py within TUNE_TRITON_BUDGET s
+  local budget=${TUNE_TRITON_BUDGET:-200}
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}
+  timeout -s INT -k 30 $(( budget + 60 )) "$PY" scripts/tune_triton.py \
+    --out="$OUT" --time_budget="$budget" "$@" 2>&1 | tail -40
+  echo "tune_triton exit status: ${PIPESTATUS[0]}"
+}
+
 bench() {   # bench NAME LENGTHS TIMEOUT BUDGET [ARGS...]
   local name=$1 lengths=$2 limit=$3 budget=$4
   shift 4
@@ -370,5 +384,6 @@ case "$STEP" in
     done
     tune ;;
   tune) setup; info >/dev/null; tune "$@" ;;
+  tune_triton) setup; info >/dev/null; tune_triton "$@" ;;
   *) usage ;;
 esac

@@ -34,7 +34,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -46,10 +45,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
-from flax import nnx  # noqa: E402
 
+from scripts.kernel_timing import cudnn_rows  # noqa: E402
+from scripts.kernel_timing import encoding  # noqa: E402
+from scripts.kernel_timing import median_ms  # noqa: E402
 from selfattn.nn import hopper_attention as hopper  # noqa: E402
-from selfattn.nn import positions  # noqa: E402
 from selfattn.nn import hopper_backward  # noqa: E402
 
 _OUT = flags.DEFINE_string('out', os.environ.get('OUT'),
@@ -69,61 +69,6 @@ _KIND = flags.DEFINE_enum('kind', 'none', hopper.KINDS,
 
 GRID = dict(block_k=(64, 128), stages=(2, 3), ping_pong=(True, False))
 SMOKE_GRID = dict(block_k=(64,), stages=(2,), ping_pong=(True, False))
-
-
-def encoding(kind: str, heads: int, head_dim: int, seed: int = 0
-             ) -> tuple[dict, object]:
-  """(HopperConfig fields, table) of `kind`'s position module at its
-  defaults, randomly initialised: ALiBi's (H,) slopes, T5's (num_buckets,
-  H) biases, Shaw's per-head (a^K, a^V), each (H, 2k + 1, D)."""
-  rngs = nnx.Rngs(seed)
-  if kind == 'alibi':
-    return {}, jnp.asarray(positions.alibi_slopes(heads), jnp.float32)
-  if kind == 't5':
-    t5 = positions.T5RelativeBias(heads, rngs=rngs)
-    return (dict(num_buckets=t5.num_buckets, max_distance=t5.max_distance),
-            t5.bias[...])
-  if kind == 'shaw':
-    shaw = positions.ShawRelative(heads, head_dim, shared_heads=False,
-                                  rngs=rngs)
-    return (dict(clip=shaw.clip_distance, shaw_values=True),
-            (shaw.a_K[...], shaw.a_V[...]))
-  return {}, None
-
-
-def median_ms(fn, args, repeats: int) -> float:
-  jax.block_until_ready(fn(*args))
-  samples = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    samples.append(time.perf_counter() - start)
-  return 1e3 * statistics.median(samples)
-
-
-def cudnn_rows(q, k, v, g, causal: bool, repeats: int) -> list[dict]:
-  """cuDNN's forward and forward + backward in (B, L, H, D) layout."""
-  blhd = [x.transpose(0, 2, 1, 3) for x in (q, k, v, g)]
-
-  def attend(q, k, v):
-    return jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                        implementation='cudnn')
-
-  def train(q, k, v, g):
-    out, vjp = jax.vjp(attend, q, k, v)
-    return out, vjp(g)
-
-  rows = []
-  for name, fn, args in (('forward', attend, blhd[:3]),
-                         ('forward+backward', train, blhd)):
-    try:
-      compiled = jax.jit(fn).lower(*args).compile()
-      rows.append({'pass': name, 'kernel': 'cudnn',
-                   'ms': median_ms(compiled, args, repeats)})
-    except Exception as e:  # noqa: BLE001  (a row, not a stop)
-      rows.append({'pass': name, 'kernel': 'cudnn',
-                   'status': f'{type(e).__name__}: {str(e)[:200]}'})
-  return rows
 
 
 def markdown(result: dict) -> str:

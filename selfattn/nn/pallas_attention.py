@@ -63,6 +63,8 @@ from selfattn.nn import pallas_kernels as kernels
 from selfattn.nn import positions
 from selfattn.nn.cudnn_flash import cudnn_traceable
 from selfattn.nn.pallas_kernels import Config
+from selfattn.nn.pallas_kernels import TritonLaunch
+from selfattn.nn.pallas_kernels import TritonTuning
 
 BLOCK_Q = 128
 BLOCK_K = 128
@@ -253,12 +255,16 @@ class _Arrays:
     return inputs, specs
 
   def call(self, kernel, grid_blocks: int, inputs, in_specs, out_shape,
-           out_specs, name: str):
+           out_specs, pass_name: str):
+    """The pallas_call of one pass ('forward', 'dq' or 'dkdv'), named
+    selfattn_flash_<pass> in the lowered module."""
     return pl.pallas_call(
         kernel, out_shape=out_shape, grid=(self.b * self.h, grid_blocks),
         in_specs=in_specs, out_specs=out_specs,
         interpret=self.backend == 'interpret',
-        compiler_params=_compiler_params(self.backend, self.lay), name=name,
+        compiler_params=_compiler_params(self.backend, self.cfg, self.lay,
+                                         pass_name),
+        name=f'selfattn_flash_{pass_name}',
     )(*inputs)
 
   def unrows(self, x, length: int, width: int):
@@ -267,16 +273,18 @@ class _Arrays:
         :, :, :length, :width]
 
 
-def _compiler_params(backend: str, lay: kernels.Layout):
+def _compiler_params(backend: str, cfg: Config, lay: kernels.Layout,
+                     pass_name: str):
   """The backend named explicitly, not left to JAX's default (Mosaic GPU
   since JAX 0.10, whose async copies take <= 256 rows and whose shared
-  memory would hold each head's whole K and V)."""
+  memory would hold each head's whole K and V); on Triton, the pass's
+  warps and stages (cfg.triton, or kernels.default_triton_tuning)."""
   if backend == 'triton':
     from jax.experimental.pallas import triton as pltriton
-    # JAX's own Triton flash attention uses 4 warps for 128-wide blocks of
-    # head width <= 64, 8 above.
-    return pltriton.CompilerParams(num_warps=4 if lay.head_q <= 64 else 8,
-                                   num_stages=2)
+    tuning = cfg.triton or kernels.default_triton_tuning(lay.head_q)
+    launch = getattr(tuning, pass_name)
+    return pltriton.CompilerParams(num_warps=launch.num_warps,
+                                   num_stages=launch.num_stages)
   if backend == 'mosaic_tpu':
     from jax.experimental.pallas import tpu as pltpu
     return pltpu.CompilerParams(dimension_semantics=('parallel', 'parallel'))
@@ -344,7 +352,7 @@ def _forward_call(cfg: Config, backend: str, q, k, v, key_valid, table):
       (jax.ShapeDtypeStruct((bh, a.lq_pad, lay.head_v), v.dtype),
        jax.ShapeDtypeStruct((bh, a.lq_pad, lay.stat_lanes), jnp.float32)),
       (a.tiled(lay.head_v, lay.block_q), a.tiled(lay.stat_lanes, lay.block_q)),
-      'selfattn_flash_forward')
+      'forward')
   return (a.unrows(out, a.lq, a.dv),
           a.unrows(lse, a.lq, 1)[..., 0])
 
@@ -394,7 +402,7 @@ def _backward_call(cfg: Config, backend: str, q, k, v, key_valid, table, g,
       + [jax.ShapeDtypeStruct((bh, nq) + s, jnp.float32) for s in table_shapes],
       [a.tiled(lay.head_q, lay.block_q)]
       + [per_program(s) for s in table_shapes],
-      'selfattn_flash_dq')
+      'dq')
   dq, table_grads = outs[0], outs[1:]
 
   # dK, dV: key-major.
@@ -409,7 +417,7 @@ def _backward_call(cfg: Config, backend: str, q, k, v, key_valid, table, g,
       (jax.ShapeDtypeStruct((bh, a.lk_pad, lay.head_q), k.dtype),
        jax.ShapeDtypeStruct((bh, a.lk_pad, lay.head_v), v.dtype)),
       (a.tiled(lay.head_q, lay.block_k), a.tiled(lay.head_v, lay.block_k)),
-      'selfattn_flash_dkdv')
+      'dkdv')
 
   def summed(x, rows, width):      # (B * H, nq, R, W) -> (H, rows, width)
     x = x.reshape(a.b, a.h, nq, x.shape[2], x.shape[3]).sum((0, 2))
@@ -484,7 +492,8 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
                      key_lengths: jax.Array | None = None,
                      block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
                      interpret: bool | None = None,
-                     gpu_kernel: str | None = None) -> jax.Array:
+                     gpu_kernel: str | None = None,
+                     triton: kernels.TritonTuning | None = None) -> jax.Array:
   """Flash attention with the relative term computed in the kernel.
 
   Args:
@@ -527,6 +536,9 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       (ValueError where the call is not one they compute; with
       interpret=True they run in JAX's Mosaic GPU interpreter); 'triton'
       never uses them.
+    triton: the Triton kernels' warps and stages per pass (TritonTuning of
+      forward, dq, dkdv; None: default_triton_tuning's rule). Only the
+      Triton lowering reads it (scripts/tune_triton.py measures them).
 
   Returns:
     (B, H, Lq, Dv) in v's dtype, equal to dot_product_attention's output; a
@@ -549,6 +561,8 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
     gpu_kernel = _default_gpu_kernel[-1]
   if gpu_kernel not in GPU_KERNELS:
     raise ValueError(f'gpu_kernel={gpu_kernel!r}; choose one of {GPU_KERNELS}')
+  if triton is not None:
+    triton = kernels.check_triton_tuning(triton)
   if key_lengths is not None:
     if key_valid is not None:
       raise ValueError('give key_valid or key_lengths, not both')
@@ -634,7 +648,7 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       scale=scale, block_q=int(block_q), block_k=int(block_k),
       interpret=None if interpret is None else bool(interpret),
       gpu_kernel='hopper' if use_hopper else 'triton',
-      key_prefix=prefix_mask and key_valid is not None)
+      key_prefix=prefix_mask and key_valid is not None, triton=triton)
   if use_cudnn:
     # cuDNN for a step lowered for 'cuda', these kernels for the others.
     own_kernels = lambda q, k, v: _flash(cfg, q, k, v, key_valid, table)
@@ -656,6 +670,6 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
 
 
 __all__ = ['AUTO_TAKES_CUDNN', 'AUTO_TAKES_HOPPER', 'BLOCK_Q', 'BLOCK_K',
-           'GPU_KERNELS',
+           'GPU_KERNELS', 'TritonLaunch', 'TritonTuning',
            'default_gpu_kernel', 'hopper_in_auto',
            'pallas_attention', 'supports']

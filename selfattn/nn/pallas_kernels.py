@@ -57,6 +57,52 @@ LOG2E = math.log2(math.e)    # exp(x) = exp2(x * LOG2E)
 LN2 = math.log(2.0)
 
 
+class TritonLaunch(NamedTuple):
+  """How one Triton kernel is launched: warps per program and software
+  pipelining stages of its loop's loads."""
+  num_warps: int
+  num_stages: int
+
+
+class TritonTuning(NamedTuple):
+  """Launch parameters per Triton kernel. The three kernels differ in what
+  a program holds (the forward: one q block and its accumulator; dQ: a q
+  and a dO block; dK/dV: a k and a v block and two accumulators), so the
+  best warps and stages need not be shared (scripts/tune_triton.py)."""
+  forward: TritonLaunch
+  dq: TritonLaunch
+  dkdv: TritonLaunch
+
+
+TRITON_WARPS = (1, 2, 4, 8, 16)
+TRITON_PASSES = TritonTuning._fields
+
+
+def default_triton_tuning(head_q: int) -> TritonTuning:
+  """The launch every call gets unless it names one: JAX's own Triton flash
+  attention's rule (4 warps for heads up to 64 wide, 8 above; 2 stages),
+  for all three kernels. Untuned per kernel: issue 47 asks for a GPU's
+  measurement before another default."""
+  launch = TritonLaunch(num_warps=4 if head_q <= 64 else 8, num_stages=2)
+  return TritonTuning(launch, launch, launch)
+
+
+def check_triton_tuning(tuning: TritonTuning) -> TritonTuning:
+  """`tuning` with each field checked (ValueError naming the field)."""
+  if not isinstance(tuning, TritonTuning):
+    raise ValueError(f'triton must be a TritonTuning (forward, dq, dkdv), '
+                     f'got {type(tuning).__name__}')
+  for name, launch in zip(TRITON_PASSES, tuning):
+    warps, stages = launch
+    if warps not in TRITON_WARPS:
+      raise ValueError(f'triton.{name}.num_warps={warps!r}; choose one of '
+                       f'{TRITON_WARPS}')
+    if not isinstance(stages, int) or stages < 1:
+      raise ValueError(f'triton.{name}.num_stages={stages!r}; must be an '
+                       f'integer >= 1')
+  return TritonTuning(*(TritonLaunch(*map(int, launch)) for launch in tuning))
+
+
 class Config(NamedTuple):
   """Static description of one kernel call (hashable: a nondiff argument)."""
   kind: str              # 'none', 'alibi', 't5' or 'shaw'
@@ -77,6 +123,8 @@ class Config(NamedTuple):
   # batch row's length, skip the key blocks past it and leave unmasked the
   # blocks wholly inside it.
   key_prefix: bool = False
+  # The Triton kernels' warps and stages (None: default_triton_tuning).
+  triton: TritonTuning | None = None
 
 
 class Layout(NamedTuple):

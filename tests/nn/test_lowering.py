@@ -361,3 +361,31 @@ def test_gpu_lowering_without_a_gpu_needs_the_abstract_target():
         lowering_platforms=('cuda',))
   assert KERNEL_CALL['cuda'] in lowered_text(attend, shape, shape, shape,
                                              platform='cuda')
+
+
+def _launches(text: str) -> dict[str, tuple[int, int]]:
+  """{kernel name: (num_warps, num_stages)} of the Triton custom calls."""
+  found = re.findall(r'name = "(selfattn_flash_\w+)", num_stages = (\d+) : '
+                     r'i32, num_warps = (\d+) : i32', text)
+  return {name: (int(warps), int(stages)) for name, stages, warps in found}
+
+
+def test_each_triton_kernel_launches_with_its_own_warps_and_stages():
+  """The three Triton kernels take their launch parameters per pass
+  (pa.TritonTuning): a call that names none gets the default rule for
+  64-wide heads (4 warps, 2 stages) on all three; named ones reach the
+  lowered module kernel by kernel."""
+  shape = jax.ShapeDtypeStruct((1, HEADS, 256, HEAD_DIM), jnp.bfloat16)
+
+  def lowered(triton):
+    loss = lambda q, k, v: jnp.sum(pa.pallas_attention(
+        q, k, v, gpu_kernel='triton', triton=triton).astype(jnp.float32))
+    return _launches(lowered_text(jax.grad(loss, argnums=(0, 1, 2)),
+                                  shape, shape, shape, platform='cuda'))
+
+  names = ('selfattn_flash_forward', 'selfattn_flash_dq',
+           'selfattn_flash_dkdv')
+  assert lowered(None) == {name: (4, 2) for name in names}
+  tuning = pa.TritonTuning(forward=pa.TritonLaunch(8, 3),
+                           dq=pa.TritonLaunch(2, 1), dkdv=pa.TritonLaunch(16, 4))
+  assert lowered(tuning) == dict(zip(names, [(8, 3), (2, 1), (16, 4)]))

@@ -377,6 +377,14 @@ def test_supports_and_errors():
     pa.pallas_attention(q, k, v, relative=huang)
   with pytest.raises(ValueError, match='key_valid'):
     pa.pallas_attention(q, k, v, key_valid=jnp.ones((B, 7), bool))
+  launch = pa.TritonLaunch(num_warps=4, num_stages=2)
+  with pytest.raises(ValueError, match=r'triton\.dq\.num_warps=3; choose one '
+                     r'of \(1, 2, 4, 8, 16\)'):
+    pa.pallas_attention(q, k, v, triton=pa.TritonTuning(
+        launch, pa.TritonLaunch(3, 2), launch))
+  with pytest.raises(ValueError, match=r'triton\.dkdv\.num_stages=0'):
+    pa.pallas_attention(q, k, v, triton=pa.TritonTuning(
+        launch, launch, pa.TritonLaunch(4, 0)))
   assert 'pallas' in attention.IMPLEMENTATIONS
 
 

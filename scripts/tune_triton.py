@@ -1,0 +1,274 @@
+"""Block sizes and per-kernel warps and stages of the Triton kernels (issue 47:
+"all three kernels share 128x128 blocks, 4 warps and 2 stages, untuned per
+kernel"), timed against cuDNN in the same call.
+
+  python scripts/tune_triton.py --out DIR        # on a CUDA GPU
+  python scripts/tune_triton.py --smoke          # the CPU dry run (lowering)
+  python scripts/tune_triton.py --kind=shaw ...  # an encoding's kernels
+
+--kind: the encoding the kernels compute, its position module at its
+defaults (Shaw per head, keys and values), randomly initialised.
+
+For each causal setting and each (block_q, block_k) of --blocks, one
+coordinate sweep over (num_warps, num_stages) in LAUNCHES: the forward
+alone (the other two kernels at the default launch), then the dQ kernel
+(timed in forward + backward, the forward at its best), then the dK/dV
+kernel (forward and dQ at their best). bf16, B x H x L x D (default 2 x 16
+x 8192 x 64), gpu_kernel='triton', jitted and compiled ahead of time,
+median of --repeats runs; cuDNN's forward and forward + backward as the
+peer (it has no relative term: for the other kinds it is the anchor, not a
+competitor). A configuration that fails to compile or run is a row saying
+so. The last lines are the fastest (blocks, TritonTuning) per causal
+setting, in the form pallas_attention takes. Outputs under --out:
+tune_triton.json and tune_triton.md (tune_triton_KIND.* for another
+--kind), rewritten after every row (a time limit keeps what ran).
+
+--smoke lowers every row of a small grid for 'cuda' inside an abstract H100
+(selfattn.nn.lowering) and checks that each kernel carries the launch the
+row asked for: no timing, no GPU.
+
+TFLOP/s: 4 B H L^2 D per forward (halved when causal), 3.5 x that for
+forward + backward (bench_gpu.py's convention).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from scripts.kernel_timing import cudnn_rows  # noqa: E402
+from scripts.kernel_timing import median_ms  # noqa: E402
+from scripts.kernel_timing import module  # noqa: E402
+from selfattn.nn import pallas_attention as pa  # noqa: E402
+from selfattn.nn import pallas_kernels  # noqa: E402
+from selfattn.nn.lowering import lowered_text  # noqa: E402
+
+_OUT = flags.DEFINE_string('out', os.environ.get('OUT'),
+                           'Directory for tune_triton.json/.md (default $OUT).')
+_SMOKE = flags.DEFINE_bool('smoke', False, 'Tiny shapes lowered for cuda on '
+                           'the CPU: checks the script, times nothing.')
+_LENGTH = flags.DEFINE_integer('length', 8192, 'L (queries = keys).')
+_BATCH = flags.DEFINE_integer('batch', 2, 'B.')
+_HEADS = flags.DEFINE_integer('heads', 16, 'H.')
+_HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'D.')
+_REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed runs per row.')
+_BUDGET = flags.DEFINE_float('time_budget', 0.0, 'Seconds after which no '
+                             'new row starts (0: none).')
+_CAUSAL = flags.DEFINE_list('causal', 'false,true', 'Masks to run.')
+_BLOCKS = flags.DEFINE_list('blocks', '128x128,128x64,64x128,64x64',
+                            'block_q x block_k pairs to sweep.')
+_KIND = flags.DEFINE_enum('kind', 'none', ('none', 'alibi', 't5', 'shaw'),
+                          'The encoding the kernels compute.')
+
+# (num_warps, num_stages) tried per kernel.
+LAUNCHES = tuple(itertools.product((4, 8), (1, 2, 3)))
+SMOKE_LAUNCHES = ((4, 2), (8, 3))
+PASSES = pallas_kernels.TRITON_PASSES      # ('forward', 'dq', 'dkdv')
+
+
+def parse_blocks(values: list[str]) -> list[tuple[int, int]]:
+  blocks = []
+  for value in values:
+    match = re.fullmatch(r'\s*(\d+)x(\d+)\s*', value)
+    if not match:
+      raise app.UsageError(f'--blocks: {value!r} is not block_qxblock_k '
+                           f'(e.g. 128x64)')
+    blocks.append((int(match[1]), int(match[2])))
+  return blocks
+
+
+def tuning(launches: dict[str, tuple[int, int]]) -> pa.TritonTuning:
+  return pa.TritonTuning(**{name: pa.TritonLaunch(*launches[name])
+                            for name in PASSES})
+
+
+class Timer:
+  """Times (or, in smoke mode, lowers and checks) one configuration's
+  forward or forward + backward."""
+
+  def __init__(self, q, k, v, g, relative, causal: bool, smoke: bool,
+               repeats: int):
+    self.q, self.k, self.v, self.g = q, k, v, g
+    self.graphdef, self.tables = (nnx.split(relative) if relative is not None
+                                  else (None, None))
+    self.causal, self.smoke, self.repeats = causal, smoke, repeats
+
+  def _attend(self, tables, q, k, v, blocks, launch):
+    rel = None if self.graphdef is None else nnx.merge(self.graphdef, tables)
+    return pa.pallas_attention(q, k, v, relative=rel, causal=self.causal,
+                               block_q=blocks[0], block_k=blocks[1],
+                               gpu_kernel='triton', triton=launch)
+
+  def ms(self, pass_name: str, blocks, launch: pa.TritonTuning
+         ) -> float | None:
+    """Median ms of the forward ('forward') or of forward + backward (any
+    other pass); None in smoke mode, after checking the lowered launch."""
+    attend = lambda tables, q, k, v: self._attend(tables, q, k, v, blocks,
+                                                  launch)
+    if pass_name == 'forward':
+      fn, args = attend, (self.tables, self.q, self.k, self.v)
+    else:
+      def fn(tables, q, k, v, g):
+        out, vjp = jax.vjp(attend, tables, q, k, v)
+        return out, vjp(g)
+      args = (self.tables, self.q, self.k, self.v, self.g)
+    if self.smoke:
+      self._check(lowered_text(fn, *args, platform='cuda'), pass_name,
+                  launch)
+      return None
+    return median_ms(jax.jit(fn).lower(*args).compile(), args, self.repeats)
+
+  @staticmethod
+  def _check(text: str, pass_name: str, launch: pa.TritonTuning) -> None:
+    found = dict(
+        (name, (int(warps), int(stages))) for name, stages, warps in
+        re.findall(r'name = "selfattn_flash_(\w+)", num_stages = (\d+) : '
+                   r'i32, num_warps = (\d+) : i32', text))
+    want = {name: tuple(getattr(launch, name)) for name in
+            (PASSES if pass_name != 'forward' else ('forward',))}
+    if found != want:
+      raise AssertionError(f'lowered launches {found}, asked for {want}')
+
+
+def markdown(result: dict) -> str:
+  lines = [f'# tune_triton ({result["kind"]}) on {result["device"]}, JAX '
+           f'{result["jax"]}, B={result["batch"]} H={result["heads"]} '
+           f'L={result["length"]} D={result["head_dim"]}, bf16', '',
+           '| causal | swept | block_q | block_k | forward | dq | dkdv | ms '
+           '| TFLOP/s | x cuDNN | status |',
+           '|---|---|---:|---:|---|---|---|---:|---:|---:|---|']
+  for r in result['rows']:
+    cell = lambda key, spec='': ('' if r.get(key) is None
+                                 else format(r[key], spec))
+    launch = lambda name: ('' if name not in r else
+                           '{}w {}s'.format(*r[name]))
+    lines.append(
+        f'| {r["causal"]} | {r["pass"]} | {cell("block_q")} | '
+        f'{cell("block_k")} | {launch("forward")} | {launch("dq")} | '
+        f'{launch("dkdv")} | {cell("ms", ".3f")} | {cell("tflops", ".0f")} '
+        f'| {cell("x_cudnn", ".2f")} | {r.get("status", "ok")} |')
+  lines += ['', 'Fastest forward + backward per causal setting '
+            '(pallas_attention arguments):', '']
+  lines += [f'    {line}' for line in result['best']]
+  return '\n'.join(lines) + '\n'
+
+
+def best_rows(rows: list[dict]) -> list[str]:
+  out = []
+  for causal in (False, True):
+    ok = [r for r in rows if r['causal'] == causal and r['pass'] != 'forward'
+          and r['kernel'] == 'triton' and r.get('ms') is not None]
+    if ok:
+      r = min(ok, key=lambda r: r['ms'])
+      launches = ', '.join(f'{name}=TritonLaunch({r[name][0]}, {r[name][1]})'
+                           for name in PASSES)
+      out.append(f'causal={causal}: block_q={r["block_q"]}, '
+                 f'block_k={r["block_k"]}, triton=TritonTuning({launches})'
+                 f'  # {r["ms"]:.3f} ms forward + backward')
+  return out
+
+
+def sweep(timer: Timer, blocks, launches, flops: float, base: dict,
+          record, out_of_time) -> None:
+  """The coordinate sweep of one block shape: forward, then dQ, then
+  dK/dV, each pass's launch chosen with the earlier passes at their best."""
+  default = pallas_kernels.default_triton_tuning(timer.q.shape[-1])
+  chosen = {name: tuple(getattr(default, name)) for name in PASSES}
+  for pass_name in PASSES:
+    timed = {}
+    for launch in launches:
+      if out_of_time():
+        return
+      trial = {**chosen, pass_name: launch}
+      row = dict(kernel='triton', block_q=blocks[0], block_k=blocks[1],
+                 pass_name=pass_name, **trial)
+      try:
+        ms = timer.ms(pass_name, blocks, tuning(trial))
+        peer = base.get('forward' if pass_name == 'forward'
+                        else 'forward+backward')
+        work = flops * (1 if pass_name == 'forward' else 3.5)
+        row.update(ms=ms, tflops=None if ms is None else work / ms / 1e9,
+                   x_cudnn=ms / peer if ms and peer else None,
+                   status='ok' if ms is not None else 'lowered')
+        timed[launch] = ms
+      except Exception as e:  # noqa: BLE001  (a row, not a stop)
+        traceback.print_exc()
+        row['status'] = f'{type(e).__name__}: {str(e)[:200]}'
+      record(row)
+    if timed and None not in timed.values():
+      chosen[pass_name] = min(timed, key=timed.get)
+
+
+def main(argv):
+  del argv
+  smoke = _SMOKE.value
+  b, h, length, d = ((1, 2, 256, 64) if smoke else
+                     (_BATCH.value, _HEADS.value, _LENGTH.value,
+                      _HEAD_DIM.value))
+  blocks_list = [(32, 32)] if smoke else parse_blocks(_BLOCKS.value)
+  launches = SMOKE_LAUNCHES if smoke else LAUNCHES
+  repeats = _REPEATS.value
+  keys = jax.random.split(jax.random.key(0), 4)
+  q, k, v, g = (jax.random.normal(key, (b, h, length, d), jnp.bfloat16)
+                for key in keys)
+  kind = _KIND.value
+  relative = module(kind, h, d)
+  result = {'device': jax.devices()[0].device_kind, 'jax': jax.__version__,
+            'kind': kind, 'batch': b, 'heads': h, 'length': length,
+            'head_dim': d, 'smoke': smoke, 'rows': [], 'best': []}
+  started = time.perf_counter()
+  out_of_time = lambda: bool(_BUDGET.value) and (
+      time.perf_counter() - started > _BUDGET.value)
+
+  def save():
+    result['best'] = best_rows(result['rows'])
+    if _OUT.value:
+      os.makedirs(_OUT.value, exist_ok=True)
+      stem = 'tune_triton' + ('' if kind == 'none' else f'_{kind}')
+      with open(os.path.join(_OUT.value, f'{stem}.json'), 'w') as f:
+        json.dump(result, f, indent=2)
+      with open(os.path.join(_OUT.value, f'{stem}.md'), 'w') as f:
+        f.write(markdown(result))
+
+  for causal in [c.strip().lower() == 'true' for c in _CAUSAL.value]:
+    flops = 4 * b * h * length * length * d / (2 if causal else 1)
+    base = {} if smoke else {
+        r['pass']: r.get('ms') for r in cudnn_rows(q, k, v, g, causal,
+                                                   repeats)}
+    for name, ms in base.items():
+      result['rows'].append({'causal': causal, 'pass': name,
+                             'kernel': 'cudnn', 'ms': ms})
+
+    def record(row, causal=causal):
+      row = {'causal': causal, 'pass': row.pop('pass_name'), **row}
+      result['rows'].append(row)
+      print(row, flush=True)
+      save()
+
+    timer = Timer(q, k, v, g, relative, causal, smoke, repeats)
+    for blocks in blocks_list:
+      sweep(timer, blocks, launches, flops, base, record, out_of_time)
+  save()
+  print(markdown(result))
+  failed = [r for r in result['rows'] if r.get('status', 'ok')
+            not in ('ok', 'lowered')]
+  if smoke and failed:
+    raise SystemExit(f'{len(failed)} smoke rows failed')
+
+
+if __name__ == '__main__':
+  app.run(main)
