@@ -1,17 +1,30 @@
-"""What the kernel tuners share (scripts/tune_hopper.py, tune_triton.py): an
-encoding's tables at its defaults, a median timing, cuDNN's rows as the
-peer. No flags here: each tuner defines its own."""
+"""What the kernel tuners share (scripts/tune_hopper.py, tune_triton.py): the
+flags of the problem's shape and the run's limits, an encoding's tables at
+its defaults, a median timing, cuDNN's rows as the peer. Each tuner defines
+its own --out, --smoke and --kind."""
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
+from absl import flags
 from flax import nnx
 
 from selfattn.nn import positions
+
+LENGTH = flags.DEFINE_integer('length', 8192, 'L (queries = keys).')
+BATCH = flags.DEFINE_integer('batch', 2, 'B.')
+HEADS = flags.DEFINE_integer('heads', 16, 'H.')
+HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'D.')
+REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed runs per row.')
+BUDGET = flags.DEFINE_float('time_budget', 0.0, 'Seconds after which no '
+                            'new row starts (0: none).')
+CAUSAL = flags.DEFINE_list('causal', 'false,true', 'Masks to run.')
 
 
 def encoding(kind: str, heads: int, head_dim: int, seed: int = 0
@@ -80,3 +93,33 @@ def cudnn_rows(q, k, v, g, causal: bool, repeats: int) -> list[dict]:
       rows.append({'pass': name, 'kernel': 'cudnn',
                    'status': f'{type(e).__name__}: {str(e)[:200]}'})
   return rows
+
+
+def causal_settings() -> list[bool]:
+  return [c.strip().lower() == 'true' for c in CAUSAL.value]
+
+
+def cudnn_peer(result: dict, q, k, v, g, causal: bool, repeats: int,
+               smoke: bool) -> dict:
+  """{pass: ms} of cuDNN's rows (none in smoke mode), also appended to
+  result['rows']."""
+  base = {} if smoke else {
+      r['pass']: r.get('ms') for r in cudnn_rows(q, k, v, g, causal, repeats)}
+  for name, ms in base.items():
+    result['rows'].append({'causal': causal, 'pass': name, 'kernel': 'cudnn',
+                           'ms': ms})
+  return base
+
+
+def write_outputs(out_dir: str | None, stem: str, kind: str, result: dict,
+                  markdown: str) -> None:
+  """STEM.json and STEM.md (STEM_KIND.* for a kind other than none) under
+  out_dir, if one is given; rewritten after every row."""
+  if not out_dir:
+    return
+  os.makedirs(out_dir, exist_ok=True)
+  stem += '' if kind == 'none' else f'_{kind}'
+  with open(os.path.join(out_dir, f'{stem}.json'), 'w') as f:
+    json.dump(result, f, indent=2)
+  with open(os.path.join(out_dir, f'{stem}.md'), 'w') as f:
+    f.write(markdown)

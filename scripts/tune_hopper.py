@@ -32,7 +32,6 @@ forward) over cuDNN's forward + backward.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import sys
 import time
@@ -46,7 +45,7 @@ import jax.numpy as jnp  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
-from scripts.kernel_timing import cudnn_rows  # noqa: E402
+from scripts import kernel_timing as shared  # noqa: E402
 from scripts.kernel_timing import encoding  # noqa: E402
 from scripts.kernel_timing import median_ms  # noqa: E402
 from selfattn.nn import hopper_attention as hopper  # noqa: E402
@@ -56,14 +55,6 @@ _OUT = flags.DEFINE_string('out', os.environ.get('OUT'),
                            'Directory for tune_hopper.json/.md (default $OUT).')
 _SMOKE = flags.DEFINE_bool('smoke', False, 'Tiny shapes in the Mosaic GPU '
                            'interpreter on the CPU: checks the script.')
-_LENGTH = flags.DEFINE_integer('length', 8192, 'L (queries = keys).')
-_BATCH = flags.DEFINE_integer('batch', 2, 'B.')
-_HEADS = flags.DEFINE_integer('heads', 16, 'H.')
-_HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'D.')
-_REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed runs per row.')
-_BUDGET = flags.DEFINE_float('time_budget', 0.0, 'Seconds after which no '
-                             'new row starts (0: none).')
-_CAUSAL = flags.DEFINE_list('causal', 'false,true', 'Masks to run.')
 _KIND = flags.DEFINE_enum('kind', 'none', hopper.KINDS,
                           'The encoding the kernels compute.')
 
@@ -111,9 +102,9 @@ def main(argv):
   del argv
   smoke = _SMOKE.value
   b, h, length, d = ((1, 1, 256, 64) if smoke else
-                     (_BATCH.value, _HEADS.value, _LENGTH.value,
-                      _HEAD_DIM.value))
-  repeats = 2 if smoke else _REPEATS.value
+                     (shared.BATCH.value, shared.HEADS.value,
+                      shared.LENGTH.value, shared.HEAD_DIM.value))
+  repeats = 2 if smoke else shared.REPEATS.value
   grid = SMOKE_GRID if smoke else GRID
   keys = jax.random.split(jax.random.key(0), 4)
   q, k, v, g = (jax.random.normal(key, (b, h, length, d), jnp.bfloat16)
@@ -129,24 +120,14 @@ def main(argv):
 
   def save():
     result['best'] = best_rows(result['rows'])
-    if _OUT.value:
-      os.makedirs(_OUT.value, exist_ok=True)
-      stem = 'tune_hopper' + ('' if kind == 'none' else f'_{kind}')
-      with open(os.path.join(_OUT.value, f'{stem}.json'), 'w') as f:
-        json.dump(result, f, indent=2)
-      with open(os.path.join(_OUT.value, f'{stem}.md'), 'w') as f:
-        f.write(markdown(result))
+    shared.write_outputs(_OUT.value, 'tune_hopper', kind, result, markdown(result))
 
-  for causal in [c.strip().lower() == 'true' for c in _CAUSAL.value]:
+  for causal in shared.causal_settings():
     flops = 4 * b * h * length * length * d / (2 if causal else 1)
-    base = {} if smoke else {
-        r['pass']: r.get('ms') for r in cudnn_rows(q, k, v, g, causal,
-                                                   repeats)}
-    for name, ms in base.items():
-      result['rows'].append({'causal': causal, 'pass': name,
-                             'kernel': 'cudnn', 'ms': ms})
+    base = shared.cudnn_peer(result, q, k, v, g, causal, repeats, smoke)
     for block_k, stages, ping_pong in itertools.product(*grid.values()):
-      if _BUDGET.value and time.perf_counter() - started > _BUDGET.value:
+      if (shared.BUDGET.value
+          and time.perf_counter() - started > shared.BUDGET.value):
         break
       cfg = hopper.HopperConfig(kind=kind, symmetric=False, causal=causal,
                                 scale=d ** -0.5, block_k=block_k,

@@ -34,7 +34,6 @@ forward + backward (bench_gpu.py's convention).
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 import sys
@@ -50,7 +49,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from scripts.kernel_timing import cudnn_rows  # noqa: E402
+from scripts import kernel_timing as shared  # noqa: E402
 from scripts.kernel_timing import median_ms  # noqa: E402
 from scripts.kernel_timing import module  # noqa: E402
 from selfattn.nn import pallas_attention as pa  # noqa: E402
@@ -61,14 +60,6 @@ _OUT = flags.DEFINE_string('out', os.environ.get('OUT'),
                            'Directory for tune_triton.json/.md (default $OUT).')
 _SMOKE = flags.DEFINE_bool('smoke', False, 'Tiny shapes lowered for cuda on '
                            'the CPU: checks the script, times nothing.')
-_LENGTH = flags.DEFINE_integer('length', 8192, 'L (queries = keys).')
-_BATCH = flags.DEFINE_integer('batch', 2, 'B.')
-_HEADS = flags.DEFINE_integer('heads', 16, 'H.')
-_HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'D.')
-_REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed runs per row.')
-_BUDGET = flags.DEFINE_float('time_budget', 0.0, 'Seconds after which no '
-                             'new row starts (0: none).')
-_CAUSAL = flags.DEFINE_list('causal', 'false,true', 'Masks to run.')
 _BLOCKS = flags.DEFINE_list('blocks', '128x128,128x64,64x128,64x64',
                             'block_q x block_k pairs to sweep.')
 _KIND = flags.DEFINE_enum('kind', 'none', ('none', 'alibi', 't5', 'shaw'),
@@ -217,11 +208,11 @@ def main(argv):
   del argv
   smoke = _SMOKE.value
   b, h, length, d = ((1, 2, 256, 64) if smoke else
-                     (_BATCH.value, _HEADS.value, _LENGTH.value,
-                      _HEAD_DIM.value))
+                     (shared.BATCH.value, shared.HEADS.value,
+                      shared.LENGTH.value, shared.HEAD_DIM.value))
   blocks_list = [(32, 32)] if smoke else parse_blocks(_BLOCKS.value)
   launches = SMOKE_LAUNCHES if smoke else LAUNCHES
-  repeats = _REPEATS.value
+  repeats = shared.REPEATS.value
   keys = jax.random.split(jax.random.key(0), 4)
   q, k, v, g = (jax.random.normal(key, (b, h, length, d), jnp.bfloat16)
                 for key in keys)
@@ -231,27 +222,16 @@ def main(argv):
             'kind': kind, 'batch': b, 'heads': h, 'length': length,
             'head_dim': d, 'smoke': smoke, 'rows': [], 'best': []}
   started = time.perf_counter()
-  out_of_time = lambda: bool(_BUDGET.value) and (
-      time.perf_counter() - started > _BUDGET.value)
+  out_of_time = lambda: bool(shared.BUDGET.value) and (
+      time.perf_counter() - started > shared.BUDGET.value)
 
   def save():
     result['best'] = best_rows(result['rows'])
-    if _OUT.value:
-      os.makedirs(_OUT.value, exist_ok=True)
-      stem = 'tune_triton' + ('' if kind == 'none' else f'_{kind}')
-      with open(os.path.join(_OUT.value, f'{stem}.json'), 'w') as f:
-        json.dump(result, f, indent=2)
-      with open(os.path.join(_OUT.value, f'{stem}.md'), 'w') as f:
-        f.write(markdown(result))
+    shared.write_outputs(_OUT.value, 'tune_triton', kind, result, markdown(result))
 
-  for causal in [c.strip().lower() == 'true' for c in _CAUSAL.value]:
+  for causal in shared.causal_settings():
     flops = 4 * b * h * length * length * d / (2 if causal else 1)
-    base = {} if smoke else {
-        r['pass']: r.get('ms') for r in cudnn_rows(q, k, v, g, causal,
-                                                   repeats)}
-    for name, ms in base.items():
-      result['rows'].append({'causal': causal, 'pass': name,
-                             'kernel': 'cudnn', 'ms': ms})
+    base = shared.cudnn_peer(result, q, k, v, g, causal, repeats, smoke)
 
     def record(row, causal=causal):
       row = {'causal': causal, 'pass': row.pop('pass_name'), **row}
