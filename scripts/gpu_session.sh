@@ -35,8 +35,9 @@
 #               per-kernel warps and stages, a coordinate sweep, against
 #               cuDNN, L = 8192) within TUNE_TRITON_BUDGET s (default 200):
 #               tune_triton.json/.md; ARGS go to tune_triton.py (e.g.
-#               --kind=shaw --causal=false). Not part of `kernel` (its 9
-#               minutes are spent); a call of its own.          <= 5 min
+#               --kind=shaw --causal=false), the budget split evenly
+#               between the causal settings. Not part of `kernel` (its
+#               9 minutes are spent); a call of its own.            <= 6 min
 #   music       python -m experiments.music --scale=paper --seeds=1, one
 #               encoding at a time in MUSIC_POSITIONS order (default
 #               "rope pope alibi t5 shaw none") until MUSIC_BUDGET seconds

@@ -1,7 +1,7 @@
-"""What the kernel tuners share (scripts/tune_hopper.py, tune_triton.py): the
-flags of the problem's shape and the run's limits, an encoding's tables at
-its defaults, a median timing, cuDNN's rows as the peer. Each tuner defines
-its own --out, --smoke and --kind."""
+"""What the kernel tuners share (scripts/tune_hopper.py, tune_triton.py): their
+flags (the problem's shape, the run's limits, the encoding, the output
+folder, the CPU dry run), an encoding's tables or module at its defaults, a
+median timing, cuDNN's rows as the peer, and the output files."""
 
 from __future__ import annotations
 
@@ -12,11 +12,23 @@ import time
 
 import jax
 import jax.numpy as jnp
+from absl import app
 from absl import flags
 from flax import nnx
 
 from selfattn.nn import positions
 
+KINDS = ('none', 'alibi', 't5', 'shaw')
+
+OUT = flags.DEFINE_string('out', os.environ.get('OUT'),
+                          'Directory for the tuner\'s .json and .md (default '
+                          '$OUT).')
+SMOKE = flags.DEFINE_bool('smoke', False, 'The CPU dry run at tiny shapes '
+                          '(tune_hopper: the Mosaic GPU interpreter; '
+                          'tune_triton: lowered for cuda, launches checked): '
+                          'checks the script, its numbers are not timings.')
+KIND = flags.DEFINE_enum('kind', 'none', KINDS,
+                         'The encoding the kernels compute.')
 LENGTH = flags.DEFINE_integer('length', 8192, 'L (queries = keys).')
 BATCH = flags.DEFINE_integer('batch', 2, 'B.')
 HEADS = flags.DEFINE_integer('heads', 16, 'H.')
@@ -47,7 +59,7 @@ def encoding(kind: str, heads: int, head_dim: int, seed: int = 0
   return {}, None
 
 
-def module(kind: str, heads: int, head_dim: int, seed: int = 0):
+def position_module(kind: str, heads: int, head_dim: int, seed: int = 0):
   """`kind`'s position module at its defaults (None for 'none'), as
   pallas_attention takes it: ALiBi, T5's buckets, Shaw per head with keys
   and values."""
@@ -90,24 +102,48 @@ def cudnn_rows(q, k, v, g, causal: bool, repeats: int) -> list[dict]:
       rows.append({'pass': name, 'kernel': 'cudnn',
                    'ms': median_ms(compiled, args, repeats)})
     except Exception as e:  # noqa: BLE001  (a row, not a stop)
-      rows.append({'pass': name, 'kernel': 'cudnn',
-                   'status': f'{type(e).__name__}: {str(e)[:200]}'})
+      rows.append({'pass': name, 'kernel': 'cudnn', 'status': short_error(e)})
   return rows
 
 
+def short_error(e: Exception) -> str:
+  """An exception as one table cell: one line, no '|', 200 characters."""
+  text = ' '.join(f'{type(e).__name__}: {e}'.split())[:200]
+  return text.replace('|', '\\|')
+
+
 def causal_settings() -> list[bool]:
-  return [c.strip().lower() == 'true' for c in CAUSAL.value]
+  """--causal as booleans (app.UsageError for a value that is neither)."""
+  settings = []
+  for value in CAUSAL.value:
+    value = value.strip().lower()
+    if value not in ('true', 'false'):
+      raise app.UsageError(f'--causal: {value!r}; give true and/or false')
+    settings.append(value == 'true')
+  return settings
+
+
+def out_of_time(started: float, share: int, shares: int) -> bool:
+  """Whether the first share + 1 of `shares` equal parts of --time_budget,
+  counted from `started`, are spent (never, with no budget): each causal
+  setting gets its part, so the last one still gets rows when the budget
+  is short, and what one leaves unspent goes to the next."""
+  return bool(BUDGET.value) and (time.perf_counter() - started
+                                 > BUDGET.value * (share + 1) / shares)
 
 
 def cudnn_peer(result: dict, q, k, v, g, causal: bool, repeats: int,
-               smoke: bool) -> dict:
-  """{pass: ms} of cuDNN's rows (none in smoke mode), also appended to
-  result['rows']."""
-  base = {} if smoke else {
-      r['pass']: r.get('ms') for r in cudnn_rows(q, k, v, g, causal, repeats)}
-  for name, ms in base.items():
-    result['rows'].append({'causal': causal, 'pass': name, 'kernel': 'cudnn',
-                           'ms': ms})
+               smoke: bool, flops: float) -> dict:
+  """{pass: ms} of cuDNN's rows that ran (none in smoke mode); every row,
+  a failed one with its status, also appended to result['rows'], with
+  TFLOP/s (`flops` per forward, 3.5x that for forward + backward)."""
+  base = {}
+  for r in [] if smoke else cudnn_rows(q, k, v, g, causal, repeats):
+    if r.get('ms'):
+      base[r['pass']] = r['ms']
+      work = flops * (1 if r['pass'] == 'forward' else 3.5)
+      r['tflops'] = work / r['ms'] / 1e9
+    result['rows'].append({'causal': causal, **r})
   return base
 
 

@@ -43,7 +43,6 @@ sys.path.insert(0, ROOT)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
 
 from scripts import kernel_timing as shared  # noqa: E402
 from scripts.kernel_timing import encoding  # noqa: E402
@@ -51,12 +50,6 @@ from scripts.kernel_timing import median_ms  # noqa: E402
 from selfattn.nn import hopper_attention as hopper  # noqa: E402
 from selfattn.nn import hopper_backward  # noqa: E402
 
-_OUT = flags.DEFINE_string('out', os.environ.get('OUT'),
-                           'Directory for tune_hopper.json/.md (default $OUT).')
-_SMOKE = flags.DEFINE_bool('smoke', False, 'Tiny shapes in the Mosaic GPU '
-                           'interpreter on the CPU: checks the script.')
-_KIND = flags.DEFINE_enum('kind', 'none', hopper.KINDS,
-                          'The encoding the kernels compute.')
 
 GRID = dict(block_k=(64, 128), stages=(2, 3), ping_pong=(True, False))
 SMOKE_GRID = dict(block_k=(64,), stages=(2,), ping_pong=(True, False))
@@ -100,7 +93,7 @@ def best_rows(rows: list[dict]) -> list[str]:
 
 def main(argv):
   del argv
-  smoke = _SMOKE.value
+  smoke = shared.SMOKE.value
   b, h, length, d = ((1, 1, 256, 64) if smoke else
                      (shared.BATCH.value, shared.HEADS.value,
                       shared.LENGTH.value, shared.HEAD_DIM.value))
@@ -109,7 +102,7 @@ def main(argv):
   keys = jax.random.split(jax.random.key(0), 4)
   q, k, v, g = (jax.random.normal(key, (b, h, length, d), jnp.bfloat16)
                 for key in keys)
-  kind = _KIND.value
+  kind = shared.KIND.value
   fields, table = encoding(kind, h, d)
   device = jax.devices()[0]
   result = {'device': device.device_kind, 'jax': jax.__version__,
@@ -120,14 +113,19 @@ def main(argv):
 
   def save():
     result['best'] = best_rows(result['rows'])
-    shared.write_outputs(_OUT.value, 'tune_hopper', kind, result, markdown(result))
+    shared.write_outputs(shared.OUT.value, 'tune_hopper', kind, result,
+                         markdown(result))
 
-  for causal in shared.causal_settings():
+  settings = shared.causal_settings()
+  for share, causal in enumerate(settings):
+    out_of_time = lambda: shared.out_of_time(started, share, len(settings))
+    if out_of_time():
+      continue
     flops = 4 * b * h * length * length * d / (2 if causal else 1)
-    base = shared.cudnn_peer(result, q, k, v, g, causal, repeats, smoke)
+    base = shared.cudnn_peer(result, q, k, v, g, causal, repeats, smoke,
+                             flops)
     for block_k, stages, ping_pong in itertools.product(*grid.values()):
-      if (shared.BUDGET.value
-          and time.perf_counter() - started > shared.BUDGET.value):
+      if out_of_time():
         break
       cfg = hopper.HopperConfig(kind=kind, symmetric=False, causal=causal,
                                 scale=d ** -0.5, block_k=block_k,
@@ -160,8 +158,7 @@ def main(argv):
       except Exception as e:  # noqa: BLE001  (a row, not a stop)
         traceback.print_exc()
         result['rows'].append({**row, 'pass': 'forward',
-                               'status': f'{type(e).__name__}: '
-                                         f'{str(e)[:200]}'})
+                               'status': shared.short_error(e)})
       print(result['rows'][-1], flush=True)
       save()
   save()

@@ -51,19 +51,13 @@ from flax import nnx  # noqa: E402
 
 from scripts import kernel_timing as shared  # noqa: E402
 from scripts.kernel_timing import median_ms  # noqa: E402
-from scripts.kernel_timing import module  # noqa: E402
+from scripts.kernel_timing import position_module  # noqa: E402
 from selfattn.nn import pallas_attention as pa  # noqa: E402
 from selfattn.nn import pallas_kernels  # noqa: E402
 from selfattn.nn.lowering import lowered_text  # noqa: E402
 
-_OUT = flags.DEFINE_string('out', os.environ.get('OUT'),
-                           'Directory for tune_triton.json/.md (default $OUT).')
-_SMOKE = flags.DEFINE_bool('smoke', False, 'Tiny shapes lowered for cuda on '
-                           'the CPU: checks the script, times nothing.')
 _BLOCKS = flags.DEFINE_list('blocks', '128x128,128x64,64x128,64x64',
                             'block_q x block_k pairs to sweep.')
-_KIND = flags.DEFINE_enum('kind', 'none', ('none', 'alibi', 't5', 'shaw'),
-                          'The encoding the kernels compute.')
 
 # (num_warps, num_stages) tried per kernel.
 LAUNCHES = tuple(itertools.product((4, 8), (1, 2, 3)))
@@ -72,17 +66,21 @@ PASSES = pallas_kernels.TRITON_PASSES      # ('forward', 'dq', 'dkdv')
 
 
 def parse_blocks(values: list[str]) -> list[tuple[int, int]]:
+  """--blocks as (block_q, block_k) pairs: powers of two >= 16, what the
+  Triton layout runs (pallas_kernels.layout would round another size)."""
   blocks = []
   for value in values:
     match = re.fullmatch(r'\s*(\d+)x(\d+)\s*', value)
-    if not match:
-      raise app.UsageError(f'--blocks: {value!r} is not block_qxblock_k '
-                           f'(e.g. 128x64)')
-    blocks.append((int(match[1]), int(match[2])))
+    sizes = (int(match[1]), int(match[2])) if match else ()
+    if not sizes or any(n < 16 or n & (n - 1) for n in sizes):
+      raise app.UsageError(f'--blocks: {value!r} is not block_qxblock_k with '
+                           f'powers of two >= 16 (e.g. 128x64)')
+    blocks.append(sizes)
   return blocks
 
 
 def tuning(launches: dict[str, tuple[int, int]]) -> pa.TritonTuning:
+  """{pass: (num_warps, num_stages)} as pallas_attention's argument."""
   return pa.TritonTuning(**{name: pa.TritonLaunch(*launches[name])
                             for name in PASSES})
 
@@ -139,22 +137,25 @@ def markdown(result: dict) -> str:
   lines = [f'# tune_triton ({result["kind"]}) on {result["device"]}, JAX '
            f'{result["jax"]}, B={result["batch"]} H={result["heads"]} '
            f'L={result["length"]} D={result["head_dim"]}, bf16', '',
-           '| causal | swept | block_q | block_k | forward | dq | dkdv | ms '
-           '| TFLOP/s | x cuDNN | status |',
-           '|---|---|---:|---:|---|---|---|---:|---:|---:|---|']
+           '| causal | kernel | timed | swept | block_q | block_k | forward | '
+           'dq | dkdv | ms | TFLOP/s | x cuDNN | status |',
+           '|---|---|---|---|---:|---:|---|---|---|---:|---:|---:|---|']
   for r in result['rows']:
     cell = lambda key, spec='': ('' if r.get(key) is None
                                  else format(r[key], spec))
     launch = lambda name: ('' if name not in r else
                            '{}w {}s'.format(*r[name]))
+    timed = 'forward' if r['pass'] == 'forward' else 'forward+backward'
+    swept = r['pass'] if r['kernel'] == 'triton' else ''
     lines.append(
-        f'| {r["causal"]} | {r["pass"]} | {cell("block_q")} | '
+        f'| {r["causal"]} | {r["kernel"]} | {timed} | {swept} | '
+        f'{cell("block_q")} | '
         f'{cell("block_k")} | {launch("forward")} | {launch("dq")} | '
         f'{launch("dkdv")} | {cell("ms", ".3f")} | {cell("tflops", ".0f")} '
         f'| {cell("x_cudnn", ".2f")} | {r.get("status", "ok")} |')
   lines += ['', 'Fastest forward + backward per causal setting '
             '(pallas_attention arguments):', '']
-  lines += [f'    {line}' for line in result['best']]
+  lines += [f'    {line}' for line in result['best'] or ['(none timed)']]
   return '\n'.join(lines) + '\n'
 
 
@@ -176,15 +177,23 @@ def best_rows(rows: list[dict]) -> list[str]:
 def sweep(timer: Timer, blocks, launches, flops: float, base: dict,
           record, out_of_time) -> None:
   """The coordinate sweep of one block shape: forward, then dQ, then
-  dK/dV, each pass's launch chosen with the earlier passes at their best."""
+  dK/dV, each pass's launch chosen with the earlier passes at their best. A
+  forward + backward configuration already timed (dK/dV's trial at its
+  default launch is dQ's best) is reused, not run again."""
   default = pallas_kernels.default_triton_tuning(timer.q.shape[-1])
   chosen = {name: tuple(getattr(default, name)) for name in PASSES}
+  seen = {}
   for pass_name in PASSES:
     timed = {}
     for launch in launches:
+      trial = {**chosen, pass_name: launch}
+      key = ('forward', launch) if pass_name == 'forward' else (
+          'both', tuple(trial.values()))
+      if key in seen:
+        timed[launch] = seen[key]
+        continue
       if out_of_time():
         return
-      trial = {**chosen, pass_name: launch}
       row = dict(kernel='triton', block_q=blocks[0], block_k=blocks[1],
                  pass_name=pass_name, **trial)
       try:
@@ -195,10 +204,10 @@ def sweep(timer: Timer, blocks, launches, flops: float, base: dict,
         row.update(ms=ms, tflops=None if ms is None else work / ms / 1e9,
                    x_cudnn=ms / peer if ms and peer else None,
                    status='ok' if ms is not None else 'lowered')
-        timed[launch] = ms
+        timed[launch] = seen[key] = ms
       except Exception as e:  # noqa: BLE001  (a row, not a stop)
         traceback.print_exc()
-        row['status'] = f'{type(e).__name__}: {str(e)[:200]}'
+        row['status'] = shared.short_error(e)
       record(row)
     if timed and None not in timed.values():
       chosen[pass_name] = min(timed, key=timed.get)
@@ -206,7 +215,7 @@ def sweep(timer: Timer, blocks, launches, flops: float, base: dict,
 
 def main(argv):
   del argv
-  smoke = _SMOKE.value
+  smoke = shared.SMOKE.value
   b, h, length, d = ((1, 2, 256, 64) if smoke else
                      (shared.BATCH.value, shared.HEADS.value,
                       shared.LENGTH.value, shared.HEAD_DIM.value))
@@ -216,22 +225,26 @@ def main(argv):
   keys = jax.random.split(jax.random.key(0), 4)
   q, k, v, g = (jax.random.normal(key, (b, h, length, d), jnp.bfloat16)
                 for key in keys)
-  kind = _KIND.value
-  relative = module(kind, h, d)
+  kind = shared.KIND.value
+  relative = position_module(kind, h, d)
   result = {'device': jax.devices()[0].device_kind, 'jax': jax.__version__,
             'kind': kind, 'batch': b, 'heads': h, 'length': length,
             'head_dim': d, 'smoke': smoke, 'rows': [], 'best': []}
   started = time.perf_counter()
-  out_of_time = lambda: bool(shared.BUDGET.value) and (
-      time.perf_counter() - started > shared.BUDGET.value)
 
   def save():
     result['best'] = best_rows(result['rows'])
-    shared.write_outputs(_OUT.value, 'tune_triton', kind, result, markdown(result))
+    shared.write_outputs(shared.OUT.value, 'tune_triton', kind, result,
+                         markdown(result))
 
-  for causal in shared.causal_settings():
+  settings = shared.causal_settings()
+  for share, causal in enumerate(settings):
+    out_of_time = lambda: shared.out_of_time(started, share, len(settings))
+    if out_of_time():
+      continue
     flops = 4 * b * h * length * length * d / (2 if causal else 1)
-    base = shared.cudnn_peer(result, q, k, v, g, causal, repeats, smoke)
+    base = shared.cudnn_peer(result, q, k, v, g, causal, repeats, smoke,
+                             flops)
 
     def record(row, causal=causal):
       row = {'causal': causal, 'pass': row.pop('pass_name'), **row}

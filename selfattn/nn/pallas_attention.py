@@ -281,8 +281,7 @@ def _compiler_params(backend: str, cfg: Config, lay: kernels.Layout,
   warps and stages (cfg.triton, or kernels.default_triton_tuning)."""
   if backend == 'triton':
     from jax.experimental.pallas import triton as pltriton
-    tuning = cfg.triton or kernels.default_triton_tuning(lay.head_q)
-    launch = getattr(tuning, pass_name)
+    launch = kernels.triton_launch(cfg.triton, pass_name, lay.head_q)
     return pltriton.CompilerParams(num_warps=launch.num_warps,
                                    num_stages=launch.num_stages)
   if backend == 'mosaic_tpu':
@@ -493,7 +492,7 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
                      block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
                      interpret: bool | None = None,
                      gpu_kernel: str | None = None,
-                     triton: kernels.TritonTuning | None = None) -> jax.Array:
+                     triton: TritonTuning | None = None) -> jax.Array:
   """Flash attention with the relative term computed in the kernel.
 
   Args:
@@ -537,8 +536,9 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       interpret=True they run in JAX's Mosaic GPU interpreter); 'triton'
       never uses them.
     triton: the Triton kernels' warps and stages per pass (TritonTuning of
-      forward, dq, dkdv; None: default_triton_tuning's rule). Only the
-      Triton lowering reads it (scripts/tune_triton.py measures them).
+      forward, dq, dkdv, each a TritonLaunch or None; None, or a None
+      field: default_triton_tuning's rule). Only the Triton lowering reads
+      it (scripts/tune_triton.py is to measure them on a GPU).
 
   Returns:
     (B, H, Lq, Dv) in v's dtype, equal to dot_product_attention's output; a

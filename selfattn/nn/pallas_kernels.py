@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import NamedTuple
 
 import jax
@@ -65,15 +66,19 @@ class TritonLaunch(NamedTuple):
 
 
 class TritonTuning(NamedTuple):
-  """Launch parameters per Triton kernel. The three kernels differ in what
-  a program holds (the forward: one q block and its accumulator; dQ: a q
-  and a dO block; dK/dV: a k and a v block and two accumulators), so the
-  best warps and stages need not be shared (scripts/tune_triton.py)."""
-  forward: TritonLaunch
-  dq: TritonLaunch
-  dkdv: TritonLaunch
+  """Launch parameters per Triton kernel; a field left None takes
+  default_triton_tuning's launch. The three kernels differ in what a
+  program holds (the forward: a q block and its output accumulator; dQ: a
+  q and a dO block and dQ's accumulator; dK/dV: a k and a v block and two
+  accumulators), so the best warps and stages need not be shared
+  (scripts/tune_triton.py)."""
+  forward: TritonLaunch | None = None
+  dq: TritonLaunch | None = None
+  dkdv: TritonLaunch | None = None
 
 
+# Triton takes warps in powers of two; past 16 (512 threads) a 128-row
+# block leaves a warp too few rows to keep its MMA units busy.
 TRITON_WARPS = (1, 2, 4, 8, 16)
 TRITON_PASSES = TritonTuning._fields
 
@@ -87,20 +92,46 @@ def default_triton_tuning(head_q: int) -> TritonTuning:
   return TritonTuning(launch, launch, launch)
 
 
+def triton_launch(tuning: TritonTuning | None, pass_name: str,
+                  head_q: int) -> TritonLaunch:
+  """The launch of one pass: `tuning`'s, or the default where it names
+  none."""
+  launch = None if tuning is None else getattr(tuning, pass_name)
+  return launch or getattr(default_triton_tuning(head_q), pass_name)
+
+
 def check_triton_tuning(tuning: TritonTuning) -> TritonTuning:
-  """`tuning` with each field checked (ValueError naming the field)."""
+  """`tuning` with each field checked and made plain ints (ValueError
+  naming the field)."""
   if not isinstance(tuning, TritonTuning):
     raise ValueError(f'triton must be a TritonTuning (forward, dq, dkdv), '
                      f'got {type(tuning).__name__}')
+  checked = []
   for name, launch in zip(TRITON_PASSES, tuning):
-    warps, stages = launch
+    if launch is None:
+      checked.append(None)
+      continue
+    if not isinstance(launch, tuple) or len(launch) != 2:
+      raise ValueError(f'triton.{name}={launch!r}; give a TritonLaunch('
+                       f'num_warps, num_stages) or None (the default)')
+    values = []
+    for field, value in zip(TritonLaunch._fields, launch):
+      try:
+        if isinstance(value, bool):
+          raise TypeError
+        values.append(operator.index(value))
+      except TypeError:
+        raise ValueError(f'triton.{name}.{field}={value!r}; must be an '
+                         f'integer') from None
+    warps, stages = values
     if warps not in TRITON_WARPS:
       raise ValueError(f'triton.{name}.num_warps={warps!r}; choose one of '
                        f'{TRITON_WARPS}')
-    if not isinstance(stages, int) or stages < 1:
+    if stages < 1:
       raise ValueError(f'triton.{name}.num_stages={stages!r}; must be an '
                        f'integer >= 1')
-  return TritonTuning(*(TritonLaunch(*map(int, launch)) for launch in tuning))
+    checked.append(TritonLaunch(warps, stages))
+  return TritonTuning(*checked)
 
 
 class Config(NamedTuple):

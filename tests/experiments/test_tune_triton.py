@@ -1,16 +1,19 @@
 """scripts/tune_triton.py's sweep: each kernel's launch is chosen with the
-earlier kernels at their best, and the summary names the fastest
-configuration in the form pallas_attention takes. (Its --smoke run lowers
-each row for 'cuda' and checks the launches reach the kernels; the lowering
-itself is tests/nn/test_lowering.py's.)"""
+earlier kernels at their best, a failed launch is a row and never chosen,
+and the summary names the fastest configuration in the form
+pallas_attention takes. (Its --smoke run lowers each row for 'cuda' and
+checks the launches reach the kernels; the lowering itself is
+tests/nn/test_lowering.py's.)"""
 
 import types
 
 from scripts import tune_triton
 
 # Made-up costs with a different best launch per kernel.
-COST = {'forward': {(8, 3): 1.0}, 'dq': {(4, 1): 2.0}, 'dkdv': {(8, 1): 3.0}}
+COST = {'forward': {(8, 3): 1.0}, 'dq': {(4, 1): 2.0, (8, 1): 2.5},
+        'dkdv': {(8, 1): 3.0}}
 WORSE = 5.0
+N = len(tune_triton.LAUNCHES)
 
 
 def _cost(pass_name, launch):
@@ -20,32 +23,39 @@ def _cost(pass_name, launch):
 class FakeTimer:
   q = types.SimpleNamespace(shape=(2, 16, 8192, 64))
 
-  def __init__(self):
-    self.asked = []
+  def __init__(self, fails=()):
+    self.asked, self.fails = [], fails
 
   def ms(self, pass_name, blocks, launch):
     self.asked.append((pass_name, launch))
+    if pass_name != 'forward' and tuple(launch.dq) in self.fails:
+      raise RuntimeError('Triton: out of resources |\nshared memory')
     forward = _cost('forward', launch.forward)
     if pass_name == 'forward':
       return forward
     return forward + _cost('dq', launch.dq) + _cost('dkdv', launch.dkdv)
 
 
-def test_the_sweep_chooses_each_kernel_with_the_earlier_ones_at_their_best():
-  rows, timer = [], FakeTimer()
+def _sweep(timer, base=None, out_of_time=lambda: False):
+  rows = []
 
   def record(row):
     rows.append({'causal': False, 'pass': row.pop('pass_name'), **row})
 
   tune_triton.sweep(timer, (128, 64), tune_triton.LAUNCHES, flops=1e12,
-                    base={'forward': 2.0, 'forward+backward': 4.0},
-                    record=record, out_of_time=lambda: False)
-  n = len(tune_triton.LAUNCHES)
-  assert len(rows) == 3 * n
-  # Every dQ trial runs the forward's best; every dK/dV trial both bests.
-  assert all(launch.forward == (8, 3) for name, launch in timer.asked[n:])
-  assert all(launch.dq == (4, 1) for name, launch in timer.asked[2 * n:])
-  best = min(rows, key=lambda r: r['ms'] if r['pass'] != 'forward' else 99)
+                    base=base or {}, record=record, out_of_time=out_of_time)
+  return rows
+
+
+def test_the_sweep_chooses_each_kernel_with_the_earlier_ones_at_their_best():
+  timer = FakeTimer()
+  rows = _sweep(timer, base={'forward': 2.0, 'forward+backward': 4.0})
+  # dK/dV's trial at its default launch is dQ's best row: reused, not rerun.
+  assert len(rows) == len(timer.asked) == 3 * N - 1
+  assert all(launch.forward == (8, 3) for _, launch in timer.asked[N:])
+  assert all(launch.dq == (4, 1) for _, launch in timer.asked[2 * N:])
+  best = min((r for r in rows if r['pass'] != 'forward'),
+             key=lambda r: r['ms'])
   assert best['ms'] == 1.0 + 2.0 + 3.0
   assert best['x_cudnn'] == 1.5 and best['tflops'] == 3.5e12 / 6.0 / 1e9
   assert tune_triton.best_rows(rows) == [
@@ -54,9 +64,28 @@ def test_the_sweep_chooses_each_kernel_with_the_earlier_ones_at_their_best():
       'dkdv=TritonLaunch(8, 1))  # 6.000 ms forward + backward']
 
 
+def test_a_failed_launch_is_a_row_and_never_chosen():
+  rows = _sweep(FakeTimer(fails={(4, 1)}))
+  failed = [r for r in rows if r['status'] != 'ok']
+  assert [r['dq'] for r in failed] == [(4, 1)]
+  assert failed[0]['status'] == ('RuntimeError: Triton: out of resources '
+                                 '\\| shared memory')
+  assert 'dq=TritonLaunch(8, 1)' in tune_triton.best_rows(rows)[0]
+  # The cuDNN rows and the failed one, one table line each.
+  table = tune_triton.markdown({
+      'kind': 'none', 'device': 'H200', 'jax': '0.11.2', 'batch': 2,
+      'heads': 16, 'length': 8192, 'head_dim': 64,
+      'rows': [{'causal': False, 'pass': 'forward', 'kernel': 'cudnn',
+                'ms': 2.0}] + rows,
+      'best': tune_triton.best_rows(rows)})
+  lines = table.splitlines()
+  assert '| False | cudnn | forward |  |' in lines[4]
+  assert sum('out of resources' in line for line in lines) == 1
+  assert len(lines) == 4 + 1 + len(rows) + 3 + 1
+
+
 def test_a_time_limit_stops_the_sweep_between_rows():
-  rows, calls = [], iter(range(100))
-  tune_triton.sweep(FakeTimer(), (64, 64), tune_triton.LAUNCHES, 1e12, {},
-                    lambda row: rows.append(row),
-                    out_of_time=lambda: next(calls) >= 4)
-  assert len(rows) == 4 and all(r['x_cudnn'] is None for r in rows)
+  calls = iter(range(100))
+  rows = _sweep(FakeTimer(), out_of_time=lambda: next(calls) >= 4)
+  assert [(r['pass'], r['forward']) for r in rows] == [
+      ('forward', launch) for launch in tune_triton.LAUNCHES[:4]]

@@ -372,12 +372,12 @@ def _launches(text: str) -> dict[str, tuple[int, int]]:
 
 def test_each_triton_kernel_launches_with_its_own_warps_and_stages():
   """The three Triton kernels take their launch parameters per pass
-  (pa.TritonTuning): a call that names none gets the default rule for
-  64-wide heads (4 warps, 2 stages) on all three; named ones reach the
-  lowered module kernel by kernel."""
-  shape = jax.ShapeDtypeStruct((1, HEADS, 256, HEAD_DIM), jnp.bfloat16)
-
-  def lowered(triton):
+  (pa.TritonTuning): a call that names none gets the default rule (4 warps
+  for heads up to 64 wide, 8 above; 2 stages) on all three; named ones
+  reach the lowered module kernel by kernel, and a field left None keeps
+  the rule."""
+  def lowered(width, triton):
+    shape = jax.ShapeDtypeStruct((1, HEADS, 256, width), jnp.bfloat16)
     loss = lambda q, k, v: jnp.sum(pa.pallas_attention(
         q, k, v, gpu_kernel='triton', triton=triton).astype(jnp.float32))
     return _launches(lowered_text(jax.grad(loss, argnums=(0, 1, 2)),
@@ -385,7 +385,10 @@ def test_each_triton_kernel_launches_with_its_own_warps_and_stages():
 
   names = ('selfattn_flash_forward', 'selfattn_flash_dq',
            'selfattn_flash_dkdv')
-  assert lowered(None) == {name: (4, 2) for name in names}
+  assert lowered(64, None) == {name: (4, 2) for name in names}
   tuning = pa.TritonTuning(forward=pa.TritonLaunch(8, 3),
-                           dq=pa.TritonLaunch(2, 1), dkdv=pa.TritonLaunch(16, 4))
-  assert lowered(tuning) == dict(zip(names, [(8, 3), (2, 1), (16, 4)]))
+                           dq=pa.TritonLaunch(2, 1),
+                           dkdv=pa.TritonLaunch(16, 4))
+  assert lowered(64, tuning) == dict(zip(names, [(8, 3), (2, 1), (16, 4)]))
+  only_dq = pa.TritonTuning(dq=pa.TritonLaunch(2, 1))
+  assert lowered(128, only_dq) == dict(zip(names, [(8, 2), (2, 1), (8, 2)]))

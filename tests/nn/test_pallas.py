@@ -385,6 +385,12 @@ def test_supports_and_errors():
   with pytest.raises(ValueError, match=r'triton\.dkdv\.num_stages=0'):
     pa.pallas_attention(q, k, v, triton=pa.TritonTuning(
         launch, launch, pa.TritonLaunch(4, 0)))
+  with pytest.raises(ValueError, match=r'triton\.forward=\(8,\); give a '
+                     r'TritonLaunch'):
+    pa.pallas_attention(q, k, v, triton=pa.TritonTuning(forward=(8,)))
+  with pytest.raises(ValueError, match=r'triton\.dq\.num_stages=2\.5; must '
+                     r'be an integer'):
+    pa.pallas_attention(q, k, v, triton=pa.TritonTuning(dq=(4, 2.5)))
   assert 'pallas' in attention.IMPLEMENTATIONS
 
 
