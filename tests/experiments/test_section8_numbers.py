@@ -146,3 +146,31 @@ def test_the_convergence_pairs_match_the_runs(by_label):
           f'{long("shaw", split) - long("sinusoidal", split):+.2f}',
           f'{short("shaw", split) - short("sinusoidal", split):+.2f}'], (
               seed, split)
+
+
+def _interval(values) -> str:
+  lo, hi = common.seed_interval(values)
+  return f'{statistics.mean(values):+.2f} [{lo:+.2f}, {hi:+.2f}]'
+
+
+def test_the_convergence_summary_matches_the_runs(by_label):
+  """The three pairs' table: per split, shaw minus sinusoidal at 3,000
+  steps, at the converged checkpoints, and the change, each the mean over
+  the seeds both budgets have [its 95% t-interval across them]."""
+  with open(CONVERGENCE) as f:
+    converged = {(r['label'], r['seed']): r['bleu']
+                 for r in json.load(f).values()}
+  seeds = sorted(seed for label, seed in converged if label == 'sinusoidal'
+                 and ('shaw', seed) in converged)
+  assert len(seeds) >= 3
+  rows = _table_after(_section8(), '| split | at 3,000 steps | converged |')
+  assert [row[0] for row in rows] == list(SPLITS)
+  for split, row in zip(SPLITS, rows):
+    short = [by_label['shaw'][s]['splits'][split]['bleu']
+             - by_label['sinusoidal'][s]['splits'][split]['bleu']
+             for s in seeds]
+    long = [converged['shaw', s][split] - converged['sinusoidal', s][split]
+            for s in seeds]
+    change = [b - a for a, b in zip(short, long)]
+    assert row[1:] == [_interval(short), _interval(long),
+                       _interval(change)], split
