@@ -25,6 +25,7 @@ from flax import nnx
 
 import selfattn
 from experiments import common
+from experiments import skeleton
 
 WIDTH, KERNEL = 64, 3
 
@@ -239,4 +240,4 @@ def chapter(workdir: str, seeds: int, quick: bool) -> str:
 
 
 if __name__ == '__main__':
-  app.run(common.main_wrapper(chapter))
+  app.run(skeleton.main_of(chapter))

@@ -22,7 +22,6 @@ from absl import flags  # noqa: E402
 
 from configs import default  # noqa: E402
 from experiments import study  # noqa: E402
-from selfattn.training.log_setup import configure_logging  # noqa: E402
 
 WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory: one '
                               'TensorBoard subdirectory per run, results.md, PNGs.')
@@ -266,18 +265,6 @@ def write_results(workdir: str, title: str, sections: list[tuple[str, str]],
     with open(os.path.join(workdir, 'results.json'), 'w') as f:
       json.dump(data, f, indent=2, default=str)
   return text
-
-
-def main_wrapper(fn: Callable[[str, int, bool], None]):
-  """absl main: configure logging, run fn(workdir, seeds, quick)."""
-  def main(argv):
-    del argv
-    configure_logging()
-    if not WORKDIR.value:
-      raise SystemExit('error: --workdir is required')
-    with study.stops_in_one_line():
-      fn(WORKDIR.value, SEEDS.value, QUICK.value)
-  return main
 
 
 def trained_model(config: ml_collections.ConfigDict, path: str):

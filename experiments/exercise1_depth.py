@@ -31,6 +31,7 @@ from flax import nnx
 
 import selfattn
 from experiments import common
+from experiments import skeleton
 from experiments import study
 from selfattn import tasks as tasks_lib
 from selfattn.training.steps import Trainer
@@ -395,4 +396,4 @@ def exercise1(workdir: str, seeds: int, quick: bool) -> str:
 
 
 if __name__ == '__main__':
-  app.run(common.main_wrapper(exercise1))
+  app.run(skeleton.main_of(exercise1))

@@ -4,7 +4,8 @@ after each run; collection; and the main function.
 
 A study is a `Study`: its scales, the tags its runs can be filtered by, the
 runs of a scale, optionally data to prepare and a score per run, and a report
-body. `main(study)` is its absl main:
+body. `main(study)` is its absl main (`main_of(fn)` for the two studies that
+are one function, not a sweep):
 
   python -m experiments.STUDY --workdir=DIR [--scale=S] [--seeds=N]
       [--positions=a,b] [--tasks=a,b] [--shard=i/n] [--collect_only] [--quick]
@@ -17,7 +18,7 @@ from every finished run (those other shards finished too).
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from absl import flags
 
@@ -25,6 +26,7 @@ from experiments import common
 from experiments import study
 from selfattn.errors import ConfigError
 from selfattn.errors import DataError
+from selfattn.training.log_setup import configure_logging
 
 SCALE = flags.DEFINE_string('scale', None, "The study's scale (each study "
                             'lists its own; default: its CPU study).')
@@ -134,6 +136,13 @@ class StudyError(Exception):
   """Input the study cannot run with: printed as one line, exit status 2."""
 
 
+def _refuse_arguments(argv: list[str]) -> None:
+  """absl passes on what is not a flag: a study takes none."""
+  if len(argv) > 1:
+    _fail(f'unexpected arguments {" ".join(argv[1:])} (flags look like '
+          f'--name=value)')
+
+
 def _fail(message: str, status: int = 1) -> None:
   import sys
   print(f'error: {message}', file=sys.stderr)
@@ -194,9 +203,7 @@ def main(spec: Study):
   """The study's absl main. A damaged file of a run (a truncated
   summary.json, say) or of the data is one line naming it, exit status 2."""
   def run(argv):
-    if len(argv) > 1:
-      _fail(f'unexpected arguments {" ".join(argv[1:])} (flags look like '
-            f'--name=value)')
+    _refuse_arguments(argv)
     try:
       with study.stops_in_one_line():
         _main(spec)
@@ -205,8 +212,26 @@ def main(spec: Study):
   return run
 
 
+def main_of(fn: Callable[[str, int, bool], Any]):
+  """The absl main of a study that is one function rather than a sweep of
+  runs (chapter.py's computations; exercise1_depth.py, whose analyses sit
+  around its small sweeps): fn(workdir, seeds, quick), with `main`'s checks
+  (no stray arguments, --workdir given) and its one-line failures."""
+  def run(argv):
+    _refuse_arguments(argv)
+    configure_logging()
+    if not common.WORKDIR.value:
+      _fail('--workdir is required')
+    try:
+      with study.stops_in_one_line():
+        fn(common.WORKDIR.value, common.SEEDS.value, common.QUICK.value)
+    except (ConfigError, DataError) as e:
+      _fail(str(e), status=2)
+  return run
+
+
 def _main(spec: Study) -> None:
-  common.configure_logging()
+  configure_logging()
   workdir = common.WORKDIR.value
   if not workdir:
     _fail('--workdir is required')

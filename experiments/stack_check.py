@@ -30,6 +30,7 @@ from absl import flags
 from experiments import common
 from selfattn.training import train
 from selfattn.training import workdir as workdir_lib
+from selfattn.training.log_setup import configure_logging
 
 # Checked in main, not with required=True: absl validates required flags on
 # every parse in the process, so importing this module (as its test does)
@@ -110,7 +111,7 @@ def report(old: dict[str, dict], new: dict[str, dict]) -> str:
 
 def main(argv) -> None:
   del argv
-  common.configure_logging()
+  configure_logging()
   for name in ('study', 'runs', 'workdir'):
     if not flags.FLAGS[name].value:
       raise SystemExit(f'error: --{name} is required')

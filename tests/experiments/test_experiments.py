@@ -84,6 +84,24 @@ def test_an_exercise_refuses_an_unknown_task_before_training(tmp_path):
   assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize('flags,message', [
+    (['--workdir=WORKDIR', 'stray'],
+     'error: unexpected arguments stray (flags look like --name=value)'),
+    ([], 'error: --workdir is required')])
+def test_a_one_function_study_refuses_bad_arguments_in_one_line(
+    tmp_path, flags, message):
+  """The chapter's tables and exercise 1 are one function each, not a sweep
+  (skeleton.main_of): a stray argument or a missing --workdir stops them
+  before any work, with the sweeps' one-line error."""
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.chapter',
+       *[f.replace('WORKDIR', str(tmp_path)) for f in flags]], cwd=ROOT,
+      capture_output=True, text=True, timeout=300, env=subprocess_env())
+  assert result.returncode == 1
+  assert result.stderr.strip() == message
+  assert not list(tmp_path.iterdir())
+
+
 def test_exercise2_quick(tmp_path):
   data = run_driver('exercise2_learned', tmp_path)
   runs = data['reverse']
