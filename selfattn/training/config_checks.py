@@ -101,13 +101,30 @@ def validate_config(config: ml_collections.ConfigDict,
 
 def _validate(config: ml_collections.ConfigDict,
               num_devices: int | None = None) -> tasks.Task:
-  # The seed enters the compiled steps as an int32 (steps.batch_generator).
+  _check_seed(config)
+  task = _check_task(config)
+  _check_model(config)
+  _check_training(config)
+  _check_lengths(config, task, num_devices)
+  _check_built(config, task)
+  if num_devices is not None:
+    _check_devices(config, num_devices)
+  return task
+
+
+def _check_seed(config: ml_collections.ConfigDict) -> None:
+  """An integer in [0, 2**31): the seed enters the compiled steps as an
+  int32 (steps.batch_generator)."""
   seed = config.seed
   if not isinstance(seed, int) or isinstance(seed, bool) or not (
       0 <= seed < 2 ** 31):
     raise ConfigError(f'config.seed must be an integer in [0, 2**31); got '
                       f'{seed!r}')
-  # Task.
+
+
+def _check_task(config: ml_collections.ConfigDict) -> tasks.Task:
+  """The task's name, layout and lengths, and its own options; the task
+  built (its data read where it has some)."""
   if config.task.name not in tasks.TASK_NAMES:
     raise ConfigError(f'config.task.name={config.task.name!r} is unknown; '
                       f'valid: {", ".join(tasks.TASK_NAMES)}')
@@ -139,7 +156,12 @@ def _validate(config: ml_collections.ConfigDict,
                       f'steps (16: a 4/4 bar of sixteenths); got '
                       f'{config.task.crop_align}')
 
-  # Model.
+  return task
+
+
+def _check_model(config: ml_collections.ConfigDict) -> None:
+  """The model section: the encoding and its options, sizes, dtype,
+  dropout, meter."""
   m = config.model
   if m.position not in positions.POSITIONS:
     raise ConfigError(f'config.model.position={m.position!r} is unknown; '
@@ -174,7 +196,10 @@ def _validate(config: ml_collections.ConfigDict,
   except (ValueError, TypeError) as e:
     raise ConfigError(f'config.model.{e}') from None
 
-  # Training and evaluation.
+
+
+def _check_training(config: ml_collections.ConfigDict) -> None:
+  """The optimiser, schedule, batch and evaluation settings."""
   _positive(config, 'train.num_steps', 'train.batch_size', 'train.log_every',
             'train.checkpoint_every', 'train.keep_checkpoints', 'eval.every',
             'eval.num_examples')
@@ -219,6 +244,13 @@ def _validate(config: ml_collections.ConfigDict,
   if config.train.warmup_steps < 0:
     raise ConfigError('config.train.warmup_steps must be >= 0')
   early_stopping.check_config(config)
+
+
+def _check_lengths(config: ml_collections.ConfigDict, task: tasks.Task,
+                   num_devices: int | None) -> None:
+  """Evaluation lengths against the task, the layout's own section, and
+  the positions a model can be asked for (randomized or learned)."""
+  m = config.model
   lengths = list(config.eval.lengths)
   if not lengths or any(not isinstance(n, int) or isinstance(n, bool)
                         or n < task.min_length for n in lengths):
@@ -261,23 +293,29 @@ def _validate(config: ml_collections.ConfigDict,
         f'learned encoding\'s config.model.max_len={m.max_len}: raise '
         f'max_len or drop the longer lengths')
 
-  # Last, the whole model built abstractly (nnx.eval_shape: no memory, no
-  # compilation): whatever its constructors check and the checks above do
-  # not name fails here, before any work, instead of at the first step.
+
+
+def _check_built(config: ml_collections.ConfigDict, task: tasks.Task) -> None:
+  """Last, the whole model built abstractly (nnx.eval_shape: no memory, no
+  compilation): whatever its constructors check and the checks above do
+  not name fails here, before any work, instead of at the first step."""
   from flax import nnx
   from selfattn.training.build import build_model
   try:
     nnx.eval_shape(lambda: build_model(config, task, nnx.Rngs(0)))
   except (ValueError, TypeError) as e:
-    raise ConfigError(_model_problem(m, " ".join(str(e).split()))) from None
+    raise ConfigError(_model_problem(config.model,
+                                     " ".join(str(e).split()))) from None
 
-  # Devices.
-  if num_devices is not None:
-    data = _data_parallel(config, num_devices)
-    for field in ('train.batch_size', 'eval.num_examples'):
-      section, name = field.split('.')
-      if config[section][name] % data:
-        raise ConfigError(f'config.{field}={config[section][name]} is not '
-                          f'divisible by the {data} data-parallel devices '
-                          f'(config.mesh.data)')
-  return task
+
+def _check_devices(config: ml_collections.ConfigDict, num_devices: int
+                   ) -> None:
+  """The batch and the evaluation examples split evenly over the
+  data-parallel devices."""
+  data = _data_parallel(config, num_devices)
+  for field in ('train.batch_size', 'eval.num_examples'):
+    section, name = field.split('.')
+    if config[section][name] % data:
+      raise ConfigError(f'config.{field}={config[section][name]} is not '
+                        f'divisible by the {data} data-parallel devices '
+                        f'(config.mesh.data)')
