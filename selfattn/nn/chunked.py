@@ -32,7 +32,10 @@ distribution, not the same draws).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -176,93 +179,134 @@ def chunked_attention(
     if bias.shape[3] != 1:
       bias = _pad_axis(bias, 3, lk_pad, 0)
   dropping = dropout_rate > 0 and dropout_rng is not None
-  keep_prob = 1.0 - dropout_rate
-
-  # (n, B, H, chunk, D) and (n, B|1, chunk) stacks to iterate over.
-  def blocks(x, chunk):
-    return jnp.moveaxis(x.reshape(*x.shape[:2], -1, chunk, *x.shape[3:]), 2, 0)
-
-  k_blocks, v_blocks = blocks(k, kc), blocks(v, kc)
   reach = getattr(relative, 'reach', None)
   own_block_logits = None
   if relative is not None and q_positions is None and k_positions is None:
     own_block_logits = relative.blockwise_logits(lq, lk, lq_pad, lk_pad)
-  kpos_blocks = jnp.moveaxis(k_pos.reshape(k_pos.shape[0], nk, kc), 1, 0)
-
-  def key_step(i, q_blk, qpos_blk, carry, xs):
-    if not causal:
-      return attend_block(i, q_blk, qpos_blk, carry, xs)
-    # A key block wholly above the causal diagonal (its first key is later
-    # than the block's last query may see) would add p = 0 everywhere and
-    # leave the carry exactly as it is: skip its work.
-    above = xs[0] * kc > i * qc + (qc - 1) + (lk - lq)
-    return jax.lax.cond(above, lambda c, _: (c, None),
-                        lambda c, x: attend_block(i, q_blk, qpos_blk, c, x),
-                        carry, xs)
-
-  def attend_block(i, q_blk, qpos_blk, carry, xs):
-    acc, m, l = carry
-    j, k_blk, v_blk, kpos_blk = xs
-    s = jnp.einsum('bhqd,bhkd->bhqk', q_blk, k_blk,
-                   preferred_element_type=jnp.float32)
-    side = _far_side(reach, qpos_blk, kpos_blk)
-    if relative is not None:
-      if own_block_logits is not None:
-        near = lambda: own_block_logits(q_blk, k_blk, i * qc, j * kc)
-      else:
-        near = lambda: relative.logits(q_blk, k_blk, qpos_blk, kpos_blk)
-      extra = _term(side, near,
-                    lambda: relative.logits(q_blk, k_blk[:, :, :1],
-                                            *_edge_positions(side, reach)),
-                    (b, h, qc, kc))
-      if extra is not None:
-        s = s + extra
-    if bias is not None:
-      s = s + _block(_block(bias, 2, i * qc, qc), 3, j * kc, kc).astype(
-          jnp.float32)
-    q_index = i * qc + jnp.arange(qc)[:, None]
-    k_index = j * kc + jnp.arange(kc)[None, :]
-    keep = k_index < lk
-    if causal:
-      keep = keep & (k_index <= q_index + (lk - lq))
-    keep = keep[None, None]
-    if mask is not None:
-      keep = keep & _block(_block(mask, 2, i * qc, qc), 3, j * kc, kc)
-    s = jnp.where(keep, s, -jnp.inf)
-    # The result does not depend on m, so its gradient is exactly zero.
-    m_new = jax.lax.stop_gradient(jnp.maximum(m, s.max(-1, keepdims=True)))
-    m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-    p = jnp.exp(s - m_safe)                       # masked entries: exp(-inf) = 0
-    alpha = jnp.exp(m - m_safe)                   # m = -inf (nothing yet): 0
-    l = alpha * l + p.sum(-1, keepdims=True)
-    if dropping:
-      key = jax.random.fold_in(jax.random.fold_in(dropout_rng, i), j)
-      p = jnp.where(jax.random.bernoulli(key, keep_prob, p.shape),
-                    p / keep_prob, 0.0)
-    pv = jnp.einsum('bhqk,bhkd->bhqd', p.astype(v_blk.dtype), v_blk,
-                    preferred_element_type=jnp.float32)
-    if relative is not None:            # a None value term is skipped
-      extra = _term(side, lambda: relative.values(p, v_blk, qpos_blk, kpos_blk),
-                    lambda: relative.values(p.sum(-1, keepdims=True),
-                                            v_blk[:, :, :1],
-                                            *_edge_positions(side, reach)),
-                    (b, h, qc, v_blk.shape[-1]))
-      if extra is not None:
-        pv = pv + extra
-    return (alpha * acc + pv, m_new, l), None
-
-  def query_block(xs):
-    i, q_blk, qpos_blk = xs
-    carry = (jnp.zeros((b, h, qc, v.shape[-1]), jnp.float32),
-             jnp.full((b, h, qc, 1), -jnp.inf, jnp.float32),
-             jnp.zeros((b, h, qc, 1), jnp.float32))
-    body = jax.checkpoint(lambda c, x: key_step(i, q_blk, qpos_blk, c, x),
-                          prevent_cse=False)
-    (acc, _, l), _ = jax.lax.scan(
-        body, carry, (jnp.arange(nk), k_blocks, v_blocks, kpos_blocks))
-    return jnp.where(l > 0, acc / jnp.where(l > 0, l, 1.0), 0.0)
-
+  cx = _Call(b=b, h=h, lq=lq, lk=lk, qc=qc, kc=kc, causal=causal,
+             relative=relative, reach=reach, own_block_logits=own_block_logits,
+             mask=mask, bias=bias, dropout_rng=dropout_rng if dropping else None,
+             keep_prob=1.0 - dropout_rate)
+  keys = (jnp.arange(nk), _stack(k, kc), _stack(v, kc),
+          jnp.moveaxis(k_pos.reshape(k_pos.shape[0], nk, kc), 1, 0))
   qpos_blocks = jnp.moveaxis(q_pos.reshape(q_pos.shape[0], nq, qc), 1, 0)
-  out = jax.lax.map(query_block, (jnp.arange(nq), blocks(q, qc), qpos_blocks))
+  out = jax.lax.map(functools.partial(_query_block, cx, keys, v.shape[-1]),
+                    (jnp.arange(nq), _stack(q, qc), qpos_blocks))
   out = jnp.moveaxis(out, 0, 2).reshape(b, h, lq_pad, -1)[:, :, :lq]
   return out.astype(v.dtype)
+
+
+# --------------------------------------------------------------------------
+# One query block against every key block (the online softmax).
+# --------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+  """What every block of one chunked_attention call shares: sizes, the
+  padded mask and bias, the encoding, dropout (dropout_rng None: off)."""
+  b: int
+  h: int
+  lq: int
+  lk: int
+  qc: int
+  kc: int
+  causal: bool
+  relative: Any
+  reach: int | None
+  own_block_logits: Callable | None
+  mask: jax.Array | None
+  bias: jax.Array | None
+  dropout_rng: jax.Array | None
+  keep_prob: float
+
+
+def _stack(x: jax.Array, chunk: int) -> jax.Array:
+  """(B, H, n * chunk, ...) -> (n, B, H, chunk, ...): blocks to iterate."""
+  return jnp.moveaxis(x.reshape(*x.shape[:2], -1, chunk, *x.shape[3:]), 2, 0)
+
+
+def _query_block(cx: _Call, keys, width: int, xs) -> jax.Array:
+  """(B, H, qc, width): query block i's output over every key block, each
+  rematerialized in the backward (jax.checkpoint)."""
+  i, q_blk, qpos_blk = xs
+  carry = (jnp.zeros((cx.b, cx.h, cx.qc, width), jnp.float32),
+           jnp.full((cx.b, cx.h, cx.qc, 1), -jnp.inf, jnp.float32),
+           jnp.zeros((cx.b, cx.h, cx.qc, 1), jnp.float32))
+  body = jax.checkpoint(
+      lambda c, x: _key_step(cx, i, q_blk, qpos_blk, c, x), prevent_cse=False)
+  (acc, _, l), _ = jax.lax.scan(body, carry, keys)
+  return jnp.where(l > 0, acc / jnp.where(l > 0, l, 1.0), 0.0)
+
+
+def _key_step(cx: _Call, i, q_blk, qpos_blk, carry, xs):
+  """_attend_block, skipped for a key block wholly above the causal
+  diagonal: its first key is later than the block's last query may see,
+  so it would add p = 0 everywhere and leave the carry as it is."""
+  if not cx.causal:
+    return _attend_block(cx, i, q_blk, qpos_blk, carry, xs)
+  above = xs[0] * cx.kc > i * cx.qc + (cx.qc - 1) + (cx.lk - cx.lq)
+  return jax.lax.cond(above, lambda c, _: (c, None),
+                      lambda c, x: _attend_block(cx, i, q_blk, qpos_blk, c, x),
+                      carry, xs)
+
+
+def _attend_block(cx: _Call, i, q_blk, qpos_blk, carry, xs):
+  """One online-softmax update of (acc, m, l) by key block j."""
+  acc, m, l = carry
+  j, k_blk, v_blk, kpos_blk = xs
+  side = _far_side(cx.reach, qpos_blk, kpos_blk)
+  s = _block_scores(cx, i, j, q_blk, k_blk, qpos_blk, kpos_blk, side)
+  # The result does not depend on m, so its gradient is exactly zero.
+  m_new = jax.lax.stop_gradient(jnp.maximum(m, s.max(-1, keepdims=True)))
+  m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+  p = jnp.exp(s - m_safe)                       # masked entries: exp(-inf) = 0
+  alpha = jnp.exp(m - m_safe)                   # m = -inf (nothing yet): 0
+  l = alpha * l + p.sum(-1, keepdims=True)
+  if cx.dropout_rng is not None:
+    key = jax.random.fold_in(jax.random.fold_in(cx.dropout_rng, i), j)
+    p = jnp.where(jax.random.bernoulli(key, cx.keep_prob, p.shape),
+                  p / cx.keep_prob, 0.0)
+  pv = jnp.einsum('bhqk,bhkd->bhqd', p.astype(v_blk.dtype), v_blk,
+                  preferred_element_type=jnp.float32)
+  relative = cx.relative
+  if relative is not None:            # a None value term is skipped
+    extra = _term(side, lambda: relative.values(p, v_blk, qpos_blk, kpos_blk),
+                  lambda: relative.values(p.sum(-1, keepdims=True),
+                                          v_blk[:, :, :1],
+                                          *_edge_positions(side, cx.reach)),
+                  (cx.b, cx.h, cx.qc, v_blk.shape[-1]))
+    if extra is not None:
+      pv = pv + extra
+  return (alpha * acc + pv, m_new, l), None
+
+
+def _block_scores(cx: _Call, i, j, q_blk, k_blk, qpos_blk, kpos_blk, side):
+  """(B, H, qc, kc) float32 logits of query block i and key block j: q.k,
+  the encoding's term (its edge value on a far block), the bias; -inf
+  where the key is padding, in the causal future or masked."""
+  qc, kc, relative = cx.qc, cx.kc, cx.relative
+  s = jnp.einsum('bhqd,bhkd->bhqk', q_blk, k_blk,
+                 preferred_element_type=jnp.float32)
+  if relative is not None:
+    if cx.own_block_logits is not None:
+      near = lambda: cx.own_block_logits(q_blk, k_blk, i * qc, j * kc)
+    else:
+      near = lambda: relative.logits(q_blk, k_blk, qpos_blk, kpos_blk)
+    extra = _term(side, near,
+                  lambda: relative.logits(q_blk, k_blk[:, :, :1],
+                                          *_edge_positions(side, cx.reach)),
+                  (cx.b, cx.h, qc, kc))
+    if extra is not None:
+      s = s + extra
+  if cx.bias is not None:
+    s = s + _block(_block(cx.bias, 2, i * qc, qc), 3, j * kc, kc).astype(
+        jnp.float32)
+  q_index = i * qc + jnp.arange(qc)[:, None]
+  k_index = j * kc + jnp.arange(kc)[None, :]
+  keep = k_index < cx.lk
+  if cx.causal:
+    keep = keep & (k_index <= q_index + (cx.lk - cx.lq))
+  keep = keep[None, None]
+  if cx.mask is not None:
+    keep = keep & _block(_block(cx.mask, 2, i * qc, qc), 3, j * kc, kc)
+  return jnp.where(keep, s, -jnp.inf)
