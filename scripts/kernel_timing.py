@@ -39,6 +39,27 @@ BUDGET = flags.DEFINE_float('time_budget', 0.0, 'Seconds after which no '
 CAUSAL = flags.DEFINE_list('causal', 'false,true', 'Masks to run.')
 
 
+def random_inputs(b: int, h: int, length: int, d: int):
+  """(q, k, v, g): bf16 (B, H, L, D) inputs and output cotangent, the
+  same for every row and every tuner."""
+  keys = jax.random.split(jax.random.key(0), 4)
+  return tuple(jax.random.normal(key, (b, h, length, d), jnp.bfloat16)
+               for key in keys)
+
+
+def forward_flops(b: int, h: int, length: int, d: int, causal: bool) -> float:
+  """4 B H L^2 D (q k^T and p v), halved when causal."""
+  return 4 * b * h * length * length * d / (2 if causal else 1)
+
+
+def new_result(kind: str, b: int, h: int, length: int, d: int,
+               smoke: bool) -> dict:
+  """The header every tuner's JSON starts with; rows and best to fill."""
+  return {'device': jax.devices()[0].device_kind, 'jax': jax.__version__,
+          'kind': kind, 'batch': b, 'heads': h, 'length': length,
+          'head_dim': d, 'smoke': smoke, 'rows': [], 'best': []}
+
+
 def encoding(kind: str, heads: int, head_dim: int, seed: int = 0
              ) -> tuple[dict, object]:
   """(HopperConfig fields, table) of `kind`'s position module at its
@@ -123,13 +144,30 @@ def causal_settings() -> list[bool]:
   return settings
 
 
-def out_of_time(started: float, share: int, shares: int) -> bool:
+def out_of_time_share(started: float, share: int, shares: int) -> bool:
   """Whether the first share + 1 of `shares` equal parts of --time_budget,
   counted from `started`, are spent (never, with no budget): each causal
   setting gets its part, so the last one still gets rows when the budget
   is short, and what one leaves unspent goes to the next."""
   return bool(BUDGET.value) and (time.perf_counter() - started
                                  > BUDGET.value * (share + 1) / shares)
+
+
+def causal_rounds(result: dict, q, k, v, g, repeats: int, smoke: bool):
+  """Yields (causal, flops, base, out_of_time) per --causal setting with
+  time left in its share of --time_budget: the forward FLOPs, cuDNN's
+  {pass: ms} (its rows added to result) and the share's clock."""
+  b, h, length, d = q.shape
+  started = time.perf_counter()
+  settings = causal_settings()
+  for share, causal in enumerate(settings):
+    out_of_time = (lambda share=share:
+                   out_of_time_share(started, share, len(settings)))
+    if out_of_time():
+      continue
+    flops = forward_flops(b, h, length, d, causal)
+    yield causal, flops, cudnn_peer(result, q, k, v, g, causal, repeats,
+                                    smoke, flops), out_of_time
 
 
 def cudnn_peer(result: dict, q, k, v, g, causal: bool, repeats: int,

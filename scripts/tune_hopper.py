@@ -34,7 +34,6 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,31 +98,18 @@ def main(argv):
                       shared.LENGTH.value, shared.HEAD_DIM.value))
   repeats = 2 if smoke else shared.REPEATS.value
   grid = SMOKE_GRID if smoke else GRID
-  keys = jax.random.split(jax.random.key(0), 4)
-  q, k, v, g = (jax.random.normal(key, (b, h, length, d), jnp.bfloat16)
-                for key in keys)
+  q, k, v, g = shared.random_inputs(b, h, length, d)
   kind = shared.KIND.value
   fields, table = encoding(kind, h, d)
-  device = jax.devices()[0]
-  result = {'device': device.device_kind, 'jax': jax.__version__,
-            'kind': kind, 'batch': b, 'heads': h, 'length': length,
-            'head_dim': d,
-            'smoke': smoke, 'rows': [], 'best': []}
-  started = time.perf_counter()
+  result = shared.new_result(kind, b, h, length, d, smoke)
 
   def save():
     result['best'] = best_rows(result['rows'])
     shared.write_outputs(shared.OUT.value, 'tune_hopper', kind, result,
                          markdown(result))
 
-  settings = shared.causal_settings()
-  for share, causal in enumerate(settings):
-    out_of_time = lambda: shared.out_of_time(started, share, len(settings))
-    if out_of_time():
-      continue
-    flops = 4 * b * h * length * length * d / (2 if causal else 1)
-    base = shared.cudnn_peer(result, q, k, v, g, causal, repeats, smoke,
-                             flops)
+  for causal, flops, base, out_of_time in shared.causal_rounds(
+      result, q, k, v, g, repeats, smoke):
     for block_k, stages, ping_pong in itertools.product(*grid.values()):
       if out_of_time():
         break

@@ -37,14 +37,12 @@ import itertools
 import os
 import re
 import sys
-import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from flax import nnx  # noqa: E402
@@ -222,29 +220,18 @@ def main(argv):
   blocks_list = [(32, 32)] if smoke else parse_blocks(_BLOCKS.value)
   launches = SMOKE_LAUNCHES if smoke else LAUNCHES
   repeats = shared.REPEATS.value
-  keys = jax.random.split(jax.random.key(0), 4)
-  q, k, v, g = (jax.random.normal(key, (b, h, length, d), jnp.bfloat16)
-                for key in keys)
+  q, k, v, g = shared.random_inputs(b, h, length, d)
   kind = shared.KIND.value
   relative = position_module(kind, h, d)
-  result = {'device': jax.devices()[0].device_kind, 'jax': jax.__version__,
-            'kind': kind, 'batch': b, 'heads': h, 'length': length,
-            'head_dim': d, 'smoke': smoke, 'rows': [], 'best': []}
-  started = time.perf_counter()
+  result = shared.new_result(kind, b, h, length, d, smoke)
 
   def save():
     result['best'] = best_rows(result['rows'])
     shared.write_outputs(shared.OUT.value, 'tune_triton', kind, result,
                          markdown(result))
 
-  settings = shared.causal_settings()
-  for share, causal in enumerate(settings):
-    out_of_time = lambda: shared.out_of_time(started, share, len(settings))
-    if out_of_time():
-      continue
-    flops = 4 * b * h * length * length * d / (2 if causal else 1)
-    base = shared.cudnn_peer(result, q, k, v, g, causal, repeats, smoke,
-                             flops)
+  for causal, flops, base, out_of_time in shared.causal_rounds(
+      result, q, k, v, g, repeats, smoke):
 
     def record(row, causal=causal):
       row = {'causal': causal, 'pass': row.pop('pass_name'), **row}
