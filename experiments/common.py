@@ -28,6 +28,11 @@ WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory: one '
 SEEDS = flags.DEFINE_integer('seeds', 5, 'Seeds per setting (five: the '
                              'protocol every reported table uses).')
 QUICK = flags.DEFINE_bool('quick', False, 'A one-minute version (for tests).')
+# One definition for the studies that take it (absl refuses a flag defined
+# twice in a process, and a test imports several studies): each study's
+# default is its own (study_steps).
+STEPS = flags.DEFINE_integer('steps', None, 'Training steps per run (each '
+                             'study has its own default).')
 QUICK_BANNER = ('> **QUICK MODE: a smoke test of the pipeline (few steps, small '
                 'model, one seed). These numbers are not results.**')
 
@@ -289,3 +294,8 @@ def small(config: ml_collections.ConfigDict, steps: int = 300
   config.train.checkpoint_every = config.eval.every = steps
   config.eval.lengths, config.eval.num_examples = [8, 16], 128
   return config
+
+
+def study_steps(default: int) -> int:
+  """--steps if given, else the study's `default`."""
+  return default if STEPS.value is None else STEPS.value

@@ -158,6 +158,17 @@ def trainability_settings(norms, depths, warmups, steps, sweep):
   return out
 
 
+def training_plan(quick: bool):
+  """(norms, depths, warmups, steps, sweep) of the trainability study
+  (trainability_settings' arguments); quick: one depth, two norms."""
+  if quick:
+    return ('post', 'pre'), (4,), (0,), 150, ([('post', 4, 50)], 150)
+  # Was it the short schedule that kept post-LN at chance? Longer runs with
+  # warmups up to half of them, at the depths where it failed.
+  sweep = ([('post', d, w) for d in (12, 24) for w in (0, 100, 400, 1000)], 2000)
+  return ('post', 'pre', 'none'), (2, 6, 12, 24), (0, 100), 400, sweep
+
+
 def trainability(workdir, seeds, settings):
   """Trains every setting for `seeds` seeds (resumably, through the study
   runner); a diverged run counts as chance (0.5) and is counted.
@@ -344,14 +355,7 @@ def exercise1(workdir: str, seeds: int, quick: bool) -> str:
       [[v] + [spread([c[n] for c in per_seed]) for n in shown]
        for v, per_seed in curves.items()])
 
-  norms, depths = ('post', 'pre', 'none'), (2, 6, 12, 24)
-  warmups, steps = (0, 100), 400
-  # Was it the short schedule that kept post-LN at chance? Longer runs with
-  # warmups up to half of them, at the depths where it failed.
-  sweep = ([('post', d, w) for d in (12, 24) for w in (0, 100, 400, 1000)], 2000)
-  if quick:
-    norms, depths, warmups, steps = ('post', 'pre'), (4,), (0,), 150
-    sweep = ([('post', 4, 50)], 150)
+  norms, depths, warmups, steps, sweep = training_plan(quick)
   settings = trainability_settings(norms, depths, warmups, steps, sweep)
   rows, train_data = trainability(workdir, seeds, settings)
   grad_curves = grad_norms_at_init(norms, depths, seeds)

@@ -18,13 +18,12 @@ import os
 import matplotlib.pyplot as plt
 import numpy as np
 from absl import app
-from absl import flags
 
 from experiments import common
 from experiments import skeleton
 from experiments import study
 
-_STEPS = flags.DEFINE_integer('steps', 2000, 'Training steps per run.')
+STEPS = 2000      # training steps per run (--steps overrides)
 TASKS = ('reverse', 'sort')
 QUICK_TASKS = ('reverse',)
 SETTINGS = [('sinusoidal', {'position': 'sinusoidal'}),
@@ -44,7 +43,7 @@ def cosine_similarity(table: np.ndarray) -> np.ndarray:
 
 def task_base(task: str, quick: bool):
   base = common.base_config(name=task)
-  base.train.num_steps = _STEPS.value
+  base.train.num_steps = common.study_steps(STEPS)
   base.eval.every = 100
   base.model.max_len = 64
   if quick:

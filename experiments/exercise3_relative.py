@@ -14,14 +14,13 @@ and window_sum (translation-invariant). Trained on lengths 1-16, evaluated at
 import os
 
 from absl import app
-from absl import flags
 
 from experiments import common
 from experiments import skeleton
 from experiments import study
 from selfattn.tasks import get_task
 
-_STEPS = flags.DEFINE_integer('steps', 1000, 'Training steps per run.')
+STEPS = 1000      # training steps per run (--steps overrides)
 TASKS = ('reverse', 'shift', 'window_sum')
 QUICK_TASKS = ('shift',)
 
@@ -46,8 +45,8 @@ def settings(quick: bool):
 
 def task_base(task: str, quick: bool):
   base = common.base_config(name=task)
-  base.train.num_steps = _STEPS.value
-  base.eval.every = max(100, _STEPS.value // 5)
+  base.train.num_steps = common.study_steps(STEPS)
+  base.eval.every = max(100, common.study_steps(STEPS) // 5)
   return common.small(base, steps=200) if quick else base
 
 
@@ -76,7 +75,8 @@ def report(workdir: str, runs: list[study.Run], summaries: dict,
   return common.write_results(
       workdir, 'Exercise 3: relative position embeddings per query-key offset',
       [('Setup', f'configs/default.py (2 layers, width '
-        f'{32 if quick else 64}, pre-LN), {200 if quick else _STEPS.value} '
+        f'{32 if quick else 64}, pre-LN), '
+        f'{200 if quick else common.study_steps(STEPS)} '
         f'steps, trained on lengths {base.task.min_len}-{base.task.max_len}; '
         f'token accuracy, mean ± std over {seeds} seed(s).')] + sections,
       data=data)

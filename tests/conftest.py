@@ -104,11 +104,35 @@ def tiny_run(tmp_path_factory):
   return workdir, summary, out.getvalue()
 
 
+def pytest_addoption(parser):
+  parser.addoption(
+      '--extended', action='store_true',
+      help='run the extended tier too (tests marked extended: the '
+           'experiment drivers\' quick runs, the benchmark smoke run, the '
+           'cases of parametrized grids beyond a covering subset; '
+           'tests/README.md). Without it, they are deselected.')
+
+
 def pytest_collection_modifyitems(config, items):
-  """The end-to-end (slow) tests first, in their collected order: with two
-  xdist workers, a minute-long test that starts near the end keeps one worker
-  busy while the other idles; started first, the short tests fill around it."""
+  """Without --extended, the extended tier is deselected (pytest reports how
+  many). Then the end-to-end (slow) tests first, in their collected order:
+  with two xdist workers, a minute-long test that starts near the end keeps
+  one worker busy while the other idles; started first, the short tests
+  fill around it."""
+  if not config.getoption('--extended'):
+    extended = [item for item in items if item.get_closest_marker('extended')]
+    if extended:
+      config.hook.pytest_deselected(items=extended)
+      items[:] = [item for item in items
+                  if not item.get_closest_marker('extended')]
   items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+
+
+def pytest_report_header(config):
+  if not config.getoption('--extended'):
+    return ('commit tier: tests marked extended are deselected '
+            '(python -m pytest --extended runs every test; tests/README.md)')
+  return 'commit and extended tiers: every test'
 
 
 # A worker ignores SIGINT once its session is over (execnet's shutdown

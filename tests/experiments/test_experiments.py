@@ -1,5 +1,10 @@
 """Each experiment driver's --quick mode: the tables exist and their numbers
-are real (baselines near chance, working encodings clearly above)."""
+are real (baselines near chance, working encodings clearly above).
+
+The trained quick runs of the studies are the extended tier (tiers.py): 40
+to 70 s each, they train runs whose configs test_study_plans.py validates
+in the commit tier, through the study runner that the length-generalization
+test below (kept in the commit tier) trains, kills and resumes."""
 
 import json
 import subprocess
@@ -10,6 +15,7 @@ import pytest
 from data import REQUIRES_JSB
 from runs import ROOT
 from runs import subprocess_env
+from tiers import EXTENDED
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +38,7 @@ def token_acc(evals, length):
   return sum(e[str(length)]['token_accuracy'] for e in evals) / len(evals)
 
 
+@EXTENDED
 def test_compare_positions_quick(tmp_path):
   # Three of the quick mode's four encodings: the baseline at chance and two
   # that learn (rope's run goes through the same driver code as theirs).
@@ -62,6 +69,7 @@ def test_compare_positions_refuses_an_unknown_position_before_training(
   assert not list(tmp_path.glob('position=*'))
 
 
+@EXTENDED
 def test_exercise3_quick(tmp_path):
   data = run_driver('exercise3_relative', tmp_path)
   shift = data['shift']
@@ -102,6 +110,7 @@ def test_a_one_function_study_refuses_bad_arguments_in_one_line(
   assert not list(tmp_path.iterdir())
 
 
+@EXTENDED
 def test_exercise2_quick(tmp_path):
   data = run_driver('exercise2_learned', tmp_path)
   runs = data['reverse']
@@ -112,6 +121,7 @@ def test_exercise2_quick(tmp_path):
   assert (tmp_path / 'cosine_similarity_reverse.png').stat().st_size > 0
 
 
+@EXTENDED
 def test_exercise1_quick(tmp_path):
   data = run_driver('exercise1_depth', tmp_path)
   collapse = data['rank_collapse']                     # per seed, per layer
@@ -199,6 +209,7 @@ def test_length_generalization_quick_survives_a_kill_and_shards(tmp_path):
   assert '## In distribution' in text
 
 
+@EXTENDED
 def test_indirect_indexing_quick(tmp_path):
   """The PoPE paper's task through the study runner: PoPE and RoPE runs,
   accuracies per length (trained 20-40, beyond to 52), the paper's numbers
@@ -216,6 +227,7 @@ def test_indirect_indexing_quick(tmp_path):
   assert (tmp_path / 'position=pope,seed=0' / 'summary.json').stat().st_mtime == before
 
 
+@EXTENDED
 @REQUIRES_JSB
 def test_music_quick(tmp_path):
   """JSB Chorales end to end in about a minute: training, whole-piece NLL

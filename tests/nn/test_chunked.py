@@ -12,6 +12,8 @@ from selfattn.nn import chunked
 from selfattn.nn import masks
 from selfattn.nn import positions
 from reference import assert_encoders_agree
+from tiers import each_choice
+from tiers import product
 
 
 def _relative(name, num_heads=2, head_dim=8, max_len=64):
@@ -30,8 +32,10 @@ def _qkv(lq=19, lk=19, b=2, h=2, d=8, seed=0):
           jax.random.normal(keys[2], (b, h, lk, d)))
 
 
-@pytest.mark.parametrize('name', ('none',) + positions.RELATIVE_NAMES)
-@pytest.mark.parametrize('causal', [False, True])
+# Each encoding once in the commit tier, causal and not alternating; every
+# pair with --extended (tiers.py).
+@pytest.mark.parametrize('causal,name', each_choice(product(
+    [False, True], ('none',) + positions.RELATIVE_NAMES)))
 def test_chunked_equals_plain_forward_and_gradients(name, causal):
   """Blocks of 4 queries x 5 keys over lengths 19 (neither a multiple), with
   key padding, a random mask, a float bias and, for every encoding, its
@@ -204,13 +208,15 @@ def test_chunked_backward_keeps_no_quadratic_temporaries(causal):
   assert ours < 0.25 * plain, (ours, plain)
 
 
-@pytest.mark.parametrize('name,options', [
-    ('shaw', {'clip_distance': 2}),
-    ('shaw', {'clip_distance': 2, 'relative_values': False}),
-    ('huang', {}),
-    ('t5', {'num_buckets': 8, 'max_distance': 4}),
-])
-@pytest.mark.parametrize('randomized', [False, True])
+REACHES = [('shaw', {'clip_distance': 2}),
+           ('shaw', {'clip_distance': 2, 'relative_values': False}),
+           ('huang', {}),
+           ('t5', {'num_buckets': 8, 'max_distance': 4})]
+
+
+@pytest.mark.parametrize('randomized,name,options', each_choice(
+    [(randomized, *reach) for randomized in (False, True)
+     for reach in REACHES]))
 def test_blocks_beyond_the_reach_use_the_edge_term_exactly(name, options,
                                                           randomized):
   """With short reaches (clip 2, a Huang table of 3 positions, T5 buckets up
@@ -302,8 +308,9 @@ def test_causal_encoder_calls_build_no_length_squared_array(monkeypatch):
   assert largest(False, mask=masks.make_causal_mask(length)) >= length ** 2
 
 
-@pytest.mark.parametrize('lq,lk', [(7, 13), (13, 7), (6, 20)])
-@pytest.mark.parametrize('name', ['none', 'shaw', 'rope', 'xl'])
+@pytest.mark.parametrize('name,lq,lk', each_choice(
+    [(name, lq, lk) for name in ('none', 'shaw', 'rope', 'xl')
+     for lq, lk in ((7, 13), (13, 7), (6, 20))]))
 def test_causal_with_different_query_and_key_lengths_aligns_at_the_end(
     name, lq, lk):
   """Causal attention with Lq != Lk (the queries are the last Lq of the Lk

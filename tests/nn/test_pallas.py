@@ -14,6 +14,8 @@ from flax import nnx
 from selfattn.nn import attention
 from selfattn.nn import positions
 from selfattn.nn import pallas_attention as pa
+from tiers import each_choice
+from tiers import product
 
 B, H, D = 2, 2, 8
 BLOCKS = dict(block_q=8, block_k=8)
@@ -74,8 +76,8 @@ def _plain(q, k, v, relative, causal, key_valid):
                                          relative=relative)[0]
 
 
-@pytest.mark.parametrize('kind', KINDS)
-@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('causal,kind', each_choice(product(
+    [False, True], KINDS)))
 def test_forward_equals_plain(kind, causal):
   """Lengths 17 x 23 (not multiples of the 8-blocks, Lq != Lk), key padding
   in one example; the other example's keys are all valid."""
@@ -163,8 +165,8 @@ def _kernel_and_plain_agree(relative, lq, lk, lengths, causal, seed):
     np.testing.assert_allclose(a, b, atol=2e-4, rtol=2e-4)
 
 
-@pytest.mark.parametrize('per_head', [False, True])
-@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('causal,per_head', each_choice(product(
+    [False, True], [False, True])))
 def test_shaw_far_blocks_forward_and_gradients_equal_plain(per_head, causal):
   """Lengths where most key blocks lie beyond the clip on either side
   (40 x 56, 8-blocks, k = 2): the edge-row shortcut gives the plain path's
@@ -218,9 +220,8 @@ def test_fully_masked_rows_output_zeros(kind):
   assert np.all(np.asarray(out[0, :, :21 - 16]) == 0)
 
 
-@pytest.mark.parametrize('kind', ['none', 'alibi', 't5', 'shaw',
-                                  'shaw_per_head'])
-@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('causal,kind', each_choice(product(
+    [False, True], ['none', 'alibi', 't5', 'shaw', 'shaw_per_head'])))
 def test_gradients_equal_plain(kind, causal):
   """Gradients for q, k, v and the encoding's tables (T5's bias, Shaw's
   a^K and a^V, shared or per head), under jit."""
@@ -242,8 +243,8 @@ def test_gradients_equal_plain(kind, causal):
     assert float(jnp.abs(table).max()) > 0               # the tables learn
 
 
-@pytest.mark.parametrize('kind', ['none', 't5', 'shaw'])
-@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('causal,kind', each_choice(product(
+    [False, True], ['none', 't5', 'shaw'])))
 def test_gradients_without_a_key_mask_equal_plain(kind, causal):
   """Without a key mask the kernels mask only the blocks that need it (the
   padded last key block in the forward and dQ; causal blocks crossing the
@@ -260,8 +261,8 @@ def test_gradients_without_a_key_mask_equal_plain(kind, causal):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize('kind', ['none', 't5', 'shaw'])
-@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('causal,kind', each_choice(product(
+    [False, True], ['none', 't5', 'shaw'])))
 def test_gradients_with_key_lengths_equal_plain(kind, causal):
   """Key lengths (a prefix mask, as valid_lens arrive): the kernels skip
   the key blocks past a row's length and mask only the block crossing it;
@@ -304,9 +305,8 @@ def _mha(name, impl, seed=0):
                                       attention_impl=impl, rngs=rngs)
 
 
-@pytest.mark.parametrize('name', ['none', 'alibi', 't5', 'shaw', 'rope',
-                                  'pope'])
-@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('causal,name', each_choice(product(
+    [False, True], ['none', 'alibi', 't5', 'shaw', 'rope', 'pope'])))
 def test_multihead_attention_pallas_equals_plain(name, causal, monkeypatch):
   """End to end with valid_lens: outputs and every parameter's gradient
   (the projections and, for T5, Shaw and PoPE, the encoding's own) agree, and

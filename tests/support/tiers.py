@@ -1,0 +1,85 @@
+"""The suite's two tiers: what CI runs on every commit, and the rest.
+
+`python -m pytest` (CI, the README's command) runs the commit tier; `python
+-m pytest --extended` runs every test (conftest.py). A test or a case in the
+extended tier carries the `extended` mark. What goes there, and why, is in
+tests/README.md: the experiment drivers' trained quick runs and the
+benchmark's smoke run (their parts are tested in the commit tier), and the
+cases of a parametrized grid beyond a covering subset (`each_choice`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+EXTENDED = pytest.mark.extended
+
+
+def covering_subset(cases: Sequence[tuple[Any, ...]]) -> list[int]:
+  """Indices of cases, in their order, such that every value of every
+  factor (tuple position) occurs in at least one chosen case.
+
+  Greedy: the next case is the one with the most not-yet-covered values;
+  among those, the one whose values have been chosen least often (so a grid
+  of encodings x causal alternates causal instead of pairing every encoding
+  with the first), then the earliest. Deterministic: the same cases give the
+  same subset."""
+  # A value may be unhashable (a dict of options): its repr stands for it.
+  cases = [tuple(_hashable(value) for value in case) for case in cases]
+  if not cases:
+    return []
+  width = len(cases[0])
+  if any(len(case) != width for case in cases):
+    raise ValueError('every case needs the same number of factors')
+  uncovered = {(i, value) for case in cases for i, value in enumerate(case)}
+  used: Counter[tuple[int, Any]] = Counter()
+  chosen: list[int] = []
+  while uncovered:
+    def rank(index: int) -> tuple[int, int, int]:
+      items = list(enumerate(cases[index]))
+      new = sum(item in uncovered for item in items)
+      return (-new, sum(used[item] for item in items), index)
+    best = min((i for i in range(len(cases)) if i not in chosen), key=rank)
+    chosen.append(best)
+    for item in enumerate(cases[best]):
+      uncovered.discard(item)
+      used[item] += 1
+  return sorted(chosen)
+
+
+def _hashable(value: Any) -> Any:
+  try:
+    hash(value)
+  except TypeError:
+    return repr(value)
+  return value
+
+
+def each_choice(cases: Sequence[Any], *, always: Sequence[Any] = ()) -> list:
+  """`cases` for pytest.mark.parametrize, the ones outside a covering subset
+  (`covering_subset`) marked for the extended tier. A case is a tuple of
+  factor values, or a single value (one factor); `always` names cases kept in
+  the commit tier whatever the cover (a default setting, a known-hard one).
+  The test ids are those pytest gives the plain cases."""
+  as_tuples = [case if isinstance(case, tuple) else (case,) for case in cases]
+  unknown = [case for case in always if case not in cases]
+  if unknown:
+    raise ValueError(f'always names cases that are not in cases: {unknown}')
+  keep = set(covering_subset(as_tuples))
+  keep |= {i for i, case in enumerate(cases) if case in always}
+  return [pytest.param(*values, marks=() if i in keep else EXTENDED)
+          for i, values in enumerate(as_tuples)]
+
+
+def product(*factors: Sequence[Any]) -> list[tuple[Any, ...]]:
+  """Every combination of the factors' values, first factor slowest (as
+  stacked parametrize decorators order them, reversed: the ids read in
+  argument order)."""
+  combos: list[tuple[Any, ...]] = [()]
+  for values in factors:
+    combos = [combo + (value,) for combo in combos for value in values]
+  return combos

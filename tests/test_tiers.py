@@ -1,0 +1,56 @@
+"""The suite's tiers (support/tiers.py, conftest.py): the covering subset
+keeps every value of every factor, and the default run deselects what the
+extended tier holds."""
+
+import subprocess
+import sys
+
+import pytest
+
+from runs import ROOT
+from tiers import covering_subset
+from tiers import each_choice
+from tiers import product
+
+
+def test_the_covering_subset_keeps_every_value_and_alternates():
+  cases = product([False, True], ['none', 'alibi', 't5', 'shaw'])
+  chosen = [cases[i] for i in covering_subset(cases)]
+  assert chosen == [(False, 'none'), (False, 't5'), (True, 'alibi'),
+                    (True, 'shaw')]
+  # Three factors, one of them a dict: every value of each is kept.
+  grid = [(n, o, r) for n, o in (('shaw', {'k': 2}), ('t5', {}))
+          for r in (1, 2, 3)]
+  chosen = [grid[i] for i in covering_subset(grid)]
+  for position in range(3):
+    assert ({repr(case[position]) for case in chosen}
+            == {repr(case[position]) for case in grid})
+  assert len(chosen) == 3
+
+
+def test_each_choice_marks_only_the_cases_outside_the_cover():
+  params = each_choice(product([False, True], ['a', 'b', 'c']),
+                       always=[(True, 'c')])
+  extended = [p.values for p in params if p.marks]
+  kept = [p.values for p in params if not p.marks]
+  assert (True, 'c') in kept
+  assert sorted(kept + extended) == sorted(product([False, True],
+                                                   ['a', 'b', 'c']))
+  assert all(mark.name == 'extended' for p in params for mark in p.marks)
+  with pytest.raises(ValueError, match='not in cases'):
+    each_choice(['a', 'b'], always=['z'])
+
+
+def test_the_default_run_deselects_the_extended_tier():
+  """Collected in a child pytest: the drivers' trained quick runs are
+  deselected by default and collected with --extended."""
+  def collected(*flags):
+    out = subprocess.run(
+        [sys.executable, '-m', 'pytest', '-o', 'addopts=', '-p',
+         'no:cacheprovider', '--co', '-q', *flags,
+         'tests/experiments/test_experiments.py'],
+        cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+    return {line.split('::')[1] for line in out.splitlines() if '::' in line}
+  default, everything = collected(), collected('--extended')
+  assert 'test_exercise2_quick' in everything - default
+  assert 'test_chapter_quick' in default
