@@ -28,6 +28,16 @@ def test_the_covering_subset_keeps_every_value_and_alternates():
   assert len(chosen) == 3
 
 
+def test_a_pairwise_subset_keeps_every_pair_of_values():
+  cases = product([False, True], ['a', 'b'], ['x', 'y'])
+  chosen = [cases[i] for i in covering_subset(cases, strength=2)]
+  assert len(chosen) == 4                # of 8: the smallest pairwise array
+  for i, j in ((0, 1), (0, 2), (1, 2)):
+    assert ({(c[i], c[j]) for c in chosen} == {(c[i], c[j]) for c in cases})
+  with pytest.raises(ValueError, match='strength'):
+    covering_subset(cases, strength=3)
+
+
 def test_each_choice_marks_only_the_cases_outside_the_cover():
   params = each_choice(product([False, True], ['a', 'b', 'c']),
                        always=[(True, 'c')])

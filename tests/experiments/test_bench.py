@@ -49,3 +49,17 @@ def test_smoke_benchmark_writes_every_key(tmp_path):
   pope = data['pope_over_rope']['128']
   assert pope['pope_memory_ratio'] > 1 and pope['pope_time_ratio'] > 0
   assert pope['extra_qk_gflop'] == pytest.approx(2 * 8 * 8 * 128 ** 2 * 32 / 1e9)
+
+
+def test_the_benchmark_imports_and_names_its_levels():
+  """The commit tier's check of the script the smoke run above (extended
+  tier) runs: it imports with the library as it is, and its help names the
+  levels the docs quote."""
+  result = subprocess.run(
+      [sys.executable, 'scripts/bench.py', '--helpshort'], cwd=ROOT,
+      capture_output=True, text=True, timeout=120, env=smoke_env())
+  # absl's help exits with status 1 after printing; an import error is a
+  # traceback.
+  assert 'Traceback' not in result.stderr, result.stderr[-2000:]
+  for flag in ('--[no]quick', '--[no]smoke', '--json'):
+    assert flag in result.stdout, flag

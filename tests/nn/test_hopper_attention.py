@@ -178,10 +178,16 @@ BACKWARD_CASES = [
     # T5 with max_distance 20 and Shaw with k = 6: far blocks on both sides
     # of the near ones, in the dQ kernel's key blocks and the dK/dV
     # kernel's query blocks; Shaw with and without its value table.
+    # T5's and Shaw's (with values) are the extended tier (tiers.py, 19 and
+    # 27 s): the commit tier checks the same Hopper backward, table
+    # gradients included, against the Triton kernels
+    # (test_gradients_through_the_hopper_kernels_match_triton), whose
+    # gradients test_pallas.py checks against the plain path.
     ('alibi', True, 200, 130, 64, 64),
     ('none', False, 100, 260, 96, 128),
-    ('t5', False, 130, 300, 64, 64),
-    ('shaw', False, 130, 300, 96, 64),     # 128 wide: fits at k = 6
+    pytest.param('t5', False, 130, 300, 64, 64, marks=EXTENDED),
+    pytest.param('shaw', False, 130, 300, 96, 64,    # 128 wide: fits at k = 6
+                 marks=EXTENDED),
     ('shaw keys', True, 130, 130, 64, 64),
 ]
 

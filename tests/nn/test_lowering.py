@@ -42,6 +42,8 @@ from selfattn.nn.encoder import TransformerEncoder
 from selfattn.nn.models import LanguageModel
 from selfattn.nn.models import SequenceModel
 from tiers import EXTENDED
+from tiers import each_choice
+from tiers import product
 
 PLATFORMS = ('cuda', 'tpu')
 KERNEL_CALL = {'cuda': '@__gpu$xla.gpu.triton', 'tpu': '@tpu_custom_call'}
@@ -137,14 +139,22 @@ HOPPER_POSITIONS = ('none', 'sinusoidal', 'learned', 'rope', 'pope', 'alibi',
 # length, which already has several blocks, far and near ones, and a
 # padded last block; at 8k they differ only in grid size and loop bounds
 # (LENGTHS' comment), and Mosaic TPU checks no memory budget when it
-# lowers (libtpu does, on a device). 7 cases, about 35 s of the suite.
+# lowers (libtpu does, on a device).
 KERNEL_CASES = [(platform, kind, length)
                 for platform in PLATFORMS for kind in KERNEL_KINDS
                 for length in LENGTHS
                 if not (platform == 'tpu' and length == max(LENGTHS))]
 
 
-@pytest.mark.parametrize('platform,kind,length', KERNEL_CASES)
+# cuda: every kind at every length in the commit tier (issue 47's check);
+# tpu: each kind and each length once (the Mosaic TPU lowering has no
+# Hopper variant and no memory check here), every case with --extended.
+KERNEL_PARAMS = ([case for case in KERNEL_CASES if case[0] == 'cuda']
+                 + each_choice([case for case in KERNEL_CASES
+                                if case[0] == 'tpu']))
+
+
+@pytest.mark.parametrize('platform,kind,length', KERNEL_PARAMS)
 def test_kernel_lowers_forward_and_gradient(platform, kind, length):
   """pallas_attention, causal with a key mask and bidirectional with key
   lengths, value and gradients (q, k, v and the encoding's table), lowers
@@ -303,9 +313,10 @@ def test_pallas_training_steps_lower_at_the_longest_length(platform):
         assert not _square(text, length)
 
 
-@pytest.mark.parametrize('platform', PLATFORMS)
-@pytest.mark.parametrize('impl', ('pallas', 'chunked'))
-@pytest.mark.parametrize('layers', ('scan_layers', 'remat'))
+# Every pair of (layers, path, platform) in the commit tier (4 of the 8
+# cases), every case with --extended (tiers.py).
+@pytest.mark.parametrize('layers,impl,platform', each_choice(product(
+    ('scan_layers', 'remat'), ('pallas', 'chunked'), PLATFORMS), strength=2))
 def test_scanned_and_rematerialized_steps_lower(platform, impl, layers):
   """nnx.scan over two layers, or nnx.remat per layer, around the kernel
   or the chunked path: still the kernel, still no (L, L) tensor. Scan and
