@@ -10,7 +10,7 @@
 #   info        nvidia-smi, Python/JAX/jaxlib/CUDA-plugin/cuDNN versions, the
 #               README's GPU install line checked against what the machine
 #               can install, a tiny cuDNN attention call.            ~1 min
-#   suite       pytest -m "not slow" --maxfail=25 on the GPU, log, JUnit XML.
+#   suite       pytest -m "not slow" --extended on the GPU, log, JUnit XML.
 #               SUITE_MARK (default "not slow"), SUITE_ARGS (default
 #               "--maxfail=25 -q"), SUITE_WORKERS (default 4).      <= 9 min
 #   bench       scripts/bench_gpu.py at L = 8k, 1k, 2k, 4k (bidirectional),
@@ -263,10 +263,12 @@ suite() {
   export XLA_PYTHON_CLIENT_PREALLOCATE=false
   local mark=${SUITE_MARK:-not slow}
   # SIGINT first: pytest then prints its summary and writes the XML of the
-  # tests that ran.
+  # tests that ran. --extended: every case of the kernel grids (tests/README.md),
+  # which a GPU compiles in seconds where CI's CPU interprets them.
   # shellcheck disable=SC2086
   timeout -s INT -k 30 "${SUITE_TIMEOUT:-480}" "$PY" -m pytest -m "$mark" \
-    ${SUITE_ARGS:---maxfail=25 -q} -n "${SUITE_WORKERS:-4}" -p no:cacheprovider \
+    ${SUITE_ARGS:---maxfail=25 -q} --extended -n "${SUITE_WORKERS:-4}" \
+    -p no:cacheprovider \
     -rfE --durations=15 --junitxml="$OUT/suite.xml" 2>&1 | tee "$OUT/suite.log"
   echo "pytest exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/suite.log"
 }
