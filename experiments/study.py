@@ -35,6 +35,7 @@ from selfattn.errors import ConfigError
 from selfattn.errors import DataError
 from selfattn.errors import NonFiniteError
 from selfattn.errors import TrainingInterrupted
+from selfattn.training.config_checks import validate_config
 from selfattn.training.timing import duration
 from selfattn.training.train import train_and_evaluate
 
@@ -174,6 +175,35 @@ def shared_compilations(workdir: str) -> Iterator[None]:
     compilation_cache.reset_cache()
 
 
+def distinct_but_seed(runs: Iterable[Run]) -> list[Run]:
+  """The first run of each config that differs from the others' in more than
+  its seed (a study repeats each config per seed; a config's validity does
+  not depend on the seed)."""
+  seen, out = set(), []
+  for run in runs:
+    unseeded = run.config.copy_and_resolve_references()
+    unseeded.seed = 0
+    key = unseeded.to_json_best_effort(sort_keys=True)
+    if key not in seen:
+      seen.add(key)
+      out.append(run)
+  return out
+
+
+def refuse_invalid_configs(runs: Sequence[Run]) -> None:
+  """Every config a study is about to train, checked before the first one
+  trains (validate_config, the check each run makes before it trains): a
+  bad config in the tenth run would otherwise stop the study after nine had
+  trained. One line on stderr naming the run, and exit status 2, as a run
+  refused while training says it."""
+  for run in distinct_but_seed(runs):
+    try:
+      validate_config(run.config, num_devices=jax.device_count())
+    except (ConfigError, DataError) as e:
+      print(f'error: {run.name}: {e}', file=sys.stderr)
+      sys.exit(2)
+
+
 def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True,
             after_each: Callable[[Run, dict[str, Any]], None] | None = None
             ) -> dict[str, dict[str, Any]]:
@@ -194,6 +224,7 @@ def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True,
         todo.append(run)
       else:
         summaries[run.name] = summary
+    refuse_invalid_configs(todo)
     say = print if verbose else logging.info
     say(f'[study] {workdir}: {len(summaries)} of {len(runs)} runs finished, '
         f'{len(todo)} to train')

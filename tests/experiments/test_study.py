@@ -24,6 +24,48 @@ def _run(name, seed):
   return study.Run(name, config, {'seed': seed})
 
 
+@pytest.fixture(autouse=True)
+def _stand_in_configs_pass(monkeypatch):
+  """The runs here hold stand-in configs (a seed and a step count) that no
+  training reads; the study's up-front config check would refuse them.
+  test_a_bad_config_stops_the_study_before_any_run_trains checks it with
+  the real validate_config."""
+  monkeypatch.setattr(study, 'validate_config', lambda config, num_devices: None)
+
+
+def test_a_bad_config_stops_the_study_before_any_run_trains(
+    tmp_path, monkeypatch, capsys, tiny_config):
+  """The second run's config is invalid: the study says so in one line
+  (exit status 2) before the first run trains or gets a workdir."""
+  from selfattn.training.config_checks import validate_config
+  monkeypatch.setattr(study, 'validate_config', validate_config)
+  monkeypatch.setattr(study, 'train_and_evaluate',
+                      lambda *a: pytest.fail('a run trained'))
+  bad = tiny_config.copy_and_resolve_references()
+  bad.model.position = 'sinusoidall'
+  runs = [study.Run('position=sinusoidal,seed=0', tiny_config, {}),
+          study.Run('position=sinusoidall,seed=0', bad, {})]
+  with pytest.raises(SystemExit) as stop:
+    study.execute(runs, str(tmp_path), verbose=False)
+  assert stop.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith('error: position=sinusoidall,seed=0: ')
+  assert 'sinusoidall' in err[-1].split(': ', 2)[2]
+  assert not (tmp_path / 'position=sinusoidal,seed=0').exists()
+
+
+def test_configs_that_differ_only_in_their_seed_are_checked_once(tiny_config):
+  seeded = tiny_config.copy_and_resolve_references()
+  seeded.seed = 7
+  other = tiny_config.copy_and_resolve_references()
+  other.model.num_layers = 3
+  runs = [study.Run('a,seed=0', tiny_config, {}),
+          study.Run('a,seed=7', seeded, {}),
+          study.Run('b,seed=0', other, {})]
+  assert [r.name for r in study.distinct_but_seed(runs)] == ['a,seed=0',
+                                                             'b,seed=0']
+
+
 def test_a_diverged_run_is_recorded_once_and_not_retrained(tmp_path,
                                                            monkeypatch):
   trained = []

@@ -1,10 +1,10 @@
 """Every synthetic-task study's plan, without training: the runs its quick
 mode and its full scale would train have unique names, the tags its filters
 read, and configs that pass validate_config, the check a run makes before
-it trains. A study trains its runs one after another, so a config that
-fails only in its tenth run would otherwise be found after nine had
-trained. The studies' trained quick runs are in the extended tier
-(test_experiments.py); this is the commit tier's check of the same plans.
+it trains (and study.execute makes for every run before the first trains,
+test_study.py). The studies' trained quick runs are in the extended tier
+(test_experiments.py); this is the commit tier's check of the same plans,
+at both scales, without running a study.
 """
 
 import importlib
@@ -13,21 +13,11 @@ import pytest
 from absl import flags
 
 from experiments import exercise1_depth
+from experiments import study
 from selfattn.training.config_checks import validate_config
 
 STUDIES = ('compare_positions', 'exercise2_learned', 'exercise3_relative',
            'indirect_indexing', 'length_generalization')
-
-
-def _distinct_but_seed(configs):
-  """The configs that differ in more than their seed (validation does not
-  depend on the seed, and a full study repeats each config per seed)."""
-  seen = {}
-  for config in configs:
-    unseeded = config.copy_and_resolve_references()
-    unseeded.seed = 0
-    seen.setdefault(unseeded.to_json(), unseeded)
-  return list(seen.values())
 
 
 @pytest.fixture
@@ -56,8 +46,8 @@ def test_every_run_a_study_would_train_has_a_valid_config(module, scale):
   for run in runs:
     for tag in spec.filters:
       assert run.tags[tag] in valid[tag], (run.name, tag)
-  for config in _distinct_but_seed(run.config for run in runs):
-    validate_config(config, num_devices=1)
+  for run in study.distinct_but_seed(runs):
+    validate_config(run.config, num_devices=1)
 
 
 @pytest.mark.parametrize('quick', [True, False])
