@@ -114,10 +114,11 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
-  """Without --extended, the extended tier is deselected (pytest reports how
-  many). Then the end-to-end (slow) tests first, in their collected order:
-  with two xdist workers, a minute-long test that starts near the end keeps
-  one worker busy while the other idles; started first, the short tests
+  """Without --extended, the extended tier is deselected (in each xdist
+  worker, which collects for itself; pytest_terminal_summary says so).
+  Then the end-to-end (slow) tests first, in their collected order: with
+  two xdist workers, a minute-long test that starts near the end keeps one
+  worker busy while the other idles; started first, the short tests
   fill around it."""
   if not config.getoption('--extended'):
     extended = [item for item in items if item.get_closest_marker('extended')]
@@ -126,6 +127,15 @@ def pytest_collection_modifyitems(config, items):
       items[:] = [item for item in items
                   if not item.get_closest_marker('extended')]
   items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+  # Under xdist the controller does not collect, so pytest's own
+  # "N deselected" is missing: say which tier ran.
+  if not config.getoption('--extended'):
+    terminalreporter.write_line(
+        'commit tier: the tests marked extended were not run '
+        '(python -m pytest --extended runs every test; tests/README.md)')
 
 
 def pytest_report_header(config):

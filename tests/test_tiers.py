@@ -36,6 +36,14 @@ def test_a_pairwise_subset_keeps_every_pair_of_values():
     assert ({(c[i], c[j]) for c in chosen} == {(c[i], c[j]) for c in cases})
   with pytest.raises(ValueError, match='strength'):
     covering_subset(cases, strength=3)
+  # One factor has no pairs: every value is kept, as at strength 1.
+  assert covering_subset([(v,) for v in 'abc'], strength=2) == [0, 1, 2]
+  # A grid past the exhaustive search's size: the greedy cover.
+  big = product(range(3), range(3), range(2))
+  chosen = [big[i] for i in covering_subset(big, strength=2)]
+  assert len(big) > 12
+  for i, j in ((0, 1), (0, 2), (1, 2)):
+    assert {(c[i], c[j]) for c in chosen} == {(c[i], c[j]) for c in big}
 
 
 def test_each_choice_marks_only_the_cases_outside_the_cover():
@@ -44,6 +52,9 @@ def test_each_choice_marks_only_the_cases_outside_the_cover():
   extended = [p.values for p in params if p.marks]
   kept = [p.values for p in params if not p.marks]
   assert (True, 'c') in kept
+  for position in range(2):       # the kept cases cover every value
+    assert {case[position] for case in kept} == {
+        case[position] for case in kept + extended}
   assert sorted(kept + extended) == sorted(product([False, True],
                                                    ['a', 'b', 'c']))
   assert all(mark.name == 'extended' for p in params for mark in p.marks)

@@ -51,6 +51,7 @@ def test_smoke_benchmark_writes_every_key(tmp_path):
   assert pope['extra_qk_gflop'] == pytest.approx(2 * 8 * 8 * 128 ** 2 * 32 / 1e9)
 
 
+@pytest.mark.slow
 def test_the_benchmark_imports_and_names_its_levels():
   """The commit tier's check of the script the smoke run above (extended
   tier) runs: it imports with the library as it is, and its help names the

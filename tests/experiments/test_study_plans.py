@@ -1,5 +1,5 @@
 """Every synthetic-task study's plan, without training: the runs its quick
-mode and its full scale would train have unique names, the tags its filters
+mode and its default scale would train have unique names, the tags its filters
 read, and configs that pass validate_config, the check a run makes before
 it trains (and study.execute makes for every run before the first trains,
 test_study.py). The studies' trained quick runs are in the extended tier
@@ -8,6 +8,7 @@ at both scales, without running a study.
 """
 
 import importlib
+import json
 
 import pytest
 from absl import flags
@@ -34,10 +35,12 @@ def default_flags():
 
 @pytest.mark.usefixtures('default_flags')
 @pytest.mark.parametrize('module', STUDIES)
-@pytest.mark.parametrize('scale', ['quick', 'full'])
+@pytest.mark.parametrize('scale', ['quick', 'default'])
 def test_every_run_a_study_would_train_has_a_valid_config(module, scale):
+  """The quick plan and the plan a run without --scale trains (the
+  study's default scale)."""
   spec = importlib.import_module(f'experiments.{module}').STUDY
-  scale = spec.default_scale if scale == 'full' else 'quick'
+  scale = spec.default_scale if scale == 'default' else 'quick'
   runs = spec.runs(scale, 2, spec.prepare(scale))
   assert runs
   names = [run.name for run in runs]
@@ -72,3 +75,49 @@ def test_rank_collapse_separates_attention_alone_from_attention_with_a_skip():
   assert curves['attention only'][0][4] < 1e-3
   assert curves['attention + skip'][0][4] > 1e-2
   assert set(curves) == set(exercise1_depth.VARIANTS)
+
+
+def _made_up_summary(run, accuracy):
+  """A finished run's summary.json as train_and_evaluate writes it, with
+  `accuracy` at every evaluated length."""
+  lengths = list(run.config.eval.lengths)
+  # Loss and sequence accuracy off the accuracies' range: a number found in
+  # the report is an accuracy.
+  metrics = {str(n): {'loss': 3.0, 'token_accuracy': accuracy,
+                      'sequence_accuracy': 0.0} for n in lengths}
+  steps = run.config.train.num_steps
+  return {'task': run.config.task.name, 'position': run.config.model.position,
+          'chance': 0.25, 'step': steps,
+          'train_lengths': [run.config.task.min_len, run.config.task.max_len],
+          'eval': metrics, 'score': accuracy,
+          'history': [{'step': steps, 'eval': metrics}],
+          'train_seconds': 1.0}
+
+
+@pytest.mark.usefixtures('default_flags')
+@pytest.mark.parametrize('module', ('compare_positions', 'exercise3_relative',
+                                    'indirect_indexing'))
+def test_a_study_report_from_made_up_summaries(module, tmp_path):
+  """The report of a study whose tables read only the runs' summaries, on
+  made-up ones whose numbers are known: each encoding's made-up accuracy
+  reaches results.json and its row of results.md, and the plot is written
+  (the drivers' trained quick runs do this end to end, in the extended
+  tier)."""
+  spec = importlib.import_module(f'experiments.{module}').STUDY
+  runs = spec.runs('quick', 1, spec.prepare('quick'))
+  # Values no protocol text or default holds, one per run.
+  accuracy = {run.name: round(0.4137 + 0.1 * i, 4)
+              for i, run in enumerate(runs)}
+  summaries = {run.name: _made_up_summary(run, accuracy[run.name])
+               for run in runs}
+  text = spec.report(str(tmp_path), runs, summaries, 'quick', None)
+  assert text == (tmp_path / 'results.md').read_text()
+  data = json.loads((tmp_path / 'results.json').read_text())
+  shown = json.dumps(data)
+  for run in runs:
+    # Every run's accuracy in the data, and in the table to three decimals
+    # or as a percentage (one seed: the mean is the run's own number).
+    value = accuracy[run.name]
+    assert str(value) in shown, run.name
+    assert f'{value:.3f}' in text or f'{100 * value:.2f}' in text, run.name
+  assert list(tmp_path.glob('*.png'))

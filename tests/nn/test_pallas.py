@@ -220,8 +220,11 @@ def test_fully_masked_rows_output_zeros(kind):
   assert np.all(np.asarray(out[0, :, :21 - 16]) == 0)
 
 
+# Asymmetric ALiBi's backward without causality is kept too: no other
+# commit-tier test takes it through the Triton backward.
 @pytest.mark.parametrize('causal,kind', each_choice(product(
-    [False, True], ['none', 'alibi', 't5', 'shaw', 'shaw_per_head'])))
+    [False, True], ['none', 'alibi', 't5', 'shaw', 'shaw_per_head']),
+    always=[(False, 'alibi')]))
 def test_gradients_equal_plain(kind, causal):
   """Gradients for q, k, v and the encoding's tables (T5's bias, Shaw's
   a^K and a^V, shared or per head), under jit."""

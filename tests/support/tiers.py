@@ -31,11 +31,12 @@ def covering_subset(cases: Sequence[tuple[Any, ...]], *,
   (strength 2: a pairwise covering array).
 
   Pairs over up to EXHAUSTIVE_UP_TO cases: the smallest such subset (the
-  first found). Otherwise greedy: the next case is the one with the most not-yet-covered
-  items; among those, the one whose values have been chosen least often (so
-  a grid of encodings x causal alternates causal instead of pairing every
-  encoding with the first), then the earliest. Deterministic: the same cases
-  give the same subset."""
+  first found). Otherwise greedy: the next case is the one with the most
+  not-yet-covered items; among those, the one whose values have been chosen
+  least often (so a grid of encodings x causal alternates causal instead of
+  pairing every encoding with the first), then the earliest. Deterministic:
+  the same cases give the same subset (xdist's workers must collect the
+  same tests)."""
   # A value may be unhashable (a dict of options): its repr stands for it.
   cases = [tuple(_hashable(value) for value in case) for case in cases]
   if not cases:
@@ -45,6 +46,8 @@ def covering_subset(cases: Sequence[tuple[Any, ...]], *,
     raise ValueError('every case needs the same number of factors')
   if strength not in (1, 2):
     raise ValueError(f'strength must be 1 or 2, not {strength}')
+  if width < 2:
+    strength = 1        # one factor has no pairs: every value is the cover
 
   def items(case: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     values = list(enumerate(case))
