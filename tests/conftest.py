@@ -115,13 +115,16 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
   """Without --extended, the extended tier is deselected (in each xdist
-  worker, which collects for itself; pytest_terminal_summary says so).
+  worker, which collects for itself; pytest_terminal_summary says so),
+  except a test the command line names by its node id.
   Then the end-to-end (slow) tests first, in their collected order: with
   two xdist workers, a minute-long test that starts near the end keeps one
   worker busy while the other idles; started first, the short tests
   fill around it."""
   if not config.getoption('--extended'):
-    extended = [item for item in items if item.get_closest_marker('extended')]
+    named = _named_tests(config)
+    extended = [item for item in items if item.get_closest_marker('extended')
+                and not _is_named(item.nodeid, named)]
     if extended:
       config.hook.pytest_deselected(items=extended)
       items[:] = [item for item in items
@@ -129,13 +132,31 @@ def pytest_collection_modifyitems(config, items):
   items.sort(key=lambda item: item.get_closest_marker('slow') is None)
 
 
+def _named_tests(config) -> list[str]:
+  """The node ids the command line names (path::test, with or without a
+  case): a test named so runs in either tier."""
+  named = []
+  for arg in config.args:
+    if '::' not in arg:
+      continue
+    path, rest = arg.split('::', 1)
+    path = os.path.relpath(os.path.abspath(path), str(config.rootpath))
+    named.append(f'{path.replace(os.sep, "/")}::{rest}')
+  return named
+
+
+def _is_named(nodeid: str, named: list[str]) -> bool:
+  return any(nodeid == n or nodeid.startswith((n + '[', n + '::'))
+             for n in named)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
   # Under xdist the controller does not collect, so pytest's own
   # "N deselected" is missing: say which tier ran.
   if not config.getoption('--extended'):
     terminalreporter.write_line(
-        'commit tier: the tests marked extended were not run '
-        '(python -m pytest --extended runs every test; tests/README.md)')
+        'commit tier: tests marked extended ran only where named by node '
+        'id (python -m pytest --extended runs every test; tests/README.md)')
 
 
 def pytest_report_header(config):

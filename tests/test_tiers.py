@@ -75,3 +75,12 @@ def test_the_default_run_deselects_the_extended_tier():
   default, everything = collected(), collected('--extended')
   assert 'test_exercise2_quick' in everything - default
   assert 'test_chapter_quick' in default
+  # Named by its node id, an extended test runs without --extended.
+  out = subprocess.run(
+      [sys.executable, '-m', 'pytest', '-o', 'addopts=', '-p',
+       'no:cacheprovider', '--co', '-q',
+       'tests/experiments/test_experiments.py::test_exercise2_quick',
+       'tests/experiments/test_experiments.py::test_chapter_quick'],
+      cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+  assert {line.split('::')[1] for line in out.splitlines() if '::' in line
+          } == {'test_exercise2_quick', 'test_chapter_quick'}
