@@ -127,8 +127,8 @@ def pytest_collection_modifyitems(config, items):
                 and not _is_named(item.nodeid, named)]
     if extended:
       config.hook.pytest_deselected(items=extended)
-      items[:] = [item for item in items
-                  if not item.get_closest_marker('extended')]
+      dropped = set(map(id, extended))
+      items[:] = [item for item in items if id(item) not in dropped]
   items.sort(key=lambda item: item.get_closest_marker('slow') is None)
 
 
@@ -161,8 +161,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def pytest_report_header(config):
   if not config.getoption('--extended'):
-    return ('commit tier: tests marked extended are deselected '
-            '(python -m pytest --extended runs every test; tests/README.md)')
+    return ('commit tier: tests marked extended are deselected unless named '
+            'by node id (python -m pytest --extended runs every test; '
+            'tests/README.md)')
   return 'commit and extended tiers: every test'
 
 

@@ -75,12 +75,14 @@ def test_the_default_run_deselects_the_extended_tier():
   default, everything = collected(), collected('--extended')
   assert 'test_exercise2_quick' in everything - default
   assert 'test_chapter_quick' in default
-  # Named by its node id, an extended test runs without --extended.
+  # Named by its node id, an extended test runs without --extended, beside
+  # a file whose other extended tests stay deselected.
   out = subprocess.run(
       [sys.executable, '-m', 'pytest', '-o', 'addopts=', '-p',
        'no:cacheprovider', '--co', '-q',
        'tests/experiments/test_experiments.py::test_exercise2_quick',
-       'tests/experiments/test_experiments.py::test_chapter_quick'],
+       'tests/experiments/test_bench.py'],
       cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
   assert {line.split('::')[1] for line in out.splitlines() if '::' in line
-          } == {'test_exercise2_quick', 'test_chapter_quick'}
+          } == {'test_exercise2_quick',
+                'test_the_benchmark_imports_and_names_its_levels'}

@@ -4,8 +4,9 @@
 -m pytest --extended` runs every test (conftest.py). A test or a case in the
 extended tier carries the `extended` mark. What goes there, and why, is in
 tests/README.md: the experiment drivers' trained quick runs and the
-benchmark's smoke run (their parts are tested in the commit tier), and the
-cases of a parametrized grid beyond a covering subset (`each_choice`).
+benchmark's smoke run (what of them the commit tier covers, and what it does
+not, is listed there), and the cases of a parametrized grid beyond a
+covering subset (`each_choice`).
 """
 
 from __future__ import annotations
