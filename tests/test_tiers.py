@@ -63,26 +63,20 @@ def test_each_choice_marks_only_the_cases_outside_the_cover():
 
 
 def test_the_default_run_deselects_the_extended_tier():
-  """Collected in a child pytest: the drivers' trained quick runs are
-  deselected by default and collected with --extended."""
-  def collected(*flags):
+  """Collected in a child pytest: the benchmark's smoke run is deselected by
+  default and collected with --extended; a test named by its node id is
+  kept without --extended, beside a file whose other extended tests stay
+  deselected."""
+  def collected(*args):
     out = subprocess.run(
         [sys.executable, '-m', 'pytest', '-o', 'addopts=', '-p',
-         'no:cacheprovider', '--co', '-q', *flags,
-         'tests/experiments/test_experiments.py'],
+         'no:cacheprovider', '--co', '-q', *args],
         cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
     return {line.split('::')[1] for line in out.splitlines() if '::' in line}
-  default, everything = collected(), collected('--extended')
-  assert 'test_exercise2_quick' in everything - default
-  assert 'test_chapter_quick' in default
-  # Named by its node id, an extended test runs without --extended, beside
-  # a file whose other extended tests stay deselected.
-  out = subprocess.run(
-      [sys.executable, '-m', 'pytest', '-o', 'addopts=', '-p',
-       'no:cacheprovider', '--co', '-q',
-       'tests/experiments/test_experiments.py::test_exercise2_quick',
-       'tests/experiments/test_bench.py'],
-      cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
-  assert {line.split('::')[1] for line in out.splitlines() if '::' in line
-          } == {'test_exercise2_quick',
-                'test_the_benchmark_imports_and_names_its_levels'}
+  bench = 'tests/experiments/test_bench.py'
+  smoke = 'test_smoke_benchmark_writes_every_key'
+  imports = 'test_the_benchmark_imports_and_names_its_levels'
+  assert collected('--extended', bench) == {smoke, imports}
+  assert collected(
+      bench, 'tests/experiments/test_experiments.py::test_exercise2_quick'
+  ) == {imports, 'test_exercise2_quick'}
