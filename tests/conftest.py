@@ -150,20 +150,22 @@ def _is_named(nodeid: str, named: list[str]) -> bool:
              for n in named)
 
 
+COMMIT_TIER_NOTE = ('commit tier: tests marked extended run only where named '
+                    'by node id (python -m pytest --extended runs every test; '
+                    'tests/README.md)')
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
   # Under xdist the controller does not collect, so pytest's own
-  # "N deselected" is missing: say which tier ran.
+  # "N deselected" is missing: say which tier ran (the header, which says it
+  # too, is hidden by -q).
   if not config.getoption('--extended'):
-    terminalreporter.write_line(
-        'commit tier: tests marked extended ran only where named by node '
-        'id (python -m pytest --extended runs every test; tests/README.md)')
+    terminalreporter.write_line(COMMIT_TIER_NOTE)
 
 
 def pytest_report_header(config):
   if not config.getoption('--extended'):
-    return ('commit tier: tests marked extended are deselected unless named '
-            'by node id (python -m pytest --extended runs every test; '
-            'tests/README.md)')
+    return COMMIT_TIER_NOTE
   return 'commit and extended tiers: every test'
 
 
