@@ -97,6 +97,7 @@ from flax import nnx  # noqa: E402
 import selfattn  # noqa: E402
 from selfattn.nn import attention as sa_attention  # noqa: E402
 from scripts.gpu_targets import row_impl, targets, targets_table  # noqa: E402
+from scripts.measure import time_calls  # noqa: E402
 
 ENCODINGS = ('none', 'rope', 'alibi', 't5', 'shaw', 'xl')
 IMPLS = tuple(i for i in ('plain', 'chunked', 'fused', 'pallas')
@@ -219,13 +220,7 @@ def matmul_tflops(n: int, dtype, repeats: int) -> float:
 
 
 def _median_seconds(compiled, args, repeats: int, warmup: int):
-  for _ in range(warmup):
-    jax.block_until_ready(compiled(*args))
-  samples = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    samples.append(time.perf_counter() - start)
+  samples = time_calls(compiled, args, repeats, warmup)
   return statistics.median(samples), min(samples)
 
 

@@ -16,6 +16,7 @@ from absl import app
 from absl import flags
 from flax import nnx
 
+from scripts.measure import time_calls
 from selfattn.nn import positions
 
 KINDS = ('none', 'alibi', 't5', 'shaw')
@@ -94,13 +95,7 @@ def position_module(kind: str, heads: int, head_dim: int, seed: int = 0):
 
 
 def median_ms(fn, args, repeats: int) -> float:
-  jax.block_until_ready(fn(*args))
-  samples = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    samples.append(time.perf_counter() - start)
-  return 1e3 * statistics.median(samples)
+  return 1e3 * statistics.median(time_calls(fn, args, repeats))
 
 
 def cudnn_rows(q, k, v, g, causal: bool, repeats: int) -> list[dict]:

@@ -16,6 +16,14 @@ def timed(fn, *args) -> float:
   return time.perf_counter() - start
 
 
+def time_calls(fn, args, repeats: int, warmup: int = 1) -> list[float]:
+  """Seconds of each of `repeats` calls fn(*args), each waited for, after
+  `warmup` untimed ones (the first call may compile or autotune)."""
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  return [timed(fn, *args) for _ in range(repeats)]
+
+
 def compare_times(fns: dict, args: dict, repeats: int, warmup: int = 2) -> dict:
   """Median seconds per call of each function, measured in alternation."""
   for name, fn in fns.items():
