@@ -80,21 +80,30 @@ AUTO_TAKES_CUDNN = False
 # 'auto' takes the Hopper kernels only once they have run on a GPU: until a
 # lent H100/H200 has compiled, checked and timed them (BENCHMARKS.md, GPU
 # section), 'auto' keeps the Triton kernels, which an H100 has run. Set
-# True after that run; hopper_in_auto() turns it on around tracing (the
-# bench's pallas_hopper row, the lowering tests).
+# True after that run; read at tracing, as AUTO_TAKES_CUDNN is.
+# hopper_in_auto() overrides it around a block of tracing (the bench's
+# pallas_hopper row, the lowering tests).
 AUTO_TAKES_HOPPER = False
-_auto_takes_hopper = [AUTO_TAKES_HOPPER]
+_hopper_in_auto_overrides: list[bool] = []
 
 
 @contextlib.contextmanager
 def hopper_in_auto(enabled: bool = True) -> Iterator[None]:
   """Inside it, gpu_kernel='auto' takes the Hopper kernels where they
-  apply (AUTO_TAKES_HOPPER's choice for a block of tracing)."""
-  _auto_takes_hopper.append(bool(enabled))
+  apply (or, with enabled=False, does not), whatever AUTO_TAKES_HOPPER
+  says."""
+  _hopper_in_auto_overrides.append(bool(enabled))
   try:
     yield
   finally:
-    _auto_takes_hopper.pop()
+    _hopper_in_auto_overrides.pop()
+
+
+def _auto_takes_hopper() -> bool:
+  """AUTO_TAKES_HOPPER, or the innermost hopper_in_auto's choice."""
+  if _hopper_in_auto_overrides:
+    return _hopper_in_auto_overrides[-1]
+  return AUTO_TAKES_HOPPER
 
 
 @contextlib.contextmanager
@@ -635,7 +644,7 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
           f"{'a' if cudnn_traceable() else 'no'} CUDA device")
     use_cudnn = qualifies
   use_hopper = gpu_kernel == 'hopper' or (
-      gpu_kernel == 'auto' and _auto_takes_hopper[-1] and hopper_computes
+      gpu_kernel == 'auto' and _auto_takes_hopper() and hopper_computes
       and not interpret
       and hopper.lowering_for_hopper())
   cfg = Config(

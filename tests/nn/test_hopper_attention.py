@@ -424,15 +424,22 @@ def test_shared_memory_is_counted_as_mosaic_gpu_counts_it(monkeypatch):
       cfg._replace(shaw_values=True), 128, jnp.bfloat16))
 
 
-def test_auto_keeps_triton_until_the_hopper_kernels_have_run_on_a_gpu():
+def test_auto_keeps_triton_until_the_hopper_kernels_have_run_on_a_gpu(
+    monkeypatch):
   """Unmeasured kernels are not the default: 'auto' lowers Triton for an
-  H100 until AUTO_TAKES_HOPPER is set; hopper_in_auto() opts in."""
+  H100 until AUTO_TAKES_HOPPER is set; hopper_in_auto() opts in. The flag
+  is read when a call is traced, so setting it at run time counts, and
+  hopper_in_auto(False) opts out again."""
   assert pa.AUTO_TAKES_HOPPER is False
   text = _lowered(None)
   assert MOSAIC_CALL not in text and TRITON_CALL in text
   with pa.hopper_in_auto():
     assert MOSAIC_CALL in _lowered(None)
   assert MOSAIC_CALL not in _lowered(None)
+  monkeypatch.setattr(pa, 'AUTO_TAKES_HOPPER', True)
+  assert MOSAIC_CALL in _lowered(None)
+  with pa.hopper_in_auto(False):
+    assert MOSAIC_CALL not in _lowered(None)
 
 
 @pytest.fixture
