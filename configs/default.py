@@ -51,7 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.residual = True          # False removes the skip connections
   config.model.max_len = 256            # rows of learned/huang tables; >= longest eval sequence
   config.model.dtype = 'float32'        # activations: float32 or bfloat16 (params stay float32)
-  config.model.attention_impl = 'plain'  # fused (cuDNN on GPUs in bfloat16), chunked (O(L) memory) or auto
+  config.model.attention_impl = 'plain'  # or fused (cuDNN on GPUs in bfloat16), chunked (O(L) memory), auto, pallas (flash kernels)
   config.model.remat = False            # recompute block activations in the backward pass
   config.model.scan_layers = False      # stacked blocks run by nnx.scan (no attention images)
   # A learned embedding of the step phase, (position // meter_step_tokens) %
