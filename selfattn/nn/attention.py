@@ -75,6 +75,9 @@ def masked_softmax(X: jax.Array, valid_lens: jax.Array | None = None, *,
     Weights of X's shape and dtype. Rows sum to 1 over the kept keys; a row
     with no kept key is all zeros (never NaN).
   """
+  if X.ndim < 3:
+    raise ValueError(f'X must be (B, ..., Lq, Lk) logits, at least 3 axes; '
+                     f'got shape {tuple(X.shape)}')
   num_queries, num_keys = X.shape[-2], X.shape[-1]
   full_mask = None
   if mask is not None:
@@ -86,6 +89,7 @@ def masked_softmax(X: jax.Array, valid_lens: jax.Array | None = None, *,
       raise ValueError(f'mask of shape {full_mask.shape} must have the '
                        f'{X.ndim} axes of X {X.shape}, each 1 or equal')
   if valid_lens is not None:
+    valid_lens = masks.check_valid_lens(valid_lens, X.shape[0])
     lens_mask = masks.make_length_mask(valid_lens, num_queries, num_keys)[:, 0]
     # (B, Lq|1, Lk) -> (B, 1, ..., Lq|1, Lk) to broadcast over middle axes.
     lens_mask = lens_mask.reshape(
@@ -127,6 +131,7 @@ def dot_product_attention(
     (output (B, H, Lq, D) in v's dtype, weights (B, H, Lq, Lk) in float32).
   """
   q, k, v = q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD
+  masks.check_heads(q, k, v)
   target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
   mask = masks.attention_mask(target, mask=mask, causal=causal)
   k, v = masks.clear_unused_keys(k, v, mask)    # padding holding NaN / inf
@@ -520,6 +525,17 @@ class MultiHeadAttention(nnx.Module):
     """
     keys = queries if keys is None else keys
     values = keys if values is None else values
+    for name, x, linear in (('queries', queries, self.W_q),
+                            ('keys', keys, self.W_k),
+                            ('values', values, self.W_v)):
+      if x.ndim != 3 or x.shape[2] != linear.in_features:
+        raise ValueError(f'{name} must be (B, L, {linear.in_features}) '
+                         f'(this module\'s in_features/kv_features); got '
+                         f'shape {tuple(x.shape)}')
+    if keys.shape[0] != queries.shape[0] or values.shape[:2] != keys.shape[:2]:
+      raise ValueError(f'queries, keys and values must share the batch, and '
+                       f'keys and values their length; got {queries.shape}, '
+                       f'{keys.shape}, {values.shape}')
     if 0 in queries.shape[:2] or 0 in keys.shape[:2]:
       raise ValueError(f'attention needs at least one example and one '
                        f'position; got queries {queries.shape}, keys '
@@ -602,7 +618,7 @@ class MultiHeadAttention(nnx.Module):
     target = (b, self.num_heads, q.shape[2], lk)
     key_valid = None
     if valid_lens is not None:
-      valid_lens = jnp.asarray(valid_lens)
+      valid_lens = masks.check_valid_lens(valid_lens, b)
       if valid_lens.ndim != 1:
         return None                  # one length per query: not key padding
       key_valid = masks.make_length_mask(valid_lens, q.shape[2], lk)[:, 0, 0]
@@ -610,7 +626,7 @@ class MultiHeadAttention(nnx.Module):
         # As lengths, which the Hopper kernel takes (a mask it does not).
         return pallas_attention.pallas_attention(
             q, k, v, relative=self.relative, causal=causal,
-            key_lengths=jnp.broadcast_to(valid_lens, (b,)))
+            key_lengths=valid_lens)
     if mask is not None:
       mask = masks.check_mask(mask, target)
       if mask.shape[1] != 1 or mask.shape[2] != 1:

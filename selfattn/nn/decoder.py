@@ -201,11 +201,18 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
           raise ValueError(NO_CROSS_ATTENTION.format(name))
     elif enc_valid_lens is not None and enc_outputs is None:
       raise ValueError('enc_valid_lens was passed without enc_outputs')
+    if enc_outputs is not None and (
+        enc_outputs.ndim != 3 or enc_outputs.shape[0] != b):
+      raise ValueError(f'enc_outputs must be (B, Lk, features) with B = {b} '
+                       f'(the tokens\' batch); got shape '
+                       f'{tuple(enc_outputs.shape)}')
     overflow = start = None
     if decode:
       positions, start, overflow = self._start_decode(b, length, positions)
     enc_mask = None
     if enc_valid_lens is not None:
+      enc_valid_lens = masks.check_valid_lens(enc_valid_lens, b,
+                                              'enc_valid_lens')
       enc_mask = masks.make_length_mask(enc_valid_lens, length,
                                         enc_outputs.shape[1])
     X = self.embed(tokens, positions=positions, deterministic=deterministic)

@@ -33,6 +33,7 @@ caches follow the live hypotheses (CacheMixin.reorder_cache).
 from __future__ import annotations
 
 import math
+import operator
 
 from typing import Callable, NamedTuple
 
@@ -97,14 +98,27 @@ class _Start(NamedTuple):
 def _start(model: nnx.Module, prompt: jax.Array, num_steps: int, k: int, *,
            pad: int, positions: jax.Array | None, call_args: tuple
            ) -> _Start:
+  try:
+    num_steps = operator.index(num_steps)     # any integer type, not 2.5
+  except TypeError:
+    raise TypeError(f'num_steps must be an integer; got {num_steps!r}') from None
   if num_steps < 1:
     raise ValueError(f'num_steps must be >= 1; got {num_steps}')
-  prompt = jnp.asarray(prompt, jnp.int32)
+  prompt = jnp.asarray(prompt)
+  if not jnp.issubdtype(prompt.dtype, jnp.integer):
+    raise TypeError(f'prompt must be integer token ids; got dtype '
+                    f'{prompt.dtype}')
+  prompt = prompt.astype(jnp.int32)
   if prompt.ndim != 2 or prompt.shape[1] < 1:
     raise ValueError(f'prompt must be (B, P) token ids with P >= 1; got '
                      f'shape {tuple(prompt.shape)}')
   b, p = prompt.shape
   total = p + num_steps
+  if positions is not None and jnp.shape(positions) != (b, total):
+    # One position per token the run will hold, the prompt's and each
+    # step's; a shorter array would be read past its end (clamped).
+    raise ValueError(f'positions must be (B, P + num_steps) = {(b, total)}; '
+                     f'got shape {tuple(jnp.shape(positions))}')
   # The prompt, then one token a step: the last step's call writes position
   # P + num_steps - 1, the caches' last slot.
   _stack_of(model).init_cache(b * k, total)

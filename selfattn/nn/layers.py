@@ -36,6 +36,10 @@ def dropout_layer(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
   turns it on) and takes a 'dropout' (or 'default') rng stream only if rate
   > 0 and the stream exists: Rngs(params=0), or a Linen init with one key,
   builds the module; calling it with dropout on then needs rngs."""
+  if not 0 <= rate < 1:
+    # 1 would zero every activation; past it, nnx.Dropout scales by a
+    # negative keep rate. Neither trains.
+    raise ValueError(f'dropout must be in [0, 1); got {rate}')
   has_stream = 'dropout' in rngs or 'default' in rngs
   return nnx.Dropout(rate, deterministic=True,
                      rngs=rngs if rate > 0 and has_stream else None)

@@ -105,6 +105,38 @@ def check_bias(bias: jax.Array, target: tuple[int, int, int, int]) -> jax.Array:
   return bias
 
 
+def check_valid_lens(valid_lens: jax.Array, batch: int,
+                     what: str = 'valid_lens') -> jax.Array:
+  """valid_lens as an array, refused unless it has one row per example.
+
+  d2l's lengths are per example: one length for a whole batch is a mistake
+  more often than a broadcast, so (1,) for B = 2 is refused, not spread."""
+  valid_lens = jnp.asarray(valid_lens)
+  if valid_lens.ndim not in (1, 2) or valid_lens.shape[0] != batch:
+    raise ValueError(f'{what} must have one row per example, (B,) or '
+                     f'(B, Lq) with B = {batch}; got shape '
+                     f'{tuple(valid_lens.shape)}')
+  return valid_lens
+
+
+def check_heads(q: jax.Array, k: jax.Array, v: jax.Array) -> None:
+  """Refuses per-head q (B, H, Lq, D), k (B, H, Lk, D) and v (B, H, Lk, Dv)
+  that do not fit together, naming the axis (before an einsum would)."""
+  for name, x in (('q', q), ('k', k), ('v', v)):
+    if x.ndim != 4:
+      raise ValueError(f'{name} must be per-head (B, H, L, D); got shape '
+                       f'{tuple(x.shape)}')
+  if k.shape[:2] != q.shape[:2] or v.shape[:2] != q.shape[:2]:
+    raise ValueError(f'q, k and v must share (B, H); got q {tuple(q.shape)}, '
+                     f'k {tuple(k.shape)}, v {tuple(v.shape)}')
+  if k.shape[3] != q.shape[3]:
+    raise ValueError(f'q and k must have the same head width D (the logits '
+                     f'are q . k); got {q.shape[3]} and {k.shape[3]}')
+  if v.shape[2] != k.shape[2]:
+    raise ValueError(f'v must have one row per key: k has Lk = {k.shape[2]}, '
+                     f'v has {v.shape[2]}')
+
+
 def attention_mask(target: tuple[int, int, int, int], *,
                    valid_lens: jax.Array | None = None,
                    mask: jax.Array | None = None,
@@ -114,13 +146,7 @@ def attention_mask(target: tuple[int, int, int, int], *,
   _, _, num_queries, num_keys = target
   result = None
   if valid_lens is not None:
-    rows = jnp.shape(valid_lens)[0] if jnp.ndim(valid_lens) else None
-    if rows != target[0]:
-      # d2l's lengths are per example: one length for a whole batch is a
-      # mistake more often than a broadcast.
-      raise ValueError(f'valid_lens must have one row per example, (B,) or '
-                       f'(B, Lq) with B = {target[0]}; got shape '
-                       f'{jnp.shape(valid_lens)}')
+    valid_lens = check_valid_lens(valid_lens, target[0])
     result = make_length_mask(valid_lens, num_queries, num_keys)
   if mask is not None:
     mask = check_mask(mask, target)

@@ -59,6 +59,7 @@ from jax.experimental import pallas as pl
 from selfattn.nn import cudnn_flash
 from selfattn.nn import hopper_attention as hopper
 from selfattn.nn import hopper_backward
+from selfattn.nn import masks
 from selfattn.nn import pallas_kernels as kernels
 from selfattn.nn import positions
 from selfattn.nn.cudnn_flash import cudnn_traceable
@@ -561,9 +562,7 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
                      f'{type(relative).__name__}; supported: none, alibi, t5, '
                      f'shaw and rotation-only encodings (rope, pope)')
   kind, table, options = described
-  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-    raise ValueError(f'q, k, v must be (B, H, L, D); got {q.shape}, '
-                     f'{k.shape}, {v.shape}')
+  masks.check_heads(q, k, v)
   b, h, lq, _ = q.shape
   lk = k.shape[2]
   if gpu_kernel is None:

@@ -214,6 +214,12 @@ def test_bad_requests_say_what_is_wrong():
     decoding.generate(dec, prompt, 2, method='sample')
   with pytest.raises(ValueError, match='num_steps must be >= 1'):
     decoding.generate(dec, prompt, 0)
+  with pytest.raises(TypeError, match='num_steps must be an integer'):
+    decoding.generate(dec, prompt, 2.5)
+  with pytest.raises(TypeError, match='prompt must be integer token ids'):
+    decoding.generate(dec, prompt + 0.7, 2)      # was cast to the ids below
+  with pytest.raises(ValueError, match=r'positions must be \(B, P \+ num_steps\)'):
+    decoding.generate(dec, prompt, 2, positions=jnp.zeros((1, 2), jnp.int32))
   with pytest.raises(ValueError, match='beam search takes no forced'):
     decoding.generate(dec, prompt, 2, method='beam', return_logits=True)
   # Issue 50: answers that should have been refusals.

@@ -56,6 +56,50 @@ def test_float_masks_and_wrong_shapes_raise():
     selfattn.MultiHeadAttention(16, 0, rngs=nnx.Rngs(0))
 
 
+def test_inputs_that_do_not_fit_together_are_refused_by_name():
+  """Shapes that used to fail deep inside an einsum, or to give a number
+  anyway (one length spread over a batch, a narrower k read as zero-padded
+  by the Pallas kernel, a 2-D X), are refused before any work, naming the
+  argument."""
+  from selfattn.nn import pallas_attention as pa
+  from selfattn.nn.positions import t5_bucket
+  attn, X = _attn(), jnp.ones((2, 5, 16))
+  for args, match in [((jnp.ones((2, 5, 12)),), r'queries must be \(B, L, 16\)'),
+                      ((jnp.ones((5, 16)),), r'queries must be \(B, L, 16\)'),
+                      ((X, jnp.ones((3, 5, 16))), 'share the batch'),
+                      ((X, X, jnp.ones((2, 6, 16))), 'their length')]:
+    with pytest.raises(ValueError, match=match):
+      attn(*args)
+  pallas = selfattn.MultiHeadAttention(16, 2, attention_impl='pallas',
+                                       rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='one row per example'):
+    pallas(X, valid_lens=jnp.array([3]))
+  with pytest.raises(ValueError, match='one row per example'):
+    selfattn.masked_softmax(jnp.ones((2, 2, 5, 5)), jnp.array([3]))
+  with pytest.raises(ValueError, match='at least 3 axes'):
+    selfattn.masked_softmax(jnp.ones((5, 5)), jnp.arange(5))
+  q, k = jnp.ones((2, 2, 5, 8)), jnp.ones((2, 2, 5, 4))
+  for attend in (selfattn.dot_product_attention,
+                 lambda q, k, v: pa.pallas_attention(q, k, v, interpret=True)):
+    with pytest.raises(ValueError, match='same head width D'):
+      attend(q, k, k)
+    with pytest.raises(ValueError, match='one row per key'):
+      attend(q, q, q[:, :, :4])
+    with pytest.raises(ValueError, match=r'share \(B, H\)'):
+      attend(q, q[:1], q[:1])
+  with pytest.raises(ValueError, match=r'dropout must be in \[0, 1\)'):
+    selfattn.MultiHeadAttention(16, 2, dropout=1.5, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='max_distance must be >'):
+    t5_bucket(jnp.arange(-5, 5), 32, max_distance=4)   # buckets went negative
+  dec = selfattn.TransformerDecoder(11, 16, 32, 2, 1, cross_attention=True,
+                                    rngs=nnx.Rngs(0))
+  tokens = jnp.ones((2, 3), jnp.int32)
+  with pytest.raises(ValueError, match='enc_valid_lens must have one row'):
+    dec(tokens, jnp.ones((2, 4, 16)), jnp.array([3]))
+  with pytest.raises(ValueError, match='enc_outputs must be'):
+    dec(tokens, jnp.ones((3, 4, 16)), jnp.array([3, 3, 3]))
+
+
 def test_per_query_valid_lens_are_respected_by_the_encoder():
   """The old silent bug: the encoder used row 0 of (B, Lq) lengths."""
   enc = selfattn.TransformerEncoder(10, 16, 32, 2, 2, position='rope',

@@ -13,6 +13,17 @@ from selfattn.nn.positions.offsets import _table_init
 from selfattn.nn.positions.offsets import position_offsets
 
 
+def check_buckets(num_buckets: int, max_distance: int) -> None:
+  """Refuses a bucketing whose buckets would not all be used or would go
+  negative (half per direction, a quarter of them exact)."""
+  if num_buckets < 4 or num_buckets % 2:
+    raise ValueError(f'num_buckets must be even and >= 4; got {num_buckets}')
+  if max_distance <= num_buckets // 4:
+    raise ValueError(f'max_distance must be > num_buckets / 4 = '
+                     f'{num_buckets // 4} (the exact buckets); got '
+                     f'{max_distance}')
+
+
 def t5_bucket(offset: jax.Array, num_buckets: int = 32,
               max_distance: int = 128) -> jax.Array:
   """T5's bidirectional relative-position bucket of offset j - i.
@@ -21,6 +32,7 @@ def t5_bucket(offset: jax.Array, num_buckets: int = 32,
   within a direction, distances below num_buckets/4 get exact buckets, larger
   ones log-spaced buckets up to max_distance, and the last bucket takes the rest.
   """
+  check_buckets(num_buckets, max_distance)
   half = num_buckets // 2
   bucket = jnp.where(offset > 0, half, 0)
   distance = jnp.abs(offset)
@@ -42,12 +54,7 @@ class T5RelativeBias(RelativePosition):
   def __init__(self, num_heads: int, *, num_buckets: int = 32,
                max_distance: int = 128, param_dtype=jnp.float32,
                rngs: nnx.Rngs):
-    if num_buckets < 4 or num_buckets % 2:
-      raise ValueError(f'num_buckets must be even and >= 4; got {num_buckets}')
-    if max_distance <= num_buckets // 4:
-      raise ValueError(f'max_distance must be > num_buckets / 4 = '
-                       f'{num_buckets // 4} (the exact buckets); got '
-                       f'{max_distance}')
+    check_buckets(num_buckets, max_distance)
     self.num_buckets = num_buckets
     self.max_distance = max_distance
     self.bias = nnx.Param(
