@@ -53,6 +53,22 @@ def test_learned_encoding_adds_its_table_and_rejects_long_sequences():
                              atol=1e-5)
 
 
+def test_encodings_refuse_inputs_and_options_that_do_not_fit_by_name():
+  """Each failed deep inside JAX before (an add of incompatible shapes, an
+  MLIR type error, a comparison of a string)."""
+  for enc in (selfattn.SinusoidalEncoding(8, rngs=nnx.Rngs(0)),
+              selfattn.LearnedEncoding(8, max_len=12, rngs=nnx.Rngs(0))):
+    with pytest.raises(ValueError, match=r'X must be \(B, L, 8\)'):
+      enc(jnp.zeros((2, 5, 6)))
+    with pytest.raises(ValueError, match=r'positions must be \(B, L\)'):
+      enc(jnp.zeros((2, 5, 8)), positions=jnp.arange(5))
+  for clip in (2.5, '8'):
+    with pytest.raises(TypeError, match='clip_distance must be an integer'):
+      selfattn.ShawRelative(2, 8, clip_distance=clip, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='max_len must be >= 1'):
+    selfattn.HuangRelative(2, 8, max_len=0, rngs=nnx.Rngs(0))
+
+
 def test_lookup_names_valid_choices_and_options():
   with pytest.raises(ValueError, match='valid: none, sinusoidal, learned, shaw'):
     selfattn.get_position('absolute')

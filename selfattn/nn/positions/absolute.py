@@ -32,6 +32,17 @@ def sinusoid_at(positions: jax.Array, num_hiddens: int, dtype=jnp.float32
   return jnp.where(column % 2 == 0, jnp.sin(angle), jnp.cos(angle)).astype(dtype)
 
 
+def _check_input(X: jax.Array, positions: jax.Array | None,
+                 num_hiddens: int) -> None:
+  """Refuses X that is not (B, L, num_hiddens), or positions not (B, L)."""
+  if X.ndim != 3 or X.shape[2] != num_hiddens:
+    raise ValueError(f'X must be (B, L, {num_hiddens}) (the encoding\'s '
+                     f'num_hiddens); got shape {tuple(X.shape)}')
+  if positions is not None and jnp.shape(positions) != X.shape[:2]:
+    raise ValueError(f'positions must be (B, L) = {X.shape[:2]}, one per '
+                     f'token; got shape {tuple(jnp.shape(positions))}')
+
+
 class SinusoidalEncoding(nnx.Module):
   """d2l's PositionalEncoding: X + P[:, :L], then dropout.
 
@@ -66,6 +77,7 @@ class SinusoidalEncoding(nnx.Module):
   def __call__(self, X: jax.Array, *, positions: jax.Array | None = None,
                deterministic: bool | None = None) -> jax.Array:
     """X (B, L, num_hiddens) + P rows 0..L-1, or P rows at `positions` (B, L)."""
+    _check_input(X, positions, self.num_hiddens)
     if positions is None:
       X = X + self.table(X.shape[1]).astype(X.dtype)[None]
     else:
@@ -123,6 +135,7 @@ class LearnedEncoding(nnx.Module):
     ValueError; traced ones (under jit, where a data-dependent check cannot
     raise) are clipped into range, so keep them in range upstream (config
     validation checks max_random_len)."""
+    _check_input(X, positions, self.P[...].shape[-1])
     if positions is None:
       X = X + self.table(X.shape[1]).astype(X.dtype)[None]
     else:

@@ -33,6 +33,9 @@ class HuangRelative(RelativePosition):
   def __init__(self, num_heads: int, head_dim: int, *, max_len: int = 1024,
                shared_heads: bool = False, causal: bool = False,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
+    if max_len < 1:
+      raise ValueError(f'max_len must be >= 1 (its table has 2 max_len - 1 '
+                       f'rows); got {max_len}')
     self.max_len = max_len
     self.causal = causal
     self.shared_heads = shared_heads

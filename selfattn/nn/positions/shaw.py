@@ -3,6 +3,8 @@ clipped offset."""
 
 from __future__ import annotations
 
+import operator
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -32,6 +34,11 @@ class ShawRelative(RelativePosition):
   def __init__(self, num_heads: int, head_dim: int, *, clip_distance: int = 16,
                relative_values: bool = True, shared_heads: bool = True,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
+    try:
+      clip_distance = operator.index(clip_distance)    # 16, not 16.0 or '16'
+    except TypeError:
+      raise TypeError(f'clip_distance must be an integer; got '
+                      f'{clip_distance!r}') from None
     if clip_distance < 1:
       raise ValueError(f'clip_distance must be >= 1; got {clip_distance}')
     self.clip_distance = clip_distance
