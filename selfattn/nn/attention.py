@@ -536,6 +536,13 @@ class MultiHeadAttention(nnx.Module):
       raise ValueError(f'queries, keys and values must share the batch, and '
                        f'keys and values their length; got {queries.shape}, '
                        f'{keys.shape}, {values.shape}')
+    for name, pos, x in (('positions', positions, queries),
+                         ('key_positions', key_positions, keys)):
+      shape = None if pos is None else jnp.shape(pos)
+      if shape is not None and (len(shape) != 2 or shape[1] != x.shape[1]
+                                or shape[0] not in (1, x.shape[0])):
+        raise ValueError(f'{name} must be (B, L) = {x.shape[:2]} (or (1, L) '
+                         f'for every example); got shape {tuple(shape)}')
     if 0 in queries.shape[:2] or 0 in keys.shape[:2]:
       raise ValueError(f'attention needs at least one example and one '
                        f'position; got queries {queries.shape}, keys '

@@ -70,6 +70,8 @@ def test_inputs_that_do_not_fit_together_are_refused_by_name():
                       ((X, X, jnp.ones((2, 6, 16))), 'their length')]:
     with pytest.raises(ValueError, match=match):
       attn(*args)
+  with pytest.raises(ValueError, match=r'positions must be \(B, L\)'):
+    attn(X, positions=jnp.arange(5))
   pallas = selfattn.MultiHeadAttention(16, 2, attention_impl='pallas',
                                        rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match='one row per example'):
