@@ -34,13 +34,16 @@ def sinusoid_at(positions: jax.Array, num_hiddens: int, dtype=jnp.float32
 
 def _check_input(X: jax.Array, positions: jax.Array | None,
                  num_hiddens: int) -> None:
-  """Refuses X that is not (B, L, num_hiddens), or positions not (B, L)."""
+  """Refuses X that is not (B, L, num_hiddens), or positions not (B, L)
+  (or (1, L), the same for every example, as MultiHeadAttention takes)."""
   if X.ndim != 3 or X.shape[2] != num_hiddens:
     raise ValueError(f'X must be (B, L, {num_hiddens}) (the encoding\'s '
                      f'num_hiddens); got shape {tuple(X.shape)}')
-  if positions is not None and jnp.shape(positions) != X.shape[:2]:
-    raise ValueError(f'positions must be (B, L) = {X.shape[:2]}, one per '
-                     f'token; got shape {tuple(jnp.shape(positions))}')
+  shape = None if positions is None else jnp.shape(positions)
+  if shape is not None and (len(shape) != 2 or shape[1] != X.shape[1]
+                            or shape[0] not in (1, X.shape[0])):
+    raise ValueError(f'positions must be (B, L) = {X.shape[:2]} (or (1, L) '
+                     f'for every example); got shape {tuple(shape)}')
 
 
 class SinusoidalEncoding(nnx.Module):
