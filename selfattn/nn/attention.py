@@ -339,6 +339,21 @@ def poison(overflow: jax.Array, out: jax.Array) -> jax.Array:
   return jnp.where(overflow, jnp.asarray(jnp.nan, out.dtype), out)
 
 
+def _check_built_for(relative: RelativeTerms | None, num_heads: int,
+                     head_dim: int) -> None:
+  """Refuses a relative encoding whose tables were made for other heads or
+  another head width (it would fail later inside an einsum)."""
+  built_for = getattr(relative, 'built_for', None)
+  if built_for is None:
+    return
+  heads, width = built_for()
+  if heads not in (None, num_heads) or width not in (None, head_dim):
+    raise ValueError(
+        f'relative={type(relative).__name__} was built for '
+        f'{heads or "any number of"} heads of width {width or "any"}; this '
+        f'attention has {num_heads} heads of width {head_dim}')
+
+
 class MultiHeadAttention(nnx.Module):
   """d2l's multi-head attention: W_q, W_k, W_v of width num_hiddens, W_o.
 
@@ -412,6 +427,7 @@ class MultiHeadAttention(nnx.Module):
     self.W_v = linear(kv_features, num_hiddens)
     self.W_o = linear(num_hiddens, out_features)
     self.dropout = dropout_layer(dropout, rngs)
+    _check_built_for(relative, num_heads, num_hiddens // num_heads)
     self.relative = relative
     self.attention_impl = attention_impl
     self.cache: nnx.Dict | None = nnx.data(None)   # init_cache fills it

@@ -67,6 +67,32 @@ def test_encodings_refuse_inputs_and_options_that_do_not_fit_by_name():
       selfattn.ShawRelative(2, 8, clip_distance=clip, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match='max_len must be >= 1'):
     selfattn.HuangRelative(2, 8, max_len=0, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='max_len must be >= 1'):
+    selfattn.TransformerXLRelative(2, 8, max_len=0, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='num_steps >= 0'):
+    selfattn.sinusoidal_table(-1, 16)        # was an empty (0, 16) table
+
+
+def test_an_encoding_built_for_other_heads_is_refused_by_the_attention():
+  """A table made for another head count or width failed later, inside an
+  einsum or an add; MultiHeadAttention now says which shape it was built
+  for. An encoding that takes any shape (RoPE) is accepted."""
+  rngs = nnx.Rngs(0)
+  wrong = {'ALiBi': selfattn.ALiBi(4),
+           'T5RelativeBias': selfattn.T5RelativeBias(4, rngs=rngs),
+           'ShawRelative': selfattn.ShawRelative(2, 4, rngs=rngs),
+           'HuangRelative': selfattn.HuangRelative(4, 8, max_len=8, rngs=rngs),
+           'PolarEncoding': selfattn.PolarEncoding(4, 8, rngs=rngs),
+           'TransformerXLRelative': selfattn.TransformerXLRelative(2, 4,
+                                                                   rngs=rngs)}
+  for name, relative in wrong.items():
+    with pytest.raises(ValueError, match=rf'relative={name} was built for .*'
+                                         r'this attention has 2 heads of '
+                                         r'width 8'):
+      selfattn.MultiHeadAttention(16, 2, relative=relative, rngs=rngs)
+  for relative in (selfattn.ShawRelative(2, 8, rngs=rngs),
+                   selfattn.RotaryEncoding(64)):
+    selfattn.MultiHeadAttention(16, 2, relative=relative, rngs=rngs)
 
 
 def test_lookup_names_valid_choices_and_options():

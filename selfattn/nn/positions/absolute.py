@@ -19,6 +19,9 @@ def sinusoidal_table(num_steps: int, num_hiddens: int, dtype=jnp.float32
   Returns (num_steps, num_hiddens). Works for odd num_hiddens (the last column
   is a sine) and for any number of steps: it is a formula, not a parameter.
   """
+  if num_steps < 0 or num_hiddens < 1:
+    raise ValueError(f'sinusoidal_table needs num_steps >= 0 and num_hiddens '
+                     f'>= 1; got {num_steps} and {num_hiddens}')
   return sinusoid_at(jnp.arange(num_steps), num_hiddens, dtype)
 
 

@@ -48,6 +48,9 @@ class ALiBi(RelativePosition):
     self.num_heads = num_heads
     self.symmetric = symmetric
 
+  def built_for(self) -> tuple[int | None, int | None]:
+    return self.num_heads, None
+
   def logits(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
              k_pos: jax.Array | None = None) -> jax.Array:
     offsets = position_offsets(q_pos, k_pos, q.shape[2], k.shape[2])

@@ -45,6 +45,10 @@ class HuangRelative(RelativePosition):
 
   trainable = True
 
+  def built_for(self) -> tuple[int | None, int | None]:
+    shape = self.E[...].shape       # (rows, D) shared, (H, rows, D) per head
+    return (None if len(shape) == 2 else shape[0]), shape[-1]
+
   @property
   def reach(self) -> int:
     return self.max_len - 1            # longer offsets reuse the edge rows

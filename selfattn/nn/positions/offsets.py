@@ -107,6 +107,11 @@ class RelativePosition(nnx.Module):
   def picture(self) -> jax.Array | None:
     return None
 
+  def built_for(self) -> tuple[int | None, int | None]:
+    """(heads, head width) this encoding's tables were made for; None where
+    it takes any (MultiHeadAttention refuses one built for another shape)."""
+    return None, None
+
   def rotate(self, q: jax.Array, k: jax.Array, q_pos: jax.Array | None = None,
              k_pos: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     return q, k

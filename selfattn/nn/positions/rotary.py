@@ -109,6 +109,10 @@ class PolarEncoding(RelativePosition):
 
   trainable = True
 
+  def built_for(self) -> tuple[int | None, int | None]:
+    heads, width = self.delta[...].shape
+    return heads, width
+
   def picture(self) -> jax.Array:
     """(heads, frequencies): the phase bias delta."""
     return clamp(self.delta)

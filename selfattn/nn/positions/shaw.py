@@ -52,6 +52,10 @@ class ShawRelative(RelativePosition):
 
   trainable = True
 
+  def built_for(self) -> tuple[int | None, int | None]:
+    shape = self.a_K[...].shape       # (rows, D) shared, (H, rows, D) per head
+    return (None if len(shape) == 2 else shape[0]), shape[-1]
+
   @property
   def reach(self) -> int:
     return self.clip_distance          # offsets beyond +-k share the edge rows

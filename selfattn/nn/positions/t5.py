@@ -62,6 +62,9 @@ class T5RelativeBias(RelativePosition):
 
   trainable = True
 
+  def built_for(self) -> tuple[int | None, int | None]:
+    return self.bias[...].shape[1], None
+
   @property
   def reach(self) -> int:
     return self.max_distance           # distances beyond share the last bucket

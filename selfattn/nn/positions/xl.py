@@ -41,6 +41,9 @@ class TransformerXLRelative(RelativePosition):
 
   def __init__(self, num_heads: int, head_dim: int, *, max_len: int = 1024,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
+    if max_len < 1:
+      raise ValueError(f'max_len must be >= 1 (offsets are clipped to '
+                       f'+-(max_len - 1)); got {max_len}')
     width = num_heads * head_dim
     self.num_heads, self.head_dim, self.max_len = num_heads, head_dim, max_len
     self.W_r = nnx.Linear(width, width, use_bias=False,
@@ -50,6 +53,9 @@ class TransformerXLRelative(RelativePosition):
     self.v = nnx.Param(init(rngs.params(), (num_heads, head_dim), param_dtype))
 
   trainable = True
+
+  def built_for(self) -> tuple[int | None, int | None]:
+    return self.num_heads, self.head_dim
 
   def picture(self) -> jax.Array:
     """(offsets -16..16, H * D): the projected relative embeddings R."""
