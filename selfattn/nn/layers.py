@@ -54,6 +54,12 @@ class PositionWiseFFN(nnx.Module):
 
   def __init__(self, num_inputs: int, ffn_num_hiddens: int, ffn_num_outputs: int,
                *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    if min(num_inputs, ffn_num_hiddens, ffn_num_outputs) < 1:
+      # A zero-width layer runs and adds only a bias: an FFN that silently
+      # does nothing.
+      raise ValueError(f'PositionWiseFFN needs positive widths; got '
+                       f'num_inputs={num_inputs}, ffn_num_hiddens='
+                       f'{ffn_num_hiddens}, ffn_num_outputs={ffn_num_outputs}')
     self.dense1 = nnx.Linear(num_inputs, ffn_num_hiddens, dtype=dtype,
                              param_dtype=param_dtype, rngs=rngs)
     self.dense2 = nnx.Linear(ffn_num_hiddens, ffn_num_outputs, dtype=dtype,

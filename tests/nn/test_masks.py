@@ -91,6 +91,8 @@ def test_inputs_that_do_not_fit_together_are_refused_by_name():
       attend(q, q[:1], q[:1])
   with pytest.raises(ValueError, match=r'dropout must be in \[0, 1\)'):
     selfattn.MultiHeadAttention(16, 2, dropout=1.5, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='ffn_num_hiddens=0'):
+    selfattn.TransformerEncoder(11, 16, 0, 2, 1, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match='max_distance must be >'):
     t5_bucket(jnp.arange(-5, 5), 32, max_distance=4)   # buckets went negative
   dec = selfattn.TransformerDecoder(11, 16, 32, 2, 1, cross_attention=True,
