@@ -96,8 +96,8 @@ class _Start(NamedTuple):
 
 
 def _start(model: nnx.Module, prompt: jax.Array, num_steps: int, k: int, *,
-           pad: int, positions: jax.Array | None, call_args: tuple
-           ) -> _Start:
+           eos: int | None, pad: int, positions: jax.Array | None,
+           call_args: tuple) -> _Start:
   try:
     num_steps = operator.index(num_steps)     # any integer type, not 2.5
   except TypeError:
@@ -134,6 +134,13 @@ def _start(model: nnx.Module, prompt: jax.Array, num_steps: int, k: int, *,
     return out[:, -1].astype(jnp.float32)
 
   logits = call(model, _repeat(prompt, k), 0, p)            # (B k, V)
+  vocab = logits.shape[-1]
+  for name, token in (('eos', eos), ('pad', pad)):
+    # An eos the model cannot produce never ends a sequence; a pad outside
+    # the vocabulary is fed back after eos (clamped under jit).
+    if token is not None and not 0 <= token < vocab:
+      raise ValueError(f'{name}={token} is not a token id of this model '
+                       f'(vocabulary of {vocab})')
   tokens = jnp.concatenate(
       [_repeat(prompt, k), jnp.full((b * k, num_steps), pad, jnp.int32)], 1)
   return _Start(b, k, p, total, tokens, logits, call)
@@ -187,8 +194,8 @@ def _one_token_a_step(model, prompt, num_steps: int, choose, *, eos, pad,
                       return_logits: bool, choice_offset: int) -> Generated:
   """Greedy search and sampling: one row per example, choose(i, logits)
   -> (B,) picks step i's token (forced ones override it)."""
-  start = _start(model, prompt, num_steps, 1, pad=pad, positions=positions,
-                 call_args=call_args)
+  start = _start(model, prompt, num_steps, 1, eos=eos, pad=pad,
+                 positions=positions, call_args=call_args)
   b, p, call = start.b, start.p, start.call
   vocab = start.logits.shape[-1]
   kept = (jnp.zeros((b, num_steps, vocab), jnp.float32)
@@ -237,8 +244,8 @@ def beam_search(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
   if not math.isfinite(alpha):
     raise ValueError(f'alpha must be a finite number; got {alpha}')
   k = beam_size
-  start = _start(model, prompt, num_steps, k, pad=pad, positions=positions,
-                 call_args=call_args)
+  start = _start(model, prompt, num_steps, k, eos=eos, pad=pad,
+                 positions=positions, call_args=call_args)
   b, p, total, call = start.b, start.p, start.total, start.call
   rows, vocab = b * k, start.logits.shape[-1]
   # Beam i > 0 starts dead, so the first step expands beam 0 only.
