@@ -75,9 +75,9 @@ def masked_softmax(X: jax.Array, valid_lens: jax.Array | None = None, *,
     Weights of X's shape and dtype. Rows sum to 1 over the kept keys; a row
     with no kept key is all zeros (never NaN).
   """
-  if X.ndim < 3:
-    raise ValueError(f'X must be (B, ..., Lq, Lk) logits, at least 3 axes; '
-                     f'got shape {tuple(X.shape)}')
+  if valid_lens is not None and X.ndim < 3:
+    raise ValueError(f'with valid_lens, X must be (B, ..., Lq, Lk) logits, '
+                     f'at least 3 axes; got shape {tuple(X.shape)}')
   num_queries, num_keys = X.shape[-2], X.shape[-1]
   full_mask = None
   if mask is not None:
@@ -131,7 +131,7 @@ def dot_product_attention(
     (output (B, H, Lq, D) in v's dtype, weights (B, H, Lq, Lk) in float32).
   """
   q, k, v = q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD
-  masks.check_heads(q, k, v)
+  masks.check_heads(q, k, v, broadcast=True)
   target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
   mask = masks.attention_mask(target, mask=mask, causal=causal)
   k, v = masks.clear_unused_keys(k, v, mask)    # padding holding NaN / inf
@@ -548,10 +548,11 @@ class MultiHeadAttention(nnx.Module):
         raise ValueError(f'{name} must be (B, L, {linear.in_features}) '
                          f'(this module\'s in_features/kv_features); got '
                          f'shape {tuple(x.shape)}')
-    if keys.shape[0] != queries.shape[0] or values.shape[:2] != keys.shape[:2]:
-      raise ValueError(f'queries, keys and values must share the batch, and '
-                       f'keys and values their length; got {queries.shape}, '
-                       f'{keys.shape}, {values.shape}')
+    if (keys.shape[0] not in (1, queries.shape[0])
+        or values.shape[:2] != keys.shape[:2]):
+      raise ValueError(f'queries, keys and values must share the batch (keys '
+                       f'may have 1), and keys and values their length; got '
+                       f'{queries.shape}, {keys.shape}, {values.shape}')
     for name, pos, x in (('positions', positions, queries),
                          ('key_positions', key_positions, keys)):
       shape = None if pos is None else jnp.shape(pos)

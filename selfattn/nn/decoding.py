@@ -96,8 +96,8 @@ class _Start(NamedTuple):
 
 
 def _start(model: nnx.Module, prompt: jax.Array, num_steps: int, k: int, *,
-           eos: int | None, pad: int, positions: jax.Array | None,
-           call_args: tuple) -> _Start:
+           pad: int, positions: jax.Array | None, call_args: tuple
+           ) -> _Start:
   try:
     num_steps = operator.index(num_steps)     # any integer type, not 2.5
   except TypeError:
@@ -114,17 +114,23 @@ def _start(model: nnx.Module, prompt: jax.Array, num_steps: int, k: int, *,
                      f'shape {tuple(prompt.shape)}')
   b, p = prompt.shape
   total = p + num_steps
-  if positions is not None and jnp.shape(positions) != (b, total):
+  shape = None if positions is None else jnp.shape(positions)
+  if shape is not None and (len(shape) != 2 or shape[0] not in (1, b)
+                            or shape[1] < total):
     # One position per token the run will hold, the prompt's and each
     # step's; a shorter array would be read past its end (clamped).
-    raise ValueError(f'positions must be (B, P + num_steps) = {(b, total)}; '
-                     f'got shape {tuple(jnp.shape(positions))}')
+    raise ValueError(f'positions must be (B, P + num_steps) = {(b, total)} '
+                     f'(or (1, ...) for every example, or longer); got shape '
+                     f'{tuple(shape)}')
   # The prompt, then one token a step: the last step's call writes position
   # P + num_steps - 1, the caches' last slot.
   _stack_of(model).init_cache(b * k, total)
   call_args = tuple(_repeat(a, k) for a in call_args)
-  positions = _repeat(None if positions is None else
-                      jnp.asarray(positions, jnp.int32), k)
+  if positions is not None:
+    # (1, ...) is every example's: spread to (B, ...) before the beams, so
+    # each row's cache records its own positions.
+    positions = jnp.asarray(positions, jnp.int32)
+    positions = _repeat(jnp.broadcast_to(positions, (b, positions.shape[1])), k)
 
   def call(model, tokens, start, length):
     at = (None if positions is None else
@@ -134,13 +140,6 @@ def _start(model: nnx.Module, prompt: jax.Array, num_steps: int, k: int, *,
     return out[:, -1].astype(jnp.float32)
 
   logits = call(model, _repeat(prompt, k), 0, p)            # (B k, V)
-  vocab = logits.shape[-1]
-  for name, token in (('eos', eos), ('pad', pad)):
-    # An eos the model cannot produce never ends a sequence; a pad outside
-    # the vocabulary is fed back after eos (clamped under jit).
-    if token is not None and not 0 <= token < vocab:
-      raise ValueError(f'{name}={token} is not a token id of this model '
-                       f'(vocabulary of {vocab})')
   tokens = jnp.concatenate(
       [_repeat(prompt, k), jnp.full((b * k, num_steps), pad, jnp.int32)], 1)
   return _Start(b, k, p, total, tokens, logits, call)
@@ -194,8 +193,8 @@ def _one_token_a_step(model, prompt, num_steps: int, choose, *, eos, pad,
                       return_logits: bool, choice_offset: int) -> Generated:
   """Greedy search and sampling: one row per example, choose(i, logits)
   -> (B,) picks step i's token (forced ones override it)."""
-  start = _start(model, prompt, num_steps, 1, eos=eos, pad=pad,
-                 positions=positions, call_args=call_args)
+  start = _start(model, prompt, num_steps, 1, pad=pad, positions=positions,
+                 call_args=call_args)
   b, p, call = start.b, start.p, start.call
   vocab = start.logits.shape[-1]
   kept = (jnp.zeros((b, num_steps, vocab), jnp.float32)
@@ -244,8 +243,8 @@ def beam_search(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
   if not math.isfinite(alpha):
     raise ValueError(f'alpha must be a finite number; got {alpha}')
   k = beam_size
-  start = _start(model, prompt, num_steps, k, eos=eos, pad=pad,
-                 positions=positions, call_args=call_args)
+  start = _start(model, prompt, num_steps, k, pad=pad, positions=positions,
+                 call_args=call_args)
   b, p, total, call = start.b, start.p, start.total, start.call
   rows, vocab = b * k, start.logits.shape[-1]
   # Beam i > 0 starts dead, so the first step expands beam 0 only.

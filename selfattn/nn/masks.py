@@ -119,16 +119,22 @@ def check_valid_lens(valid_lens: jax.Array, batch: int,
   return valid_lens
 
 
-def check_heads(q: jax.Array, k: jax.Array, v: jax.Array) -> None:
+def check_heads(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                broadcast: bool = False) -> None:
   """Refuses per-head q (B, H, Lq, D), k (B, H, Lk, D) and v (B, H, Lk, Dv)
-  that do not fit together, naming the axis (before an einsum would)."""
+  that do not fit together, naming the axis (before an einsum would).
+  broadcast: k and v may have 1 for B or H (one key set for every example,
+  or multi-query attention's one head), as dot_product_attention's einsum
+  takes them."""
   for name, x in (('q', q), ('k', k), ('v', v)):
     if x.ndim != 4:
       raise ValueError(f'{name} must be per-head (B, H, L, D); got shape '
                        f'{tuple(x.shape)}')
-  if k.shape[:2] != q.shape[:2] or v.shape[:2] != q.shape[:2]:
-    raise ValueError(f'q, k and v must share (B, H); got q {tuple(q.shape)}, '
-                     f'k {tuple(k.shape)}, v {tuple(v.shape)}')
+  allowed = [(1, n) if broadcast else (n,) for n in q.shape[:2]]
+  if any(n not in ok for x in (k, v) for n, ok in zip(x.shape[:2], allowed)):
+    raise ValueError(f'q, k and v must share (B, H)'
+                     f'{" (k and v may have 1)" if broadcast else ""}; got q '
+                     f'{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}')
   if k.shape[3] != q.shape[3]:
     raise ValueError(f'q and k must have the same head width D (the logits '
                      f'are q . k); got {q.shape[3]} and {k.shape[3]}')

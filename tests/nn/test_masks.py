@@ -78,7 +78,7 @@ def test_inputs_that_do_not_fit_together_are_refused_by_name():
     pallas(X, valid_lens=jnp.array([3]))
   with pytest.raises(ValueError, match='one row per example'):
     selfattn.masked_softmax(jnp.ones((2, 2, 5, 5)), jnp.array([3]))
-  with pytest.raises(ValueError, match='at least 3 axes'):
+  with pytest.raises(ValueError, match='with valid_lens, X must be'):
     selfattn.masked_softmax(jnp.ones((5, 5)), jnp.arange(5))
   q, k = jnp.ones((2, 2, 5, 8)), jnp.ones((2, 2, 5, 4))
   for attend in (selfattn.dot_product_attention,
@@ -88,7 +88,15 @@ def test_inputs_that_do_not_fit_together_are_refused_by_name():
     with pytest.raises(ValueError, match='one row per key'):
       attend(q, q, q[:, :, :4])
     with pytest.raises(ValueError, match=r'share \(B, H\)'):
-      attend(q, q[:1], q[:1])
+      attend(q, jnp.ones((3, 2, 5, 8)), jnp.ones((3, 2, 5, 8)))
+  # What the einsum broadcasts stays allowed: one key set for every example,
+  # multi-query attention's one head of keys and values.
+  kv = jax.random.normal(jax.random.key(0), (1, 1, 5, 8))
+  want, _ = selfattn.dot_product_attention(q, *[jnp.broadcast_to(kv, q.shape)] * 2)
+  for shared in (kv, jnp.broadcast_to(kv, (2, 1, 5, 8)),
+                 jnp.broadcast_to(kv, (1, 2, 5, 8))):
+    got, _ = selfattn.dot_product_attention(q, shared, shared)
+    np.testing.assert_allclose(got, want, atol=1e-6)
   with pytest.raises(ValueError, match=r'dropout must be in \[0, 1\)'):
     selfattn.MultiHeadAttention(16, 2, dropout=1.5, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match='ffn_num_hiddens=0'):

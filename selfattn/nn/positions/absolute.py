@@ -141,7 +141,7 @@ class LearnedEncoding(nnx.Module):
     ValueError; traced ones (under jit, where a data-dependent check cannot
     raise) are clipped into range, so keep them in range upstream (config
     validation checks max_random_len)."""
-    _check_input(X, positions, self.P[...].shape[-1])
+    _check_input(X, positions, self.P.shape[-1])
     if positions is None:
       X = X + self.table(X.shape[1]).astype(X.dtype)[None]
     else:

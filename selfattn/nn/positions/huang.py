@@ -46,7 +46,7 @@ class HuangRelative(RelativePosition):
   trainable = True
 
   def built_for(self) -> tuple[int | None, int | None]:
-    shape = self.E[...].shape       # (rows, D) shared, (H, rows, D) per head
+    shape = self.E.shape       # (rows, D) shared, (H, rows, D) per head
     return (None if len(shape) == 2 else shape[0]), shape[-1]
 
   @property

@@ -110,7 +110,7 @@ class PolarEncoding(RelativePosition):
   trainable = True
 
   def built_for(self) -> tuple[int | None, int | None]:
-    heads, width = self.delta[...].shape
+    heads, width = self.delta.shape
     return heads, width
 
   def picture(self) -> jax.Array:

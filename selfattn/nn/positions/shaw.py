@@ -53,7 +53,7 @@ class ShawRelative(RelativePosition):
   trainable = True
 
   def built_for(self) -> tuple[int | None, int | None]:
-    shape = self.a_K[...].shape       # (rows, D) shared, (H, rows, D) per head
+    shape = self.a_K.shape       # (rows, D) shared, (H, rows, D) per head
     return (None if len(shape) == 2 else shape[0]), shape[-1]
 
   @property

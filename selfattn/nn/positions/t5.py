@@ -63,7 +63,7 @@ class T5RelativeBias(RelativePosition):
   trainable = True
 
   def built_for(self) -> tuple[int | None, int | None]:
-    return self.bias[...].shape[1], None
+    return self.bias.shape[1], None
 
   @property
   def reach(self) -> int:
