@@ -205,6 +205,21 @@ def test_teacher_forcing_through_the_cache_equals_the_full_pass(position):
                              dec(tokens), atol=1e-5)
 
 
+def test_positions_for_every_example_equal_the_full_array():
+  """(1, T) positions hold for every example and beam, as the (B, T) array
+  with the same rows does; a longer array is read up to what the run needs."""
+  dec = _decoder()
+  prompt = _tokens((2, 2))
+  full = jnp.broadcast_to(jnp.arange(5) + 3, (2, 5))
+  for method, options in (('greedy', {}), ('beam', {'beam_size': 2})):
+    want = decoding.generate(dec, prompt, 3, method=method, positions=full,
+                             **options).tokens
+    for positions in (full[:1], jnp.concatenate([full, full], axis=1)):
+      got = decoding.generate(dec, prompt, 3, method=method,
+                              positions=positions, **options).tokens
+      np.testing.assert_array_equal(got, want)
+
+
 def test_bad_requests_say_what_is_wrong():
   dec = _decoder()
   prompt = _tokens((1, 2))
