@@ -553,13 +553,8 @@ class MultiHeadAttention(nnx.Module):
       raise ValueError(f'queries, keys and values must share the batch (keys '
                        f'may have 1), and keys and values their length; got '
                        f'{queries.shape}, {keys.shape}, {values.shape}')
-    for name, pos, x in (('positions', positions, queries),
-                         ('key_positions', key_positions, keys)):
-      shape = None if pos is None else jnp.shape(pos)
-      if shape is not None and (len(shape) != 2 or shape[1] != x.shape[1]
-                                or shape[0] not in (1, x.shape[0])):
-        raise ValueError(f'{name} must be (B, L) = {x.shape[:2]} (or (1, L) '
-                         f'for every example); got shape {tuple(shape)}')
+    masks.check_positions(positions, *queries.shape[:2])
+    masks.check_positions(key_positions, *keys.shape[:2], 'key_positions')
     if 0 in queries.shape[:2] or 0 in keys.shape[:2]:
       raise ValueError(f'attention needs at least one example and one '
                        f'position; got queries {queries.shape}, keys '
@@ -567,8 +562,10 @@ class MultiHeadAttention(nnx.Module):
     if key_positions is None and keys is queries:
       key_positions = positions      # self-attention: keys are the queries
     q = self._split_heads(self.W_q(queries))
-    k = self._split_heads(self.W_k(keys))
-    v = self._split_heads(self.W_v(values))
+    # Keys shared by every example are projected once, then spread to the
+    # batch: the kernel paths (fused, pallas) take no batch broadcast.
+    k, v = (jnp.broadcast_to(x, (q.shape[0],) + x.shape[1:]) for x in (
+        self._split_heads(self.W_k(keys)), self._split_heads(self.W_v(values))))
     if decode:
       if keys is not queries:
         raise ValueError('decode=True is for self-attention: pass the new '

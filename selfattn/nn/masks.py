@@ -119,6 +119,17 @@ def check_valid_lens(valid_lens: jax.Array, batch: int,
   return valid_lens
 
 
+def check_positions(positions: jax.Array | None, batch: int, length: int,
+                    what: str = 'positions') -> None:
+  """Refuses positions that are not (B, L), or (1, L) for every example."""
+  if positions is None:
+    return
+  shape = jnp.shape(positions)
+  if len(shape) != 2 or shape[1] != length or shape[0] not in (1, batch):
+    raise ValueError(f'{what} must be (B, L) = {(batch, length)} (or (1, L) '
+                     f'for every example); got shape {tuple(shape)}')
+
+
 def check_heads(q: jax.Array, k: jax.Array, v: jax.Array, *,
                 broadcast: bool = False) -> None:
   """Refuses per-head q (B, H, Lq, D), k (B, H, Lk, D) and v (B, H, Lk, Dv)

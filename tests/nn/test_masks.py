@@ -97,6 +97,15 @@ def test_inputs_that_do_not_fit_together_are_refused_by_name():
                  jnp.broadcast_to(kv, (1, 2, 5, 8))):
     got, _ = selfattn.dot_product_attention(q, shared, shared)
     np.testing.assert_allclose(got, want, atol=1e-6)
+  # And a module's keys for every example, on every path (the kernels take
+  # no batch broadcast: the module spreads them after projecting once).
+  keys = jax.random.normal(jax.random.key(1), (1, 6, 16))
+  for impl in ('plain', 'fused', 'chunked', 'pallas'):
+    module = selfattn.MultiHeadAttention(16, 2, attention_impl=impl,
+                                         rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(
+        module(X, keys), module(X, jnp.broadcast_to(keys, (2, 6, 16))),
+        atol=1e-6)
   with pytest.raises(ValueError, match=r'dropout must be in \[0, 1\)'):
     selfattn.MultiHeadAttention(16, 2, dropout=1.5, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match='ffn_num_hiddens=0'):

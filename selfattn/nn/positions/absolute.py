@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from selfattn.nn import masks
 from selfattn.nn.layers import dropout_layer
 
 
@@ -42,11 +43,7 @@ def _check_input(X: jax.Array, positions: jax.Array | None,
   if X.ndim != 3 or X.shape[2] != num_hiddens:
     raise ValueError(f'X must be (B, L, {num_hiddens}) (the encoding\'s '
                      f'num_hiddens); got shape {tuple(X.shape)}')
-  shape = None if positions is None else jnp.shape(positions)
-  if shape is not None and (len(shape) != 2 or shape[1] != X.shape[1]
-                            or shape[0] not in (1, X.shape[0])):
-    raise ValueError(f'positions must be (B, L) = {X.shape[:2]} (or (1, L) '
-                     f'for every example); got shape {tuple(shape)}')
+  masks.check_positions(positions, *X.shape[:2])
 
 
 class SinusoidalEncoding(nnx.Module):
