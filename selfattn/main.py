@@ -5,15 +5,13 @@
 
 The config file is loaded once, here, before absl parses the flags (so a
 missing file, a syntax error or a misspelled override is one line, not a
-traceback from inside flag parsing); absl then applies the --config.*
-overrides to that config.
+traceback from inside flag parsing; the checks are training/cli_checks.py);
+absl then applies the --config.* overrides to that config.
 
 Multi-host: pass --coordinator_address, --num_processes and --process_id (or
 --distributed on a managed cluster, where JAX finds them itself).
 """
 
-import ast
-import os
 import sys
 
 import jax
@@ -21,6 +19,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from selfattn.training.cli_checks import config_from_argv
+from selfattn.training.cli_checks import workdir_problem
 from selfattn.training.list_flag import ListParser
 from selfattn.training.log_setup import configure_logging
 
@@ -40,104 +40,6 @@ _DISTRIBUTED = flags.DEFINE_bool(
     'distributed', False, 'Call jax.distributed.initialize() with no arguments '
     '(TPU pods, SLURM and other managed clusters).')
 flags.mark_flags_as_required(['workdir'])
-
-
-def config_argument(argv: list[str]) -> tuple[str | None, list[str]]:
-  """(the --config value, argv without it): `--config=PATH[:ARG]` or
-  `--config PATH[:ARG]` (absl takes both); the last one wins."""
-  spec, rest, i = None, [], 0
-  while i < len(argv):
-    arg = argv[i]
-    if arg.startswith('--config='):
-      spec = arg.split('=', 1)[1]
-    elif arg == '--config' and i + 1 < len(argv):
-      spec = argv[i + 1]
-      i += 1
-    else:
-      rest.append(arg)
-    i += 1
-  return spec, rest
-
-
-def config_file_problem(spec: str) -> str | None:
-  """What is wrong with the --config file, checked before it is run."""
-  path = spec.split(':', 1)[0]
-  if not os.path.isfile(path):
-    return f'--config={path}: no such file'
-  try:
-    with open(path) as f:
-      tree = ast.parse(f.read(), filename=path)
-  except SyntaxError as e:
-    return f'--config={path}: syntax error on line {e.lineno}: {e.msg}'
-  if not any(isinstance(node, ast.FunctionDef) and node.name == 'get_config'
-             for node in tree.body):
-    return f'--config={path}: defines no get_config() function'
-  return None
-
-
-def _load_config(spec: str):
-  """Runs the config file's get_config(arg) as absl will, outside absl, so a
-  failure is one line rather than a traceback from inside flag parsing.
-  Returns (config, None) or (None, problem)."""
-  path, _, arg = spec.partition(':')
-  import importlib.util
-  sys.path.insert(0, os.getcwd())      # config files import `configs.*`
-  try:
-    module_spec = importlib.util.spec_from_file_location('_selfattn_config',
-                                                         path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    config = module.get_config(arg) if arg else module.get_config()
-  except Exception as e:  # noqa: BLE001 - any failure of user code, one line
-    return None, (f'--config={spec}: get_config raised '
-                  f'{type(e).__name__}: {_one_line(e)}')
-  finally:
-    sys.path.pop(0)
-  return config, None
-
-
-def _one_line(error: BaseException) -> str:
-  text = error.args[0] if len(error.args) == 1 and isinstance(
-      error.args[0], str) else str(error)
-  return ' '.join(str(text).split())
-
-
-def override_problem(argv: list[str], config) -> str | None:
-  """A `--config.a.b=value` (or `--config.a.b value`) naming a field or
-  section the config does not have, said in one line with the fields that
-  exist there (absl would raise a KeyError or AttributeError traceback from
-  inside flag parsing)."""
-  for arg in argv:
-    if not arg.startswith('--config.'):
-      continue
-    dotted = arg[len('--config.'):].split('=', 1)[0]
-    node, walked = config, 'config'
-    for name in dotted.split('.'):
-      fields = list(node.keys()) if hasattr(node, 'keys') else None
-      if fields is None:
-        return (f'--config.{dotted}: {walked} is a value, not a section')
-      if name not in fields:
-        import difflib
-        close = difflib.get_close_matches(name, fields, n=1)
-        hint = f'; did you mean {walked}.{close[0]}?' if close else ''
-        return (f'--config.{dotted}: {walked} has no field {name!r}{hint} '
-                f'(its fields: {", ".join(sorted(fields))})')
-      node, walked = node[name], f'{walked}.{name}'
-  return None
-
-
-def workdir_problem(workdir: str) -> str | None:
-  """A workdir that cannot hold a run, said in one line."""
-  if not workdir:
-    return '--workdir is empty'
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    return f'--workdir={workdir} is a file, not a directory'
-  parent = workdir
-  while not os.path.exists(parent):
-    parent = os.path.dirname(os.path.abspath(parent))
-  if not os.access(parent, os.W_OK | os.X_OK):
-    return f'--workdir={workdir}: {parent} is not writable'
-  return None
 
 
 def main(argv):
@@ -165,17 +67,7 @@ def _define_config(argv: list[str]) -> list[str]:
   (absl applies the --config.* overrides); returns argv without --config.
   Exits with one line when the file or an override is wrong."""
   global _CONFIG
-  spec, rest = config_argument(argv[1:])
-  problem = None
-  if spec is None:
-    problem = '--config is required (e.g. --config=configs/default.py)'
-  else:
-    problem = config_file_problem(spec)
-  config = None
-  if problem is None:
-    config, problem = _load_config(spec)
-  if problem is None:
-    problem = override_problem(rest, config)
+  config, rest, problem = config_from_argv(argv[1:])
   if problem:
     print(f'error: {problem}', file=sys.stderr)
     sys.exit(2)

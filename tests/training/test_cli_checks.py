@@ -1,0 +1,114 @@
+"""The command line's checks before absl parses a flag
+(selfattn/training/cli_checks.py), in process: each problem is one line that
+names what is wrong. That selfattn.main prints such a line and exits 2 with
+nothing written is checked through real processes in test_train.py
+(test_cli_mistakes_get_one_line_not_a_traceback,
+test_cli_reports_bad_config_in_one_line); the same cases through the
+command line are test_cli_errors.py's, in the extended tier."""
+
+import os
+import textwrap
+
+import pytest
+
+from runs import ROOT
+from selfattn.errors import ConfigError
+from selfattn.training import cli_checks
+from selfattn.training.config_checks import validate_config
+
+TINY = os.path.join(ROOT, 'configs', 'tiny.py')
+
+
+def _problem(*argv: str) -> str:
+  config, _, problem = cli_checks.config_from_argv(list(argv))
+  assert config is None and problem, argv
+  assert '\n' not in problem
+  return problem
+
+
+def _config_file(tmp_path, body: str) -> str:
+  path = tmp_path / 'user_config.py'
+  path.write_text(textwrap.dedent(body))
+  return str(path)
+
+
+def test_a_good_command_line_gives_the_config_and_the_other_arguments():
+  for argv in (['--config=' + TINY, '--workdir=w', '--config.seed=3'],
+               ['--config', TINY, '--workdir=w', '--config.seed=3']):
+    config, rest, problem = cli_checks.config_from_argv(argv)
+    assert problem is None
+    assert config.model.position == 'sinusoidal'       # configs/tiny.py
+    # The overrides stay for absl to apply; --config is taken out.
+    assert rest == ['--workdir=w', '--config.seed=3']
+
+
+def test_misspelt_fields_and_sections_are_named_with_the_ones_that_exist():
+  problem = _problem('--config=' + TINY, '--config.model.postion=shaw')
+  assert "config.model has no field 'postion'" in problem
+  assert 'did you mean config.model.position?' in problem
+  assert 'num_hiddens' in problem                      # the fields that exist
+  assert ("config has no field 'modle'; did you mean config.model?"
+          in _problem('--config=' + TINY, '--config.modle.position=shaw'))
+  assert ('config.model.num_layers is a value, not a section'
+          in _problem('--config=' + TINY, '--config.model.num_layers.depth=3'))
+  # `--config PATH`, with a space, as absl allows: the same checks.
+  assert "config.model has no field 'postion'" in _problem(
+      '--config', TINY, '--config.model.postion=shaw')
+
+
+def test_config_files_that_are_missing_broken_or_fail(tmp_path):
+  assert _problem('--workdir=w') == ('--config is required '
+                                     '(e.g. --config=configs/default.py)')
+  assert _problem('--config', 'configs/nonexistent.py') == (
+      '--config=configs/nonexistent.py: no such file')
+  broken = _config_file(tmp_path, 'def get_config(:\n')
+  assert 'syntax error on line 1' in _problem('--config=' + broken)
+  noget = _config_file(tmp_path, 'x = 1\n')
+  assert 'defines no get_config() function' in _problem('--config=' + noget)
+  problem = _problem('--config=' + os.path.join(ROOT, 'configs', 'chomsky.py')
+                     + ':bogus')
+  assert 'get_config raised ValueError' in problem
+  assert 'valid scales are full, small, quick' in problem
+  missing_module = _config_file(tmp_path, """
+      import not_a_module_anywhere
+      def get_config():
+        return None
+      """)
+  assert ("ModuleNotFoundError: No module named 'not_a_module_anywhere'"
+          in _problem('--config=' + missing_module))
+  raising = _config_file(tmp_path, """
+      def get_config():
+        raise RuntimeError('broken on purpose')
+      """)
+  assert ('get_config raised RuntimeError: broken on purpose'
+          in _problem('--config=' + raising))
+
+
+def test_workdirs_that_cannot_hold_a_run(tmp_path):
+  assert cli_checks.workdir_problem('') == '--workdir is empty'
+  (tmp_path / 'afile').write_text('')
+  assert 'is a file, not a directory' in cli_checks.workdir_problem(
+      str(tmp_path / 'afile'))
+  assert cli_checks.workdir_problem(str(tmp_path / 'new' / 'run')) is None
+  if os.geteuid() != 0:                  # root ignores permissions
+    readonly = tmp_path / 'readonly'
+    readonly.mkdir()
+    os.chmod(readonly, 0o500)
+    assert 'is not writable' in cli_checks.workdir_problem(
+        str(readonly / 'run'))
+
+
+@pytest.mark.parametrize('field,value,message', [
+    # True is an int to Python; JAX's int32 seeds stop at 2**31.
+    ('eval.lengths', [8, True],
+     'config.eval.lengths must be a non-empty list of integers'),
+    ('seed', 99999999999, r'config.seed must be an integer in \[0, 2\*\*31\)'),
+])
+def test_values_that_only_look_valid_are_refused(field, value, message):
+  """Two values that once passed validation and failed later, after
+  config.json was stored."""
+  config, _, _ = cli_checks.config_from_argv(['--config=' + TINY])
+  section, name = field.rpartition('.')[::2]
+  (config[section] if section else config)[name] = value
+  with pytest.raises(ConfigError, match=message):
+    validate_config(config, num_devices=1)
