@@ -16,6 +16,7 @@ from selfattn.tasks.translation import bleu
 from selfattn.tasks.translation import multi30k
 from selfattn.training import workdir as workdir_lib
 from tiny_corpus import tiny_translation_config
+from tiers import EXTENDED
 
 
 def test_word_by_word_learns_the_dictionary_from_co_occurrence():
@@ -42,6 +43,13 @@ def test_retrieval_returns_the_nearest_training_target():
   assert baselines.detokenize(['A', 'dog', '.']) == 'A dog.'
 
 
+# Extended (tests/README.md): like the other study drivers' trained runs, the
+# study's scoring of a trained run. In the commit tier the translation
+# trainer's BLEU equals translate_texts' output scored
+# (tests/training/test_translation.py::
+# test_the_trainer_steps_on_the_batch_it_shows_and_evaluates_what_it_decodes)
+# and the report is written from made-up results (below).
+@EXTENDED
 @pytest.mark.slow
 def test_a_scored_run_commits_translations_that_reproduce_its_scores(
     tiny_multi30k, tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ from flax import nnx
 
 import selfattn
 from reference import assert_encoders_agree, softmax_rows
+from tiers import EXTENDED
 
 
 def test_masked_softmax_matches_numpy_for_1d_and_2d_valid_lens():
@@ -136,7 +137,19 @@ def test_dot_product_attention_without_relative_matches_jax_nn():
   np.testing.assert_allclose(ours, theirs.transpose(0, 2, 1, 3), atol=1e-5)
 
 
-@pytest.mark.parametrize('position', selfattn.POSITION_NAMES)
+# Huang, XL and T5 --extended (tiers.py): their term reaches the fused path
+# as a logit bias, as ALiBi's does (the alibi case); each one's forward and
+# gradients against the plain path stay in the commit tier in test_chunked.py
+# (Huang's and T5's in test_chunked_equals_plain_forward_and_gradients, XL's
+# in test_xl_is_unbounded_in_blocks_as_on_the_plain_path[False]), its
+# encoder's parameter gradients in test_positions.py's
+# test_every_parameter_receives_a_gradient.
+FUSED_REPEATS = ('huang', 'xl', 't5')
+
+
+@pytest.mark.parametrize('position', [
+    pytest.param(p, marks=EXTENDED) if p in FUSED_REPEATS else p
+    for p in selfattn.POSITION_NAMES])
 def test_fused_path_equals_the_plain_path(position):
   """attention_impl='fused' (jax.nn.dot_product_attention; XLA on this CPU)
   gives the plain path's outputs and gradients for every encoding, with

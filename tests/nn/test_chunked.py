@@ -12,8 +12,22 @@ from selfattn.nn import chunked
 from selfattn.nn import masks
 from selfattn.nn import positions
 from reference import assert_encoders_agree
+from tiers import EXTENDED
 from tiers import each_choice
 from tiers import product
+
+
+def _commit_tier(cases, *kept):
+  """parametrize cases: those in `kept` in the commit tier, every other one
+  marked extended (each mark's sibling is named where it is used)."""
+  return [pytest.param(*case, marks=() if case in kept else EXTENDED)
+          for case in cases]
+
+
+def _also_extended(params, *moved):
+  """each_choice's params with the cases in `moved` marked extended too."""
+  return [pytest.param(*p.values, marks=EXTENDED) if p.values in moved else p
+          for p in params]
 
 
 def _relative(name, num_heads=2, head_dim=8, max_len=64):
@@ -33,9 +47,18 @@ def _qkv(lq=19, lk=19, b=2, h=2, d=8, seed=0):
 
 
 # Each encoding once in the commit tier, causal and not alternating; every
-# pair with --extended (tiers.py).
-@pytest.mark.parametrize('causal,name', each_choice(product(
-    [False, True], ('none',) + positions.RELATIVE_NAMES)))
+# pair with --extended (tiers.py). Two of the cover's cases are extended
+# too, their encoding's chunked outputs and gradients being checked against
+# the plain path elsewhere in the commit tier: XL's (not causal) by
+# test_xl_is_unbounded_in_blocks_as_on_the_plain_path[False] (the same
+# per-block term, 4 x 5 blocks at length 19), Shaw's (causal) by
+# test_encoder_with_chunked_attention_equals_plain (Shaw, padded and
+# causal) and, with its value term on far blocks,
+# test_blocks_beyond_the_reach_use_the_edge_term_exactly[False-shaw-options0].
+# The mask, bias and key padding stay with the other six.
+@pytest.mark.parametrize('causal,name', _also_extended(each_choice(product(
+    [False, True], ('none',) + positions.RELATIVE_NAMES)),
+    (False, 'xl'), (True, 'shaw')))
 def test_chunked_equals_plain_forward_and_gradients(name, causal):
   """Blocks of 4 queries x 5 keys over lengths 19 (neither a multiple), with
   key padding, a random mask, a float bias and, for every encoding, its
@@ -69,7 +92,14 @@ def test_chunked_equals_plain_forward_and_gradients(name, causal):
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize('name', positions.RELATIVE_NAMES)
+@pytest.mark.parametrize('name', [
+    # Extended: the chunked path hands Shaw's term per-block positions in
+    # every call (test_blocks_beyond_the_reach_use_the_edge_term_exactly
+    # [False-shaw-options0]), and the other encodings' cases here take its
+    # explicit positions and Lq != Lk; the plain path's Shaw with positions
+    # is test_positions.py's.
+    pytest.param(name, marks=EXTENDED) if name == 'shaw' else name
+    for name in positions.RELATIVE_NAMES])
 def test_chunked_equals_plain_with_explicit_positions_and_cross_lengths(name):
   """Randomized positions (sorted draws from a wider range) and Lq != Lk, as
   cached decoding and randomized encodings use them."""
@@ -87,7 +117,13 @@ def test_chunked_equals_plain_with_explicit_positions_and_cross_lengths(name):
   np.testing.assert_allclose(ours, plain, atol=2e-6)
 
 
-@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('causal', [
+    False,
+    # Extended: [False] checks the same unbounded per-block term; causal XL
+    # on the chunked path runs in
+    # test_causal_with_different_query_and_key_lengths_aligns_at_the_end
+    # [xl-7-13].
+    pytest.param(True, marks=EXTENDED)])
 def test_xl_is_unbounded_in_blocks_as_on_the_plain_path(causal):
   """Transformer-XL's default path (no positions) uses every offset of the
   sequence, unclipped; its positions path clips at +-(max_len - 1). With
@@ -148,8 +184,13 @@ def test_dropout_on_blocks_is_unbiased_and_normalised_before_dropping():
   assert np.all(np.abs(draws.mean(0) - exact) < 5 * stderr + 1e-6)
 
 
-@pytest.mark.parametrize('stack', [{}, {'scan_layers': True, 'remat': True}],
-                         ids=['loop', 'scan+remat'])
+@pytest.mark.parametrize('stack', [
+    # Extended: [scan+remat] takes the same attention_impl='chunked' switch
+    # and the same blocks, scanned; the loop of layers around the chunked
+    # path also runs in
+    # test_causal_encoder_calls_build_no_length_squared_array.
+    pytest.param({}, marks=EXTENDED),
+    {'scan_layers': True, 'remat': True}], ids=['loop', 'scan+remat'])
 def test_encoder_with_chunked_attention_equals_plain(monkeypatch, stack):
   """The switch through the whole model: TransformerEncoder with
   attention_impl='chunked' (blocks of 4) gives plain's outputs and
@@ -184,7 +225,11 @@ def test_auto_chunks_only_long_sequences(monkeypatch):
   assert calls == [8] and weights.shape == (1, 2, 8, 8)
 
 
-@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('causal', [
+    False,
+    # Extended: a causal chunked forward+backward holding no (L, L) array is
+    # test_causal_encoder_calls_build_no_length_squared_array's check.
+    pytest.param(True, marks=EXTENDED)])
 def test_chunked_backward_keeps_no_quadratic_temporaries(causal):
   """XLA's own accounting of the compiled forward+backward: at L = 1024 the
   chunked path's temporaries are a small fraction of plain attention's (which
@@ -214,9 +259,18 @@ REACHES = [('shaw', {'clip_distance': 2}),
            ('t5', {'num_buckets': 8, 'max_distance': 4})]
 
 
-@pytest.mark.parametrize('randomized,name,options', each_choice(
+# One case in the commit tier: Shaw with value tables on 0..L-1, whose far
+# blocks take both edge terms (logits and values). The far-block code is
+# the same for every encoding with a reach (the encoding's logits at one
+# edge offset); Huang's and T5's logits with positions are checked in
+# test_chunked_equals_plain_with_explicit_positions_and_cross_lengths, Shaw
+# without value tables leaves the value term None as T5 does in
+# test_chunked_equals_plain_forward_and_gradients[True-t5], and randomized
+# positions reach the blocks in
+# test_chunked_equals_plain_with_explicit_positions_and_cross_lengths.
+@pytest.mark.parametrize('randomized,name,options', _commit_tier(
     [(randomized, *reach) for randomized in (False, True)
-     for reach in REACHES]))
+     for reach in REACHES], (False, *REACHES[0])))
 def test_blocks_beyond_the_reach_use_the_edge_term_exactly(name, options,
                                                           randomized):
   """With short reaches (clip 2, a Huang table of 3 positions, T5 buckets up
@@ -308,9 +362,15 @@ def test_causal_encoder_calls_build_no_length_squared_array(monkeypatch):
   assert largest(False, mask=masks.make_causal_mask(length)) >= length ** 2
 
 
-@pytest.mark.parametrize('name,lq,lk', each_choice(
+# One case in the commit tier: XL with Lq < Lk, where XL's per-block term
+# declines (Lq != Lk) and the chunked path takes XL's positions path
+# instead (the default path clips there too). The alignment (the causal
+# offset lk - lq in the block skip and the mask) is the same code for every
+# encoding and either sign of lk - lq; Lq > Lk also runs in
+# test_causal_skips_key_blocks_above_the_diagonal_and_stays_exact[16-8-3].
+@pytest.mark.parametrize('name,lq,lk', _commit_tier(
     [(name, lq, lk) for name in ('none', 'shaw', 'rope', 'xl')
-     for lq, lk in ((7, 13), (13, 7), (6, 20))]))
+     for lq, lk in ((7, 13), (13, 7), (6, 20))], ('xl', 7, 13)))
 def test_causal_with_different_query_and_key_lengths_aligns_at_the_end(
     name, lq, lk):
   """Causal attention with Lq != Lk (the queries are the last Lq of the Lk
@@ -370,8 +430,14 @@ class _CountingTerms:
 
 
 @pytest.mark.parametrize('lq,lk,computed', [
-    (16, 16, 10),      # 4 x 4 blocks: the 10 on or below the diagonal
-    (8, 16, 7),        # queries are the last 8: blocks (0, 0..2), (1, 0..3)
+    # Extended: [16-8-3] takes the same skip (and queries seeing no key);
+    # Lq <= Lk is aligned in
+    # test_causal_with_different_query_and_key_lengths_aligns_at_the_end
+    # [xl-7-13].
+    # 4 x 4 blocks: the 10 on or below the diagonal
+    pytest.param(16, 16, 10, marks=EXTENDED),
+    # queries are the last 8: blocks (0, 0..2), (1, 0..3)
+    pytest.param(8, 16, 7, marks=EXTENDED),
     (16, 8, 3),        # queries 0..7 see no key; blocks (2, 0), (3, 0..1)
 ])
 def test_causal_skips_key_blocks_above_the_diagonal_and_stays_exact(

@@ -10,6 +10,7 @@ import selfattn
 from reference import assert_scanned_grads_match
 from reference import stack_loop_into_scan
 from selfattn.nn import positions as P
+from tiers import EXTENDED
 
 ALL = selfattn.POSITION_NAMES
 
@@ -23,7 +24,12 @@ def toks(shape, seed=1):
   return jax.random.randint(jax.random.key(seed), shape, 0, 11)
 
 
-@pytest.mark.parametrize('position', ALL)
+# 'none' in the commit tier; the other encodings --extended (tiers.py): each
+# one's full causal pass is checked against decoding through its caches,
+# which see no later token, in test_cached_decoding_equals_the_full_causal_pass
+# (Huang's causal skew also in test_huang_causal_skew_equals_...).
+@pytest.mark.parametrize('position', [
+    p if p == 'none' else pytest.param(p, marks=EXTENDED) for p in ALL])
 def test_causal_outputs_ignore_the_future(position):
   dec = make_decoder(position)
   x = toks((2, 7))
@@ -44,7 +50,11 @@ def test_cached_decoding_equals_the_full_causal_pass(position):
   np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
 
 
-@pytest.mark.parametrize('position', ['shaw', 'huang'])
+# Shaw --extended (tiers.py): the huang case takes the same scan, remat,
+# stacked-cache and cross-attention path through the decoder; Shaw's own
+# cached path is test_cached_decoding_equals_the_full_causal_pass[shaw].
+@pytest.mark.parametrize('position', [pytest.param('shaw', marks=EXTENDED),
+                                      'huang'])
 def test_scanned_decoder_equals_the_loop_and_decodes_from_stacked_caches(
     position):
   """scan_layers (with remat) on the decoder, cross-attention included: the
@@ -74,7 +84,14 @@ def test_scanned_decoder_equals_the_loop_and_decodes_from_stacked_caches(
   np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
 
 
-@pytest.mark.parametrize('position', ['rope', 'shaw', 'alibi'])
+# RoPE in the commit tier; Shaw and ALiBi --extended (tiers.py): the cache
+# stores given positions the same way for every encoding (the rope case), and
+# their terms at explicit positions are checked in test_positions.py
+# (test_explicit_positions_0_to_L_equal_the_default_path[shaw],
+# test_relative_encodings_see_only_offsets_between_positions[alibi]).
+@pytest.mark.parametrize('position', [
+    'rope', pytest.param('shaw', marks=EXTENDED),
+    pytest.param('alibi', marks=EXTENDED)])
 def test_cached_decoding_with_explicit_randomized_positions(position):
   dec = make_decoder(position)
   x = toks((1, 5))

@@ -13,6 +13,7 @@ from flax import nnx
 
 import selfattn
 from selfattn.nn import decoding
+from tiers import EXTENDED
 
 
 def _decoder(vocab=11, position='rope', **kwargs):
@@ -36,6 +37,11 @@ def test_a_beam_of_one_is_greedy():
                                 selfattn.greedy_decode(dec, prompt, 6))
 
 
+# --extended (tiers.py): test_a_full_beam_with_eos_is_exhaustive_search makes
+# the same comparison against exhaustive search (its eos-free hypotheses
+# included), and beam search without eos stays in the commit tier in
+# test_a_beam_of_one_is_greedy and test_beams_over_scanned_layers_....
+@EXTENDED
 @pytest.mark.parametrize('alpha', [0.0, 0.6])
 def test_a_full_beam_is_exhaustive_search(alpha):
   """Vocabulary 3, 3 steps: a beam of 27 keeps every continuation, so it
@@ -59,7 +65,11 @@ def test_a_full_beam_is_exhaustive_search(alpha):
     assert float(beam.scores[row]) == pytest.approx(best[0], rel=1e-5)
 
 
-@pytest.mark.parametrize('alpha', [0.0, 0.6, 2.0])
+# alpha 0.6 (generate's default) in the commit tier; 0 and 2 --extended
+# (tiers.py): the same search and penalty code, another exponent (at 0 the
+# penalty is 1 and would hide a wrong length).
+@pytest.mark.parametrize('alpha', [pytest.param(0.0, marks=EXTENDED), 0.6,
+                                   pytest.param(2.0, marks=EXTENDED)])
 def test_a_full_beam_with_eos_is_exhaustive_search(alpha):
   """Vocabulary 3 with eos = 2, 3 steps: the hypotheses are every sequence
   that ends at its first eos, plus the eos-free ones cut at 3 tokens, each
@@ -110,7 +120,9 @@ class _Bigram(nnx.Module):
     return self.table[...][tokens]
 
 
-@pytest.mark.parametrize('beam_size', [1, 2])
+# A beam of 1 (the case where a finished hypothesis could take the only
+# slot) in the commit tier; 2 --extended (tiers.py), a second beam setting.
+@pytest.mark.parametrize('beam_size', [1, pytest.param(2, marks=EXTENDED)])
 def test_an_early_eos_does_not_take_a_live_hypothesis_place(beam_size):
   """Eos = 2. After the prompt, eos has p 0.55 and token 1 p 0.45; after 1,
   eos has p 0.999. With alpha 2: [eos] scores log 0.55 / 1 = -0.598 and
@@ -150,6 +162,12 @@ def test_a_settled_search_returns_a_finished_hypothesis_even_for_negative_alpha(
   assert float(beam.scores[0]) == pytest.approx(np.log(0.5 - tiny), rel=1e-5)
 
 
+# --extended (tiers.py): the same eos handling, greedy and beam, is checked in
+# the commit tier by test_an_early_eos_does_not_take_a_live_hypothesis_place[1]
+# (pad after eos, eos counted in the length penalty, greedy stops at eos) and
+# test_a_full_beam_with_eos_is_exhaustive_search[0.6] (pad after eos on a
+# real decoder).
+@EXTENDED
 def test_end_of_sentence_pads_and_stops():
   """After eos a sequence holds pad; the length penalty counts the tokens
   up to and including eos; the loop stops once every sequence is done."""
@@ -197,7 +215,13 @@ def test_beams_over_scanned_layers_and_cross_attention():
   np.testing.assert_array_equal(beam.tokens, greedy)
 
 
-@pytest.mark.parametrize('position', ['rope', 'shaw', 'huang'])
+# RoPE in the commit tier; Shaw and Huang --extended (tiers.py): the forced
+# loop is the same for every encoding (the rope case), and their cached paths
+# are checked against the full causal pass in test_decoder.py
+# (test_cached_decoding_equals_the_full_causal_pass[shaw], [huang]).
+@pytest.mark.parametrize('position', [
+    'rope', pytest.param('shaw', marks=EXTENDED),
+    pytest.param('huang', marks=EXTENDED)])
 def test_teacher_forcing_through_the_cache_equals_the_full_pass(position):
   dec = _decoder(position=position)
   tokens = _tokens((2, 9))

@@ -12,6 +12,7 @@ from flax.traverse_util import flatten_dict
 import selfattn
 from reference import assert_scanned_grads_match
 from reference import stack_loop_into_scan
+from tiers import EXTENDED
 
 ALL = selfattn.POSITION_NAMES
 ABSOLUTE = ('sinusoidal', 'learned')
@@ -53,7 +54,17 @@ def test_only_no_encoding_is_permutation_equivariant(position):
     assert gap > 1e-3
 
 
-@pytest.mark.parametrize('position', ALL)
+# none, the absolute encodings and RoPE in the commit tier; the other relative
+# encodings --extended (tiers.py): that they see only offsets is
+# test_positions.py's test_relative_encodings_see_only_offsets_between_positions
+# for each, and that masked keys change nothing is
+# test_padded_tokens_never_change_valid_outputs for each.
+LEFT_PADDING_COMMIT_TIER = ('none', 'sinusoidal', 'learned', 'rope')
+
+
+@pytest.mark.parametrize('position', [
+    p if p in LEFT_PADDING_COMMIT_TIER else pytest.param(p, marks=EXTENDED)
+    for p in ALL])
 def test_left_padding_changes_only_absolute_encodings(position):
   enc = make(position)
   x = tokens((2, 6), seed=2)
@@ -69,7 +80,13 @@ def test_left_padding_changes_only_absolute_encodings(position):
     assert gap < 1e-4
 
 
-@pytest.mark.parametrize('position', ALL)
+# 'none' in the commit tier; the other encodings --extended (tiers.py): each
+# one's encoder, with padding, is differentiated in the commit tier by
+# test_attention.py's test_fused_path_equals_the_plain_path (outputs and
+# gradients against the plain path) or test_positions.py's
+# test_every_parameter_receives_a_gradient.
+@pytest.mark.parametrize('position', [
+    p if p == 'none' else pytest.param(p, marks=EXTENDED) for p in ALL])
 def test_jit_matches_eager_and_gradients_are_finite(position):
   enc = make(position)
   x = tokens((2, 7), seed=3)
@@ -156,7 +173,11 @@ def test_per_layer_attention_weights_on_request_only():
   assert not nnx.state(enc, nnx.Intermediate)
 
 
-@pytest.mark.parametrize('dtype', [jnp.bfloat16, jnp.float16])
+# float16 --extended (tiers.py): the bfloat16 case takes the same dtype path
+# through the encoder; float16's masked softmax is
+# test_attention.py's test_masked_softmax_is_finite_in_low_precision[float16].
+@pytest.mark.parametrize('dtype', [jnp.bfloat16,
+                                   pytest.param(jnp.float16, marks=EXTENDED)])
 def test_low_precision_forward_is_finite_and_close_to_float32(dtype):
   x = tokens((2, 10), seed=5)
   lens = jnp.array([10, 0])   # one sequence with nothing valid at all
@@ -199,7 +220,12 @@ def test_invalid_arguments_raise_clear_errors():
     selfattn.TransformerEncoder(5, 8, 8, 2, 1, position='xpos', rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize('position', ['shaw', 'learned'])
+# Shaw --extended (tiers.py): the learned case takes the same remat path
+# (stack.run_blocks wraps every block alike); Shaw's gradients stay in the
+# commit tier in test_fused_path_equals_the_plain_path[shaw] and
+# test_every_parameter_receives_a_gradient[shaw].
+@pytest.mark.parametrize('position', [pytest.param('shaw', marks=EXTENDED),
+                                      'learned'])
 def test_remat_gives_the_same_outputs_and_gradients(position):
   def build(remat):
     return selfattn.TransformerEncoder(12, 16, 32, 2, 2, 0.0, position=position,
@@ -221,7 +247,13 @@ def test_remat_gives_the_same_outputs_and_gradients(position):
   assert 'remat' not in jaxpr and 'checkpoint' not in jaxpr
 
 
-@pytest.mark.parametrize('position', ['sinusoidal', 'shaw', 't5', 'rope'])
+# Shaw in the commit tier; the others --extended (tiers.py): the same scan
+# (stack.build_blocks, run_blocks) with another encoding, each layer's
+# relative module stacked as Shaw's is (T5 scanned is also the [t5-2-True]
+# case of test_a_causal_encoder_decodes_through_its_caches_like_the_full_pass).
+@pytest.mark.parametrize('position', [
+    pytest.param('sinusoidal', marks=EXTENDED), 'shaw',
+    pytest.param('t5', marks=EXTENDED), pytest.param('rope', marks=EXTENDED)])
 def test_scanned_layers_equal_the_loop_with_the_same_parameters(position):
   def build(scan):
     return selfattn.TransformerEncoder(12, 16, 32, 2, 3, position=position,
@@ -238,8 +270,18 @@ def test_scanned_layers_equal_the_loop_with_the_same_parameters(position):
   assert_scanned_grads_match(lambda m: (m(x, lens) ** 2).sum(), loop, scanned)
 
 
+# Sinusoidal (positions continued from the cache into an absolute table) and
+# T5 with two scanned layers (a relative module per layer) in the commit tier;
+# the other encodings --extended (tiers.py): the encoder's decode step is the
+# same for every encoding, and each one's attention through the caches is
+# test_decoder.py's test_cached_decoding_equals_the_full_causal_pass.
+CAUSAL_ENCODER_COMMIT_TIER = (('sinusoidal', 1, False), ('t5', 2, True))
+
+
 @pytest.mark.parametrize('position, layers, scan', [
-    *[(p, 1, False) for p in ALL], ('t5', 2, True)])
+    case if case in CAUSAL_ENCODER_COMMIT_TIER
+    else pytest.param(*case, marks=EXTENDED)
+    for case in [*[(p, 1, False) for p in ALL], ('t5', 2, True)]])
 def test_a_causal_encoder_decodes_through_its_caches_like_the_full_pass(
     position, layers, scan):
   """A prompt of 4 then one token at a time: the outputs of one causal pass

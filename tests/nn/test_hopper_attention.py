@@ -270,11 +270,14 @@ def test_interpreted_ping_pong_off_gives_the_same_answer():
 
 
 # Rotations: PoPE (rotated outside the kernel as RoPE is, and Dq != Dv).
-# T5 and Shaw: the Hopper backward with the tables' gradients. ALiBi's
-# causal backward is also interpreted above (BACKWARD_CASES): the extended
-# tier (tiers.py).
+# Shaw: the Hopper backward with its two tables' gradients handed back to
+# the module. ALiBi and T5 in the extended tier (tiers.py): their kernels
+# are interpreted against float32 gradients above (BACKWARD_CASES), and T5's
+# one table reaches the module through the same code as Shaw's two
+# (pallas_attention._hopper_backward).
 @pytest.mark.parametrize('relative', [pytest.param('alibi', marks=EXTENDED),
-                                      't5', 'pope', 'shaw'])
+                                      pytest.param('t5', marks=EXTENDED),
+                                      'pope', 'shaw'])
 @in_interpreter_process
 def test_gradients_through_the_hopper_kernels_match_triton(relative):
   """pallas_attention through the Hopper kernels (forward, dQ, dK/dV;

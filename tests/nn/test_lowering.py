@@ -274,23 +274,31 @@ STEP_CASES = [(impl, platform, position)
 
 # The extended tier's cases (tiers.py): 'auto' at STEP_LENGTH is the
 # chunked path, lowered here for every encoding, so the commit tier checks
-# its choice on two (none and Shaw's terms); and the kernel's steps for
+# its choice on two (none and Shaw's terms); the kernel's steps for
 # encodings whose attention call repeats another's: the additive tables
 # (sinusoidal, learned) reach it as 'none' does, and XL falls back to the
-# plain path as Huang does.
+# plain path as Huang does; the kernel's steps for tpu but Shaw's (the
+# model around the kernel is the same for both platforms, checked per
+# encoding on cuda, and each TPU kernel is lowered by
+# test_kernel_lowers_forward_and_gradient); and the plain path's steps but
+# 'none' (it materializes the weights whatever the encoding; fused keeps
+# its four, as it treats them differently).
 AUTO_IN_COMMIT_TIER = ('none', 'shaw')
 PALLAS_REPEATS = ('sinusoidal', 'learned', 'xl')
 
 
-def _extended_step(impl: str, position: str) -> bool:
+def _extended_step(impl: str, platform: str, position: str) -> bool:
   if impl == 'auto':
     return position not in AUTO_IN_COMMIT_TIER
-  return impl == 'pallas' and position in PALLAS_REPEATS
+  if impl == 'plain':
+    return position != 'none'
+  return impl == 'pallas' and (position in PALLAS_REPEATS
+                               or (platform == 'tpu' and position != 'shaw'))
 
 
 STEP_PARAMS = [
     pytest.param(*case, marks=EXTENDED)
-    if _extended_step(case[0], case[2]) else case for case in STEP_CASES]
+    if _extended_step(*case) else case for case in STEP_CASES]
 
 
 @pytest.mark.parametrize('impl,platform,position', STEP_PARAMS)
@@ -305,7 +313,13 @@ def test_training_steps_lower(platform, impl, position):
     _check_step(text, impl, position, STEP_LENGTH, platform)
 
 
-@pytest.mark.parametrize('platform', PLATFORMS)
+# tpu in the extended tier (tiers.py): the model around the kernel is the
+# same for both platforms, checked at 8k by the cuda case, and the TPU
+# kernels at 8k differ from their lowering at 1000 only in grid size and
+# loop bounds (KERNEL_CASES' comment).
+@pytest.mark.parametrize('platform', [
+    platform if platform == 'cuda' else pytest.param(platform, marks=EXTENDED)
+    for platform in PLATFORMS])
 def test_pallas_training_steps_lower_at_the_longest_length(platform):
   """The table-carrying encodings (Shaw, T5) through the Pallas kernel, in
   the encoder and the decoder, at 8k: no (L, L) tensor anywhere in the step

@@ -14,6 +14,7 @@ from flax import nnx
 from selfattn.nn import attention
 from selfattn.nn import positions
 from selfattn.nn import pallas_attention as pa
+from tiers import EXTENDED
 from tiers import each_choice
 from tiers import product
 
@@ -30,6 +31,13 @@ def _exact_matmuls():
   tolerances."""
   with jax.default_matmul_precision('highest'):
     yield
+
+
+def _commit_tier(cases, *kept):
+  """parametrize cases: those in `kept` in the commit tier, every other one
+  marked extended (each mark's sibling is named where it is used)."""
+  return [pytest.param(*case, marks=() if case in kept else EXTENDED)
+          for case in cases]
 
 
 def _relative(kind):
@@ -167,8 +175,14 @@ def _kernel_and_plain_agree(relative, lq, lk, lengths, causal, seed):
     np.testing.assert_allclose(a, b, atol=2e-4, rtol=2e-4)
 
 
-@pytest.mark.parametrize('causal,per_head', each_choice(product(
-    [False, True], [False, True])))
+# One case in the commit tier: per-head Shaw, causal. With Lq < Lk its
+# causal rows still reach key blocks beyond +k, so the forward and both
+# backward kernels take the left, near and right regions there; the shared
+# table's far-block gradients run in test_gradients_equal_plain[True-shaw]
+# (19 x 19, clip 3: far blocks left of the diagonal) and non-causal Shaw in
+# test_gradients_with_key_lengths_equal_plain[False-shaw].
+@pytest.mark.parametrize('causal,per_head', _commit_tier(
+    product([False, True], [False, True]), (True, True)))
 def test_shaw_far_blocks_forward_and_gradients_equal_plain(per_head, causal):
   """Lengths where most key blocks lie beyond the clip on either side
   (40 x 56, 8-blocks, k = 2): the edge-row shortcut gives the plain path's
@@ -195,7 +209,12 @@ def test_t5_buckets_beyond_max_distance_are_each_directions_last():
           -far, num_buckets, max_distance)).tolist()) == {half - 1}
 
 
-@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('causal', [
+    # Extended: [True] takes the same edge-bucket split, on both sides (with
+    # Lq < Lk its causal rows reach key blocks beyond +max_distance);
+    # non-causal T5 runs in test_gradients_equal_plain[False-t5].
+    pytest.param(False, marks=EXTENDED),
+    True])
 def test_t5_far_blocks_forward_and_gradients_equal_plain(causal):
   """T5 at lengths where most key blocks lie beyond max_distance = 12
   (48 x 72, 8-blocks): the edge-bucket shortcut gives the plain path's
@@ -248,8 +267,13 @@ def test_gradients_equal_plain(kind, causal):
     assert float(jnp.abs(table).max()) > 0               # the tables learn
 
 
-@pytest.mark.parametrize('causal,kind', each_choice(product(
-    [False, True], ['none', 't5', 'shaw'])))
+# Two cases in the commit tier, causal and not. Shaw's unmasked blocks (its
+# table gradients included) run in
+# test_gradients_with_key_lengths_equal_plain[False-shaw], whose blocks
+# below the key length take the same unmasked loops.
+@pytest.mark.parametrize('causal,kind', _commit_tier(
+    product([False, True], ['none', 't5', 'shaw']),
+    (False, 'none'), (True, 't5')))
 def test_gradients_without_a_key_mask_equal_plain(kind, causal):
   """Without a key mask the kernels mask only the blocks that need it (the
   padded last key block in the forward and dQ; causal blocks crossing the
@@ -266,8 +290,13 @@ def test_gradients_without_a_key_mask_equal_plain(kind, causal):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize('causal,kind', each_choice(product(
-    [False, True], ['none', 't5', 'shaw'])))
+# Two cases in the commit tier, both not causal. Key lengths with causal
+# blocks run in test_multihead_attention_pallas_equals_plain[True-pope]
+# (valid_lens reach the kernel as key lengths); T5's unmasked blocks in
+# test_gradients_without_a_key_mask_equal_plain[True-t5].
+@pytest.mark.parametrize('causal,kind', _commit_tier(
+    product([False, True], ['none', 't5', 'shaw']),
+    (False, 'none'), (False, 'shaw')))
 def test_gradients_with_key_lengths_equal_plain(kind, causal):
   """Key lengths (a prefix mask, as valid_lens arrive): the kernels skip
   the key blocks past a row's length and mask only the block crossing it;
@@ -310,8 +339,20 @@ def _mha(name, impl, seed=0):
                                       attention_impl=impl, rngs=rngs)
 
 
-@pytest.mark.parametrize('causal,name', each_choice(product(
-    [False, True], ['none', 'alibi', 't5', 'shaw', 'rope', 'pope'])))
+# The rotations in the commit tier (RoPE not causal, PoPE causal): only
+# here do they reach the kernel, as the 'none' kernel after rotating q and
+# k; MultiHeadAttention hands every encoding's module to pallas_attention
+# alike. The others' kernel outputs and table gradients are checked
+# directly: none in test_forward_equals_plain[False-none] and
+# test_gradients_with_key_lengths_equal_plain[False-none]; ALiBi in
+# test_gradients_equal_plain[True-alibi] and, through MultiHeadAttention,
+# test_multihead_attention_key_mask; T5 in test_gradients_equal_plain[False-t5]
+# and test_gradients_without_a_key_mask_equal_plain[True-t5]; Shaw in
+# test_gradients_equal_plain[True-shaw] and
+# test_gradients_with_key_lengths_equal_plain[False-shaw].
+@pytest.mark.parametrize('causal,name', _commit_tier(
+    product([False, True], ['none', 'alibi', 't5', 'shaw', 'rope', 'pope']),
+    (False, 'rope'), (True, 'pope')))
 def test_multihead_attention_pallas_equals_plain(name, causal, monkeypatch):
   """End to end with valid_lens: outputs and every parameter's gradient
   (the projections and, for T5, Shaw and PoPE, the encoding's own) agree, and

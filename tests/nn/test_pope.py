@@ -16,6 +16,7 @@ from selfattn.nn import bounded
 from selfattn.nn import chunked
 from selfattn.nn import positions
 from selfattn.training import steps
+from tiers import EXTENDED
 
 
 def _pope(delta_init='uniform', num_heads=2, head_dim=6, seed=0):
@@ -126,6 +127,12 @@ def test_no_what_where_entanglement_a_query_prefers_its_own_position():
   assert int(np.argmax(logits(rope))) != 20          # content rotates RoPE's peak
 
 
+# --extended (tiers.py): PoPE's fused path against the plain one, outputs and
+# gradients (delta's included), padded and causal, is test_attention.py's
+# test_fused_path_equals_the_plain_path[pope]; its chunked path is
+# test_chunked.py's test_chunked_equals_plain_forward_and_gradients (PoPE's
+# case) and test_chunked_equals_plain_with_explicit_positions_and_cross_...
+@EXTENDED
 @pytest.mark.parametrize('causal', [False, True])
 def test_plain_fused_and_chunked_agree_in_outputs_and_gradients(causal):
   pope = _pope('uniform')
@@ -153,6 +160,13 @@ def test_plain_fused_and_chunked_agree_in_outputs_and_gradients(causal):
       np.testing.assert_allclose(g, w, atol=2e-5, rtol=1e-5)
 
 
+# --extended (tiers.py): PoPE's cached decoding against the full causal pass
+# is test_decoder.py's test_cached_decoding_equals_the_full_causal_pass[pope],
+# shifted positions test_positions.py's
+# test_relative_encodings_see_only_offsets_between_positions[pope], and a
+# non-zero delta at arbitrary positions
+# test_logits_equal_the_papers_equations_at_given_positions.
+@EXTENDED
 def test_decoder_cached_decoding_and_shifted_positions():
   """Cached decoding equals the full causal pass, and shifting every
   position (randomized-position decoding) changes nothing."""

@@ -9,6 +9,7 @@ from flax import nnx
 import selfattn
 from selfattn.nn.positions import alibi_slopes, relative_to_absolute
 import reference
+from tiers import EXTENDED
 
 
 def test_chapter_table_P_matches_numpy_formula():
@@ -176,7 +177,16 @@ def test_huang_beyond_max_len_uses_the_edge_rows():
   np.testing.assert_allclose(huang.logits(q, k), want, atol=1e-5)
 
 
-@pytest.mark.parametrize('position', selfattn.POSITION_NAMES)
+# The encodings without parameters of their own --extended (tiers.py): the
+# model's other parameters are checked by every other case, and these
+# encodings' encoders are differentiated against the plain path in
+# test_attention.py's test_fused_path_equals_the_plain_path.
+NO_PARAMETERS = ('none', 'sinusoidal', 'rope', 'alibi')
+
+
+@pytest.mark.parametrize('position', [
+    pytest.param(p, marks=EXTENDED) if p in NO_PARAMETERS else p
+    for p in selfattn.POSITION_NAMES])
 def test_every_parameter_receives_a_gradient(position):
   """Mutation caught: wrapping any table (a_K, a_V, E, the T5 bias, learned P,
   XL's W_r, u, v) in stop_gradient, or any parameter left out of the loss."""
@@ -276,7 +286,18 @@ def _encoder(position, **options):
       rngs=nnx.Rngs(0), **options)
 
 
-@pytest.mark.parametrize('position', selfattn.POSITION_NAMES)
+# Shaw (gathered logit and value terms) and learned (an absolute table) in
+# the commit tier; the others --extended (tiers.py): each encoding's terms at
+# explicit positions are also what cached decoding uses, checked against the
+# default full pass in test_decoder.py's
+# test_cached_decoding_equals_the_full_causal_pass, and the tables at given
+# positions in test_absolute_encodings_read_the_table_at_the_given_positions.
+EXPLICIT_POSITIONS_COMMIT_TIER = ('shaw', 'learned')
+
+
+@pytest.mark.parametrize('position', [
+    p if p in EXPLICIT_POSITIONS_COMMIT_TIER
+    else pytest.param(p, marks=EXTENDED) for p in selfattn.POSITION_NAMES])
 def test_explicit_positions_0_to_L_equal_the_default_path(position):
   enc = _encoder(position)
   tokens = jax.random.randint(jax.random.key(0), (2, 9), 0, 11)
@@ -309,6 +330,10 @@ def test_absolute_encodings_read_the_table_at_the_given_positions(position):
                              table[[2, 5, 11, 40]], atol=1e-6)
 
 
+# --extended (tiers.py): Shaw's value term with explicit positions against
+# the gather-free path, through the encoder, is
+# test_explicit_positions_0_to_L_equal_the_default_path[shaw].
+@EXTENDED
 def test_shaw_value_term_with_positions_folds_like_the_gather_free_path():
   shaw = selfattn.ShawRelative(2, 4, clip_distance=2, rngs=nnx.Rngs(0))
   w = jax.nn.softmax(jax.random.normal(jax.random.key(0), (3, 2, 6, 6)))

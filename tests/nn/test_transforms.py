@@ -11,6 +11,7 @@ from flax import nnx
 from flax.nnx import bridge
 
 import selfattn
+from tiers import EXTENDED
 
 
 def make(position='shaw', dropout=0.0, rngs=None, **kwargs):
@@ -121,6 +122,12 @@ class _LinenClassifier(nn.Module):
     return nn.Dense(2)(h.mean(axis=1))
 
 
+# --extended (tiers.py): the bridge's path is test_encoder.py's
+# test_usable_inside_linen_through_bridge (init, parameters, outputs);
+# building without a dropout stream is
+# test_params_stream_alone_builds_the_model, dropout on in training only
+# test_train_and_eval_modes_are_respected.
+@EXTENDED
 def test_linen_bridge_inits_with_one_key_trains_and_uses_dropout():
   model = _LinenClassifier()
   x = toks((8, 6))

@@ -8,6 +8,7 @@ import pytest
 from selfattn import tasks
 from selfattn.training import config_checks
 from selfattn.tasks.synthetic.indirect_indexing import COMMA, DIGIT0, MINUS, PLUS
+from tiers import EXTENDED
 
 def _decode(inputs, num_inputs, V=52):
   """Token ids -> (string, source letter, shift), read back independently of
@@ -87,6 +88,12 @@ def test_autoregressive_layout_scores_only_the_target_token():
   assert task.num_classes == 52 and task.input_symbols == 65
 
 
+# Extended: the seeding is make_batch's for every task, checked in the
+# commit tier by test_tasks.py's
+# test_batches_are_a_function_of_seed_step_and_example_index (reverse and
+# precedes among selfattn's own tasks); this task's make_batch runs in
+# test_autoregressive_layout_scores_only_the_target_token.
+@EXTENDED
 def test_batches_are_a_function_of_seed_and_step():
   _, a = _examples(8, seed=3, step=5)
   _, b = _examples(8, seed=3, step=5)

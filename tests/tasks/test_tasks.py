@@ -8,6 +8,7 @@ import pytest
 
 from data import REQUIRES_JSB
 from selfattn import tasks
+from tiers import EXTENDED
 import chomsky_reference as ref
 
 LENGTHS = (1, 2, 7, 40, 101)
@@ -45,8 +46,18 @@ def test_suite_task_agrees_with_reference_output_function(name):
       assert np.all(weights[:n_in] == 0)
 
 
-@pytest.mark.parametrize('name', [n for n in tasks.SUITE_NAMES
-                                  if 'in_place' in tasks.TASKS[n].layouts])
+# The commit tier keeps one task of each kind the in_place layout lays out
+# differently (a CLS label or outputs aligned with the inputs) and of each
+# way of sampling: parity_check (a label, sampled in JAX), solve_equation (a
+# label, sampled on the host) and bucket_sort (aligned). Extended: the
+# other tasks, whose examples take the same layout code (their samplers
+# are checked in test_suite_task_agrees_with_reference_output_function).
+IN_PLACE_IN_COMMIT_TIER = ('parity_check', 'solve_equation', 'bucket_sort')
+
+
+@pytest.mark.parametrize('name', [
+    n if n in IN_PLACE_IN_COMMIT_TIER else pytest.param(n, marks=EXTENDED)
+    for n in tasks.SUITE_NAMES if 'in_place' in tasks.TASKS[n].layouts])
 def test_in_place_layout_carries_the_same_examples(name):
   placed = tasks.get_task(name, layout='placeholders')
   in_place = tasks.get_task(name, layout='in_place')
@@ -94,7 +105,11 @@ def test_layout_errors_name_the_valid_choices():
     tasks.get_task('copy')
 
 
-@pytest.mark.parametrize('name', ['reverse_string', 'parity_check', 'sort'])
+@pytest.mark.parametrize('name', [
+    # Extended: a sequence of outputs fed back is [sort]'s case too, through
+    # the same layout code; [parity_check] is the one-label case.
+    pytest.param('reverse_string', marks=EXTENDED),
+    'parity_check', 'sort'])
 def test_autoregressive_layout_is_the_placeholders_layout_shifted_right(name):
   """Same examples, targets and counted positions as placeholders; the
   inputs there are the separator, then each previous output symbol."""
@@ -159,9 +174,32 @@ def test_precedes_marks_two_positions_and_is_balanced():
   assert 0.35 < np.mean(labels) < 0.65
 
 
+# A covering subset of the tasks in the commit tier: the seeding (one key
+# per (seed, stream, step, example index), example_keys) and make_batch's
+# vmap over the indices are shared by every task, so one task of each
+# family and way of sampling stands for the rest: parity_check (regular, a
+# label, sampled in JAX), solve_equation (deterministic context-free, a
+# label, sampled on the host), binary_addition (context-sensitive, masked
+# outputs, on the host), bucket_sort (context-sensitive, a sequence, in
+# JAX), reverse and precedes (selfattn's own tasks: a sequence and a CLS
+# label) and jsb_chorales (the language model: in_place crops). Extended:
+# the other 15; each one's sampler is checked in the commit tier by its own
+# test (test_suite_task_agrees_with_reference_output_function,
+# test_own_token_task_targets_match_numpy_definition,
+# tests/tasks/test_indirect_indexing.py).
+BATCHES_IN_COMMIT_TIER = ('parity_check', 'solve_equation', 'binary_addition',
+                          'bucket_sort', 'reverse', 'precedes', 'jsb_chorales')
+
+
+def _batch_case(name):
+  marks = [REQUIRES_JSB] if name == 'jsb_chorales' else []
+  if name not in BATCHES_IN_COMMIT_TIER:
+    marks.append(EXTENDED)
+  return pytest.param(name, marks=marks)
+
+
 @pytest.mark.parametrize('name', [
-    pytest.param(n, marks=REQUIRES_JSB) if n == 'jsb_chorales' else n
-    for n in tasks.TASK_NAMES
+    _batch_case(n) for n in tasks.TASK_NAMES
     # Translation draws pairs in buckets: tests/training/test_translation.py.
     if not tasks.TASKS[n].seq2seq])
 def test_batches_are_a_function_of_seed_step_and_example_index(name):
@@ -212,6 +250,10 @@ def test_per_batch_length_gives_one_length_per_step_on_every_shard():
   assert len(seen) > 4 and all(v % 3 == 0 for v in seen)     # 3n tokens
 
 
+# Extended: test_batches_are_a_function_of_seed_step_and_example_index
+# [binary_addition] checks the same task for the same (a shard's rows, the
+# same batch again, another step).
+@EXTENDED
 def test_host_sampled_tasks_are_deterministic_and_shard_consistently():
   task = tasks.get_task('binary_addition', layout='placeholders')
   a = tasks.make_batch(task, 0, jnp.int32(3), jnp.arange(8), 3, 12)
@@ -221,7 +263,12 @@ def test_host_sampled_tasks_are_deterministic_and_shard_consistently():
   assert not np.array_equal(a.inputs, c.inputs)
 
 
-@pytest.mark.parametrize('name', ['stack_manipulation', 'solve_equation'])
+@pytest.mark.parametrize('name', [
+    # Extended: [solve_equation] takes the same host callback (_host's
+    # batched round trip); stack_manipulation's masked outputs are checked
+    # in test_suite_task_agrees_with_reference_output_function.
+    pytest.param('stack_manipulation', marks=EXTENDED),
+    'solve_equation'])
 def test_host_sampled_batch_equals_one_call_per_example(name):
   """The host tasks sample a whole vmapped batch in one callback: the same
   examples as calling the sampler once per key, unbatched, also under a

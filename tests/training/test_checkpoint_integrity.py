@@ -19,6 +19,7 @@ from selfattn.training import train
 from selfattn.training import workdir as workdir_lib
 from selfattn.training.steps import Trainer
 from runs import saved_params
+from tiers import EXTENDED
 
 # A probe that makes tensorstore's reading fail (below) can leave a late
 # callback into orbax's closed event loop, as in test_faults: only that
@@ -247,6 +248,12 @@ def test_init_from_never_modifies_the_source_workdir(finished_run, template,
   assert _tree_digest(only) == before
 
 
+# Extended: init_from's source is read once, at the start, in
+# test_init_from_never_modifies_the_source_workdir and
+# test_train.py::test_training_longer_goes_through_init_from_and_the_guard_needs_no_config_json
+# (tests/README.md); this regression test reruns and resumes a derived run
+# after its source is gone.
+@EXTENDED
 def test_a_derived_run_outlives_its_source(finished_run, tmp_path):
   """init_from is read when a run starts, and only then: once the source
   workdir is gone, rerunning the finished derived run returns its summary

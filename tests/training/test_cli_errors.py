@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 from runs import cli
+from tiers import EXTENDED
 from selfattn.training import workdir as workdir_lib
 
 pytestmark = pytest.mark.slow
@@ -28,6 +29,11 @@ def _refused(result, workdir, *expected):
   return lines[0]
 
 
+# Extended: test_cli_checks.py makes these checks in process (the same
+# functions selfattn.main calls before absl parses a flag), and
+# test_train.py::test_cli_mistakes_get_one_line_not_a_traceback shows such a
+# problem reaching the command line as one line and exit 2 (tests/README.md).
+@EXTENDED
 def test_misspelt_field_and_section(tmp_path):
   workdir = tmp_path / 'run'
   line = _refused(cli(workdir, '--config.model.postion=shaw'), workdir,
@@ -40,6 +46,11 @@ def test_misspelt_field_and_section(tmp_path):
            'config.model.num_layers is a value, not a section')
 
 
+# Extended: test_cli_checks.py makes these checks in process (the same
+# functions selfattn.main calls before absl parses a flag), and
+# test_train.py::test_cli_mistakes_get_one_line_not_a_traceback shows such a
+# problem reaching the command line as one line and exit 2 (tests/README.md).
+@EXTENDED
 def test_config_files_that_fail(tmp_path):
   workdir = tmp_path / 'run'
   _refused(cli(workdir, config='configs/chomsky.py:bogus'), workdir,
@@ -59,6 +70,11 @@ def test_config_files_that_fail(tmp_path):
            'get_config raised RuntimeError: broken on purpose')
 
 
+# Extended: test_cli_checks.py makes these checks in process (the same
+# functions selfattn.main calls before absl parses a flag), and
+# test_train.py::test_cli_mistakes_get_one_line_not_a_traceback shows such a
+# problem reaching the command line as one line and exit 2 (tests/README.md).
+@EXTENDED
 def test_space_separated_config_and_values_that_only_look_valid(tmp_path):
   """`--config PATH` (a space, as absl allows) gets the same one-line
   checks as `--config=PATH`; and two values that used to pass validation
@@ -86,6 +102,11 @@ def test_space_separated_config_and_values_that_only_look_valid(tmp_path):
            'config.seed must be an integer in [0, 2**31)')
 
 
+# Extended: test_config_compat.py::test_a_config_without_a_field_is_refused_naming_it
+# makes the same claim in process (the same check in validate_config), and
+# a ConfigError from training reaches the command line as one line in
+# test_train.py::test_cli_reports_bad_config_in_one_line (tests/README.md).
+@EXTENDED
 def test_a_config_missing_a_field(tmp_path):
   workdir = tmp_path / 'run'
   lacking = _config_file(tmp_path, """
@@ -114,9 +135,14 @@ def test_a_second_study_runner_on_a_locked_run_is_one_line(tmp_path, capsys,
   assert 'in use by another live run' in err[-1]
 
 
+# '[1, 2]' in the commit tier. Extended: '{not json' and '' fail to parse,
+# as test_a_truncated_summary_and_a_lock_that_is_a_directory's summary.json
+# does through the same reader (workdir.read_json_object) on the command line
+# (tests/README.md).
 @pytest.mark.parametrize('content,expected', [
-    ('{not json', 'cannot be read: Expecting property name'),
-    ('', 'cannot be read: Expecting value'),
+    pytest.param('{not json', 'cannot be read: Expecting property name',
+                 marks=EXTENDED),
+    pytest.param('', 'cannot be read: Expecting value', marks=EXTENDED),
     ('[1, 2]', 'holds a JSON list, not an object'),
 ])
 def test_a_damaged_config_json_in_the_workdir(tmp_path, content, expected):

@@ -13,6 +13,7 @@ from selfattn.training import early_stopping
 from selfattn.training import train
 from selfattn.training.config_checks import validate_config
 from runs import crashed_copy, saved_params
+from tiers import EXTENDED
 
 
 def _rule(tmp_path, metric, patience=2, max_len=8):
@@ -83,6 +84,14 @@ def _flat_run_config(c, num_steps):
   return c
 
 
+# Extended: test_resumes_that_missed_or_already_made_the_decision_stop_at_the_same_step
+# makes the same claim (a run stops early, resumed copies stop at the same
+# step with the same outcome) and takes both of the resume's own branches;
+# the outcome's fields are test_stops_after_patience_evaluations_without_a_new_best's,
+# a rerun of a finished run is
+# test_checkpoint_integrity.py::test_rerunning_a_finished_run_does_not_rewrite_its_config
+# (tests/README.md).
+@EXTENDED
 def test_run_stops_early_and_a_resumed_copy_stops_at_the_same_step(
     tiny_config, tmp_path):
   c = _flat_run_config(tiny_config, 60)    # the cap, never reached

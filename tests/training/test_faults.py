@@ -19,6 +19,7 @@ from selfattn.training import train
 from selfattn.training import workdir as workdir_lib
 from selfattn.errors import ConfigError
 from runs import ROOT, cli, saved_params, subprocess_env, thirty_steps_config
+from tiers import EXTENDED
 
 
 @pytest.mark.slow
@@ -101,7 +102,15 @@ def thirty_step_run(tmp_path_factory):
 @pytest.mark.filterwarnings(
     r'ignore:(?s)Exception ignored in.*Event loop is closed'
     r':pytest.PytestUnraisableExceptionWarning')
-@pytest.mark.parametrize('how', ['truncated', 'no_metadata', 'emptied'])
+# 'truncated' in the commit tier. Extended: 'no_metadata' fails inside orbax's
+# restore as 'truncated' does (the same catch-all in _newest_that_restores);
+# 'emptied' is rejected by the step-metadata check, as
+# test_init_from_never_modifies_the_source_workdir's emptied step 30 is, and
+# test_checkpoint_integrity.py::test_a_flipped_byte_falls_back_to_the_previous_checkpoint
+# moves a damaged step aside through the same _Damaged branch (tests/README.md).
+@pytest.mark.parametrize('how', [
+    'truncated', pytest.param('no_metadata', marks=EXTENDED),
+    pytest.param('emptied', marks=EXTENDED)])
 def test_damaged_latest_checkpoint_falls_back_to_the_previous(thirty_step_run,
                                                                tmp_path, how):
   """The newest checkpoint that restores is used, with a warning; the run
@@ -121,8 +130,12 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous(thirty_step_run,
   assert os.path.isdir(damaged / 'checkpoints' / '20.damaged')
 
 
-@pytest.mark.parametrize('lr,warmup,every', [(1e30, 0, 1), (3.4e38, 0, 1),
-                                              (1e9, 30, 2)])
+# Extended: (1e30, 0, 1) diverges in its first step with a checkpoint at
+# every step, as (3.4e38, 0, 1) does, through the same checks before a save;
+# the two cases that used to checkpoint bad parameters stay in the commit
+# tier (tests/README.md).
+@pytest.mark.parametrize('lr,warmup,every', [
+    pytest.param(1e30, 0, 1, marks=EXTENDED), (3.4e38, 0, 1), (1e9, 30, 2)])
 def test_diverged_parameters_are_never_checkpointed(tiny_config, tmp_path, lr,
                                                     warmup, every):
   """Divergence stops the run in one message naming the checkpoint to go back

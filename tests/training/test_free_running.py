@@ -8,11 +8,13 @@ import pytest
 from flax import nnx
 
 from configs import tiny
+from selfattn.training import report
 from selfattn.training import steps
 from selfattn import tasks as tasks_lib
 from selfattn.training.free_running import cached_free_running_logits
 from selfattn.training.free_running import free_running_logits
 from selfattn.training.build import build_model
+from tiers import EXTENDED
 
 
 def _model_and_batch(length=6, padded=8, examples=2, position='rope',
@@ -68,8 +70,15 @@ def test_free_running_equals_greedy_decoding_one_slot_at_a_time():
   np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+# rope (positions 0..T-1) and learned (randomized positions, stored in the
+# cache as for every encoding) in the commit tier. Extended: huang and shaw,
+# the same cached_free_running_logits path; their caches against the full
+# causal pass are
+# tests/nn/test_encoder.py::test_a_causal_encoder_decodes_through_its_caches_like_the_full_pass
+# (every encoding) (tests/README.md).
 @pytest.mark.parametrize('position, randomized', [
-    ('rope', False), ('huang', False), ('shaw', True), ('learned', True)])
+    ('rope', False), pytest.param('huang', False, marks=EXTENDED),
+    pytest.param('shaw', True, marks=EXTENDED), ('learned', True)])
 def test_cached_free_running_equals_greedy_decoding(position, randomized):
   """Through the key/value caches, one token at a time, on a batch whose
   examples start their outputs at different positions (and with randomized
@@ -121,6 +130,14 @@ def test_evaluation_reports_free_running_accuracy_for_the_autoregressive_layout(
                           'free_running_sequence_accuracy'}
   assert (results['free_running_sequence_accuracy']
           == results['sequence_accuracy'])
+  # The run's results table gives them their own columns.
+  table = report.results_table({
+      'position': 'sinusoidal', 'task': 'reverse', 'step': 0, 'chance': 0.1,
+      'train_lengths': [1, 5], 'eval': {'6': results}}).splitlines()
+  assert 'free-running token acc | free-running sequence acc |' in table[2]
+  assert table[-1].endswith(
+      f'| {results["free_running_token_accuracy"]:.4f} | '
+      f'{results["free_running_sequence_accuracy"]:.4f} |')
   config.task.layout = 'placeholders'
   placeholders = steps.Trainer(config)
   plain = placeholders.evaluate(placeholders.init_state()['params'],

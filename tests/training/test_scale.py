@@ -15,6 +15,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from selfattn.training import train
 from runs import ROOT, cli, saved_params
+from tiers import EXTENDED
 
 EIGHT = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
 pytestmark = pytest.mark.slow
@@ -80,6 +81,12 @@ def _resume_from(source, step, target):
   shutil.copytree(source / 'checkpoints' / str(step), target / 'checkpoints' / str(step))
 
 
+# Extended: test_checkpoint_saved_on_one_device_resumes_on_eight makes the
+# same claim (a checkpoint resumes under another device count) the other
+# way; restoring onto one device is every single-device resume's path
+# (test_train.py::test_killed_run_resumes_to_the_same_parameters)
+# (tests/README.md).
+@EXTENDED
 def test_checkpoint_saved_on_eight_devices_resumes_on_one(tiny_run,
                                                           eight_device_run,
                                                           tmp_path):
@@ -105,6 +112,11 @@ def _free_port():
     return s.getsockname()[1]
 
 
+# Extended (tests/README.md): the sharded step over several devices is
+# test_eight_devices_give_the_same_loss_curve_as_one's; what only this test
+# runs is main.py's jax.distributed.initialize and the branches of a
+# process that is not process 0 (no log, no writes).
+@EXTENDED
 def test_two_processes_on_loopback_match_one_process(tiny_run, tmp_path):
   address = f'127.0.0.1:{_free_port()}'
   procs = [cli(tmp_path, f'--coordinator_address={address}',

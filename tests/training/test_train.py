@@ -16,6 +16,7 @@ from selfattn.training import steps
 from selfattn.training import train
 from selfattn.errors import ConfigError
 from runs import cli, crashed_copy, saved_params
+from tiers import EXTENDED
 
 
 def test_tiny_run_writes_summary_table_and_checkpoints(tiny_run):
@@ -71,6 +72,12 @@ def test_tensorboard_events_read_back_with_tags_images_and_hparams(tiny_run):
 PINNED_LOSS_LEN8 = 2.235306978225708
 
 
+# Extended: test_killed_run_resumes_to_the_same_parameters makes the same
+# claim through a kill; with dropout on, through the same loop,
+# test_translation.py::test_a_resumed_translation_run_ends_with_the_same_parameters;
+# dropout keys from (seed, step): test_steps.py::test_dropout_masks_change_with_the_step
+# (tests/README.md).
+@EXTENDED
 def test_resumed_run_ends_with_the_same_parameters(tiny_config, tmp_path):
   """With dropout on: the resumed steps redraw the masks they drew the first
   time (dropout keys come from (seed, step), not from carried rng state)."""
@@ -116,6 +123,11 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 
+# Extended: a learning outcome; 'none' and 'sinusoidal' train through the
+# same loop in the commit tier (tiny_run: sinusoidal; the 'none' attention
+# path in test_robustness.py::test_nan_in_padded_inputs_to_attention_changes_no_valid_output[none-plain])
+# (tests/README.md).
+@EXTENDED
 @pytest.mark.slow
 def test_no_position_information_stays_near_chance_on_order_tasks(tiny_config,
                                                                   tmp_path):
@@ -143,6 +155,12 @@ def test_no_position_information_stays_near_chance_on_order_tasks(tiny_config,
   assert accuracy['sinusoidal'] > 0.95, accuracy
 
 
+# Extended: bfloat16 activations over float32 parameters through the same
+# training step are lowered in tests/nn/test_lowering.py (every step there is
+# a bfloat16 model) and run forward in
+# tests/nn/test_encoder.py::test_low_precision_forward_is_finite_and_close_to_float32
+# (tests/README.md).
+@EXTENDED
 def test_bfloat16_activations_train_with_float32_parameters(tiny_config, tmp_path):
   import jax.numpy as jnp
   from selfattn.training.steps import Trainer
@@ -347,6 +365,14 @@ def test_cli_reports_bad_config_in_one_line(tmp_path):
   assert not (tmp_path / 'run').exists()
 
 
+# Extended: a learning outcome; the autoregressive layout's training step,
+# evaluation and free-running accuracies stay in the commit tier in
+# test_free_running.py::test_evaluation_through_the_cache_reports_the_same_accuracies
+# and ::test_evaluation_reports_free_running_accuracy_for_the_autoregressive_layout
+# (with the results table's free-running columns),
+# causal attention in test_robustness.py::test_an_encoder_built_causal_attends_causally_by_default
+# (tests/README.md).
+@EXTENDED
 @pytest.mark.slow
 def test_autoregressive_layout_trains_a_causal_model(tiny_config, tmp_path):
   """--config.task.layout=autoregressive: the model attends causally (the
@@ -377,6 +403,13 @@ def test_autoregressive_layout_trains_a_causal_model(tiny_config, tmp_path):
   assert 'free-running token acc' in report.results_table(summary)
 
 
+# Extended: a learning outcome; configs/chomsky.py's quick scale trains with
+# randomized positions in
+# tests/experiments/test_experiments.py::test_length_generalization_quick_survives_a_kill_and_shards,
+# and a rerun of a finished run changes nothing in
+# test_checkpoint_integrity.py::test_rerunning_a_finished_run_does_not_rewrite_its_config
+# (tests/README.md).
+@EXTENDED
 def test_suite_task_trains_under_reference_layout_with_randomized_positions(
     tmp_path):
   """configs/chomsky.py: the one command of the README, at the quick scale:
@@ -398,6 +431,13 @@ def test_suite_task_trains_under_reference_layout_with_randomized_positions(
   assert again == summary
 
 
+# Extended: the resume claim on another config variant;
+# test_killed_run_resumes_to_the_same_parameters makes it, scanned stacks'
+# outputs and gradients are checked against the loop in tests/nn
+# (test_encoder.py::test_scanned_layers_equal_the_loop_with_the_same_parameters),
+# and their weight decay in test_schedule.py::test_weight_decay_skips_norm_scales_and_biases_with_scan_layers_too
+# (tests/README.md).
+@EXTENDED
 @pytest.mark.slow
 def test_scanned_layers_train_and_resume_exactly(tiny_config, tmp_path):
   """config.model.scan_layers: a run trains, writes its summary, and a

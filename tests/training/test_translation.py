@@ -28,6 +28,7 @@ from selfattn.nn.models import Seq2SeqModel
 from selfattn.tasks.translation.data import BOS, EOS, PAD
 from selfattn.training.translation_steps import translation_summaries
 from tiny_corpus import tiny_translation_config
+from tiers import EXTENDED
 
 # --------------------------------------------------------------------------
 # Buckets and batches (no tokenizer).
@@ -120,7 +121,15 @@ def _model(position='sinusoidal', tie=False, vocab=23):
   return Seq2SeqModel(enc, dec, tie_embeddings=tie)
 
 
-@pytest.mark.parametrize('position', ['sinusoidal', 'shaw', 'rope'])
+# Sinusoidal (the default) in the commit tier. Extended: shaw and rope, the
+# same Seq2SeqModel masks (padding keys, causal decoder); each encoding's
+# padding and causality are tests/nn's
+# (test_encoder.py::test_padded_tokens_never_change_valid_outputs,
+# test_decoder.py::test_cached_decoding_equals_the_full_causal_pass)
+# (tests/README.md).
+@pytest.mark.parametrize('position', [
+    'sinusoidal', pytest.param('shaw', marks=EXTENDED),
+    pytest.param('rope', marks=EXTENDED)])
 def test_source_padding_and_future_targets_change_nothing(position):
   model = _model(position)
   src = jnp.array([[5, 6, 7, 8, PAD, PAD]], jnp.int32)
@@ -308,6 +317,12 @@ def test_translation_values_that_cannot_train_are_refused_before_the_workdir(
                                              'model.max_len': longest}))
 
 
+# Extended: the loop that resumes is the one every task trains in, checked
+# through a kill by test_train.py::test_killed_run_resumes_to_the_same_parameters;
+# translation's batches are a function of (seed, step) in
+# test_a_batch_is_a_pure_function_of_seed_and_step_and_holds_real_pairs
+# (tests/README.md).
+@EXTENDED
 @pytest.mark.slow
 def test_a_resumed_translation_run_ends_with_the_same_parameters(
     tiny_multi30k, tmp_path):
