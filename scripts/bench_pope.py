@@ -22,7 +22,6 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import selfattn  # noqa: E402

@@ -269,15 +269,19 @@ def test_interpreted_ping_pong_off_gives_the_same_answer():
   np.testing.assert_array_equal(outs[0][1], outs[1][1])
 
 
-# Rotations: PoPE (rotated outside the kernel as RoPE is, and Dq != Dv).
-# Shaw: the Hopper backward with its two tables' gradients handed back to
-# the module. ALiBi and T5 in the extended tier (tiers.py): their kernels
-# are interpreted against float32 gradients above (BACKWARD_CASES), and T5's
-# one table reaches the module through the same code as Shaw's two
-# (pallas_attention._hopper_backward).
+# Rotations: PoPE (rotated outside the kernel as RoPE is, and Dq != Dv):
+# pallas_attention through the Hopper kernels and its custom VJP, end to
+# end. The table-carrying encodings in the extended tier (tiers.py): their
+# kernels, tables' gradients included, are interpreted against float32
+# attention above (BACKWARD_CASES), and a table's gradient reaches its
+# module through the custom VJP the Triton kernels share (test_pallas.py's
+# gradient tests); what is Hopper's own there (pallas_attention.
+# _hopper_backward casting the tables' gradients) is lowered in the Shaw
+# and T5 training steps of test_lowering.py.
 @pytest.mark.parametrize('relative', [pytest.param('alibi', marks=EXTENDED),
                                       pytest.param('t5', marks=EXTENDED),
-                                      'pope', 'shaw'])
+                                      'pope',
+                                      pytest.param('shaw', marks=EXTENDED)])
 @in_interpreter_process
 def test_gradients_through_the_hopper_kernels_match_triton(relative):
   """pallas_attention through the Hopper kernels (forward, dQ, dK/dV;

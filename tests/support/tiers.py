@@ -3,10 +3,11 @@
 `python -m pytest` (CI, the README's command) runs the commit tier; `python
 -m pytest --extended` runs every test (conftest.py). A test or a case in the
 extended tier carries the `extended` mark. What goes there, and why, is in
-tests/README.md: the experiment drivers' trained quick runs and the
-benchmark's smoke run (what of them the commit tier covers, and what it does
-not, is listed there), and the cases of a parametrized grid beyond a
-covering subset (`each_choice`).
+tests/README.md: the commit tier keeps one check of each claim, and the
+extended tier what repeats one (the experiment drivers' trained runs, the
+benchmark's smoke run, learning outcomes, the same claim through another
+variant, and the cases of a parametrized grid beyond a covering subset,
+`each_choice`); what of them only the extended tier checks is listed there.
 """
 
 from __future__ import annotations
