@@ -73,9 +73,8 @@ PINNED_LOSS_LEN8 = 2.235306978225708
 
 
 # Extended: test_killed_run_resumes_to_the_same_parameters makes the same
-# claim through a kill; with dropout on, through the same loop,
-# test_translation.py::test_a_resumed_translation_run_ends_with_the_same_parameters;
-# dropout keys from (seed, step): test_steps.py::test_dropout_masks_change_with_the_step
+# claim through a kill, with dropout off; dropout keys come from (seed,
+# step), checked in test_steps.py::test_dropout_masks_change_with_the_step
 # (tests/README.md).
 @EXTENDED
 def test_resumed_run_ends_with_the_same_parameters(tiny_config, tmp_path):
@@ -403,13 +402,8 @@ def test_autoregressive_layout_trains_a_causal_model(tiny_config, tmp_path):
   assert 'free-running token acc' in report.results_table(summary)
 
 
-# Extended: a learning outcome; configs/chomsky.py's quick scale trains with
-# randomized positions in
-# tests/experiments/test_experiments.py::test_length_generalization_quick_survives_a_kill_and_shards,
-# and a rerun of a finished run changes nothing in
-# test_checkpoint_integrity.py::test_rerunning_a_finished_run_does_not_rewrite_its_config
-# (tests/README.md).
-@EXTENDED
+# In the commit tier: the one training run with randomized positions (the
+# training batches' draw, steps.make_train_batches with max_random_len).
 def test_suite_task_trains_under_reference_layout_with_randomized_positions(
     tmp_path):
   """configs/chomsky.py: the one command of the README, at the quick scale:
