@@ -242,10 +242,15 @@ def test_fully_masked_rows_output_zeros(kind):
 
 
 # Asymmetric ALiBi's backward without causality is kept too: no other
-# commit-tier test takes it through the Triton backward.
+# commit-tier test takes it through the Triton backward. Symmetric ALiBi's
+# backward is checked here only (its forward in test_forward_equals_plain),
+# bidirectional in the commit tier, where keys on both sides of the
+# diagonal carry its bias.
 @pytest.mark.parametrize('causal,kind', each_choice(product(
     [False, True], ['none', 'alibi', 't5', 'shaw', 'shaw_per_head']),
-    always=[(False, 'alibi')]))
+    always=[(False, 'alibi')]) + [
+        (False, 'alibi_symmetric'),
+        pytest.param(True, 'alibi_symmetric', marks=EXTENDED)])
 def test_gradients_equal_plain(kind, causal):
   """Gradients for q, k, v and the encoding's tables (T5's bias, Shaw's
   a^K and a^V, shared or per head), under jit."""
