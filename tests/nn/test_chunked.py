@@ -51,11 +51,12 @@ def _qkv(lq=19, lk=19, b=2, h=2, d=8, seed=0):
 # too, their encoding's chunked outputs and gradients being checked against
 # the plain path elsewhere in the commit tier: XL's (not causal) by
 # test_xl_is_unbounded_in_blocks_as_on_the_plain_path[False] (the same
-# per-block term, 4 x 5 blocks at length 19), Shaw's (causal) by
-# test_encoder_with_chunked_attention_equals_plain (Shaw, padded and
-# causal) and, with its value term on far blocks,
-# test_blocks_beyond_the_reach_use_the_edge_term_exactly[False-shaw-options0].
-# The mask, bias and key padding stay with the other six.
+# per-block term, 4 x 5 blocks at length 19); Shaw's (causal) in pieces:
+# its causal outputs in test_encoder_with_chunked_attention_equals_plain,
+# its value term's gradients on far blocks in
+# test_blocks_beyond_the_reach_use_the_edge_term_exactly[False-shaw-options0],
+# and a causal encoding with a reach, gradients included, in this test's
+# [True-t5]. The mask, bias and key padding stay with the other six.
 @pytest.mark.parametrize('causal,name', _also_extended(each_choice(product(
     [False, True], ('none',) + positions.RELATIVE_NAMES)),
     (False, 'xl'), (True, 'shaw')))
@@ -259,18 +260,15 @@ REACHES = [('shaw', {'clip_distance': 2}),
            ('t5', {'num_buckets': 8, 'max_distance': 4})]
 
 
-# One case in the commit tier: Shaw with value tables on 0..L-1, whose far
-# blocks take both edge terms (logits and values). The far-block code is
-# the same for every encoding with a reach (the encoding's logits at one
-# edge offset); Huang's and T5's logits with positions are checked in
-# test_chunked_equals_plain_with_explicit_positions_and_cross_lengths, Shaw
-# without value tables leaves the value term None as T5 does in
-# test_chunked_equals_plain_forward_and_gradients[True-t5], and randomized
-# positions reach the blocks in
-# test_chunked_equals_plain_with_explicit_positions_and_cross_lengths.
+# Two cases in the commit tier: Shaw with value tables on 0..L-1, whose far
+# blocks take both edge terms (logits and values), and T5 on randomized
+# (gapped) positions, a reach of its own and no value term. The far-block
+# code is the same for every encoding with a reach (the encoding's logits
+# at one edge offset); Huang's reach and Shaw without value tables are
+# extended.
 @pytest.mark.parametrize('randomized,name,options', _commit_tier(
     [(randomized, *reach) for randomized in (False, True)
-     for reach in REACHES], (False, *REACHES[0])))
+     for reach in REACHES], (False, *REACHES[0]), (True, *REACHES[3])))
 def test_blocks_beyond_the_reach_use_the_edge_term_exactly(name, options,
                                                           randomized):
   """With short reaches (clip 2, a Huang table of 3 positions, T5 buckets up

@@ -273,7 +273,9 @@ def test_interpreted_ping_pong_off_gives_the_same_answer():
 # pallas_attention through the Hopper kernels and its custom VJP, end to
 # end. The table-carrying encodings in the extended tier (tiers.py): their
 # kernels, tables' gradients included, are interpreted against float32
-# attention above (BACKWARD_CASES), and a table's gradient reaches its
+# attention above (BACKWARD_CASES: T5's and Shaw's with values not causal,
+# Shaw's keys-only causal; the causal bounds are the same code for every
+# kind), and a table's gradient reaches its
 # module through the custom VJP the Triton kernels share (test_pallas.py's
 # gradient tests); what is Hopper's own there (pallas_attention.
 # _hopper_backward casting the tables' gradients) is lowered in the Shaw

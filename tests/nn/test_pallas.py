@@ -295,13 +295,13 @@ def test_gradients_without_a_key_mask_equal_plain(kind, causal):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
 
 
-# Two cases in the commit tier, both not causal. Key lengths with causal
-# blocks run in test_multihead_attention_pallas_equals_plain[True-pope]
-# (valid_lens reach the kernel as key lengths); T5's unmasked blocks in
-# test_gradients_without_a_key_mask_equal_plain[True-t5].
+# Two cases in the commit tier: causal without an encoding (the key blocks
+# bounded by both the diagonal and a row's length, over several blocks) and
+# Shaw's not causal (its tables' gradients past a length). T5's unmasked
+# blocks run in test_gradients_without_a_key_mask_equal_plain[True-t5].
 @pytest.mark.parametrize('causal,kind', _commit_tier(
     product([False, True], ['none', 't5', 'shaw']),
-    (False, 'none'), (False, 'shaw')))
+    (True, 'none'), (False, 'shaw')))
 def test_gradients_with_key_lengths_equal_plain(kind, causal):
   """Key lengths (a prefix mask, as valid_lens arrive): the kernels skip
   the key blocks past a row's length and mask only the block crossing it;
@@ -349,7 +349,7 @@ def _mha(name, impl, seed=0):
 # k; MultiHeadAttention hands every encoding's module to pallas_attention
 # alike. The others' kernel outputs and table gradients are checked
 # directly: none in test_forward_equals_plain[False-none] and
-# test_gradients_with_key_lengths_equal_plain[False-none]; ALiBi in
+# test_gradients_with_key_lengths_equal_plain[True-none]; ALiBi in
 # test_gradients_equal_plain[True-alibi] and, through MultiHeadAttention,
 # test_multihead_attention_key_mask; T5 in test_gradients_equal_plain[False-t5]
 # and test_gradients_without_a_key_mask_equal_plain[True-t5]; Shaw in

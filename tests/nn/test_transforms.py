@@ -11,7 +11,6 @@ from flax import nnx
 from flax.nnx import bridge
 
 import selfattn
-from tiers import EXTENDED
 
 
 def make(position='shaw', dropout=0.0, rngs=None, **kwargs):
@@ -122,12 +121,8 @@ class _LinenClassifier(nn.Module):
     return nn.Dense(2)(h.mean(axis=1))
 
 
-# --extended (tiers.py): the bridge's path is test_encoder.py's
-# test_usable_inside_linen_through_bridge (init, parameters, outputs);
-# building without a dropout stream is
-# test_params_stream_alone_builds_the_model, dropout on in training only
-# test_train_and_eval_modes_are_respected.
-@EXTENDED
+# In the commit tier: the only test that trains through the Linen bridge
+# and feeds it Linen's dropout stream (docs/library.md says it does).
 def test_linen_bridge_inits_with_one_key_trains_and_uses_dropout():
   model = _LinenClassifier()
   x = toks((8, 6))

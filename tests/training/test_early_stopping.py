@@ -88,8 +88,7 @@ def _flat_run_config(c, num_steps):
 # makes the same claim (a run stops early, resumed copies stop at the same
 # step with the same outcome) and takes both of the resume's own branches;
 # the outcome's fields are test_stops_after_patience_evaluations_without_a_new_best's,
-# a rerun of a finished run is
-# test_checkpoint_integrity.py::test_rerunning_a_finished_run_does_not_rewrite_its_config
+# and its rerun of an early-stopped run trains nothing there too
 # (tests/README.md).
 @EXTENDED
 def test_run_stops_early_and_a_resumed_copy_stops_at_the_same_step(
@@ -151,6 +150,11 @@ def test_resumes_that_missed_or_already_made_the_decision_stop_at_the_same_step(
   assert again['step'] == 30 and again['stopped_early'] == summary['stopped_early']
   assert again['history'] == []                 # nothing trained or evaluated
   assert sorted(map(int, os.listdir(decided / 'checkpoints'))) == [30]
+
+  # A stopped run is finished: rerunning it trains nothing.
+  rerun = train.train_and_evaluate(c, str(straight))
+  assert rerun == json.loads((straight / 'summary.json').read_text())
+  assert sorted(map(int, os.listdir(straight / 'checkpoints'))) == [10, 20, 30]
 
 
 def test_patience_running_out_at_the_cap_is_not_an_early_stop(tiny_config,

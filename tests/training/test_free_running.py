@@ -74,8 +74,8 @@ def test_free_running_equals_greedy_decoding_one_slot_at_a_time():
 # cache as for every encoding) in the commit tier. Extended: huang and shaw,
 # the same cached_free_running_logits path; their caches against the full
 # causal pass are
-# tests/nn/test_encoder.py::test_a_causal_encoder_decodes_through_its_caches_like_the_full_pass
-# (every encoding) (tests/README.md).
+# tests/nn/test_decoder.py::test_cached_decoding_equals_the_full_causal_pass[huang]
+# and [shaw] (tests/README.md).
 @pytest.mark.parametrize('position, randomized', [
     ('rope', False), pytest.param('huang', False, marks=EXTENDED),
     pytest.param('shaw', True, marks=EXTENDED), ('learned', True)])
