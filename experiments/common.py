@@ -127,6 +127,21 @@ def by_label(runs: Iterable[study.Run], summaries: dict,
   return out
 
 
+def by_task(runs: list[study.Run], summaries: dict
+            ) -> dict[str, dict[str, list[dict]]]:
+  """{task tag: by_label of that task's runs} in the runs' order, for the
+  tasks with a finished run."""
+  tasks = dict.fromkeys(run.tags['task'] for run in runs)
+  out = {task: by_label(runs, summaries, task) for task in tasks}
+  return {task: results for task, results in out.items() if results}
+
+
+def seed_count(results_by_task: dict[str, dict[str, list[dict]]]) -> int:
+  """The most finished seeds of any (task, label) in by_task's result."""
+  return max((len(summaries) for results in results_by_task.values()
+              for summaries in results.values()), default=0)
+
+
 def finite(values: list[float]) -> list[float]:
   """The values that are not NaN (NaN marks a diverged run)."""
   return [v for v in values if not math.isnan(v)]

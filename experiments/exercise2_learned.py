@@ -90,15 +90,11 @@ def draw_tables(workdir: str, task: str, runs: list[study.Run], inside: int,
 
 def report(workdir: str, runs: list[study.Run], summaries: dict,
            quick: bool) -> str:
-  tasks = list(dict.fromkeys(r.tags['task'] for r in runs))
-  seeds = 0
+  results_by_task = common.by_task(runs, summaries)
+  seeds = common.seed_count(results_by_task)
   sections, data = [], {}
-  for task in tasks:
+  for task, results in results_by_task.items():
     base = task_base(task, quick)
-    results = common.by_label(runs, summaries, task)
-    if not results:
-      continue
-    seeds = max(seeds, *(len(r) for r in results.values()))
     lengths = list(base.eval.lengths)
     inside = base.task.max_len
     rows = []
@@ -122,7 +118,7 @@ def report(workdir: str, runs: list[study.Run], summaries: dict,
     data[task] = {n: [{'eval': s.get('eval'),
                        'steps_to_99': common.steps_to(s, inside)}
                       for s in r] for n, r in results.items()}
-  base = task_base(tasks[0], quick)
+  base = task_base(runs[0].tags['task'], quick)
   return common.write_results(
       workdir, 'Exercise 2: a learnable positional encoding',
       [('Setup', f'configs/default.py, {base.train.num_steps} steps, trained '

@@ -52,15 +52,11 @@ def task_base(task: str, quick: bool):
 
 def report(workdir: str, runs: list[study.Run], summaries: dict,
            quick: bool) -> str:
-  tasks = list(dict.fromkeys(r.tags['task'] for r in runs))
-  seeds = 0
+  results_by_task = common.by_task(runs, summaries)
+  seeds = common.seed_count(results_by_task)
   sections, data = [], {}
-  for task in tasks:
+  for task, results in results_by_task.items():
     base = task_base(task, quick)
-    results = common.by_label(runs, summaries, task)
-    if not results:
-      continue
-    seeds = max(seeds, *(len(r) for r in results.values()))
     lengths = list(base.eval.lengths)
     chance = get_task(task, base.task.vocab_size).chance
     plot = os.path.join(workdir, f'accuracy_vs_length_{task}.png')
@@ -71,7 +67,7 @@ def report(workdir: str, runs: list[study.Run], summaries: dict,
                      common.accuracy_table(results, lengths, 'encoding') +
                      f'\n\n![{task}]({os.path.basename(plot)})'))
     data[task] = {n: [s.get('eval') for s in r] for n, r in results.items()}
-  base = task_base(tasks[0], quick)
+  base = task_base(runs[0].tags['task'], quick)
   return common.write_results(
       workdir, 'Exercise 3: relative position embeddings per query-key offset',
       [('Setup', f'configs/default.py (2 layers, width '
