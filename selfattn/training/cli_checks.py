@@ -12,6 +12,7 @@ import difflib
 import importlib.util
 import os
 import sys
+from typing import Any
 
 
 def config_argument(argv: list[str]) -> tuple[str | None, list[str]]:
@@ -47,7 +48,7 @@ def config_file_problem(spec: str) -> str | None:
   return None
 
 
-def load_config(spec: str):
+def load_config(spec: str) -> tuple[Any, str | None]:
   """Runs the config file's get_config(arg) as absl will, outside absl, so a
   failure is one line rather than a traceback from inside flag parsing.
   Returns (config, None) or (None, problem)."""
@@ -68,12 +69,13 @@ def load_config(spec: str):
 
 
 def one_line(error: BaseException) -> str:
+  """The error's message with its whitespace, newlines included, collapsed."""
   text = error.args[0] if len(error.args) == 1 and isinstance(
       error.args[0], str) else str(error)
   return ' '.join(str(text).split())
 
 
-def override_problem(argv: list[str], config) -> str | None:
+def override_problem(argv: list[str], config: Any) -> str | None:
   """A `--config.a.b=value` (or `--config.a.b value`) naming a field or
   section the config does not have, said in one line with the fields that
   exist there (absl would raise a KeyError or AttributeError traceback from
@@ -96,7 +98,8 @@ def override_problem(argv: list[str], config) -> str | None:
   return None
 
 
-def config_from_argv(argv: list[str]):
+def config_from_argv(argv: list[str]
+                     ) -> tuple[Any, list[str], str | None]:
   """(config, argv without --config, None), or (None, argv without
   --config, problem) when the --config argument, its file or one of the
   --config.* overrides in `argv` (the arguments after the program name) is
