@@ -8,8 +8,10 @@ import sys
 import pytest
 
 from runs import ROOT
+from tiers import also_extended
 from tiers import covering_subset
 from tiers import each_choice
+from tiers import keep_in_commit_tier
 from tiers import product
 
 
@@ -60,6 +62,23 @@ def test_each_choice_marks_only_the_cases_outside_the_cover():
   assert all(mark.name == 'extended' for p in params for mark in p.marks)
   with pytest.raises(ValueError, match='not in cases'):
     each_choice(['a', 'b'], always=['z'])
+
+
+def test_hand_made_choices_mark_every_other_case_and_refuse_unknown_ones():
+  cases = product([False, True], ['a', 'b'])
+  params = keep_in_commit_tier(cases, (True, 'a'))
+  assert [p.values for p in params] == cases          # same order, same ids
+  assert [p.values for p in params if not p.marks] == [(True, 'a')]
+  with pytest.raises(ValueError, match='not in cases'):
+    keep_in_commit_tier(cases, (True, 'z'))
+  cover = each_choice(cases)
+  moved = next(p.values for p in cover if not p.marks)
+  after = also_extended(cover, moved)
+  assert [p.values for p in after] == [p.values for p in cover]
+  assert ({p.values for p in after if not p.marks}
+          == {p.values for p in cover if not p.marks} - {moved})
+  with pytest.raises(ValueError, match='not in params'):
+    also_extended(cover, (False, 'z'))
 
 
 def test_the_default_run_deselects_the_extended_tier():

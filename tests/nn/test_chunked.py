@@ -13,21 +13,10 @@ from selfattn.nn import masks
 from selfattn.nn import positions
 from reference import assert_encoders_agree
 from tiers import EXTENDED
+from tiers import also_extended
 from tiers import each_choice
+from tiers import keep_in_commit_tier
 from tiers import product
-
-
-def _commit_tier(cases, *kept):
-  """parametrize cases: those in `kept` in the commit tier, every other one
-  marked extended (each mark's sibling is named where it is used)."""
-  return [pytest.param(*case, marks=() if case in kept else EXTENDED)
-          for case in cases]
-
-
-def _also_extended(params, *moved):
-  """each_choice's params with the cases in `moved` marked extended too."""
-  return [pytest.param(*p.values, marks=EXTENDED) if p.values in moved else p
-          for p in params]
 
 
 def _relative(name, num_heads=2, head_dim=8, max_len=64):
@@ -57,7 +46,7 @@ def _qkv(lq=19, lk=19, b=2, h=2, d=8, seed=0):
 # test_blocks_beyond_the_reach_use_the_edge_term_exactly[False-shaw-options0],
 # and a causal encoding with a reach, gradients included, in this test's
 # [True-t5]. The mask, bias and key padding stay with the other six.
-@pytest.mark.parametrize('causal,name', _also_extended(each_choice(product(
+@pytest.mark.parametrize('causal,name', also_extended(each_choice(product(
     [False, True], ('none',) + positions.RELATIVE_NAMES)),
     (False, 'xl'), (True, 'shaw')))
 def test_chunked_equals_plain_forward_and_gradients(name, causal):
@@ -266,7 +255,7 @@ REACHES = [('shaw', {'clip_distance': 2}),
 # code is the same for every encoding with a reach (the encoding's logits
 # at one edge offset); Huang's reach and Shaw without value tables are
 # extended.
-@pytest.mark.parametrize('randomized,name,options', _commit_tier(
+@pytest.mark.parametrize('randomized,name,options', keep_in_commit_tier(
     [(randomized, *reach) for randomized in (False, True)
      for reach in REACHES], (False, *REACHES[0]), (True, *REACHES[3])))
 def test_blocks_beyond_the_reach_use_the_edge_term_exactly(name, options,
@@ -366,7 +355,7 @@ def test_causal_encoder_calls_build_no_length_squared_array(monkeypatch):
 # offset lk - lq in the block skip and the mask) is the same code for every
 # encoding and either sign of lk - lq; Lq > Lk also runs in
 # test_causal_skips_key_blocks_above_the_diagonal_and_stays_exact[16-8-3].
-@pytest.mark.parametrize('name,lq,lk', _commit_tier(
+@pytest.mark.parametrize('name,lq,lk', keep_in_commit_tier(
     [(name, lq, lk) for name in ('none', 'shaw', 'rope', 'xl')
      for lq, lk in ((7, 13), (13, 7), (6, 20))], ('xl', 7, 13)))
 def test_causal_with_different_query_and_key_lengths_aligns_at_the_end(

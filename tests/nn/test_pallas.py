@@ -16,6 +16,7 @@ from selfattn.nn import positions
 from selfattn.nn import pallas_attention as pa
 from tiers import EXTENDED
 from tiers import each_choice
+from tiers import keep_in_commit_tier
 from tiers import product
 
 B, H, D = 2, 2, 8
@@ -31,13 +32,6 @@ def _exact_matmuls():
   tolerances."""
   with jax.default_matmul_precision('highest'):
     yield
-
-
-def _commit_tier(cases, *kept):
-  """parametrize cases: those in `kept` in the commit tier, every other one
-  marked extended (each mark's sibling is named where it is used)."""
-  return [pytest.param(*case, marks=() if case in kept else EXTENDED)
-          for case in cases]
 
 
 def _relative(kind):
@@ -181,7 +175,7 @@ def _kernel_and_plain_agree(relative, lq, lk, lengths, causal, seed):
 # table's far-block gradients run in test_gradients_equal_plain[True-shaw]
 # (19 x 19, clip 3: far blocks left of the diagonal) and non-causal Shaw in
 # test_gradients_with_key_lengths_equal_plain[False-shaw].
-@pytest.mark.parametrize('causal,per_head', _commit_tier(
+@pytest.mark.parametrize('causal,per_head', keep_in_commit_tier(
     product([False, True], [False, True]), (True, True)))
 def test_shaw_far_blocks_forward_and_gradients_equal_plain(per_head, causal):
   """Lengths where most key blocks lie beyond the clip on either side
@@ -276,7 +270,7 @@ def test_gradients_equal_plain(kind, causal):
 # table gradients included) run in
 # test_gradients_with_key_lengths_equal_plain[False-shaw], whose blocks
 # below the key length take the same unmasked loops.
-@pytest.mark.parametrize('causal,kind', _commit_tier(
+@pytest.mark.parametrize('causal,kind', keep_in_commit_tier(
     product([False, True], ['none', 't5', 'shaw']),
     (False, 'none'), (True, 't5')))
 def test_gradients_without_a_key_mask_equal_plain(kind, causal):
@@ -299,7 +293,7 @@ def test_gradients_without_a_key_mask_equal_plain(kind, causal):
 # bounded by both the diagonal and a row's length, over several blocks) and
 # Shaw's not causal (its tables' gradients past a length). T5's unmasked
 # blocks run in test_gradients_without_a_key_mask_equal_plain[True-t5].
-@pytest.mark.parametrize('causal,kind', _commit_tier(
+@pytest.mark.parametrize('causal,kind', keep_in_commit_tier(
     product([False, True], ['none', 't5', 'shaw']),
     (True, 'none'), (False, 'shaw')))
 def test_gradients_with_key_lengths_equal_plain(kind, causal):
@@ -355,7 +349,7 @@ def _mha(name, impl, seed=0):
 # and test_gradients_without_a_key_mask_equal_plain[True-t5]; Shaw in
 # test_gradients_equal_plain[True-shaw] and
 # test_gradients_with_key_lengths_equal_plain[False-shaw].
-@pytest.mark.parametrize('causal,name', _commit_tier(
+@pytest.mark.parametrize('causal,name', keep_in_commit_tier(
     product([False, True], ['none', 'alibi', 't5', 'shaw', 'rope', 'pope']),
     (False, 'rope'), (True, 'pope')))
 def test_multihead_attention_pallas_equals_plain(name, causal, monkeypatch):

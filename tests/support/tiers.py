@@ -114,3 +114,27 @@ def product(*factors: Sequence[Any]) -> list[tuple[Any, ...]]:
   for values in factors:
     combos = [combo + (value,) for combo in combos for value in values]
   return combos
+
+
+def keep_in_commit_tier(cases: Sequence[tuple[Any, ...]],
+                        *kept: tuple[Any, ...]) -> list:
+  """`cases` for pytest.mark.parametrize: those in `kept` in the commit
+  tier, every other one marked extended (a hand-made choice, for grids
+  where each_choice's cover is not the right one; say at the mark which
+  commit-tier test covers what is extended)."""
+  unknown = [case for case in kept if case not in cases]
+  if unknown:
+    raise ValueError(f'kept names cases that are not in cases: {unknown}')
+  return [pytest.param(*case, marks=() if case in kept else EXTENDED)
+          for case in cases]
+
+
+def also_extended(params: Sequence[Any], *moved: tuple[Any, ...]) -> list:
+  """each_choice's params with the cases in `moved` marked extended too
+  (their path checked by another commit-tier test); the ids stay."""
+  values = [param.values for param in params]
+  unknown = [case for case in moved if case not in values]
+  if unknown:
+    raise ValueError(f'moved names cases that are not in params: {unknown}')
+  return [pytest.param(*param.values, marks=EXTENDED)
+          if param.values in moved else param for param in params]
