@@ -73,7 +73,9 @@ def test_config_files_that_fail(tmp_path):
 # Extended: test_cli_checks.py makes these checks in process (the same
 # functions selfattn.main calls before absl parses a flag), and
 # test_train.py::test_cli_mistakes_get_one_line_not_a_traceback shows such a
-# problem reaching the command line as one line and exit 2 (tests/README.md).
+# problem reaching the command line as one line and exit 2 (tests/README.md);
+# the two values that only look valid are refused in process by
+# test_train.py::test_values_that_would_train_wrongly_fail_first.
 @EXTENDED
 def test_space_separated_config_and_values_that_only_look_valid(tmp_path):
   """`--config PATH` (a space, as absl allows) gets the same one-line

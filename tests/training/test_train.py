@@ -225,14 +225,18 @@ def test_invalid_configs_fail_before_any_work(tiny_config, tmp_path, field,
      r'config.model.rope_base must be > 0'),
     ({'model.position': 't5', 'model.max_distance': 0},
      r'config.model.max_distance must be > num_buckets / 4'),
+    # True is an int to Python; JAX's int32 seeds stop at 2**31.
+    ({'eval.lengths': [8, True]},
+     r'config.eval.lengths must be a non-empty list of integers'),
+    ({'seed': 99999999999}, r'config.seed must be an integer in \[0, 2\*\*31\)'),
 ])
 def test_values_that_would_train_wrongly_fail_first(tiny_config, tmp_path,
                                                    settings, message):
   """They used to run to exit 0 (zero gradients, gradient ascent, nothing
   counted) or fail after compiling, with config.json already written."""
   for field, value in settings.items():
-    section, name = field.split('.')
-    tiny_config[section][name] = value
+    section, _, name = field.rpartition('.')
+    (tiny_config[section] if section else tiny_config)[name] = value
   workdir = tmp_path / 'run'
   with pytest.raises(ConfigError, match=message):
     train.train_and_evaluate(tiny_config, str(workdir))
