@@ -27,6 +27,8 @@ without positions can beat it on token tasks whose target is one of the inputs
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -316,13 +318,22 @@ def _with_positions(batch: Batch, keys: jax.Array, max_random_len: int | None
   return batch._replace(positions=positions)
 
 
+# The batch builders are compiled whole, once per task and static size:
+# called outside a jit (a report's figure batch, a study's probe, a test),
+# each of their few dozen vmapped operations would otherwise compile on
+# its own (about 20 ms each on a CPU) for every new shape. Inside a jit they
+# inline. The seed, step, length and indices stay traced, so runs that
+# differ only in them share a program.
+@functools.partial(jax.jit, static_argnames=(
+    'task', 'min_len', 'max_len', 'per_batch_length', 'max_random_len'))
 def make_batch(task: Task, seed: int, step: jax.Array, indices: jax.Array,
                min_len: int, max_len: int, *, per_batch_length: bool = False,
                max_random_len: int | None = None) -> Batch:
   """Training batch for `step`: task lengths uniform in [min_len, max_len],
   one per example (or one for the whole batch, as the reference does, with
   per_batch_length), padded to task.seq_len(max_len). `indices` (B,) are global
-  example indices. With max_random_len, also randomized positions."""
+  example indices. With max_random_len, also randomized positions.
+  Compiled per (task, min_len, max_len, per_batch_length, max_random_len)."""
   keys = example_keys(seed, TRAIN_STREAM, step, indices)
   batch_length = None
   if per_batch_length:
@@ -344,8 +355,25 @@ def make_eval_batch(task: Task, seed: int, length: int, indices: jax.Array, *,
                     max_random_len: int | None = None) -> Batch:
   """Evaluation batch: every example has task length `length`, padded to
   task.seq_len(padded_length) (default: no padding). The same examples at
-  every evaluation of a run."""
+  every evaluation of a run. `length` may be traced when padded_length is
+  given; without it, it is the batch's static size and must be an int.
+  Compiled per (task, padded size, max_random_len)."""
+  if padded_length is None:
+    try:
+      padded_length = operator.index(length)
+    except TypeError:
+      raise TypeError(
+          'make_eval_batch: without padded_length, length is the static '
+          f'sequence size and must be an int, not {type(length).__name__}'
+      ) from None
+  return _eval_batch(task, seed, length, indices, padded_length,
+                     max_random_len)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _eval_batch(task: Task, seed: int, length: jax.Array, indices: jax.Array,
+                padded_length: int, max_random_len: int | None) -> Batch:
   keys = example_keys(seed, _EVAL_STREAM, length, indices)
-  size = length if padded_length is None else padded_length
-  batch = Batch(*jax.vmap(lambda k: task.sample(k, length, size))(keys))
+  batch = Batch(*jax.vmap(lambda k: task.sample(k, length, padded_length))(
+      keys))
   return _with_positions(batch, keys, max_random_len)

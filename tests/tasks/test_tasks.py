@@ -2,12 +2,14 @@
 (tests/support/chomsky_reference.py), both layouts, selfattn's own tasks against their
 definitions, determinism and sharding."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from data import REQUIRES_JSB
 from selfattn import tasks
+from selfattn.tasks import registry
 from tiers import EXTENDED
 import chomsky_reference as ref
 
@@ -305,6 +307,35 @@ def test_eval_batches_have_exact_length_and_differ_from_training():
   assert padded.inputs.shape == (6, 17)
   assert np.all(np.asarray(padded.valid_lens) == 12)
   assert np.all(np.asarray(padded.inputs)[:, 12:] == task.pad)
+
+
+def test_batch_builders_compile_once_per_task_and_size():
+  """make_batch and make_eval_batch are compiled whole (not op by op) and
+  keep the seed, step, length and example indices traced: new values of
+  those reuse the program, a new size compiles one more. Inside a jit
+  (the training and evaluation steps) they give the same batch."""
+  task = tasks.get_task('precedes', 4)
+  before = tasks.make_batch._cache_size()
+  for seed, step in [(0, 1), (1, 1), (0, 2)]:
+    tasks.make_batch(task, seed, jnp.int32(step), jnp.arange(4), 2, 9)
+  assert tasks.make_batch._cache_size() == before + 1
+  tasks.make_batch(task, 0, jnp.int32(1), jnp.arange(4), 2, 10)
+  assert tasks.make_batch._cache_size() == before + 2
+
+  eval_batch = registry._eval_batch
+  before = eval_batch._cache_size()
+  for seed, length in [(0, 5), (3, 5), (0, 7)]:
+    tasks.make_eval_batch(task, seed, length, jnp.arange(4), padded_length=8)
+  assert eval_batch._cache_size() == before + 1
+  eager = tasks.make_eval_batch(task, 3, 7, jnp.arange(4))
+  traced = jax.jit(lambda n: tasks.make_eval_batch(
+      task, 3, n, jnp.arange(4), padded_length=7))(7)
+  for got, want in zip(traced, eager):
+    if want is not None:
+      np.testing.assert_array_equal(got, want)
+  # Without padded_length the length is the batch's static size.
+  with pytest.raises(TypeError, match='padded_length'):
+    jax.jit(lambda n: tasks.make_eval_batch(task, 0, n, jnp.arange(4)))(7)
 
 
 def test_random_positions_are_sorted_distinct_in_range_and_reproducible():
