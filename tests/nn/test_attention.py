@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 import selfattn
+from compiled import compiled
 from reference import assert_encoders_agree, softmax_rows
 from tiers import EXTENDED
 
@@ -67,7 +68,8 @@ def test_chapter_multihead_shape_demonstration():
   X = jnp.ones((2, 4, 100))
   Y = jnp.ones((2, 6, 100))
   valid_lens = jnp.array([3, 2])
-  out, weights = selfattn.attention_weights(attn, X, Y, Y, valid_lens)
+  out, weights = compiled(
+      lambda attn: selfattn.attention_weights(attn, X, Y, Y, valid_lens), attn)
   assert out.shape == (2, 4, 100) and weights[0].shape == (2, 5, 4, 6)
 
 
@@ -90,14 +92,14 @@ def test_equals_flax_multihead_attention_with_same_weights():
   rng = np.random.default_rng(0)
   q = jnp.asarray(rng.normal(size=(3, 5, f)), jnp.float32)
   kv = jnp.asarray(rng.normal(size=(3, 7, f)), jnp.float32)
-  np.testing.assert_allclose(ours(q, kv, kv), theirs(q, kv, kv,
-                                                     deterministic=True),
-                             atol=1e-5)
   lens = jnp.array([7, 3, 5])
   flax_mask = (jnp.arange(7)[None, :] < lens[:, None])[:, None, None, :]
-  np.testing.assert_allclose(
-      ours(q, kv, kv, lens),
-      theirs(q, kv, kv, mask=flax_mask, deterministic=True), atol=1e-5)
+  (a, b), (masked_a, masked_b) = compiled(lambda ours, theirs: (
+      (ours(q, kv, kv), theirs(q, kv, kv, deterministic=True)),
+      (ours(q, kv, kv, lens),
+       theirs(q, kv, kv, mask=flax_mask, deterministic=True))), ours, theirs)
+  np.testing.assert_allclose(a, b, atol=1e-5)
+  np.testing.assert_allclose(masked_a, masked_b, atol=1e-5)
 
 
 def test_mask_argument_equals_valid_lens_and_supports_left_padding():
@@ -105,12 +107,14 @@ def test_mask_argument_equals_valid_lens_and_supports_left_padding():
   X = jax.random.normal(jax.random.key(0), (2, 6, 16))
   lens = jnp.array([4, 6])
   mask = selfattn.make_padding_mask(jnp.arange(6)[None, :] < lens[:, None])
-  np.testing.assert_allclose(attn(X, X, X, lens), attn(X, X, X, mask=mask),
-                             atol=1e-6)
   # Left padding: valid keys are the last 4; padded keys get zero weight.
   left = jnp.arange(6)[None, :] >= 2
-  _, (weights,) = selfattn.attention_weights(
-      attn, X, X, X, mask=selfattn.make_padding_mask(jnp.repeat(left, 2, 0)))
+  by_lens, by_mask, (_, (weights,)) = compiled(lambda attn: (
+      attn(X, X, X, lens), attn(X, X, X, mask=mask),
+      selfattn.attention_weights(
+          attn, X, X, X,
+          mask=selfattn.make_padding_mask(jnp.repeat(left, 2, 0)))), attn)
+  np.testing.assert_allclose(by_lens, by_mask, atol=1e-6)
   weights = np.asarray(weights)
   assert np.all(weights[..., :2] == 0)
   np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
@@ -119,9 +123,9 @@ def test_mask_argument_equals_valid_lens_and_supports_left_padding():
 def test_dropout_acts_on_attention_weights_only_when_not_deterministic():
   attn = selfattn.MultiHeadAttention(16, 2, 0.5, rngs=nnx.Rngs(0))
   X = jax.random.normal(jax.random.key(0), (2, 5, 16))
-  a = attn(X, X, X)
-  np.testing.assert_allclose(a, attn(X, X, X), atol=0)
-  b = attn(X, X, X, deterministic=False)
+  a, again, b = compiled(lambda attn: (
+      attn(X, X, X), attn(X, X, X), attn(X, X, X, deterministic=False)), attn)
+  np.testing.assert_allclose(a, again, atol=0)
   assert np.max(np.abs(np.asarray(a - b))) > 1e-3
 
 
@@ -130,10 +134,12 @@ def test_dot_product_attention_without_relative_matches_jax_nn():
   q, k, v = (jnp.asarray(rng.normal(size=(2, 3, 5, 8)), jnp.float32)
              for _ in range(3))
   keep = jnp.asarray(rng.random((2, 1, 1, 5)) > 0.3).at[..., 0].set(True)
-  ours, _ = selfattn.dot_product_attention(q, k, v, mask=keep)
-  theirs = jax.nn.dot_product_attention(q.transpose(0, 2, 1, 3),
-                                        k.transpose(0, 2, 1, 3),
-                                        v.transpose(0, 2, 1, 3), mask=keep)
+  (ours, _), theirs = compiled(lambda q, k, v: (
+      selfattn.dot_product_attention(q, k, v, mask=keep),
+      jax.nn.dot_product_attention(q.transpose(0, 2, 1, 3),
+                                   k.transpose(0, 2, 1, 3),
+                                   v.transpose(0, 2, 1, 3), mask=keep)),
+                               q, k, v)
   np.testing.assert_allclose(ours, theirs.transpose(0, 2, 1, 3), atol=1e-5)
 
 
@@ -261,7 +267,8 @@ def test_fused_module_reaches_cudnns_own_causal_mask(monkeypatch):
   assert ('cudnn', True, True) in asked
   attn.attention_impl = 'plain'
   np.testing.assert_allclose(np.asarray(out, np.float32),
-                             np.asarray(attn(x, causal=True), np.float32),
+                             np.asarray(compiled(lambda m: m(x, causal=True),
+                                                 attn), np.float32),
                              atol=3e-2)
 
 
@@ -273,11 +280,12 @@ def test_fused_path_is_really_taken_and_refuses_unknown_names(monkeypatch):
   real = jax.nn.dot_product_attention
   monkeypatch.setattr(jax.nn, 'dot_product_attention',
                       lambda *a, **k: calls.append(1) or real(*a, **k))
-  fused_out = attn(X)
+  fused_out = compiled(lambda attn: attn(X), attn)
   assert len(calls) == 1
   # No weights exist on the fused path; capture falls back to plain and
   # returns them, with the same output.
-  out, (weights,) = selfattn.attention_weights(attn, X)
+  out, (weights,) = compiled(lambda attn: selfattn.attention_weights(attn, X),
+                             attn)
   assert len(calls) == 1 and weights.shape == (1, 2, 3, 3)
   np.testing.assert_allclose(out, fused_out, atol=1e-6)
   with pytest.raises(ValueError, match="attention_impl='flash'.*valid: plain"):

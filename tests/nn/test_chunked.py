@@ -11,6 +11,7 @@ from selfattn.nn import attention
 from selfattn.nn import chunked
 from selfattn.nn import masks
 from selfattn.nn import positions
+from compiled import compiled
 from reference import assert_encoders_agree
 from tiers import EXTENDED
 from tiers import also_extended
@@ -70,15 +71,16 @@ def test_chunked_equals_plain_forward_and_gradients(name, causal):
                                      query_chunk=4, key_chunk=5)
 
   def loss(impl, q, k, v, bias, relative):
-    return (outputs(impl, q, k, v, bias, relative) ** 2).sum()
+    out = outputs(impl, q, k, v, bias, relative)
+    return (out ** 2).sum(), out
 
-  np.testing.assert_allclose(outputs('chunked', q, k, v, bias, relative),
-                             outputs('plain', q, k, v, bias, relative),
-                             atol=2e-6)
-  grad = nnx.grad(loss, argnums=(1, 2, 3, 4, 5))
-  for got, want in zip(
-      jax.tree.leaves(grad('chunked', q, k, v, bias, relative)),
-      jax.tree.leaves(grad('plain', q, k, v, bias, relative))):
+  # One compiled program per path: its outputs and gradients.
+  grad = nnx.jit(nnx.grad(loss, argnums=(1, 2, 3, 4, 5), has_aux=True),
+                 static_argnums=0)
+  g_got, ours = grad('chunked', q, k, v, bias, relative)
+  g_want, plain = grad('plain', q, k, v, bias, relative)
+  np.testing.assert_allclose(ours, plain, atol=2e-6)
+  for got, want in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want)):
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
 
 
@@ -99,11 +101,12 @@ def test_chunked_equals_plain_with_explicit_positions_and_cross_lengths(name):
       key, 40, (2, n), replace=False), axis=-1)
   q_pos = draw(jax.random.key(3), 7)
   k_pos = draw(jax.random.key(4), 13)
-  plain, _ = attention.dot_product_attention(
-      q, k, v, relative=relative, q_positions=q_pos, k_positions=k_pos)
-  ours = chunked.chunked_attention(q, k, v, relative=relative,
-                                   q_positions=q_pos, k_positions=k_pos,
-                                   query_chunk=3, key_chunk=4)
+  plain, _ = compiled(lambda relative: attention.dot_product_attention(
+      q, k, v, relative=relative, q_positions=q_pos, k_positions=k_pos),
+                       relative)
+  ours = compiled(lambda relative: chunked.chunked_attention(
+      q, k, v, relative=relative, q_positions=q_pos, k_positions=k_pos,
+      query_chunk=3, key_chunk=4), relative)
   np.testing.assert_allclose(ours, plain, atol=2e-6)
 
 
@@ -133,14 +136,16 @@ def test_xl_is_unbounded_in_blocks_as_on_the_plain_path(causal):
                                       key_chunk=5)
     return (out ** 2).sum(), out
 
-  clipped = attention.dot_product_attention(
+  clipped = compiled(lambda relative: attention.dot_product_attention(
       q, k, v, causal=causal, relative=relative,
-      q_positions=jnp.arange(19)[None], k_positions=jnp.arange(19)[None])[0]
-  _, plain = loss('plain', q, k, v, relative)
-  assert float(jnp.abs(clipped - plain).max()) > 1e-3   # the test can tell
-  grad = nnx.grad(loss, argnums=(1, 2, 3, 4), has_aux=True)
+      q_positions=jnp.arange(19)[None], k_positions=jnp.arange(19)[None])[0],
+                     relative)
+  # One compiled program per path: its outputs and gradients.
+  grad = nnx.jit(nnx.grad(loss, argnums=(1, 2, 3, 4), has_aux=True),
+                 static_argnums=0)
   (want, plain), (got, ours) = (grad('plain', q, k, v, relative),
                                 grad('chunked', q, k, v, relative))
+  assert float(jnp.abs(clipped - plain).max()) > 1e-3   # the test can tell
   np.testing.assert_allclose(ours, plain, atol=2e-6)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(g, w, atol=2e-5, rtol=1e-5)
@@ -149,14 +154,15 @@ def test_xl_is_unbounded_in_blocks_as_on_the_plain_path(causal):
 def test_a_query_with_no_allowed_key_gets_zeros_and_finite_gradients():
   q, k, v = _qkv(lq=6, lk=6)
   keep = jnp.ones((2, 1, 6, 6), bool).at[0, :, 2, :].set(False)
-  out = chunked.chunked_attention(q, k, v, mask=keep, query_chunk=4,
-                                  key_chunk=4)
+  out = compiled(lambda q, k, v: chunked.chunked_attention(
+      q, k, v, mask=keep, query_chunk=4, key_chunk=4), q, k, v)
   assert np.all(np.asarray(out[0, :, 2]) == 0)
-  grads = jax.grad(lambda q, k, v: chunked.chunked_attention(
+  grads = jax.jit(jax.grad(lambda q, k, v: chunked.chunked_attention(
       q, k, v, mask=keep, query_chunk=4, key_chunk=4).sum(),
-                   argnums=(0, 1, 2))(q, k, v)
+                           argnums=(0, 1, 2)))(q, k, v)
   assert all(np.isfinite(np.asarray(g)).all() for g in grads)
-  plain, _ = attention.dot_product_attention(q, k, v, mask=keep)
+  plain, _ = compiled(lambda q, k, v: attention.dot_product_attention(
+      q, k, v, mask=keep), q, k, v)
   np.testing.assert_allclose(out, plain, atol=2e-6)
 
 
@@ -165,9 +171,10 @@ def test_dropout_on_blocks_is_unbiased_and_normalised_before_dropping():
   one (inverted dropout on the weights, the normaliser from all weights); a
   single draw differs from it."""
   q, k, v = _qkv(lq=5, lk=9, b=1, h=1, d=4)
-  exact = chunked.chunked_attention(q, k, v, key_chunk=4)
-  draws = jax.vmap(lambda key: chunked.chunked_attention(
-      q, k, v, key_chunk=4, dropout_rate=0.3, dropout_rng=key))(
+  exact = compiled(lambda q, k, v: chunked.chunked_attention(
+      q, k, v, key_chunk=4), q, k, v)
+  draws = jax.jit(jax.vmap(lambda key: chunked.chunked_attention(
+      q, k, v, key_chunk=4, dropout_rate=0.3, dropout_rng=key)))(
           jax.random.split(jax.random.key(0), 4000))
   assert float(jnp.abs(draws[0] - exact).max()) > 0.1
   stderr = draws.std(0) / np.sqrt(draws.shape[0])
@@ -207,11 +214,12 @@ def test_auto_chunks_only_long_sequences(monkeypatch):
   monkeypatch.setattr(attention, 'AUTO_CHUNKED_FROM', 8)
   attn = selfattn.MultiHeadAttention(16, 2, attention_impl='auto',
                                      rngs=nnx.Rngs(0))
-  attn(jnp.ones((1, 7, 16)))
-  attn(jnp.ones((1, 8, 16)))
+  compiled(lambda attn: attn(jnp.ones((1, 7, 16))), attn)
+  compiled(lambda attn: attn(jnp.ones((1, 8, 16))), attn)
   assert calls == [8]
   # Weights are asked for: the plain path runs and returns them.
-  _, (weights,) = selfattn.attention_weights(attn, jnp.ones((1, 8, 16)))
+  _, (weights,) = compiled(lambda attn: selfattn.attention_weights(
+      attn, jnp.ones((1, 8, 16))), attn)
   assert calls == [8] and weights.shape == (1, 2, 8, 8)
 
 
@@ -285,12 +293,11 @@ def test_blocks_beyond_the_reach_use_the_edge_term_exactly(name, options,
                                       query_chunk=4, key_chunk=4)
     return (out ** 2).sum(), out
 
-  (_, got), g_got = nnx.value_and_grad(loss, argnums=(1, 2, 3, 4),
-                                       has_aux=True)('chunked', q, k, v,
-                                                     relative)
-  (_, want), g_want = nnx.value_and_grad(loss, argnums=(1, 2, 3, 4),
-                                         has_aux=True)('plain', q, k, v,
-                                                       relative)
+  # One compiled program per path: its outputs and gradients.
+  value_and_grad = nnx.jit(nnx.value_and_grad(loss, argnums=(1, 2, 3, 4),
+                                              has_aux=True), static_argnums=0)
+  (_, got), g_got = value_and_grad('chunked', q, k, v, relative)
+  (_, want), g_want = value_and_grad('plain', q, k, v, relative)
   np.testing.assert_allclose(got, want, atol=2e-6)
   for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_want)):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)

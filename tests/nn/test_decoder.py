@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 import selfattn
+from compiled import compiled
 from reference import assert_scanned_grads_match
 from reference import stack_loop_into_scan
 from selfattn.nn import positions as P
@@ -24,6 +25,13 @@ def toks(shape, seed=1):
   return jax.random.randint(jax.random.key(seed), shape, 0, 11)
 
 
+# One compiled full pass and one compiled cached step, reused (each compiles
+# once per module and shape); the step writes the caches back to the module.
+forward = nnx.jit(lambda m, *args, **kwargs: m(*args, **kwargs))
+decode_step = nnx.jit(lambda m, *args, **kwargs: m(*args, decode=True,
+                                                    **kwargs))
+
+
 # 'none' in the commit tier; the other encodings --extended (tiers.py): each
 # one's full causal pass is checked against decoding through its caches,
 # which see no later token, in test_cached_decoding_equals_the_full_causal_pass
@@ -34,8 +42,9 @@ def test_causal_outputs_ignore_the_future(position):
   dec = make_decoder(position)
   x = toks((2, 7))
   changed = x.at[:, 4:].set((x[:, 4:] + 1) % 11)
-  np.testing.assert_allclose(dec(x)[:, :4], dec(changed)[:, :4], atol=1e-6)
-  assert np.abs(np.asarray(dec(x)[:, 4:] - dec(changed)[:, 4:])).max() > 1e-4
+  out, out_changed = forward(dec, x), forward(dec, changed)
+  np.testing.assert_allclose(out[:, :4], out_changed[:, :4], atol=1e-6)
+  assert np.abs(np.asarray(out[:, 4:] - out_changed[:, 4:])).max() > 1e-4
 
 
 @pytest.mark.parametrize('position', ALL)
@@ -45,8 +54,8 @@ def test_cached_decoding_equals_the_full_causal_pass(position):
   x = toks((2, 7))
   full = dec(x)
   dec.init_cache(2, 10)
-  steps = [dec(x[:, :3], decode=True)]
-  steps += [dec(x[:, t:t + 1], decode=True) for t in range(3, 7)]
+  steps = [decode_step(dec, x[:, :3])]
+  steps += [decode_step(dec, x[:, t:t + 1]) for t in range(3, 7)]
   np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
 
 
@@ -68,8 +77,9 @@ def test_scanned_decoder_equals_the_loop_and_decodes_from_stacked_caches(
   x = toks((2, 7))
   enc = jax.random.normal(jax.random.key(2), (2, 5, 16))
   enc_lens = jnp.array([5, 3])
-  full = loop(x, enc, enc_lens)
-  np.testing.assert_allclose(scanned(x, enc, enc_lens), full, atol=1e-5)
+  full = forward(loop, x, enc, enc_lens)
+  np.testing.assert_allclose(forward(scanned, x, enc, enc_lens), full,
+                             atol=1e-5)
   loss = lambda m: (m(x, enc, enc_lens) ** 2).sum()
   assert_scanned_grads_match(loss, loop, scanned)
   graphdef, state = nnx.split(scanned)
@@ -78,8 +88,8 @@ def test_scanned_decoder_equals_the_loop_and_decodes_from_stacked_caches(
   assert 'remat' in jaxpr or 'checkpoint' in jaxpr
   scanned.init_cache(2, 10)
   assert scanned.blks.self_attention.cache['key'].shape[0] == 2   # layers
-  steps = [scanned(x[:, :5], enc, enc_lens, decode=True)]
-  steps += [scanned(x[:, t:t + 1], enc, enc_lens, decode=True)
+  steps = [decode_step(scanned, x[:, :5], enc, enc_lens)]
+  steps += [decode_step(scanned, x[:, t:t + 1], enc, enc_lens)
             for t in range(5, 7)]
   np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
 
@@ -96,9 +106,9 @@ def test_cached_decoding_with_explicit_randomized_positions(position):
   dec = make_decoder(position)
   x = toks((1, 5))
   pos = jnp.array([[0, 3, 4, 9, 20]])
-  full = dec(x, positions=pos)
+  full = forward(dec, x, positions=pos)
   dec.init_cache(1, 5)
-  steps = [dec(x[:, t:t + 1], positions=pos[:, t:t + 1], decode=True)
+  steps = [decode_step(dec, x[:, t:t + 1], positions=pos[:, t:t + 1])
            for t in range(5)]
   np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
 
@@ -128,7 +138,7 @@ def test_greedy_decode_extends_the_prompt_with_argmax_tokens():
   assert out.shape == (2, 7)
   np.testing.assert_array_equal(out[:, :3], prompt)
   # Each generated token is the argmax of the full causal pass over the prefix.
-  logits = dec(out[:, :-1])
+  logits = forward(dec, out[:, :-1])
   np.testing.assert_array_equal(out[:, 3:], jnp.argmax(logits[:, 2:], -1))
   jitted = nnx.jit(selfattn.greedy_decode, static_argnums=2)
   np.testing.assert_array_equal(jitted(dec, prompt, 4), out)
@@ -138,11 +148,11 @@ def test_cross_attention_sees_only_valid_encoder_positions():
   enc = selfattn.TransformerEncoder(11, 16, 32, 4, 1, rngs=nnx.Rngs(1))
   dec = make_decoder('t5', cross_attention=True)
   src = toks((2, 5), seed=3)
-  enc_out = enc(src)
+  enc_out = forward(enc, src)
   lens = jnp.array([3, 5])
   y = toks((2, 4))
-  a = dec(y, enc_out, lens)
-  b = dec(y, enc_out.at[0, 3:].set(7.0), lens)       # change padded positions
+  a = forward(dec, y, enc_out, lens)
+  b = forward(dec, y, enc_out.at[0, 3:].set(7.0), lens)  # change padded positions
   np.testing.assert_allclose(a, b, atol=1e-6)
   with pytest.raises(ValueError, match='enc_outputs'):
     dec(y)
@@ -162,18 +172,20 @@ def test_meter_adds_one_learned_vector_per_step_phase():
   plain = make_decoder('rope')
   dec = make_decoder('rope', meter_period=4, meter_step_tokens=2)
   x = toks((2, 12))
-  np.testing.assert_allclose(dec(x), plain(x), atol=1e-6)   # zero at start
+  np.testing.assert_allclose(forward(dec, x), forward(plain, x),
+                             atol=1e-6)                      # zero at start
   table = jax.random.normal(jax.random.key(5), (4, 16))
   dec.meter.embedding[...] = table
   phase = (np.arange(12) // 2) % 4
-  added = dec.embed(x) - plain.embed(x)
+  embed = lambda m, x: m.embed(x)
+  added = compiled(embed, dec, x) - compiled(embed, plain, x)
   np.testing.assert_allclose(added, np.broadcast_to(table[phase], added.shape),
                              atol=1e-5)
-  assert np.abs(np.asarray(dec(x) - plain(x))).max() > 1e-3
-  full = dec(x)
+  full = forward(dec, x)
+  assert np.abs(np.asarray(full - forward(plain, x))).max() > 1e-3
   dec.init_cache(2, 12)
-  steps = [dec(x[:, :5], decode=True)]
-  steps += [dec(x[:, t:t + 1], decode=True) for t in range(5, 12)]
+  steps = [decode_step(dec, x[:, :5])]
+  steps += [decode_step(dec, x[:, t:t + 1]) for t in range(5, 12)]
   np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
   with pytest.raises(ValueError, match='meter_period'):
     make_decoder('rope', meter_period=-1)
@@ -187,12 +199,12 @@ def test_the_stack_is_the_one_owner_of_its_caches():
   dec = make_decoder('rope')
   dec.init_cache(2, 6)
   x = toks((2, 6))
-  dec(x[:, :4], decode=True)
-  dec(x[:, 4:5], decode=True)
+  decode_step(dec, x[:, :4])
+  decode_step(dec, x[:, 4:5])
   assert int(dec.next_position[...]) == 5
   for blk in dec.blks:
     assert int(blk.self_attention.cache['index'][...]) == 0
   attn = selfattn.MultiHeadAttention(16, 4, rngs=nnx.Rngs(0))
   attn.init_cache(2, 6)
-  attn(jnp.ones((2, 3, 16)), decode=True)
+  decode_step(attn, jnp.ones((2, 3, 16)))
   assert int(attn.cache['index'][...]) == 3

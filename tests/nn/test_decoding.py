@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 import selfattn
+from compiled import compiled
 from selfattn.nn import decoding
 from tiers import EXTENDED
 
@@ -28,13 +29,14 @@ def _tokens(shape, vocab=11, seed=1):
 def test_a_beam_of_one_is_greedy():
   dec = _decoder()
   prompt = _tokens((3, 3))
-  greedy = decoding.generate(dec, prompt, 6, method='greedy')
-  beam = decoding.generate(dec, prompt, 6, method='beam', beam_size=1,
-                           alpha=0.0)
+  greedy = compiled(
+      lambda m, p: decoding.generate(m, p, 6, method='greedy'), dec, prompt)
+  beam = compiled(lambda m, p: decoding.generate(
+      m, p, 6, method='beam', beam_size=1, alpha=0.0), dec, prompt)
   np.testing.assert_array_equal(beam.tokens, greedy.tokens)
   np.testing.assert_allclose(beam.scores, greedy.scores, rtol=1e-5)
-  np.testing.assert_array_equal(greedy.tokens,
-                                selfattn.greedy_decode(dec, prompt, 6))
+  np.testing.assert_array_equal(greedy.tokens, compiled(
+      lambda m, p: selfattn.greedy_decode(m, p, 6), dec, prompt))
 
 
 # --extended (tiers.py): test_a_full_beam_with_eos_is_exhaustive_search makes
@@ -50,14 +52,17 @@ def test_a_full_beam_is_exhaustive_search(alpha):
   vocab, steps = 3, 3
   dec = _decoder(vocab=vocab)
   prompt = jnp.array([[0], [2]])
-  beam = decoding.generate(dec, prompt, steps, method='beam',
-                           beam_size=vocab ** steps, alpha=alpha)
+  beam = compiled(lambda m, p: decoding.generate(
+      m, p, steps, method='beam', beam_size=vocab ** steps, alpha=alpha),
+                  dec, prompt)
   penalty = float(decoding.length_penalty(jnp.float32(steps), alpha))
+  # One compiled pass, reused for every hypothesis (all of one length).
+  log_probs = nnx.jit(lambda m, t: jax.nn.log_softmax(m(t)[0, :-1], axis=-1))
   for row in range(2):
     best = None
     for seq in itertools.product(range(vocab), repeat=steps):
       tokens = jnp.array([[int(prompt[row, 0]), *seq]])
-      logp = jax.nn.log_softmax(dec(tokens)[0, :-1], axis=-1)
+      logp = np.asarray(log_probs(dec, tokens))
       score = sum(float(logp[i, t]) for i, t in enumerate(seq)) / penalty
       if best is None or score > best[0]:
         best = (score, seq)
@@ -81,17 +86,20 @@ def test_a_full_beam_with_eos_is_exhaustive_search(alpha):
   vocab, steps, eos, pad = 3, 3, 2, 0
   dec = _decoder(vocab=vocab)
   prompt = jnp.array([[0], [1], [2]])
-  beam = decoding.generate(dec, prompt, steps, method='beam', beam_size=8,
-                           alpha=alpha, eos=eos, pad=pad)
+  beam = compiled(lambda m, p: decoding.generate(
+      m, p, steps, method='beam', beam_size=8, alpha=alpha, eos=eos, pad=pad),
+                  dec, prompt)
   hypotheses = [seq for n in range(1, steps + 1)
                 for seq in itertools.product(range(vocab), repeat=n)
                 if eos not in seq[:-1] and (seq[-1] == eos or n == steps)]
   assert len(hypotheses) == 7 + 8
+  # One compiled pass, reused (it compiles once per hypothesis length).
+  log_probs = nnx.jit(lambda m, t: jax.nn.log_softmax(m(t)[0], axis=-1))
   for row in range(prompt.shape[0]):
     best = None
     for seq in hypotheses:
       tokens = jnp.array([[int(prompt[row, 0]), *seq]])
-      logp = jax.nn.log_softmax(dec(tokens)[0], axis=-1)
+      logp = np.asarray(log_probs(dec, tokens))
       total = sum(float(logp[i, t]) for i, t in enumerate(seq))
       score = total / float(decoding.length_penalty(jnp.float32(len(seq)),
                                                     alpha))
@@ -134,12 +142,14 @@ def test_an_early_eos_does_not_take_a_live_hypothesis_place(beam_size):
                    [tiny, tiny, 1 - 2 * tiny],
                    [1 / 3, 1 / 3, 1 / 3]])
   prompt = jnp.zeros((1, 1), jnp.int32)
-  beam = decoding.generate(model, prompt, 4, method='beam',
-                           beam_size=beam_size, alpha=2.0, eos=2, pad=0)
+  beam = compiled(lambda m, p: decoding.generate(
+      m, p, 4, method='beam', beam_size=beam_size, alpha=2.0, eos=2, pad=0),
+                  model, prompt)
   np.testing.assert_array_equal(beam.tokens[0], [0, 1, 2, 0, 0])
   expected = (np.log(0.45 - tiny) + np.log(1 - 2 * tiny)) / (7 / 6) ** 2
   assert float(beam.scores[0]) == pytest.approx(expected, rel=1e-5)
-  greedy = decoding.generate(model, prompt, 4, method='greedy', eos=2, pad=0)
+  greedy = compiled(lambda m, p: decoding.generate(
+      m, p, 4, method='greedy', eos=2, pad=0), model, prompt)
   np.testing.assert_array_equal(greedy.tokens[0], [0, 2, 0, 0, 0])
 
 
@@ -156,8 +166,9 @@ def test_a_settled_search_returns_a_finished_hypothesis_even_for_negative_alpha(
                    [tiny, 1 - 2 * tiny, tiny],
                    [1 / 3, 1 / 3, 1 / 3]])
   prompt = jnp.zeros((1, 1), jnp.int32)
-  beam = decoding.generate(model, prompt, 4, method='beam', beam_size=1,
-                           alpha=-1.0, eos=2, pad=0)
+  beam = compiled(lambda m, p: decoding.generate(
+      m, p, 4, method='beam', beam_size=1, alpha=-1.0, eos=2, pad=0),
+                  model, prompt)
   assert int(beam.tokens[0, 1]) == 2
   assert float(beam.scores[0]) == pytest.approx(np.log(0.5 - tiny), rel=1e-5)
 
@@ -173,18 +184,19 @@ def test_end_of_sentence_pads_and_stops():
   up to and including eos; the loop stops once every sequence is done."""
   dec = _decoder()
   prompt = _tokens((2, 2))
-  free = np.asarray(decoding.generate(dec, prompt, 8, method='greedy').tokens)
+  free = np.asarray(compiled(lambda m, p: decoding.generate(
+      m, p, 8, method='greedy'), dec, prompt).tokens)
   eos = int(free[1, 4])                # row 1's third new token
-  out = np.asarray(decoding.generate(dec, prompt, 8, method='greedy',
-                                     eos=eos, pad=10).tokens)
+  out = np.asarray(compiled(lambda m, p: decoding.generate(
+      m, p, 8, method='greedy', eos=eos, pad=10), dec, prompt).tokens)
   for row in range(2):
     new = free[row, 2:]
     hits = np.flatnonzero(new == eos)
     end = 2 + (hits[0] + 1 if hits.size else 8)
     np.testing.assert_array_equal(out[row, :end], free[row, :end])
     assert (out[row, end:] == 10).all()
-  beam = decoding.generate(dec, prompt, 8, method='beam', beam_size=3,
-                           eos=eos, pad=10)
+  beam = compiled(lambda m, p: decoding.generate(
+      m, p, 8, method='beam', beam_size=3, eos=eos, pad=10), dec, prompt)
   for seq in np.asarray(beam.tokens)[:, 2:]:
     ends = np.flatnonzero(seq == eos)
     if ends.size:
@@ -201,17 +213,20 @@ def test_beams_over_scanned_layers_and_cross_attention():
   stack_loop_into_scan(loop, scanned)
   prompt = _tokens((2, 3))
   for method, width in (('beam', 3), ('greedy', 1)):
-    a = decoding.generate(loop, prompt, 5, method=method, beam_size=width)
-    b = decoding.generate(scanned, prompt, 5, method=method, beam_size=width)
+    run = lambda m, p: decoding.generate(m, p, 5, method=method,
+                                         beam_size=width)
+    a = compiled(run, loop, prompt)
+    b = compiled(run, scanned, prompt)
     np.testing.assert_array_equal(a.tokens, b.tokens)
 
   cross = _decoder(cross_attention=True)
   enc = jax.random.normal(jax.random.key(3), (2, 6, 16))
   lens = jnp.array([6, 4])
-  greedy = selfattn.greedy_decode(cross, prompt, 5, enc_outputs=enc,
-                                  enc_valid_lens=lens)
-  beam = decoding.generate(cross, prompt, 5, method='beam', beam_size=1,
-                           call_args=(enc, lens))
+  greedy = compiled(lambda m, p, e, n: selfattn.greedy_decode(
+      m, p, 5, enc_outputs=e, enc_valid_lens=n), cross, prompt, enc, lens)
+  beam = compiled(lambda m, p, e, n: decoding.generate(
+      m, p, 5, method='beam', beam_size=1, call_args=(e, n)),
+                  cross, prompt, enc, lens)
   np.testing.assert_array_equal(beam.tokens, greedy)
 
 
@@ -225,8 +240,9 @@ def test_beams_over_scanned_layers_and_cross_attention():
 def test_teacher_forcing_through_the_cache_equals_the_full_pass(position):
   dec = _decoder(position=position)
   tokens = _tokens((2, 9))
-  np.testing.assert_allclose(decoding.teacher_forced_logits(dec, tokens),
-                             dec(tokens), atol=1e-5)
+  np.testing.assert_allclose(
+      compiled(decoding.teacher_forced_logits, dec, tokens),
+      compiled(lambda m, t: m(t), dec, tokens), atol=1e-5)
 
 
 def test_positions_for_every_example_equal_the_full_array():
@@ -236,11 +252,11 @@ def test_positions_for_every_example_equal_the_full_array():
   prompt = _tokens((2, 2))
   full = jnp.broadcast_to(jnp.arange(5) + 3, (2, 5))
   for method, options in (('greedy', {}), ('beam', {'beam_size': 2})):
-    want = decoding.generate(dec, prompt, 3, method=method, positions=full,
-                             **options).tokens
+    run = lambda m, p, positions: decoding.generate(
+        m, p, 3, method=method, positions=positions, **options)
+    want = compiled(run, dec, prompt, full).tokens
     for positions in (full[:1], jnp.concatenate([full, full], axis=1)):
-      got = decoding.generate(dec, prompt, 3, method=method,
-                              positions=positions, **options).tokens
+      got = compiled(run, dec, prompt, positions).tokens
       np.testing.assert_array_equal(got, want)
 
 
@@ -269,14 +285,16 @@ def test_bad_requests_say_what_is_wrong():
                       key=jax.random.key(0))
   # Its neighbour: a top_k outside 1..V failed deep in lax.top_k (0, or
   # more than the vocabulary) or broadcast an empty row (negative).
-  vocab = dec(prompt, deterministic=True).shape[-1]
+  vocab = compiled(lambda m, p: m(p, deterministic=True),
+                   dec, prompt).shape[-1]
   for top_k in (0, -3, vocab + 1):
     with pytest.raises(ValueError, match=rf'top_k must be between 1 and the '
                        rf'{vocab} logits of a step, or None; got {top_k}'):
       decoding.generate(dec, prompt, 2, method='sample', top_k=top_k,
                         key=jax.random.key(0))
-  assert decoding.generate(dec, prompt, 2, method='sample', top_k=vocab,
-                           key=jax.random.key(0)).tokens.shape == (1, 4)
+  assert compiled(lambda m, p, key: decoding.generate(
+      m, p, 2, method='sample', top_k=vocab, key=key),
+                  dec, prompt, jax.random.key(0)).tokens.shape == (1, 4)
 
 
 def test_generating_past_a_learned_table_is_refused_like_a_full_pass():
@@ -292,6 +310,7 @@ def test_generating_past_a_learned_table_is_refused_like_a_full_pass():
                      r'most 8 tokens'):
     decoding.generate(dec, prompt, 20)
   # Up to the table's end, cached decoding equals the full pass.
-  out = decoding.generate(dec, prompt, 7, return_logits=True)
-  full = dec(out.tokens, deterministic=True)
+  out = compiled(lambda m, p: decoding.generate(m, p, 7, return_logits=True),
+                 dec, prompt)
+  full = compiled(lambda m, t: m(t, deterministic=True), dec, out.tokens)
   np.testing.assert_allclose(out.logits[:, :7], full[:, :7], atol=1e-5)

@@ -10,6 +10,7 @@ from flax.nnx import bridge
 from flax.traverse_util import flatten_dict
 
 import selfattn
+from compiled import compiled, grads
 from reference import assert_scanned_grads_match
 from reference import stack_loop_into_scan
 from tiers import EXTENDED
@@ -101,8 +102,7 @@ def test_jit_matches_eager_and_gradients_are_finite(position):
   def loss(model):
     return jnp.sum(model(x, lens) ** 2)
 
-  grads = nnx.grad(loss)(enc)
-  leaves = jax.tree.leaves(grads)
+  leaves = jax.tree.leaves(grads(loss, enc))
   assert leaves and all(np.all(np.isfinite(g)) for g in leaves)
   assert any(np.abs(np.asarray(g)).max() > 0 for g in leaves)
 
@@ -161,13 +161,15 @@ def test_block_without_residual_or_norm_is_plain_composition():
 def test_per_layer_attention_weights_on_request_only():
   enc = make('t5', layers=3)
   x = tokens((2, 6))
-  _, captured = nnx.capture(enc, nnx.Intermediate)(x, jnp.array([6, 3]))
-  out, weights = selfattn.attention_weights(enc, x, jnp.array([6, 3]))
+  (_, captured), (out, weights), plain = compiled(lambda enc: (
+      nnx.capture(enc, nnx.Intermediate)(x, jnp.array([6, 3])),
+      selfattn.attention_weights(enc, x, jnp.array([6, 3])),
+      enc(x, jnp.array([6, 3]))), enc)
   assert len(weights) == 3 and weights[0].shape == (2, 4, 6, 6)
   np.testing.assert_allclose(
       captured['blks'][2]['attention']['attention_weights'][...], weights[2])
   assert np.all(np.asarray(weights[1])[1, :, :, 3:] == 0)
-  np.testing.assert_allclose(out, enc(x, jnp.array([6, 3])))
+  np.testing.assert_allclose(out, plain)
   # A plain call leaves nothing on the module (transforms over closures rely
   # on it: tests/nn/test_transforms.py).
   assert not nnx.state(enc, nnx.Intermediate)
@@ -181,9 +183,9 @@ def test_per_layer_attention_weights_on_request_only():
 def test_low_precision_forward_is_finite_and_close_to_float32(dtype):
   x = tokens((2, 10), seed=5)
   lens = jnp.array([10, 0])   # one sequence with nothing valid at all
-  low = make('shaw', dtype=dtype)(x, lens)
+  low = compiled(lambda m: m(x, lens), make('shaw', dtype=dtype))
   assert low.dtype == dtype
-  full = make('shaw')(x, lens)
+  full = compiled(lambda m: m(x, lens), make('shaw'))
   assert np.all(np.isfinite(np.asarray(low, np.float32)))
   np.testing.assert_allclose(np.asarray(low, np.float32)[0], full[0], atol=0.15)
 
@@ -232,10 +234,16 @@ def test_remat_gives_the_same_outputs_and_gradients(position):
                                        max_len=16, remat=remat, rngs=nnx.Rngs(0))
   plain, remat = build(False), build(True)
   x, lens = tokens((2, 7)), jnp.array([7, 4])
-  np.testing.assert_allclose(remat(x, lens), plain(x, lens), atol=1e-6)
   loss = lambda m: (m(x, lens) ** 2).sum()
-  grads = [jax.tree.leaves(nnx.grad(loss)(m)) for m in (remat, plain)]
-  for a, b in zip(*grads, strict=True):
+
+  def outputs_and_grads(m):     # one compiled program per model
+    return m(x, lens), nnx.grad(loss)(m)
+
+  (out_remat, g_remat), (out_plain, g_plain) = (
+      compiled(outputs_and_grads, remat), compiled(outputs_and_grads, plain))
+  np.testing.assert_allclose(out_remat, out_plain, atol=1e-6)
+  both = [jax.tree.leaves(g) for g in (g_remat, g_plain)]
+  for a, b in zip(*both, strict=True):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
   # The backward pass really recomputes: remat appears in the program.
   graphdef, state = nnx.split(remat)
@@ -293,9 +301,11 @@ def test_a_causal_encoder_decodes_through_its_caches_like_the_full_pass(
       **({'clip_distance': 3} if position == 'shaw' else {}))
   x = tokens((2, 6), seed=2)
   enc.init_cache(2, 8)
-  steps = [enc(x[:, :4], decode=True)]
-  steps += [enc(x[:, t:t + 1], decode=True) for t in range(4, 6)]
-  np.testing.assert_allclose(jnp.concatenate(steps, 1), enc(x), atol=1e-5)
+  step = nnx.jit(lambda m, x: m(x, decode=True))  # one program per width
+  steps = [step(enc, x[:, :4])]
+  steps += [step(enc, x[:, t:t + 1]) for t in range(4, 6)]
+  np.testing.assert_allclose(jnp.concatenate(steps, 1),
+                             compiled(lambda m: m(x), enc), atol=1e-5)
 
 
 def test_cached_encoder_decoding_refuses_what_it_cannot_honour():

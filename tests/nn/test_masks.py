@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 import selfattn
+from compiled import compiled
 
 
 def _attn(f=16, heads=2):
@@ -15,7 +16,8 @@ def _attn(f=16, heads=2):
 
 
 def _weights(module, *args, **kwargs):
-  _, (weights,) = selfattn.attention_weights(module, *args, **kwargs)
+  _, (weights,) = compiled(
+      lambda m: selfattn.attention_weights(m, *args, **kwargs), module)
   return np.asarray(weights)
 
 
@@ -92,10 +94,11 @@ def test_inputs_that_do_not_fit_together_are_refused_by_name():
   # What the einsum broadcasts stays allowed: one key set for every example,
   # multi-query attention's one head of keys and values.
   kv = jax.random.normal(jax.random.key(0), (1, 1, 5, 8))
-  want, _ = selfattn.dot_product_attention(q, *[jnp.broadcast_to(kv, q.shape)] * 2)
+  attend = jax.jit(lambda q, kv: selfattn.dot_product_attention(q, kv, kv)[0])
+  want = attend(q, jnp.broadcast_to(kv, q.shape))
   for shared in (kv, jnp.broadcast_to(kv, (2, 1, 5, 8)),
                  jnp.broadcast_to(kv, (1, 2, 5, 8))):
-    got, _ = selfattn.dot_product_attention(q, shared, shared)
+    got = attend(q, shared)
     np.testing.assert_allclose(got, want, atol=1e-6)
   # And a module's keys for every example, on every path (the kernels take
   # no batch broadcast: the module spreads them after projecting once).
@@ -103,8 +106,8 @@ def test_inputs_that_do_not_fit_together_are_refused_by_name():
   for impl in ('plain', 'fused', 'chunked', 'pallas'):
     module = selfattn.MultiHeadAttention(16, 2, attention_impl=impl,
                                          rngs=nnx.Rngs(0))
-    np.testing.assert_allclose(
-        module(X, keys), module(X, jnp.broadcast_to(keys, (2, 6, 16))),
+    np.testing.assert_allclose(*compiled(lambda m: (
+        m(X, keys), m(X, jnp.broadcast_to(keys, (2, 6, 16)))), module),
         atol=1e-6)
   with pytest.raises(ValueError, match=r'dropout must be in \[0, 1\)'):
     selfattn.MultiHeadAttention(16, 2, dropout=1.5, rngs=nnx.Rngs(0))
@@ -127,12 +130,14 @@ def test_per_query_valid_lens_are_respected_by_the_encoder():
                                     rngs=nnx.Rngs(0))
   x = jax.random.randint(jax.random.key(1), (2, 6), 0, 10)
   causal_lens = jnp.broadcast_to(jnp.arange(1, 7), (2, 6))
-  out, weights = selfattn.attention_weights(enc, x, causal_lens)
+  (out, weights), causal = compiled(lambda enc: (
+      selfattn.attention_weights(enc, x, causal_lens), enc(x, causal=True)),
+                                    enc)
   for w in weights:
     w = np.asarray(w)
     np.testing.assert_allclose(w, np.tril(w), atol=0)
     np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-6)
-  np.testing.assert_allclose(out, enc(x, causal=True), atol=1e-6)
+  np.testing.assert_allclose(out, causal, atol=1e-6)
 
 
 def test_bias_is_added_to_the_logits():
@@ -142,17 +147,18 @@ def test_bias_is_added_to_the_logits():
   q, k, v = (jnp.asarray(rng.normal(size=(1, 2, 3, 4)), jnp.float32)
              for _ in range(3))
   bias = jnp.asarray(rng.normal(size=(1, 2, 3, 3)), jnp.float32)
-  out, w = selfattn.dot_product_attention(q, k, v, bias=bias)
+  neg = jnp.zeros((1, 1, 1, 3)).at[..., 2].set(-jnp.inf)
+  keep = jnp.ones((1, 1, 1, 3), bool).at[..., 2].set(False)
+  (out, w), (by_bias, _), (by_mask, _) = compiled(lambda q, k, v: (
+      selfattn.dot_product_attention(q, k, v, bias=bias),
+      selfattn.dot_product_attention(q, k, v, bias=neg),
+      selfattn.dot_product_attention(q, k, v, mask=keep)), q, k, v)
   logits = np.einsum('bhqd,bhkd->bhqk', q, k) / 2.0 + np.asarray(bias)
   want = np.exp(logits - logits.max(-1, keepdims=True))
   want /= want.sum(-1, keepdims=True)
   np.testing.assert_allclose(w, want, atol=1e-6)
   np.testing.assert_allclose(out, want @ np.asarray(v), atol=1e-5)
-  neg = jnp.zeros((1, 1, 1, 3)).at[..., 2].set(-jnp.inf)
-  keep = jnp.ones((1, 1, 1, 3), bool).at[..., 2].set(False)
-  np.testing.assert_allclose(selfattn.dot_product_attention(q, k, v, bias=neg)[0],
-                             selfattn.dot_product_attention(q, k, v, mask=keep)[0],
-                             atol=1e-6)
+  np.testing.assert_allclose(by_bias, by_mask, atol=1e-6)
 
 
 def test_masks_combine_with_and():

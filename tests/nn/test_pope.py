@@ -16,6 +16,7 @@ from selfattn.nn import bounded
 from selfattn.nn import chunked
 from selfattn.nn import positions
 from selfattn.training import steps
+from compiled import compiled
 from tiers import EXTENDED
 
 
@@ -63,7 +64,8 @@ def test_logits_equal_the_papers_equations_at_given_positions():
   q, k, _ = _qkv()
   q_pos = np.array([[0, 2, 3, 9, 11]])
   k_pos = np.array([[1, 2, 4, 5, 8, 13, 20]])
-  qp, kp = pope.rotate(q, k, jnp.asarray(q_pos), jnp.asarray(k_pos))
+  qp, kp = compiled(lambda pope: pope.rotate(q, k, jnp.asarray(q_pos),
+                                             jnp.asarray(k_pos)), pope)
   assert qp.shape == (1, 2, 5, 12) and kp.shape == (1, 2, 7, 12)
   ours = np.asarray(jnp.einsum('bhqd,bhkd->bhqk', qp, kp))[0]
   want = numpy_logits(q[0], k[0], q_pos[0], k_pos[0], pope.delta[...])
@@ -84,7 +86,8 @@ def test_attention_output_and_gradients_equal_the_numpy_transcription():
   weights = np.exp(logits - logits.max(-1, keepdims=True))
   weights /= weights.sum(-1, keepdims=True)
   want = weights @ np.asarray(v[0], np.float64)
-  out, _ = attention.dot_product_attention(q, k, v, relative=pope)
+  out, _ = compiled(lambda pope: attention.dot_product_attention(
+      q, k, v, relative=pope), pope)
   np.testing.assert_allclose(out[0], want, rtol=1e-5, atol=1e-6)
 
   w = np.asarray(jax.random.normal(jax.random.key(9), (2, 5, 7)), np.float64)
@@ -93,7 +96,7 @@ def test_attention_output_and_gradients_equal_the_numpy_transcription():
     qp, kp = module.rotate(q, k)
     return jnp.sum(jnp.einsum('bhqd,bhkd->bhqk', qp, kp)[0] * w)
 
-  gq, gk, gmod = nnx.grad(loss, argnums=(0, 1, 2))(q, k, pope)
+  gq, gk, gmod = nnx.jit(nnx.grad(loss, argnums=(0, 1, 2)))(q, k, pope)
   qn, kn = np.asarray(q[0], np.float64), np.asarray(k[0], np.float64)
   delta = np.asarray(pope.delta[...], np.float64)
   theta = 10000.0 ** (-np.arange(d) / d)
@@ -120,7 +123,8 @@ def test_no_what_where_entanglement_a_query_prefers_its_own_position():
   keys = jnp.broadcast_to(k[:, :1], (1, 2, 41, 8))[:, :1]
 
   def logits(enc):
-    qp, kp = enc.rotate(q[:, :1], keys, jnp.zeros((1, 1), jnp.int32), k_pos)
+    qp, kp = compiled(lambda enc: enc.rotate(
+        q[:, :1], keys, jnp.zeros((1, 1), jnp.int32), k_pos), enc)
     return np.asarray(jnp.einsum('bhqd,bhkd->bhqk', qp, kp))[0, 0, 0]
 
   assert int(np.argmax(logits(pope))) == 20          # offset 0
@@ -198,18 +202,23 @@ def test_delta_stays_in_its_interval_after_an_optimiser_step():
   delta_path = [p for p, _ in nnx.to_flat_state(params) if p[-1] == 'delta']
   assert len(delta_path) == 1
   # A fake gradient of +-1 on every parameter moves delta by +-1000.
-  sign = jax.tree.map(lambda x: jnp.sign(jax.random.normal(
-      jax.random.key(0), x.shape)), params)
-  updates, _ = tx.update(sign, tx.init(params), params)
-  moved = optax.apply_updates(params, updates)
+  @jax.jit                      # the step and the projection: one program
+  def step(params):
+    sign = jax.tree.map(lambda x: jnp.sign(jax.random.normal(
+        jax.random.key(0), x.shape)), params)
+    updates, _ = tx.update(sign, tx.init(params), params)
+    moved = optax.apply_updates(params, updates)
+    return moved, bounded.project(moved)
+
+  moved, projected_state = step(params)
   raw = dict(nnx.to_flat_state(moved))[delta_path[0]][...]
   assert np.abs(np.asarray(raw)).max() > 100          # the step alone leaves
-  projected = dict(nnx.to_flat_state(bounded.project(moved)))[delta_path[0]][...]
+  projected = dict(nnx.to_flat_state(projected_state))[delta_path[0]][...]
   assert np.all((projected >= -2 * math.pi) & (projected <= 0))
   assert set(np.unique(np.asarray(projected))) <= {-2 * np.float32(math.pi), 0}
   # Other parameters are left as the optimiser moved them.
   for (p, a), (_, b) in zip(nnx.to_flat_state(moved),
-                            nnx.to_flat_state(bounded.project(moved))):
+                            nnx.to_flat_state(projected_state)):
     if p[-1] != 'delta':
       np.testing.assert_array_equal(a[...], b[...])
 

@@ -9,6 +9,7 @@ from flax import nnx
 import selfattn
 from selfattn.nn.positions import alibi_slopes, relative_to_absolute
 import reference
+from compiled import compiled, grads
 from tiers import EXTENDED
 
 
@@ -121,8 +122,8 @@ def test_shaw_equals_direct_transcription_of_the_paper(shared_heads,
                                rngs=nnx.Rngs(0))
   keep = np.ones((2, 7), bool)
   keep[1, 4:] = False                                   # padding in row 1
-  ours, _ = selfattn.dot_product_attention(
-      q, k, v, mask=jnp.asarray(keep)[:, None, None, :], relative=shaw)
+  ours, _ = compiled(lambda shaw: selfattn.dot_product_attention(
+      q, k, v, mask=jnp.asarray(keep)[:, None, None, :], relative=shaw), shaw)
   aV = np.asarray(shaw.a_V[...]) if relative_values else None
   want = reference.shaw_attention(q, k, v, np.asarray(shaw.a_K[...]), aV,
                                   clip, keep)
@@ -132,7 +133,7 @@ def test_shaw_equals_direct_transcription_of_the_paper(shared_heads,
 def test_shaw_weight_folding_preserves_mass_per_bucket():
   shaw = selfattn.ShawRelative(1, 2, clip_distance=3, rngs=nnx.Rngs(0))
   w = jax.random.uniform(jax.random.key(0), (1, 1, 9, 9))
-  folded = np.asarray(shaw.fold_weights(w))
+  folded = np.asarray(compiled(lambda shaw: shaw.fold_weights(w), shaw))
   rel = np.clip(np.arange(9)[None] - np.arange(9)[:, None], -3, 3) + 3
   want = np.zeros((9, 7))
   for i in range(9):
@@ -159,9 +160,10 @@ def test_huang_equals_unclipped_reference(shared_heads):
                                  rngs=nnx.Rngs(0))
   qs = q / 2.0     # dot_product_attention hands relative terms scaled queries
   want_rel = reference.huang_logits(qs, np.asarray(huang.E[...]), 10)
-  np.testing.assert_allclose(huang.logits(jnp.asarray(qs), k), want_rel,
-                             atol=1e-5)
-  ours, _ = selfattn.dot_product_attention(q, k, v, relative=huang)
+  logits, (ours, _) = compiled(lambda huang: (
+      huang.logits(jnp.asarray(qs), k),
+      selfattn.dot_product_attention(q, k, v, relative=huang)), huang)
+  np.testing.assert_allclose(logits, want_rel, atol=1e-5)
   content = np.einsum('bhqd,bhkd->bhqk', qs, k)
   alpha = reference.softmax_rows(content + want_rel, np.ones((1, 1, 6, 6), bool))
   np.testing.assert_allclose(ours, np.einsum('bhqk,bhkd->bhqd', alpha, v),
@@ -174,7 +176,8 @@ def test_huang_beyond_max_len_uses_the_edge_rows():
   q, k, _ = _qkv(L=9)
   huang = selfattn.HuangRelative(3, 4, max_len=4, rngs=nnx.Rngs(0))
   want = reference.huang_logits(np.asarray(q), np.asarray(huang.E[...]), 4)
-  np.testing.assert_allclose(huang.logits(q, k), want, atol=1e-5)
+  np.testing.assert_allclose(compiled(lambda h: h.logits(q, k), huang), want,
+                             atol=1e-5)
 
 
 # The encodings without parameters of their own --extended (tiers.py): the
@@ -197,8 +200,8 @@ def test_every_parameter_receives_a_gradient(position):
                                     **options)
   x = jax.random.randint(jax.random.key(0), (2, 10), 0, 12)
   target = jax.random.normal(jax.random.key(1), (2, 10, 16))
-  grads = nnx.grad(lambda m: ((m(x) - target) ** 2).sum())(enc)
-  for path, g in nnx.to_flat_state(grads):
+  for path, g in nnx.to_flat_state(
+      grads(lambda m: ((m(x) - target) ** 2).sum(), enc)):
     assert np.abs(np.asarray(g[...])).max() > 0, f'no gradient for {path}'
 
 
@@ -238,7 +241,7 @@ def test_rotary_dot_products_depend_only_on_offset():
   rope = selfattn.RotaryEncoding(6)
   x = jnp.broadcast_to(jax.random.normal(jax.random.key(0), (6,)), (1, 1, 12, 6))
   y = jnp.broadcast_to(jax.random.normal(jax.random.key(1), (6,)), (1, 1, 12, 6))
-  q, k = rope.rotate(x, y)
+  q, k = compiled(lambda x, y: rope.rotate(x, y), x, y)
   dots = np.asarray(jnp.einsum('bhqd,bhkd->qk', q, k))
   for offset in range(-5, 6):
     diagonal = np.diagonal(dots, offset)
@@ -262,12 +265,16 @@ def test_xl_logits_equal_the_reference_transcription():
   want = ref.xl_logits(q, k, np.asarray(xl.W_r.kernel[...]),
                        np.asarray(xl.u[...]), np.asarray(xl.v[...]))
   qs, kh = jnp.swapaxes(q, 1, 2) / np.sqrt(d), jnp.swapaxes(k, 1, 2)
-  content = jnp.einsum('bhqd,bhkd->bhqk', qs, kh)
-  np.testing.assert_allclose(content + xl.logits(qs, kh), want, atol=2e-5)
-  # The explicit-positions path (gather, not skew) agrees.
   pos = jnp.broadcast_to(jnp.arange(L), (B, L))
-  np.testing.assert_allclose(content + xl.logits(qs, kh, pos, pos), want,
-                             atol=2e-5)
+
+  def logits(xl):
+    content = jnp.einsum('bhqd,bhkd->bhqk', qs, kh)
+    return content + xl.logits(qs, kh), content + xl.logits(qs, kh, pos, pos)
+
+  default, positioned = compiled(logits, xl)
+  np.testing.assert_allclose(default, want, atol=2e-5)
+  # The explicit-positions path (gather, not skew) agrees.
+  np.testing.assert_allclose(positioned, want, atol=2e-5)
 
 
 def test_alibi_is_the_reference_asymmetric_form_by_default():
@@ -302,8 +309,9 @@ def test_explicit_positions_0_to_L_equal_the_default_path(position):
   enc = _encoder(position)
   tokens = jax.random.randint(jax.random.key(0), (2, 9), 0, 11)
   pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
-  np.testing.assert_allclose(enc(tokens, positions=pos), enc(tokens),
-                             atol=2e-5)
+  given, default = compiled(lambda m: (m(tokens, positions=pos), m(tokens)),
+                            enc)
+  np.testing.assert_allclose(given, default, atol=2e-5)
 
 
 @pytest.mark.parametrize('position', selfattn.RELATIVE_NAMES)
@@ -314,9 +322,10 @@ def test_relative_encodings_see_only_offsets_between_positions(position):
   enc = _encoder(position)
   tokens = jax.random.randint(jax.random.key(1), (2, 7), 0, 11)
   pos = jnp.array([[0, 3, 4, 9, 10, 20, 31], [1, 2, 5, 6, 8, 13, 21]])
-  base = enc(tokens, positions=pos)
-  np.testing.assert_allclose(enc(tokens, positions=pos + 17), base, atol=2e-5)
-  moved = enc(tokens, positions=pos.at[:, 3].add(1))
+  forward = nnx.jit(lambda m, pos: m(tokens, positions=pos))  # one program
+  base = forward(enc, pos)
+  np.testing.assert_allclose(forward(enc, pos + 17), base, atol=2e-5)
+  moved = forward(enc, pos.at[:, 3].add(1))
   assert np.abs(np.asarray(moved - base)).max() > 1e-3
 
 

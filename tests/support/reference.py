@@ -69,12 +69,18 @@ def assert_encoders_agree(ours, plain, tokens, lens, *, atol=2e-5,
   and causal) and the same parameter gradients."""
   import jax
   from flax import nnx
-  np.testing.assert_allclose(ours(tokens, lens), plain(tokens, lens), atol=atol)
-  np.testing.assert_allclose(ours(tokens, causal=True),
-                             plain(tokens, causal=True), atol=atol)
-  loss = lambda m: (m(tokens, lens) ** 2).sum()
-  for got, want in zip(jax.tree.leaves(nnx.grad(loss)(ours)),
-                       jax.tree.leaves(nnx.grad(loss)(plain))):
+  from compiled import compiled
+
+  def outputs_and_grads(m):     # one compiled program per encoder
+    loss = lambda m: (m(tokens, lens) ** 2).sum()
+    return m(tokens, lens), m(tokens, causal=True), nnx.grad(loss)(m)
+
+  padded, causal, grads = compiled(outputs_and_grads, ours)
+  want_padded, want_causal, want_grads = compiled(outputs_and_grads, plain)
+  np.testing.assert_allclose(padded, want_padded, atol=atol)
+  np.testing.assert_allclose(causal, want_causal, atol=atol)
+  for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads),
+                       strict=True):
     np.testing.assert_allclose(got, want, atol=grad_atol, rtol=1e-4)
 
 
@@ -99,8 +105,9 @@ def assert_scanned_grads_match(loss, loop, scanned, *, atol=1e-4):
   """nnx.grad(loss) of a scanned stack equals the loop's, layer by layer."""
   import jax.numpy as jnp
   from flax import nnx
-  g_loop = dict(nnx.to_flat_state(nnx.grad(loss)(loop)))
-  for path, g in nnx.to_flat_state(nnx.grad(loss)(scanned)):
+  from compiled import grads
+  g_loop = dict(nnx.to_flat_state(grads(loss, loop)))
+  for path, g in nnx.to_flat_state(grads(loss, scanned)):
     if path[0] == 'blks':
       want = jnp.stack([g_loop[('blks', i) + path[1:]][...]
                         for i in range(len(loop.blks))])

@@ -44,15 +44,19 @@ def _greedy_reference(model, task, batch):
   model's argmax at t, fed back as first_output_token + class."""
   inputs = np.array(batch.inputs)
   first = task.first_output_token
+  # One compiled pass, reused for every slot (one example) and at the end
+  # (the batch): it compiles once per shape.
+  run = nnx.jit(lambda m, x, lens, positions: m(x, lens, positions=positions))
   for b in range(inputs.shape[0]):
     slots = np.flatnonzero(inputs[b] >= first)          # fed-back positions
     for t in slots:                                      # in order
-      logits = model(jnp.asarray(inputs[b:b + 1]), batch.valid_lens[b:b + 1],
-                     positions=None if batch.positions is None
-                     else batch.positions[b:b + 1])
+      logits = np.asarray(run(model, jnp.asarray(inputs[b:b + 1]),
+                              batch.valid_lens[b:b + 1],
+                              None if batch.positions is None
+                              else batch.positions[b:b + 1]))
       inputs[b, t] = first + int(np.argmax(logits[0, t - 1]))
-  return inputs, model(jnp.asarray(inputs), batch.valid_lens,
-                       positions=batch.positions)
+  return inputs, run(model, jnp.asarray(inputs), batch.valid_lens,
+                     batch.positions)
 
 
 def test_free_running_equals_greedy_decoding_one_slot_at_a_time():
@@ -97,10 +101,10 @@ def test_cached_free_running_equals_greedy_decoding(position, randomized):
            < np.asarray(batch.valid_lens)[:, None])
   np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid],
                              atol=1e-5)
-  fixed = free_running_logits(
-      lambda b: model(b.inputs, b.valid_lens, positions=b.positions), batch,
+  fixed = nnx.jit(lambda m, batch: free_running_logits(
+      lambda b: m(b.inputs, b.valid_lens, positions=b.positions), batch,
       first_output_token=task.first_output_token,
-      max_rounds=task.spec.output_length(8) - 1)
+      max_rounds=task.spec.output_length(8) - 1))(model, batch)
   np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(fixed)[valid],
                              atol=1e-5)
 
@@ -110,9 +114,9 @@ def test_a_model_that_is_always_right_scores_the_same_either_way():
   the teacher's tokens: free-running and teacher-forced logits are equal."""
   task, _, batch = _model_and_batch()
   oracle = lambda b: 10.0 * jax.nn.one_hot(b.targets, task.num_classes)
-  got = free_running_logits(oracle, batch,
-                            first_output_token=task.first_output_token,
-                            max_rounds=task.spec.output_length(8) - 1)
+  got = jax.jit(lambda batch: free_running_logits(
+      oracle, batch, first_output_token=task.first_output_token,
+      max_rounds=task.spec.output_length(8) - 1))(batch)
   np.testing.assert_array_equal(got, oracle(batch))
 
 

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 import selfattn
+from compiled import compiled
 from selfattn.nn import attention
 from selfattn.nn import chunked
 from selfattn.nn import positions
@@ -29,6 +30,11 @@ def toks(shape, seed=1):
   return jax.random.randint(jax.random.key(seed), shape, 0, 11)
 
 
+# A compiled call of a module, reused (it compiles once per module and
+# shape); where a test's point is an eager error, that call stays eager.
+forward = nnx.jit(lambda m, *args, **kwargs: m(*args, **kwargs))
+
+
 # --------------------------------------------------------------------------
 # Decoding past the cache.
 # --------------------------------------------------------------------------
@@ -37,15 +43,17 @@ def toks(shape, seed=1):
 def test_decoding_past_the_cache_raises_eagerly(scan_layers):
   dec = make_decoder(scan_layers=scan_layers)
   x = toks((2, 8))
-  full = dec(x)
+  full = forward(dec, x)
   dec.init_cache(2, 4)
-  steps = [dec(x[:, t:t + 1], decode=True) for t in range(4)]
+  # The steps within the cache compiled; the calls past it stay eager.
+  step = nnx.jit(lambda dec, tok: dec(tok, decode=True))
+  steps = [step(dec, x[:, t:t + 1]) for t in range(4)]
   np.testing.assert_allclose(jnp.concatenate(steps, 1), full[:, :4],
                              atol=1e-5)
   with pytest.raises(ValueError, match='max_length=4'):
     dec(x[:, 4:5], decode=True)
   dec.init_cache(2, 4)
-  dec(x[:, :3], decode=True)
+  step(dec, x[:, :3])
   with pytest.raises(ValueError, match='past the end of the cache'):
     dec(x[:, 3:5], decode=True)          # 3 + 2 > 4
 
@@ -68,7 +76,7 @@ def test_decoding_past_the_cache_under_jit_gives_nan(scan_layers):
   (before the fix they were finite and 0.6-1.2 off)."""
   dec = make_decoder(scan_layers=scan_layers)
   x = toks((2, 8))
-  full = dec(x)
+  full = forward(dec, x)
   dec.init_cache(2, 4)
   step = nnx.jit(lambda dec, tok: dec(tok, decode=True))
   outs = [step(dec, x[:, t:t + 1]) for t in range(8)]
@@ -81,15 +89,15 @@ def test_decoding_past_the_cache_under_jit_gives_nan(scan_layers):
 def test_attention_decoding_past_the_cache_raises_or_gives_nan():
   attn = selfattn.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.key(0), (1, 6, 16))
-  full = attn(x, causal=True)
+  full = compiled(lambda m, x: m(x, causal=True), attn, x)
+  step = nnx.jit(lambda attn, tok: attn(tok, decode=True))
   attn.init_cache(1, 3)
-  for t in range(3):
-    np.testing.assert_allclose(attn(x[:, t:t + 1], decode=True),
+  for t in range(3):          # compiled within the cache; past it, eager
+    np.testing.assert_allclose(step(attn, x[:, t:t + 1]),
                                full[:, t:t + 1], atol=1e-5)
   with pytest.raises(ValueError, match='past the end of the cache'):
     attn(x[:, 3:4], decode=True)
   attn.init_cache(1, 3)
-  step = nnx.jit(lambda attn, tok: attn(tok, decode=True))
   outs = [step(attn, x[:, t:t + 1]) for t in range(5)]
   np.testing.assert_allclose(jnp.concatenate(outs[:3], 1), full[:, :3],
                              atol=1e-5)
@@ -126,7 +134,8 @@ def test_encoder_outputs_to_a_decoder_without_cross_attention_raise():
   with pytest.raises(ValueError, match='enc_outputs'):
     blk(jnp.ones((2, 4, 16)), enc_out)
   # A decoder with cross-attention still takes them.
-  assert make_decoder(cross_attention=True)(y, enc_out).shape == (2, 4, 11)
+  assert forward(make_decoder(cross_attention=True), y,
+                 enc_out).shape == (2, 4, 11)
 
 
 # --------------------------------------------------------------------------
@@ -142,21 +151,24 @@ def test_an_encoder_built_causal_attends_causally_by_default():
                                     rngs=nnx.Rngs(0))
   x = toks((2, 7))
   changed = x.at[:, 4:].set((x[:, 4:] + 1) % 11)
-  out = enc(x)
-  np.testing.assert_allclose(out[:, :4], enc(changed)[:, :4], atol=1e-6)
-  assert float(jnp.abs(out[:, 4:] - enc(changed)[:, 4:]).max()) > 1e-4
-  np.testing.assert_allclose(out, enc(x, causal=True), atol=0)
+  causally = nnx.jit(lambda m, x: m(x, causal=True))
+  out = forward(enc, x)
+  out_changed = forward(enc, changed)
+  np.testing.assert_allclose(out[:, :4], out_changed[:, :4], atol=1e-6)
+  assert float(jnp.abs(out[:, 4:] - out_changed[:, 4:]).max()) > 1e-4
+  np.testing.assert_allclose(out, causally(enc, x), atol=0)
   # The same model with the causal mask built by hand (an independent route).
   tri = selfattn.make_causal_mask(7)
-  np.testing.assert_allclose(out, enc(x, mask=tri), atol=1e-6)
+  np.testing.assert_allclose(out, forward(enc, x, mask=tri), atol=1e-6)
   with pytest.raises(ValueError, match='causal=False'):
     enc(x, causal=False)
   # A bidirectional encoder can still be called causally.
   bi = selfattn.TransformerEncoder(11, 16, 32, 2, 1, position='rope',
                                    rngs=nnx.Rngs(0))
-  np.testing.assert_allclose(bi(x, causal=True)[:, :4],
-                             bi(changed, causal=True)[:, :4], atol=1e-6)
-  assert float(jnp.abs(bi(x)[:, :4] - bi(changed)[:, :4]).max()) > 1e-4
+  np.testing.assert_allclose(causally(bi, x)[:, :4],
+                             causally(bi, changed)[:, :4], atol=1e-6)
+  assert float(jnp.abs(forward(bi, x)[:, :4]
+                       - forward(bi, changed)[:, :4]).max()) > 1e-4
 
 
 # --------------------------------------------------------------------------
@@ -182,7 +194,8 @@ def test_rows_with_no_allowed_key_are_zero_on_every_path():
   q, k, v = _qkv()
   keep = jnp.ones((2, 1, 6, 6), bool).at[0, :, 2, :].set(False)
   keep = keep.at[1, :, 5, :].set(False)
-  plain, fused, blocks = _three_paths(q, k, v, mask=keep)
+  plain, fused, blocks = jax.jit(
+      lambda q, k, v, keep: _three_paths(q, k, v, mask=keep))(q, k, v, keep)
   assert np.all(np.asarray(fused[0, :, 2]) == 0)
   assert np.all(np.asarray(fused[1, :, 5]) == 0)
   np.testing.assert_allclose(fused, plain, atol=2e-6)
@@ -193,7 +206,8 @@ def test_rows_with_no_allowed_key_are_zero_on_every_path():
   for impl in ('plain', 'fused', 'chunked'):
     attn = selfattn.MultiHeadAttention(16, 2, attention_impl=impl,
                                        rngs=nnx.Rngs(0))
-    outs[impl] = attn(x, valid_lens=jnp.array([0, 3]))
+    outs[impl] = compiled(lambda m, x: m(x, valid_lens=jnp.array([0, 3])),
+                          attn, x)
   for impl in ('fused', 'chunked'):
     np.testing.assert_allclose(outs[impl], outs['plain'], atol=2e-6)
 
@@ -231,14 +245,15 @@ def test_nan_or_inf_in_padded_keys_and_values_changes_nothing(bad):
           q, k, v, mask=keep, causal=True, query_chunk=4, key_chunk=3),
   }
   for name, fn in paths.items():
-    want = fn(q, clean_k, clean_v)
-    got = fn(q, dirty_k, dirty_v)
+    # One compiled program per path, run on the clean and the dirty inputs.
+    run = jax.jit(fn)
+    want = run(q, clean_k, clean_v)
+    got = run(q, dirty_k, dirty_v)
     assert np.isfinite(np.asarray(got)).all(), name
     np.testing.assert_allclose(got, want, atol=2e-6, err_msg=name)
-    grads = jax.grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2))(
-        q, dirty_k, dirty_v)
-    clean = jax.grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2))(
-        q, clean_k, clean_v)
+    grad = jax.jit(jax.grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2)))
+    grads = grad(q, dirty_k, dirty_v)
+    clean = grad(q, clean_k, clean_v)
     for g, c in zip(grads, clean):
       assert np.isfinite(np.asarray(g)).all(), name
       np.testing.assert_allclose(g, c, atol=2e-5, err_msg=name)
@@ -268,20 +283,23 @@ def test_nan_in_padded_inputs_to_attention_changes_no_valid_output(impl,
   lens = jnp.array([3, 6])
   pad = (jnp.arange(6)[None, :] >= lens[:, None])[..., None]
   clean, dirty = jnp.where(pad, 0.0, mem), jnp.where(pad, jnp.nan, mem)
-  want = attn(x, clean, valid_lens=lens)
-  got = attn(x, dirty, valid_lens=lens)
+  want = forward(attn, x, clean, valid_lens=lens)
+  got = forward(attn, x, dirty, valid_lens=lens)
   assert np.isfinite(np.asarray(got)).all()
   np.testing.assert_allclose(got, want, atol=2e-6)
   # Gradients for the inputs are finite (the padded ones exactly zero). The
   # projections' own gradients hold x^T dk, where 0 * NaN is NaN again: no
   # attention can help that; padding that feeds a trained projection must be
   # finite (selfattn's batches pad with token 0).
-  loss = lambda x, mem: (attn(x, mem, valid_lens=lens) ** 2).sum()
-  g_x, g_mem = jax.grad(loss, argnums=(0, 1))(x, dirty)
+  def input_grads(attn, x, mem):
+    loss = lambda x, mem: (attn(x, mem, valid_lens=lens) ** 2).sum()
+    return jax.grad(loss, argnums=(0, 1))(x, mem)
+  input_grads = nnx.jit(input_grads)
+  g_x, g_mem = input_grads(attn, x, dirty)
   assert np.isfinite(np.asarray(g_x)).all()
   assert np.isfinite(np.asarray(g_mem)).all()
   assert np.all(np.asarray(g_mem)[np.asarray(pad[..., 0])] == 0)
-  np.testing.assert_allclose(g_x, jax.grad(loss)(x, clean), atol=2e-5)
+  np.testing.assert_allclose(g_x, input_grads(attn, x, clean)[0], atol=2e-5)
 
 
 # --------------------------------------------------------------------------
@@ -349,7 +367,8 @@ def test_greedy_decode_with_zero_steps_returns_the_prompt():
   out = selfattn.greedy_decode(dec, prompt, 0)
   assert out.shape == (2, 3)
   np.testing.assert_array_equal(out, prompt)
-  assert selfattn.greedy_decode(dec, prompt, 2).shape == (2, 5)
+  assert compiled(lambda m, p: selfattn.greedy_decode(m, p, 2),
+                  dec, prompt).shape == (2, 5)
   with pytest.raises(ValueError, match='num_steps'):
     selfattn.greedy_decode(dec, prompt, -1)
   with pytest.raises(ValueError, match='prompt'):

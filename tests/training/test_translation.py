@@ -136,11 +136,13 @@ def test_source_padding_and_future_targets_change_nothing(position):
   other_padding = src.at[0, 4:].set(9)
   lens = jnp.array([4])
   dec = jnp.array([[BOS, 10, 11, 12, 13]], jnp.int32)
-  a = model(src, lens, decoder_inputs=dec)
-  np.testing.assert_allclose(model(other_padding, lens, decoder_inputs=dec), a,
+  # One compiled pass, run on each input (all of one shape).
+  run = nnx.jit(lambda m, s, n, d: m(s, n, decoder_inputs=d))
+  a = run(model, src, lens, dec)
+  np.testing.assert_allclose(run(model, other_padding, lens, dec), a,
                              atol=1e-5)
   later = dec.at[0, 3:].set(20)
-  np.testing.assert_allclose(model(src, lens, decoder_inputs=later)[:, :3],
+  np.testing.assert_allclose(run(model, src, lens, later)[:, :3],
                              a[:, :3], atol=1e-5)
 
 
@@ -178,11 +180,13 @@ def test_tied_embeddings_are_one_table_read_out_by_its_transpose():
   # its own would move nothing).
   src, lens = jnp.array([[5, 6, 7]], jnp.int32), jnp.array([3])
   dec = jnp.array([[BOS, 8]], jnp.int32)
-  before = np.asarray(model(src, lens, decoder_inputs=dec))
+  # One compiled pass; the table is its input, so it reads the moved row.
+  run = nnx.jit(lambda m, s, n, d: m(s, n, decoder_inputs=d))
+  before = np.asarray(run(model, src, lens, dec))
   # (Not a constant shift: the final LayerNorm's states sum to zero.)
   model.encoder.embedding.embedding[...] = table.at[20].add(
       jnp.linspace(-1.0, 1.0, table.shape[1]))
-  after = np.asarray(model(src, lens, decoder_inputs=dec))
+  after = np.asarray(run(model, src, lens, dec))
   assert np.abs(after[..., 20] - before[..., 20]).min() > 1e-3
   np.testing.assert_allclose(np.delete(after, 20, -1),
                              np.delete(before, 20, -1), atol=1e-6)
