@@ -141,16 +141,17 @@ def test_interpreted_forward_equals_numpy(kind, symmetric, causal, lq, lk, d,
 
 
 def _reference_jax(q, k, v, tables, lengths, causal, slopes, t5=None,
-                   clip=None):
+                   clip=None, symmetric=False):
   """The same attention in float32 JAX, for its gradients (jax.vjp).
   tables: {'t5': (num_buckets, H)} with t5 = (num_buckets, max_distance);
-  {'a_k': (H, 2k+1, D), 'a_v': (H, 2k+1, D) or absent} with clip = k."""
+  {'a_k': (H, 2k+1, D), 'a_v': (H, 2k+1, D) or absent} with clip = k.
+  ALiBi's distance is |j - i|, less 1/2 to the left unless symmetric."""
   lq, lk, d = q.shape[2], k.shape[2], q.shape[3]
   s = jnp.einsum('bhqd,bhkd->bhqk', q, k) / np.sqrt(d)
   offset = jnp.arange(lk)[None, :] - jnp.arange(lq)[:, None]
   if slopes is not None:
     s = s - jnp.asarray(slopes, jnp.float32)[None, :, None, None] * (
-        jnp.abs(offset) - 0.5 * (offset < 0))
+        jnp.abs(offset) - (0 if symmetric else 0.5 * (offset < 0)))
   if t5 is not None:
     bucket = positions.t5_bucket(offset, *t5)            # (Lq, Lk)
     s = s + jnp.moveaxis(tables['t5'][bucket], -1, 0)[None]
@@ -180,6 +181,7 @@ BACKWARD_CASES = [
     # against a reference, causal and not, on every commit. A smaller Lk
     # barely shortens them: at Lk = 200 T5's took 15.6 s against 17.2.)
     ('alibi', True, 200, 130, 64, 64),
+    ('alibi symmetric', False, 100, 160, 64, 64),   # the encoders' form
     ('none', False, 100, 260, 96, 128),
     ('t5', False, 130, 300, 64, 64),
     ('shaw', False, 130, 300, 96, 64),     # 128 wide: fits at k = 6
@@ -196,8 +198,12 @@ def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
   q, k, v = _qkv(lq, lk, d)
   d_out = jax.random.normal(jax.random.key(9), (3, 2, lq, d)).astype(q.dtype)
   lengths = jnp.array([lk, lk // 3, 0], jnp.int32)
+  symmetric = kind == 'alibi symmetric'
+  # Symmetric ALiBi differs by slope / 2 on the keys left of the query:
+  # with two heads' slopes (1/16, 1/256) that moves the gradients by less
+  # than the 2% tolerance, so that case takes 16x steeper slopes.
   slopes = (jnp.asarray(positions.alibi_slopes(2), jnp.float32)
-            if kind == 'alibi' else None)
+            * (16 if symmetric else 1) if kind.startswith('alibi') else None)
   t5 = (8, 20) if kind == 't5' else None
   clip = 6 if kind.startswith('shaw') else None
   # Tables as the kernels read them (Shaw's in q's dtype, as the Triton
@@ -210,7 +216,7 @@ def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
     tables = {'a_k': draw(7, (2, 13, d)).astype(q.dtype).astype(jnp.float32)}
     if kind == 'shaw':
       tables['a_v'] = draw(8, (2, 13, d))
-  cfg = hopper.HopperConfig(kind=kind.split()[0], symmetric=False,
+  cfg = hopper.HopperConfig(kind=kind.split()[0], symmetric=symmetric,
                             causal=causal, scale=1 / np.sqrt(d),
                             block_k=block_k, num_buckets=8 if t5 else 0,
                             max_distance=20 if t5 else 0, clip=clip or 0,
@@ -228,7 +234,8 @@ def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
   got = gradients(q, k, v, d_out)
   f32 = lambda x: x.astype(jnp.float32)
   _, vjp = jax.vjp(
-      lambda *a: _reference_jax(*a, lengths, causal, slopes, t5, clip),
+      lambda *a: _reference_jax(*a, lengths, causal, slopes, t5, clip,
+                                symmetric),
       f32(q), f32(k), f32(v), tables)
   wants = vjp(f32(d_out))
   # The tables' gradients (T5's: ds summed per bucket; Shaw's: folds of ds
