@@ -45,9 +45,12 @@ def test_decoding_past_the_cache_raises_eagerly(scan_layers):
   x = toks((2, 8))
   full = forward(dec, x)
   dec.init_cache(2, 4)
-  # The steps within the cache compiled; the calls past it stay eager.
+  # The first steps compiled; the step that exactly fills the cache and the
+  # calls past it stay eager (the eager check must pass the first, refuse
+  # the others).
   step = nnx.jit(lambda dec, tok: dec(tok, decode=True))
-  steps = [step(dec, x[:, t:t + 1]) for t in range(4)]
+  steps = [step(dec, x[:, t:t + 1]) for t in range(3)]
+  steps.append(dec(x[:, 3:4], decode=True))
   np.testing.assert_allclose(jnp.concatenate(steps, 1), full[:, :4],
                              atol=1e-5)
   with pytest.raises(ValueError, match='max_length=4'):
@@ -92,8 +95,11 @@ def test_attention_decoding_past_the_cache_raises_or_gives_nan():
   full = compiled(lambda m, x: m(x, causal=True), attn, x)
   step = nnx.jit(lambda attn, tok: attn(tok, decode=True))
   attn.init_cache(1, 3)
-  for t in range(3):          # compiled within the cache; past it, eager
-    np.testing.assert_allclose(step(attn, x[:, t:t + 1]),
+  # Compiled within the cache, but the step that fills it and the one past
+  # it eager (the eager check must pass the first and refuse the second).
+  for t in range(3):
+    call = step if t < 2 else (lambda attn, tok: attn(tok, decode=True))
+    np.testing.assert_allclose(call(attn, x[:, t:t + 1]),
                                full[:, t:t + 1], atol=1e-5)
   with pytest.raises(ValueError, match='past the end of the cache'):
     attn(x[:, 3:4], decode=True)
