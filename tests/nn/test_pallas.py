@@ -14,6 +14,7 @@ from flax import nnx
 from selfattn.nn import attention
 from selfattn.nn import positions
 from selfattn.nn import pallas_attention as pa
+from compiled import compiled
 from tiers import EXTENDED
 from tiers import each_choice
 from tiers import keep_in_commit_tier
@@ -150,7 +151,8 @@ def _kernel_and_plain_agree(relative, lq, lk, lengths, causal, seed):
   graphdef, tables = nnx.split(relative)
 
   def loss(fn, tables, q, k, v):
-    return jnp.sum(fn(q, k, v, nnx.merge(graphdef, tables)) * g)
+    out = fn(q, k, v, nnx.merge(graphdef, tables))
+    return jnp.sum(out * g), out
 
   def kernel(q, k, v, rel):
     return pa.pallas_attention(q, k, v, relative=rel, causal=causal,
@@ -159,12 +161,14 @@ def _kernel_and_plain_agree(relative, lq, lk, lengths, causal, seed):
   def plain(q, k, v, rel):
     return _plain(q, k, v, rel, causal, valid)
 
-  np.testing.assert_allclose(kernel(q, k, v, relative),
-                             plain(q, k, v, relative), atol=1e-5, rtol=1e-5)
-  got = jax.grad(functools.partial(loss, kernel), argnums=(0, 1, 2, 3))(
-      tables, q, k, v)
-  want = jax.grad(functools.partial(loss, plain), argnums=(0, 1, 2, 3))(
-      tables, q, k, v)
+  # One compiled program per path: its outputs and gradients.
+  def grad(fn):
+    return jax.jit(jax.grad(functools.partial(loss, fn), argnums=(0, 1, 2, 3),
+                            has_aux=True))(tables, q, k, v)
+
+  got, ours = grad(kernel)
+  want, theirs = grad(plain)
+  np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, atol=2e-4, rtol=2e-4)
 
@@ -226,9 +230,9 @@ def test_fully_masked_rows_output_zeros(kind):
   valid = _key_valid(16, [11, 0])
   k = k.at[0, :, 12].set(jnp.nan)
   v = v.at[0, :, 13].set(jnp.inf)
-  out = pa.pallas_attention(q, k, v, relative=relative, causal=True,
-                            key_valid=valid, **BLOCKS)
-  want = _plain(q, k, v, relative, True, valid)
+  out = compiled(lambda r: pa.pallas_attention(
+      q, k, v, relative=r, causal=True, key_valid=valid, **BLOCKS), relative)
+  want = compiled(lambda r: _plain(q, k, v, r, True, valid), relative)
   assert np.all(np.isfinite(out))
   np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
   assert np.all(np.asarray(out[1]) == 0)
@@ -316,10 +320,13 @@ def test_gradients_with_key_lengths_equal_plain(kind, causal):
 def test_bfloat16_inputs():
   q, k, v, _ = _qkv(17, 17, dtype=jnp.bfloat16)
   relative = _relative('t5')
-  out = pa.pallas_attention(q, k, v, relative=relative, causal=True, **BLOCKS)
+  out = compiled(lambda r: pa.pallas_attention(
+      q, k, v, relative=r, causal=True, **BLOCKS), relative)
   assert out.dtype == jnp.bfloat16
-  want = _plain(q.astype(jnp.float32), k.astype(jnp.float32),
-                v.astype(jnp.float32), relative, True, None)
+  want = compiled(lambda r: _plain(q.astype(jnp.float32),
+                                   k.astype(jnp.float32),
+                                   v.astype(jnp.float32), r, True, None),
+                  relative)
   np.testing.assert_allclose(out.astype(jnp.float32), want, atol=3e-2)
 
 
@@ -365,14 +372,16 @@ def test_multihead_attention_pallas_equals_plain(name, causal, monkeypatch):
   models = {impl: _mha(name, impl) for impl in ('plain', 'pallas')}
 
   def loss(model):
-    return jnp.sum(model(x, valid_lens=valid_lens, causal=causal) ** 2)
+    out = model(x, valid_lens=valid_lens, causal=causal)
+    return jnp.sum(out ** 2), out
 
-  grads = {impl: nnx.grad(loss)(m) for impl, m in models.items()}
+  # One compiled program per model: its outputs and gradients.
+  grad = nnx.jit(nnx.grad(loss, has_aux=True))
+  grads, outs = {}, {}
+  for impl, m in models.items():
+    grads[impl], outs[impl] = grad(m)
   assert calls
-  np.testing.assert_allclose(models['pallas'](x, valid_lens=valid_lens,
-                                              causal=causal),
-                             models['plain'](x, valid_lens=valid_lens,
-                                             causal=causal),
+  np.testing.assert_allclose(outs['pallas'], outs['plain'],
                              atol=1e-5, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(grads['pallas']),
                   jax.tree.leaves(grads['plain'])):
@@ -383,8 +392,8 @@ def test_multihead_attention_key_mask():
   """A (B, 1, 1, Lk) boolean mask is key padding: the kernel takes it."""
   x = jax.random.normal(jax.random.key(8), (B, 11, H * D))
   mask = (jnp.arange(11)[None] < jnp.array([[11], [6]]))[:, None, None, :]
-  got = _mha('alibi', 'pallas')(x, mask=mask)
-  want = _mha('alibi', 'plain')(x, mask=mask)
+  got = compiled(lambda m: m(x, mask=mask), _mha('alibi', 'pallas'))
+  want = compiled(lambda m: m(x, mask=mask), _mha('alibi', 'plain'))
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -406,8 +415,8 @@ def test_multihead_attention_falls_back_to_plain(case, monkeypatch):
     kwargs['mask'] = jnp.tril(jnp.ones((10, 10), bool))[None, None]
   if case == 'positions':
     kwargs['positions'] = jnp.broadcast_to(jnp.arange(10) * 2, (B, 10))
-  got = _mha(name, 'pallas')(x, **kwargs)
-  want = _mha(name, 'plain')(x, **kwargs)
+  got = compiled(lambda m: m(x, **kwargs), _mha(name, 'pallas'))
+  want = compiled(lambda m: m(x, **kwargs), _mha(name, 'plain'))
   np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-6)
 
 

@@ -11,6 +11,7 @@ from flax import nnx
 from flax.nnx import bridge
 
 import selfattn
+from compiled import compiled
 
 
 def make(position='shaw', dropout=0.0, rngs=None, **kwargs):
@@ -42,7 +43,8 @@ def test_nnx_vmap_over_examples_with_a_shared_module():
   enc = make('t5')
   x, lens = toks(), jnp.array([6, 2, 4])
   f = nnx.vmap(lambda m, t, n: m(t[None], n[None])[0], in_axes=(None, 0, 0))
-  np.testing.assert_allclose(f(enc, x, lens), enc(x, lens), atol=1e-5)
+  np.testing.assert_allclose(f(enc, x, lens),
+                             compiled(lambda m: m(x, lens), enc), atol=1e-5)
 
 
 def test_nnx_jit_train_step_traces_once():
@@ -87,7 +89,7 @@ def test_features_instead_of_tokens_and_separate_kv_features():
   enc = selfattn.TransformerEncoder(None, 16, 32, 2, 1, position='alibi',
                                     rngs=nnx.Rngs(0))
   X = jax.random.normal(jax.random.key(0), (2, 5, 16))
-  assert enc(X).shape == (2, 5, 16)
+  assert compiled(lambda m: m(X), enc).shape == (2, 5, 16)
   with pytest.raises(ValueError, match='vocab_size=None'):
     enc(toks((2, 5)))
   with pytest.raises(ValueError, match='num_hiddens=16'):
@@ -95,11 +97,13 @@ def test_features_instead_of_tokens_and_separate_kv_features():
   # Token ids and their embedding give the same output.
   tok_enc = make('alibi')
   x = toks()
-  np.testing.assert_allclose(tok_enc(tok_enc.embedding(x) * 4.0), tok_enc(x),
-                             atol=1e-5)
+  np.testing.assert_allclose(
+      compiled(lambda m: m(m.embedding(x) * 4.0), tok_enc),
+      compiled(lambda m: m(x), tok_enc), atol=1e-5)
   cross = selfattn.MultiHeadAttention(16, 2, in_features=8, kv_features=12,
                                       out_features=4, rngs=nnx.Rngs(0))
-  out = cross(jnp.ones((2, 3, 8)), jnp.ones((2, 7, 12)))
+  out = compiled(lambda m: m(jnp.ones((2, 3, 8)), jnp.ones((2, 7, 12))),
+                 cross)
   assert out.shape == (2, 3, 4)
 
 
@@ -127,7 +131,8 @@ def test_linen_bridge_inits_with_one_key_trains_and_uses_dropout():
   model = _LinenClassifier()
   x = toks((8, 6))
   y = (x[:, 0] > x[:, -1]).astype(jnp.int32)      # depends on order
-  variables = model.init(jax.random.key(0), x)    # no 'dropout' stream needed
+  # No 'dropout' stream needed.
+  variables = jax.jit(model.init)(jax.random.key(0), x)
   params = variables['params']
   tx = optax.adam(3e-3)
   opt_state = tx.init(params)
@@ -146,9 +151,9 @@ def test_linen_bridge_inits_with_one_key_trains_and_uses_dropout():
     params, opt_state, loss = step(params, opt_state, jax.random.key(i))
     losses.append(float(loss))
   assert np.mean(losses[-5:]) < np.mean(losses[:5])
-  apply = lambda key: model.apply({'params': params}, x, train=True,
-                                  rngs={'dropout': key})
+  apply = jax.jit(lambda key: model.apply({'params': params}, x, train=True,
+                                          rngs={'dropout': key}))
   assert np.abs(np.asarray(apply(jax.random.key(1)) - apply(jax.random.key(2)))
                 ).max() > 1e-4
-  np.testing.assert_allclose(model.apply({'params': params}, x),
-                             model.apply({'params': params}, x), atol=0)
+  evaluate = jax.jit(lambda params: model.apply({'params': params}, x))
+  np.testing.assert_allclose(evaluate(params), evaluate(params), atol=0)
