@@ -35,6 +35,10 @@ def generator(task, method: str):
   """A jitted step -> batch whose host callbacks use `method` (it is read
   while tracing, so trace now)."""
   chomsky_tasks.HOST_VMAP_METHOD = method
+  # make_batch is a jit of its own: without this, the second method would
+  # reuse the trace made under the first (the method is not one of its
+  # arguments).
+  jax.clear_caches()
   fn = jax.jit(lambda step: tasks.make_batch(
       task, 0, step, jnp.arange(_BATCH.value), 1, _MAX_LEN.value))
   fn.lower(jnp.int32(0)).compile()
