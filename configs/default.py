@@ -110,6 +110,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # beyond the teacher-forced pass for one output) or cache (one token at a
   # time; cheaper when the rounds are many, scripts/bench_free_running.py).
   config.eval.free_running = 'fixed_point'
+  # Attention maps and position tables drawn into TensorBoard at each
+  # evaluation (Matplotlib; about 1 s to import and a compiled probe per
+  # run). False keeps every scalar and text and skips the images.
+  config.eval.figures = True
 
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1                  # data-parallel devices; -1 = all

@@ -233,7 +233,7 @@ def _check_training(config: ml_collections.ConfigDict) -> None:
                       f'{config.train.label_smoothing}')
   for field in ('task.per_batch_length', 'model.residual', 'model.remat',
                 'model.scan_layers', 'model.randomize_positions',
-                'model.tie_embeddings'):
+                'model.tie_embeddings', 'eval.figures'):
     section, name = field.split('.')
     if not isinstance(config[section][name], bool):
       raise ConfigError(f'config.{field} must be True or False; got '

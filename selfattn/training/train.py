@@ -185,7 +185,8 @@ class _EventLog:
       self.writer.text('description', 0,
                        summaries.description(self._config, self._chance))
     self.writer.hparams(summaries.researcher_hparams(self._config))
-    self._probe = report.AttentionProbe(trainer)
+    self._figures = bool(config.eval.figures)
+    self._probe = report.AttentionProbe(trainer) if self._figures else None
     self._tables_logged: list[int] = []   # a fixed table is logged once per process
 
   def write_eval(self, step: int, params: Any, results: _Results) -> None:
@@ -197,8 +198,10 @@ class _EventLog:
         self._chance))
     # Every process runs the probes (they are computations over global
     # arrays); only the process that writes draws the figures.
-    attention = self._probe.attention(params)
-    table, trainable = self._probe.position_table(params)
+    attention, (table, trainable) = [], (None, False)
+    if self._figures:
+      attention = self._probe.attention(params)
+      table, trainable = self._probe.position_table(params)
     if not writer.enabled:
       return
     for layer, weights in enumerate(attention):
@@ -220,7 +223,7 @@ class _EventLog:
         writer.scalars(step, {tag: value})
       elif kind == 'text':
         writer.text(tag, step, value)
-      else:
+      elif self._figures:
         writer.image(tag, step, value)
     writer.flush()
 

@@ -232,7 +232,8 @@ class TranslationTrainer(Trainer):
         'bleu_signature': whole['bleu_signature'],
         'samples': [(val.sources[i], refs[i], hyps[i])
                     for i in range(min(NUM_SAMPLES, n))],
-        'cross_attention': self.cross_attention(params, src[0], hyp_ids[0]),
+        'cross_attention': (self.cross_attention(params, src[0], hyp_ids[0])
+                            if self.config.eval.figures else None),
     }
     return results
 
@@ -269,7 +270,8 @@ def _capture_cross(model, sources: jax.Array, decoder_inputs: jax.Array):
 def translation_summaries(latest: dict[str, Any] | None):
   """(kind, tag, value) for TensorBoard from TranslationTrainer.latest:
   scalars valid/bleu and valid/chrf, a text table of sample translations,
-  and the cross-attention image. Nothing for other trainers."""
+  and the cross-attention image (unless config.eval.figures is off).
+  Nothing for other trainers."""
   if not latest:
     return []
   out = [('scalar', 'valid/bleu', latest['bleu']),
@@ -282,6 +284,8 @@ def translation_summaries(latest: dict[str, Any] | None):
               + f'\n\nvalidation BLEU {latest["bleu"]:.2f} '
               f'({latest["bleu_signature"]}), greedy decoding'))
   cross = latest['cross_attention']
+  if cross is None:                   # config.eval.figures off
+    return out
   out.append(('image', 'attention/cross_attention', figures.render(
       figures.alignment_figure(
           cross['weights'], cross['rows'], cross['columns'],

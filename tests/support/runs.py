@@ -64,10 +64,19 @@ def smoke_env() -> dict[str, str]:
   return env
 
 
-def cli(workdir, *overrides, config='configs/tiny.py', env=None, wait=True,
-        xla_cache=None):
+TINY = 'configs/tiny.py'
+
+
+def cli(workdir, *overrides, config=TINY, env=None, wait=True,
+        xla_cache=None, figures=False):
   """Runs `python -m selfattn.main` in a subprocess from the repository root
-  (`xla_cache`: subprocess_env's, for a process the test will kill)."""
+  (`xla_cache`: subprocess_env's, for a process the test will kill).
+  A run of configs/tiny.py draws no figures unless `figures`: importing
+  Matplotlib, compiling the attention probe and drawing were about 1.2 s
+  of each 6-second run, and no test of a subprocess run reads its images (the
+  in-process runs check them: test_train.py, test_tensorboard.py)."""
+  if config == TINY and not figures:
+    overrides = ('--config.eval.figures=False', *overrides)
   cmd = [sys.executable, '-m', 'selfattn.main', f'--config={config}',
          f'--workdir={workdir}', *overrides]
   full_env = subprocess_env(xla_cache=xla_cache, **(env or {}))

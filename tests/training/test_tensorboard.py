@@ -289,6 +289,32 @@ def test_score_scalars_cover_every_run_and_sort_first():
       'train/')
 
 
+def test_figures_off_writes_the_same_scalars_and_no_image(tiny_config,
+                                                         tmp_path):
+  """config.eval.figures=False: an evaluation writes its scalars as with
+  figures on, and no attention map or position table."""
+  from tensorboard.backend.event_processing import event_accumulator
+  from selfattn.training import steps
+  from selfattn.training import train
+  trainer = steps.Trainer(tiny_config)
+  params = trainer.init_state()['params']
+  results = {n: {'token_accuracy': 0.5, 'loss': 1.0, 'sequence_accuracy': 0.0}
+             for n in tiny_config.eval.lengths}
+  tags = {}
+  for figures in (True, False):
+    tiny_config.eval.figures = figures
+    workdir = tmp_path / str(figures)
+    events = train._EventLog(tiny_config, trainer, str(workdir), True, 0)
+    events.write_eval(5, params, results)
+    events.writer.close()
+    acc = event_accumulator.EventAccumulator(str(workdir), size_guidance={
+        event_accumulator.IMAGES: 0, event_accumulator.TENSORS: 0})
+    acc.Reload()
+    tags[figures] = acc.Tags()
+  assert tags[True]['images'] and not tags[False]['images']
+  assert tags[False]['scalars'] == tags[True]['scalars']
+
+
 def test_score_is_a_curve_with_one_point_per_evaluation(tiny_config, tmp_path):
   """Issue 36: Score was written once, at the end, so every run was one dot
   that outlier clipping hid. Each evaluation writes it, as it writes the

@@ -214,6 +214,21 @@ def test_invalid_configs_fail_before_any_work(tiny_config, tmp_path, field,
   assert not workdir.exists()
 
 
+def test_switches_that_are_not_booleans_are_refused_by_name(tiny_config):
+  """A config file (not an override: ConfigDict keeps a field's type) that
+  sets a switch to something else than True or False is refused by
+  validate_config (the first thing a run does), naming the field."""
+  import ml_collections
+  from selfattn.training import config_checks
+  for field in ('eval.figures', 'model.remat'):
+    section, name = field.split('.')
+    values = tiny_config.to_dict()
+    values[section][name] = 'no'
+    with pytest.raises(ConfigError, match=f'config.{field} must be True or '
+                       "False; got 'no'"):
+      config_checks.validate_config(ml_collections.ConfigDict(values))
+
+
 @pytest.mark.parametrize('settings, message', [
     ({'train.grad_clip': 0.0}, r'config.train.grad_clip must be > 0'),
     ({'train.grad_clip': -1.0}, r'config.train.grad_clip must be > 0'),
