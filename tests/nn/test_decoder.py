@@ -8,6 +8,8 @@ from flax import nnx
 
 import selfattn
 from compiled import compiled
+from compiled import decode_step
+from compiled import forward
 from reference import assert_scanned_grads_match
 from reference import stack_loop_into_scan
 from selfattn.nn import positions as P
@@ -23,13 +25,6 @@ def make_decoder(position, **kwargs):
 
 def toks(shape, seed=1):
   return jax.random.randint(jax.random.key(seed), shape, 0, 11)
-
-
-# One compiled full pass and one compiled cached step, reused (each compiles
-# once per module and shape); the step writes the caches back to the module.
-forward = nnx.jit(lambda m, *args, **kwargs: m(*args, **kwargs))
-decode_step = nnx.jit(lambda m, *args, **kwargs: m(*args, decode=True,
-                                                    **kwargs))
 
 
 # 'none' in the commit tier; the other encodings --extended (tiers.py): each

@@ -19,14 +19,19 @@ from typing import Any, Callable
 from flax import nnx
 
 
-def compiled(fn: Callable[..., Any], *args: Any, **static: Any) -> Any:
+def compiled(fn: Callable[..., Any], *args: Any) -> Any:
   """fn(*args) as one `nnx.jit` program. Modules among args keep their
   state (a cache written by fn stays written); fn may close over arrays
-  (they become constants of the program). Keyword arguments are passed to
-  fn as static values (causal=True, a Python int)."""
-  if static:
-    return nnx.jit(lambda *a: fn(*a, **static))(*args)
+  (they become constants of the program) and Python values (causal=True)."""
   return nnx.jit(fn)(*args)
+
+
+# A module's call and its cached decode step, compiled once per module and
+# shape and reused across calls and tests; keyword arguments are traced
+# arrays (positions=, mask=). The step writes the caches back to the module.
+forward = nnx.jit(lambda module, *args, **kwargs: module(*args, **kwargs))
+decode_step = nnx.jit(lambda module, *args, **kwargs: module(
+    *args, decode=True, **kwargs))
 
 
 def grads(loss: Callable[[nnx.Module], Any], module: nnx.Module) -> nnx.State:

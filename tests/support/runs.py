@@ -68,14 +68,14 @@ TINY = 'configs/tiny.py'
 
 
 def cli(workdir, *overrides, config=TINY, env=None, wait=True,
-        xla_cache=None, figures=False):
+        xla_cache=None):
   """Runs `python -m selfattn.main` in a subprocess from the repository root
   (`xla_cache`: subprocess_env's, for a process the test will kill).
-  A run of configs/tiny.py draws no figures unless `figures`: importing
+  A run of configs/tiny.py draws no figures: importing
   Matplotlib, compiling the attention probe and drawing were about 1.2 s
   of each 6-second run, and no test of a subprocess run reads its images (the
   in-process runs check them: test_train.py, test_tensorboard.py)."""
-  if config == TINY and not figures:
+  if config == TINY:
     overrides = ('--config.eval.figures=False', *overrides)
   cmd = [sys.executable, '-m', 'selfattn.main', f'--config={config}',
          f'--workdir={workdir}', *overrides]

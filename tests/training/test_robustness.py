@@ -13,6 +13,8 @@ from flax import nnx
 
 import selfattn
 from compiled import compiled
+from compiled import decode_step
+from compiled import forward
 from selfattn.nn import attention
 from selfattn.nn import chunked
 from selfattn.nn import positions
@@ -30,11 +32,6 @@ def toks(shape, seed=1):
   return jax.random.randint(jax.random.key(seed), shape, 0, 11)
 
 
-# A compiled call of a module, reused (it compiles once per module and
-# shape); where a test's point is an eager error, that call stays eager.
-forward = nnx.jit(lambda m, *args, **kwargs: m(*args, **kwargs))
-
-
 # --------------------------------------------------------------------------
 # Decoding past the cache.
 # --------------------------------------------------------------------------
@@ -48,15 +45,14 @@ def test_decoding_past_the_cache_raises_eagerly(scan_layers):
   # The first steps compiled; the step that exactly fills the cache and the
   # calls past it stay eager (the eager check must pass the first, refuse
   # the others).
-  step = nnx.jit(lambda dec, tok: dec(tok, decode=True))
-  steps = [step(dec, x[:, t:t + 1]) for t in range(3)]
+  steps = [decode_step(dec, x[:, t:t + 1]) for t in range(3)]
   steps.append(dec(x[:, 3:4], decode=True))
   np.testing.assert_allclose(jnp.concatenate(steps, 1), full[:, :4],
                              atol=1e-5)
   with pytest.raises(ValueError, match='max_length=4'):
     dec(x[:, 4:5], decode=True)
   dec.init_cache(2, 4)
-  step(dec, x[:, :3])
+  decode_step(dec, x[:, :3])
   with pytest.raises(ValueError, match='past the end of the cache'):
     dec(x[:, 3:5], decode=True)          # 3 + 2 > 4
 
@@ -81,8 +77,7 @@ def test_decoding_past_the_cache_under_jit_gives_nan(scan_layers):
   x = toks((2, 8))
   full = forward(dec, x)
   dec.init_cache(2, 4)
-  step = nnx.jit(lambda dec, tok: dec(tok, decode=True))
-  outs = [step(dec, x[:, t:t + 1]) for t in range(8)]
+  outs = [decode_step(dec, x[:, t:t + 1]) for t in range(8)]
   np.testing.assert_allclose(jnp.concatenate(outs[:4], 1), full[:, :4],
                              atol=1e-5)
   for out in outs[4:]:
@@ -93,18 +88,18 @@ def test_attention_decoding_past_the_cache_raises_or_gives_nan():
   attn = selfattn.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.key(0), (1, 6, 16))
   full = compiled(lambda m, x: m(x, causal=True), attn, x)
-  step = nnx.jit(lambda attn, tok: attn(tok, decode=True))
   attn.init_cache(1, 3)
   # Compiled within the cache, but the step that fills it and the one past
   # it eager (the eager check must pass the first and refuse the second).
   for t in range(3):
-    call = step if t < 2 else (lambda attn, tok: attn(tok, decode=True))
+    call = decode_step if t < 2 else (
+        lambda attn, tok: attn(tok, decode=True))
     np.testing.assert_allclose(call(attn, x[:, t:t + 1]),
                                full[:, t:t + 1], atol=1e-5)
   with pytest.raises(ValueError, match='past the end of the cache'):
     attn(x[:, 3:4], decode=True)
   attn.init_cache(1, 3)
-  outs = [step(attn, x[:, t:t + 1]) for t in range(5)]
+  outs = [decode_step(attn, x[:, t:t + 1]) for t in range(5)]
   np.testing.assert_allclose(jnp.concatenate(outs[:3], 1), full[:, :3],
                              atol=1e-5)
   assert np.all(np.isnan(np.asarray(outs[3])))
