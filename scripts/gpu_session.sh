@@ -38,6 +38,13 @@
 #               --kind=shaw --causal=false), the budget split evenly
 #               between the causal settings. Not part of `kernel` (its
 #               9 minutes are spent); a call of its own.            <= 6 min
+#   facts       scripts/kernel_facts.py: what the compiler made of the
+#               Hopper and Triton kernels per encoding (registers, spills,
+#               stack, wgmma/mma in the PTX, HGMMA/HMMA and LDL/STL in the
+#               SASS; ptxas -v and nvdisasm on their dumped PTX), the
+#               training step at L = 8192, within FACTS_BUDGET s (default
+#               150); FACTS_CAUSAL (default false) sets --causal; ARGS go
+#               to kernel_facts.py: kernel_facts.md/.json.      <= 4 min
 #   music       python -m experiments.music --scale=paper --seeds=1, one
 #               encoding at a time in MUSIC_POSITIONS order (default
 #               "rope pope alibi t5 shaw none") until MUSIC_BUDGET seconds
@@ -289,6 +296,15 @@ tune_triton() {   # scripts/tune_triton.py within TUNE_TRITON_BUDGET s
   echo "tune_triton exit status: ${PIPESTATUS[0]}"
 }
 
+facts() {   # scripts/kernel_facts.py within FACTS_BUDGET s
+  local budget=${FACTS_BUDGET:-150}
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}
+  timeout -s INT -k 30 $(( budget + 60 )) "$PY" scripts/kernel_facts.py \
+    --out="$OUT" --time_budget="$budget" --causal="${FACTS_CAUSAL:-false}" \
+    "$@" 2>&1 | tail -60
+  echo "kernel_facts exit status: ${PIPESTATUS[0]}"
+}
+
 bench() {   # bench NAME LENGTHS TIMEOUT BUDGET [ARGS...]
   local name=$1 lengths=$2 limit=$3 budget=$4
   shift 4
@@ -388,5 +404,6 @@ case "$STEP" in
     tune ;;
   tune) setup; info >/dev/null; tune "$@" ;;
   tune_triton) setup; info >/dev/null; tune_triton "$@" ;;
+  facts) setup; info >/dev/null; facts "$@" ;;
   *) usage ;;
 esac

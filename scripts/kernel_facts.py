@@ -1,0 +1,487 @@
+"""What the GPU compiler made of selfattn's attention kernels: registers,
+spills and matrix instructions per kernel (issue 47 item 1, the PTX and
+SASS facts that explain a row of bench_gpu.py).
+
+  python scripts/kernel_facts.py --out DIR    # on an H100 / H200
+  python scripts/kernel_facts.py --smoke      # the CPU dry run
+
+For each kernel family (--kernels: `hopper`, the Mosaic GPU kernels;
+`triton`, the Pallas-Triton ones) a child process compiles and runs once
+the training step bench_gpu.py times (the loss sum(out * g) and its
+gradients in q, k, v and the encoding's tables, pallas_attention with that
+gpu_kernel) for each --encodings (their position modules at their defaults,
+as the tuners use them) at B x H x L x D (default 2 x 16 x 8192 x 64,
+bf16), with the PTX dumped: Mosaic GPU writes each module's PTX to the
+child's stdout (MOSAIC_GPU_DUMP_PTX), and XLA, which compiles the Triton
+kernels, writes its modules' PTX under --xla_dump_to. This process then
+assembles each PTX module with ptxas -v (as Mosaic GPU does: --opt-level 3,
+the module's own target) and disassembles it with nvdisasm, where it finds
+them (the CUDA wheels, $MOSAIC_GPU_CUDA_ROOT, PATH).
+
+Per kernel whose name has `selfattn` in it (or, where none does, per
+kernel with a matrix instruction): registers per thread, spill stores and
+loads and the stack frame in bytes (ptxas -v), the matrix instructions in
+the PTX (wgmma.mma_async: Hopper's warpgroup MMA; mma.sync and wmma.mma:
+the warp-level MMA of earlier GPUs) and in the SASS (HGMMA, HMMA), and the
+SASS's local-memory loads and stores (LDL, STL: spills and stack arrays).
+Static counts: an instruction in a loop counts once.
+
+Outputs under --out: kernel_facts.md and kernel_facts.json (what ran, each
+kernel's facts and ptxas's own lines, a failed step's error).
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from scripts import kernel_timing as shared  # noqa: E402
+
+KERNELS = ('hopper', 'triton')
+ENCODINGS = ('none', 'alibi', 't5', 'shaw')
+
+# The shape, --out, --smoke, --causal and --time_budget are the tuners'
+# flags (scripts/kernel_timing.py).
+KERNEL_FAMILIES = flags.DEFINE_list('kernels', ','.join(KERNELS),
+                                    f'Kernel families, of {KERNELS}.')
+ENCODING_LIST = flags.DEFINE_list(
+    'encodings', 'shaw,t5,alibi,none',
+    f'Encodings, of {ENCODINGS}, in the order they compile (the slowest '
+    'rows of bench_gpu.py first).')
+CHILD = flags.DEFINE_enum('child', None, KERNELS, 'Internal: run as the '
+                          'child that compiles this family\'s kernels.')
+
+# The line a child prints before each encoding's step, so that the PTX
+# Mosaic GPU writes to the same stdout after it is that encoding's.
+MARKER = '=== kernel_facts encoding: '
+
+PTX_MMA = {'wgmma': re.compile(r'\bwgmma\.mma_async\b'),
+           'mma.sync': re.compile(r'(?<![\w.])mma\.sync\b'),
+           'wmma': re.compile(r'\bwmma\.mma\b')}
+SASS_COUNTED = ('HGMMA', 'HMMA', 'LDL', 'STL')
+SYSTEM_CUDA = '/usr/local/cuda'
+
+
+# --------------------------------------------------------------------------
+# Reading the compiler's output (tested on recorded output of the real
+# tools: tests/experiments/compiler_output).
+# --------------------------------------------------------------------------
+
+def split_ptx_modules(text: str) -> list[str]:
+  """The PTX modules in `text` (a child's stdout, or a file): each from
+  its `.version` line to its last closing brace, so that other output
+  between them is left out."""
+  lines = text.splitlines()
+  starts = [i for i, line in enumerate(lines)
+            if line.startswith('.version')]
+  modules = []
+  for n, start in enumerate(starts):
+    end = starts[n + 1] if n + 1 < len(starts) else len(lines)
+    body = lines[start:end]
+    closing = [i for i, line in enumerate(body) if line.strip() == '}']
+    if closing:
+      modules.append('\n'.join(body[:closing[-1] + 1]) + '\n')
+  return modules
+
+
+def ptx_target(ptx: str) -> str | None:
+  """The module's `.target` (e.g. sm_90a), ptxas's --gpu-name."""
+  m = re.search(r'^\.target\s+(sm_\w+)', ptx, re.M)
+  return m.group(1) if m else None
+
+
+def ptx_entries(ptx: str) -> dict[str, dict[str, int]]:
+  """{entry name: {'wgmma', 'mma.sync', 'wmma': static count}} for each
+  `.entry` of a PTX module (a helper .func after an entry counts with
+  it)."""
+  entries: dict[str, dict[str, int]] = {}
+  name = None
+  for line in ptx.splitlines():
+    m = re.match(r'\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([\w$.]+)', line)
+    if m:
+      name = m.group(1)
+      entries[name] = {k: 0 for k in PTX_MMA}
+      continue
+    if name is None or line.lstrip().startswith('//'):
+      continue
+    for key, pattern in PTX_MMA.items():
+      entries[name][key] += len(pattern.findall(line))
+  return entries
+
+
+def parse_ptxas(text: str) -> dict[str, dict]:
+  """ptxas -v's report per function: {name: {'registers', 'spill_stores',
+  'spill_loads', 'stack_frame', 'barriers', 'lines'}} (bytes; 'lines':
+  ptxas's own lines for that function)."""
+  facts: dict[str, dict] = {}
+  name = None
+  for line in text.splitlines():
+    m = re.search(r"(?:Compiling entry function|Function properties for)"
+                  r" '?([\w$.]+)'?", line)
+    if m:
+      name = m.group(1)
+      facts.setdefault(name, {'lines': []})
+    if name is None:
+      continue
+    record = facts[name]
+    m = re.search(r'(\d+) bytes stack frame, (\d+) bytes spill stores, '
+                  r'(\d+) bytes spill loads', line)
+    if m:
+      record.update(stack_frame=int(m.group(1)),
+                    spill_stores=int(m.group(2)),
+                    spill_loads=int(m.group(3)))
+    m = re.search(r'Used (\d+) registers(?:, used (\d+) barriers)?', line)
+    if m:
+      record['registers'] = int(m.group(1))
+      if m.group(2) is not None:
+        record['barriers'] = int(m.group(2))
+    if 'ptxas' in line or 'bytes' in line:
+      record['lines'].append(line.strip())
+  return facts
+
+
+def sass_counts(sass: str) -> dict[str, dict[str, int]]:
+  """{function: {opcode: static count}} of nvdisasm's listing for the
+  opcodes in SASS_COUNTED (HGMMA.64x64x16.F32.BF16 counts as HGMMA;
+  HFMA2.MMA, a plain FMA, counts as nothing)."""
+  counts: dict[str, dict[str, int]] = {}
+  name = None
+  for line in sass.splitlines():
+    m = re.match(r'\.text\.([\w$.]+):', line.strip())
+    if m:
+      name = m.group(1)
+      counts[name] = {k: 0 for k in SASS_COUNTED}
+      continue
+    # /*0070*/   @!P0 HGMMA.64x8x16.F32.BF16 R24, gdesc[UR4], RZ ;
+    m = re.match(r'\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)',
+                 line)
+    if m and name is not None and m.group(1) in SASS_COUNTED:
+      counts[name][m.group(1)] += 1
+  return counts
+
+
+def kernel_rows(ptx: str, ptxas: dict[str, dict],
+                sass: dict[str, dict[str, int]]) -> list[dict]:
+  """One row per kernel of interest in a PTX module: its name has
+  `selfattn` in it, or, where no entry's does (a compiler's own naming),
+  it has a matrix instruction."""
+  entries = ptx_entries(ptx)
+  wanted = [n for n in entries if 'selfattn' in n]
+  if not wanted:
+    wanted = [n for n, c in entries.items() if any(c.values())]
+  rows = []
+  for name in wanted:
+    facts = ptxas.get(name, {})
+    rows.append({'kernel': name,
+                 **{k: facts.get(k) for k in ('registers', 'spill_stores',
+                                              'spill_loads', 'stack_frame',
+                                              'barriers')},
+                 'ptx': entries[name],
+                 'sass': sass.get(name),
+                 'ptxas_lines': facts.get('lines', [])})
+  return rows
+
+
+# --------------------------------------------------------------------------
+# The CUDA tools.
+# --------------------------------------------------------------------------
+
+def find_cuda_tools(name: str) -> list[str]:
+  """Every ptxas (or nvdisasm) found, in the order Mosaic GPU looks for
+  its CUDA root: $MOSAIC_GPU_CUDA_ROOT/bin, a CUDA wheel on sys.path
+  (nvidia/cu13/bin, nvidia/cuda_nvcc/bin, ...), PATH, SYSTEM_CUDA/bin."""
+  candidates = []
+  root = os.environ.get('MOSAIC_GPU_CUDA_ROOT')
+  if root:
+    candidates.append(os.path.join(root, 'bin', name))
+  for entry in sys.path:
+    candidates += sorted(glob.glob(os.path.join(entry, 'nvidia', '*', 'bin',
+                                                name)))
+  on_path = shutil.which(name)
+  if on_path:
+    candidates.append(on_path)
+  candidates.append(os.path.join(SYSTEM_CUDA, 'bin', name))
+  found = []
+  for path in candidates:
+    real = os.path.realpath(path)
+    if (os.path.isfile(path) and os.access(path, os.X_OK)
+        and real not in map(os.path.realpath, found)):
+      found.append(path)
+  return found
+
+
+def assemble(ptx: str, ptxas: list[str], nvdisasm: list[str],
+             workdir: str) -> tuple[dict, dict, str | None]:
+  """(ptxas -v facts, SASS counts, error) of one PTX module. Each ptxas is
+  tried in turn: one older than the PTX's ISA refuses it."""
+  if not ptxas:
+    return {}, {}, 'no ptxas found'
+  target = ptx_target(ptx) or 'sm_90a'
+  src = os.path.join(workdir, 'module.ptx')
+  obj = os.path.join(workdir, 'module.o')
+  with open(src, 'w') as f:
+    f.write(ptx)
+  errors = []
+  for tool in ptxas:
+    run = subprocess.run([tool, '--opt-level', '3', '--gpu-name', target,
+                          '-v', '--output-file', obj, src],
+                         capture_output=True, text=True, timeout=300)
+    if run.returncode == 0:
+      break
+    errors.append(f'{tool}: {" ".join((run.stderr or run.stdout).split())}'
+                  [:300])
+  else:
+    return {}, {}, 'ptxas failed: ' + '; '.join(errors)
+  facts = parse_ptxas(run.stdout + run.stderr)
+  if not nvdisasm:
+    return facts, {}, 'no nvdisasm found: no SASS counts'
+  dis = subprocess.run([nvdisasm[0], '-ndf', '-c', obj], capture_output=True,
+                       text=True, timeout=300)
+  if dis.returncode:
+    return facts, {}, f'nvdisasm failed: {dis.stderr[-300:]}'
+  return facts, sass_counts(dis.stdout), None
+
+
+# --------------------------------------------------------------------------
+# The child: compile and run each encoding's training step once.
+# --------------------------------------------------------------------------
+
+def shape() -> tuple[int, int, int, int]:
+  """(B, H, L, D): the flags', or the dry run's 1 x 1 x 128 x 64."""
+  if shared.SMOKE.value:
+    return 1, 1, 128, 64
+  return (shared.BATCH.value, shared.HEADS.value, shared.LENGTH.value,
+          shared.HEAD_DIM.value)
+
+
+def label(encoding: str, causal: bool) -> str:
+  """An (encoding, mask) as the markers and XLA's module names carry it."""
+  return f'{encoding}_{"causal" if causal else "bidirectional"}'
+
+
+def child(kind: str) -> None:
+  import contextlib
+
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from selfattn.nn import pallas_attention as pa
+
+  smoke = shared.SMOKE.value
+  b, h, length, d = shape()
+  q, k, v, g = shared.random_inputs(b, h, length, d)
+  for causal in shared.causal_settings():
+    for encoding in ENCODING_LIST.value:
+      module = shared.position_module(encoding, h, d)
+      graphdef, params, rest = (nnx.split(module, nnx.Param, ...)
+                                if module is not None else (None, None, None))
+
+      def loss(q, k, v, params, g, graphdef=graphdef, rest=rest,
+               causal=causal):
+        relative = (None if graphdef is None
+                    else nnx.merge(graphdef, params, rest, copy=True))
+        with contextlib.ExitStack() as stack:
+          if kind == 'hopper':
+            stack.enter_context(pa.hopper_in_auto())
+          out = pa.pallas_attention(q, k, v, relative=relative,
+                                    causal=causal, gpu_kernel=kind,
+                                    interpret=True if smoke else None)
+        return jnp.sum(out.astype(jnp.float32) * g)
+
+      # The jitted function's name is in XLA's dump files' names.
+      step = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))
+      step.__name__ = f'facts_{label(encoding, causal)}'
+      print(f'{MARKER}{label(encoding, causal)}', flush=True)
+      started = time.perf_counter()
+      try:
+        value, _ = jax.jit(step)(q, k, v, params, g)
+        jax.block_until_ready(value)
+        status = f'ran in {time.perf_counter() - started:.1f}s'
+      except Exception as e:  # noqa: BLE001  (an encoding, not a stop)
+        status = 'failed: ' + shared.short_error(e)
+      sys.stdout.flush()
+      print(f'[kernel_facts] {kind} {label(encoding, causal)}: {status}',
+            file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------
+# The parent.
+# --------------------------------------------------------------------------
+
+def ptx_by_encoding(kind: str, stdout: str, dump_dir: str
+                    ) -> dict[str, list[str]]:
+  """{label: [PTX module]} from a child's output (label: `shaw_causal`,
+  `none_bidirectional`, ...): Mosaic GPU's modules follow the label's
+  marker in stdout; XLA's files carry the jitted function's name
+  (facts_LABEL)."""
+  found: dict[str, list[str]] = collections.defaultdict(list)
+  if kind == 'hopper':
+    for part in stdout.split(MARKER)[1:]:
+      name, _, rest = part.partition('\n')
+      modules = split_ptx_modules(rest)
+      if modules:
+        found[name.strip()] += modules
+  else:
+    for path in sorted(glob.glob(os.path.join(dump_dir, '*.ptx'))):
+      m = re.search(r'facts_(\w+?_(?:causal|bidirectional))\b',
+                    os.path.basename(path))
+      if m:
+        with open(path) as f:
+          found[m.group(1)] += split_ptx_modules(f.read())
+  return dict(found)
+
+
+def run_child(kind: str, seconds: float | None, scratch: str) -> dict:
+  """Runs the child for `kind` (for at most `seconds`, if given): its exit,
+  stderr's status lines and the PTX it dumped, by label."""
+  dump_dir = os.path.join(scratch, f'xla_{kind}')
+  os.makedirs(dump_dir, exist_ok=True)
+  env = dict(os.environ, PYTHONUNBUFFERED='1')
+  xla_flags = [env.get('XLA_FLAGS', '')]
+  if kind == 'hopper':
+    env['MOSAIC_GPU_DUMP_PTX'] = '1'
+  else:
+    xla_flags.append(f'--xla_dump_to={dump_dir}')
+  if shared.SMOKE.value:
+    # XLA:CPU's pools sized to hold every simulated warpgroup, else the
+    # Mosaic GPU interpreter can deadlock (tests/support/interpreter.py).
+    xla_flags.append('--xla_force_host_platform_device_count=8')
+  env['XLA_FLAGS'] = ' '.join(filter(None, xla_flags))
+  argv = [sys.executable, os.path.abspath(__file__), f'--child={kind}',
+          f'--encodings={",".join(ENCODING_LIST.value)}',
+          f'--causal={",".join(shared.CAUSAL.value)}',
+          f'--length={shared.LENGTH.value}', f'--batch={shared.BATCH.value}',
+          f'--heads={shared.HEADS.value}',
+          f'--head_dim={shared.HEAD_DIM.value}',
+          f'--smoke={shared.SMOKE.value}']
+  out_path = os.path.join(scratch, f'{kind}.stdout')
+  err_path = os.path.join(scratch, f'{kind}.stderr')
+  started = time.perf_counter()
+  with open(out_path, 'w') as out, open(err_path, 'w') as err:
+    try:
+      code = subprocess.run(argv, stdout=out, stderr=err, env=env, cwd=ROOT,
+                            timeout=seconds).returncode
+    except subprocess.TimeoutExpired:
+      code = 'stopped at its time share'
+  with open(out_path) as f:
+    stdout = f.read()
+  with open(err_path) as f:
+    errors = f.read()
+  return {'kind': kind, 'exit': code,
+          'seconds': round(time.perf_counter() - started, 1),
+          'status': [line for line in errors.splitlines()
+                     if line.startswith('[kernel_facts]')],
+          'stderr_tail': '' if code == 0 else errors[-1500:],
+          # What XLA dumped of the steps, should no PTX be among it.
+          'dumped': sorted(f for f in os.listdir(dump_dir)
+                           if 'facts_' in f)[:12],
+          'ptx': ptx_by_encoding(kind, stdout, dump_dir)}
+
+
+def markdown(result: dict) -> str:
+  cell = lambda x: '' if x is None else str(x)
+  lines = [f'# kernel_facts on {result["device"]}, JAX {result["jax"]}, '
+           f'B={result["batch"]} H={result["heads"]} L={result["length"]} '
+           f'D={result["head_dim"]}, bf16', '',
+           f'ptxas: {", ".join(result["ptxas"]) or "none"}; nvdisasm: '
+           f'{", ".join(result["nvdisasm"]) or "none"}', '',
+           '| family | encoding | kernel | registers | spill stores (B) | '
+           'spill loads (B) | stack (B) | PTX wgmma | PTX mma.sync/wmma | '
+           'SASS HGMMA | SASS HMMA | SASS LDL/STL |',
+           '|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
+  for r in result['rows']:
+    sass = r.get('sass') or {}
+    ptx = r['ptx']
+    local = f'{sass["LDL"]}/{sass["STL"]}' if sass else ''
+    lines.append(
+        f'| {r["family"]} | {r["encoding"]} | {r["kernel"]} | '
+        f'{cell(r["registers"])} | {cell(r["spill_stores"])} | '
+        f'{cell(r["spill_loads"])} | {cell(r["stack_frame"])} | '
+        f'{ptx["wgmma"]} | {ptx["mma.sync"] + ptx["wmma"]} | '
+        f'{cell(sass.get("HGMMA"))} | {cell(sass.get("HMMA"))} | {local} |')
+  lines += ['', 'Children:', '']
+  for c in result['children']:
+    lines.append(f'- {c["kind"]}: exit {c["exit"]} after {c["seconds"]}s; '
+                 + '; '.join(c['status']))
+  lines += [f'- {note}' for note in result['notes']]
+  return '\n'.join(lines) + '\n'
+
+
+def check_names() -> None:
+  """app.UsageError for a --kernels or --encodings name not known."""
+  for name, values, valid in (('kernels', KERNEL_FAMILIES.value, KERNELS),
+                              ('encodings', ENCODING_LIST.value, ENCODINGS)):
+    bad = [x for x in values if x not in valid]
+    if bad or not values:
+      raise app.UsageError(f'--{name}: {bad or values}; valid: '
+                           f'{", ".join(valid)}')
+  shared.causal_settings()
+
+
+def main(argv):
+  del argv
+  check_names()
+  if CHILD.value:
+    child(CHILD.value)
+    return
+  import jax
+  started = time.perf_counter()
+  b, h, length, d = shape()
+  ptxas, nvdisasm = find_cuda_tools('ptxas'), find_cuda_tools('nvdisasm')
+  result = {'device': jax.devices()[0].device_kind, 'jax': jax.__version__,
+            'batch': b, 'heads': h, 'length': length, 'head_dim': d,
+            'smoke': shared.SMOKE.value, 'ptxas': ptxas,
+            'nvdisasm': nvdisasm, 'children': [], 'rows': [], 'notes': []}
+  families = KERNEL_FAMILIES.value
+  budget = shared.BUDGET.value
+  with tempfile.TemporaryDirectory(prefix='kernel_facts_') as scratch:
+    for n, kind in enumerate(families):
+      # Each family gets its share of what is left; ptxas and nvdisasm
+      # take the rest.
+      left = budget - (time.perf_counter() - started)
+      ran = run_child(kind, 0.8 * left / (len(families) - n)
+                      if budget else None, scratch)
+      print(f'[kernel_facts] {kind}: exit {ran["exit"]} after '
+            f'{ran["seconds"]}s', flush=True)
+      print('\n'.join(ran['status']), flush=True)
+      modules = ran.pop('ptx')
+      ran['modules'] = {name: len(m) for name, m in modules.items()}
+      result['children'].append(ran)
+      for name, ptx_modules in modules.items():
+        for ptx in ptx_modules:
+          facts, sass, error = assemble(ptx, ptxas, nvdisasm, scratch)
+          if error and error not in result['notes']:
+            result['notes'].append(error)
+          for row in kernel_rows(ptx, facts, sass):
+            result['rows'].append({'family': kind, 'encoding': name, **row})
+      if not modules:
+        result['notes'].append(
+            f'{kind}: no PTX dumped (backend {jax.default_backend()}; '
+            f'XLA\'s dump of the steps: {", ".join(ran["dumped"]) or "none"})')
+  text = markdown(result)
+  print(text)
+  if shared.OUT.value:
+    os.makedirs(shared.OUT.value, exist_ok=True)
+    with open(os.path.join(shared.OUT.value, 'kernel_facts.json'), 'w') as f:
+      json.dump(result, f, indent=2)
+    with open(os.path.join(shared.OUT.value, 'kernel_facts.md'), 'w') as f:
+      f.write(text)
+
+
+if __name__ == '__main__':
+  app.run(main)

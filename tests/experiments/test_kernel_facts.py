@@ -1,0 +1,169 @@
+"""scripts/kernel_facts.py reads the CUDA compiler's own output: checked on
+what ptxas -v and nvdisasm printed for three small sm_90a kernels
+(compiler_output/, made as its README.md says), against counts taken by
+hand from those files: tile_mma's 4 wmma.mma.sync become 8 HMMA.16816,
+tile_wgmma's 4 wgmma.mma_async 4 HGMMA, and `pressure` spills under a
+32-register cap. CI has no ptxas: the tools' runs are the fixture."""
+
+import os
+
+import pytest
+
+from scripts import kernel_facts
+
+HERE = os.path.join(os.path.dirname(__file__), 'compiler_output')
+
+
+def _read(name):
+  with open(os.path.join(HERE, name)) as f:
+    return f.read()
+
+
+PTX, PTXAS, SASS = (_read('mma_kernels.ptx'), _read('mma_kernels.ptxas.txt'),
+                    _read('mma_kernels.sass'))
+
+
+def test_ptxas_report_per_kernel():
+  facts = kernel_facts.parse_ptxas(PTXAS)
+  assert set(facts) == {'tile_mma', 'pressure', 'tile_wgmma'}
+  got = {n: {k: f[k] for k in ('registers', 'barriers', 'stack_frame',
+                               'spill_stores', 'spill_loads')}
+         for n, f in facts.items()}
+  assert got == {
+      'tile_wgmma': dict(registers=30, barriers=0, stack_frame=0,
+                         spill_stores=0, spill_loads=0),
+      'pressure': dict(registers=32, barriers=0, stack_frame=192,
+                       spill_stores=128, spill_loads=132),
+      'tile_mma': dict(registers=32, barriers=0, stack_frame=0,
+                       spill_stores=0, spill_loads=0)}
+  # ptxas's own lines are kept, each with the function it belongs to.
+  assert any('128 bytes spill stores' in line
+             for line in facts['pressure']['lines'])
+  assert not any('spill stores' in line and not line.startswith('0 bytes')
+                 for line in facts['tile_mma']['lines'])
+
+
+def test_ptx_matrix_instructions_per_entry():
+  entries = kernel_facts.ptx_entries(PTX)
+  assert entries == {
+      'tile_mma': {'wgmma': 0, 'mma.sync': 0, 'wmma': 4},
+      'pressure': {'wgmma': 0, 'mma.sync': 0, 'wmma': 0},
+      'tile_wgmma': {'wgmma': 4, 'mma.sync': 0, 'wmma': 0}}
+  assert kernel_facts.ptx_target(PTX) == 'sm_90a'
+
+
+def test_sass_counts_matrix_and_local_memory_instructions():
+  counts = kernel_facts.sass_counts(SASS)
+  assert counts['tile_wgmma']['HGMMA'] == 4
+  assert counts['tile_mma']['HMMA'] == 8
+  # HFMA2.MMA (an FMA on the MMA pipe) is not a matrix instruction.
+  assert 'HFMA2.MMA' in SASS and counts['pressure']['HMMA'] == 0
+  # The spills and the indexed array live in local memory.
+  assert counts['pressure']['STL'] > 0 and counts['pressure']['LDL'] > 0
+  assert counts['tile_mma']['STL'] == counts['tile_mma']['LDL'] == 0
+
+
+def test_modules_are_cut_out_of_interleaved_output():
+  """A child's stdout holds each Mosaic GPU module's PTX between the
+  markers and other output: each module is cut out whole, attributed to
+  the encoding whose marker precedes it, and what follows its last brace
+  (here ptxas's report) is left out."""
+  stdout = (f'{kernel_facts.MARKER}shaw_causal\nsome log line\n{PTX}{PTXAS}'
+            f'{kernel_facts.MARKER}none_bidirectional\n{PTX}\nSASS follows\n')
+  found = kernel_facts.ptx_by_encoding('hopper', stdout, dump_dir='')
+  assert set(found) == {'shaw_causal', 'none_bidirectional'}
+  for modules in found.values():
+    assert len(modules) == 1
+    assert modules[0].startswith('.version')
+    assert modules[0].rstrip().endswith('}')
+    assert 'ptxas info' not in modules[0] and 'SASS' not in modules[0]
+    assert kernel_facts.ptx_entries(modules[0]) == kernel_facts.ptx_entries(
+        PTX)
+
+
+def test_xla_dump_files_are_attributed_by_the_jitted_name(tmp_path):
+  (tmp_path / 'module_0007.jit_facts_t5_causal.sm_9.0a.ptx').write_text(PTX)
+  (tmp_path / 'module_0003.jit_other.ptx').write_text(PTX)
+  found = kernel_facts.ptx_by_encoding('triton', '', str(tmp_path))
+  assert list(found) == ['t5_causal'] and len(found['t5_causal']) == 1
+
+
+def test_rows_keep_selfattn_kernels_else_those_with_matrix_instructions():
+  facts = kernel_facts.parse_ptxas(PTXAS)
+  sass = kernel_facts.sass_counts(SASS)
+  rows = kernel_facts.kernel_rows(PTX, facts, sass)
+  # No selfattn name in this module: the kernels with an MMA are kept.
+  assert [r['kernel'] for r in rows] == ['tile_mma', 'tile_wgmma']
+  assert rows[1]['registers'] == 30 and rows[1]['sass']['HGMMA'] == 4
+  renamed = PTX.replace('pressure', 'selfattn_flash_dkdv')
+  facts = kernel_facts.parse_ptxas(PTXAS.replace('pressure',
+                                                 'selfattn_flash_dkdv'))
+  rows = kernel_facts.kernel_rows(renamed, facts, {})
+  assert [(r['kernel'], r['spill_stores']) for r in rows] == [
+      ('selfattn_flash_dkdv', 128)]
+
+
+def test_markdown_table_row():
+  row = {'family': 'hopper', 'encoding': 'shaw_bidirectional',
+         **kernel_facts.kernel_rows(PTX, kernel_facts.parse_ptxas(PTXAS),
+                                    kernel_facts.sass_counts(SASS))[1]}
+  result = {'device': 'NVIDIA H200', 'jax': '0.11.2', 'batch': 2,
+            'heads': 16, 'length': 8192, 'head_dim': 64,
+            'ptxas': ['/x/ptxas'], 'nvdisasm': [], 'rows': [row],
+            'children': [{'kind': 'hopper', 'exit': 0, 'seconds': 1.0,
+                          'status': []}], 'notes': []}
+  text = kernel_facts.markdown(result)
+  assert '| hopper | shaw_bidirectional | tile_wgmma | 30 | 0 | 0 | 0 | 4 | 0 | 4 | 0 |' \
+      in text
+
+
+def test_tools_are_found_in_a_cuda_wheel_and_on_path(tmp_path, monkeypatch):
+  wheel = tmp_path / 'site' / 'nvidia' / 'cu13' / 'bin' / 'ptxas'
+  on_path = tmp_path / 'bin' / 'ptxas'
+  for tool in (wheel, on_path):
+    tool.parent.mkdir(parents=True)
+    tool.write_text('#!/bin/sh\n')
+  monkeypatch.delenv('MOSAIC_GPU_CUDA_ROOT', raising=False)
+  monkeypatch.setattr('sys.path', [str(tmp_path / 'site')])
+  monkeypatch.setenv('PATH', str(tmp_path / 'bin'))
+  monkeypatch.setattr(kernel_facts, 'SYSTEM_CUDA', str(tmp_path / 'cuda'))
+  assert kernel_facts.find_cuda_tools('ptxas') == []      # not executable
+  on_path.chmod(0o755)
+  wheel.chmod(0o755)
+  # The wheel's first, as Mosaic GPU looks for its CUDA root.
+  assert kernel_facts.find_cuda_tools('ptxas') == [str(wheel), str(on_path)]
+  assert kernel_facts.find_cuda_tools('nvdisasm') == []
+
+
+def test_a_ptxas_that_refuses_the_module_gives_way_to_the_next(tmp_path):
+  """An older ptxas refuses a newer PTX ISA (as CUDA 13.0's refused this
+  fixture's 9.5): the next one found assembles it. Fakes stand in for
+  both: they print what a real ptxas printed."""
+  old = tmp_path / 'old_ptxas'
+  old.write_text("#!/bin/sh\necho \"fatal   : Unsupported .version 9.5\" >&2"
+                 "\nexit 255\n")
+  new = tmp_path / 'new_ptxas'
+  new.write_text(f'#!/bin/sh\ncat {os.path.join(HERE, "mma_kernels.ptxas.txt")}\n')
+  for tool in (old, new):
+    tool.chmod(0o755)
+  facts, sass, error = kernel_facts.assemble(PTX, [str(old), str(new)], [],
+                                             str(tmp_path))
+  assert facts['pressure']['spill_stores'] == 128 and sass == {}
+  assert error == 'no nvdisasm found: no SASS counts'
+  facts, _, error = kernel_facts.assemble(PTX, [str(old)], [], str(tmp_path))
+  assert facts == {} and 'Unsupported .version 9.5' in error
+
+
+@pytest.mark.parametrize('flag', ['--kernels=cuda', '--encodings=rope',
+                                  '--causal=maybe'])
+def test_unknown_names_are_refused_by_flag(flag):
+  from absl import app
+  from absl import flags
+  argv = ['kernel_facts', flag]
+  flags.FLAGS(argv)
+  try:
+    with pytest.raises(app.UsageError,
+                       match=flag.replace('=', r": \W*") + r".*(valid|give)"):
+      kernel_facts.main(argv)
+  finally:
+    flags.FLAGS.unparse_flags()
