@@ -49,6 +49,7 @@ sys.path.insert(0, ROOT)
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
+from scripts import interpreter_pools  # noqa: E402
 from scripts import kernel_timing as shared  # noqa: E402
 
 KERNELS = ('hopper', 'triton')
@@ -357,11 +358,9 @@ def run_child(kind: str, seconds: float | None, scratch: str) -> dict:
     env['MOSAIC_GPU_DUMP_PTX'] = '1'
   else:
     xla_flags.append(f'--xla_dump_to={dump_dir}')
-  if shared.SMOKE.value:
-    # XLA:CPU's pools sized to hold every simulated warpgroup, else the
-    # Mosaic GPU interpreter can deadlock (tests/support/interpreter.py).
-    xla_flags.append('--xla_force_host_platform_device_count=8')
   env['XLA_FLAGS'] = ' '.join(filter(None, xla_flags))
+  if shared.SMOKE.value:      # the Mosaic GPU interpreter's pools
+    env['XLA_FLAGS'] = interpreter_pools.with_pools(env['XLA_FLAGS'])
   argv = [sys.executable, os.path.abspath(__file__), f'--child={kind}',
           f'--encodings={",".join(ENCODING_LIST.value)}',
           f'--causal={",".join(shared.CAUSAL.value)}',

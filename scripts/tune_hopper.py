@@ -39,6 +39,13 @@ import traceback
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from scripts import interpreter_pools  # noqa: E402
+
+# The dry run interprets the kernels: JAX must start with pools that hold
+# every simulated warpgroup.
+if __name__ == '__main__':
+  interpreter_pools.for_smoke_run(sys.argv)
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from absl import app  # noqa: E402

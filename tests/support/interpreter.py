@@ -9,7 +9,7 @@ queued behind them can pass, the kernel never finishes: the Hopper tests
 hung a CI run that way, rarely on two cores and every time under
 `taskset -c 0`. XLA sizes the pools by the CPU client's device count when
 that is larger, so the child is started with
---xla_force_host_platform_device_count=POOL_THREADS; the tests' own
+scripts/interpreter_pools.py's POOL_FLAG; the tests' own
 process keeps its one device. With the pools that size the same tests pass
 under `taskset -c 0`.
 
@@ -27,10 +27,10 @@ import os
 from concurrent import futures
 from typing import Callable
 
-POOL_THREADS = 8
+from scripts import interpreter_pools
+
 # One interpreted test takes 5-15 s on two cores; far past that is a hang.
 TIMEOUT_SECONDS = 300
-_FLAG = f'--xla_force_host_platform_device_count={POOL_THREADS}'
 _executor: list[futures.ProcessPoolExecutor] = []
 
 
@@ -40,7 +40,7 @@ def _start() -> futures.ProcessPoolExecutor:
   before = os.environ.get('XLA_FLAGS')
   # The child copies this process's environment when it starts (the first
   # submit), before it imports JAX.
-  os.environ['XLA_FLAGS'] = ' '.join(filter(None, [before, _FLAG]))
+  os.environ['XLA_FLAGS'] = interpreter_pools.with_pools(before)
   try:
     executor = futures.ProcessPoolExecutor(
         max_workers=1, mp_context=multiprocessing.get_context('spawn'))
