@@ -25,7 +25,12 @@
 #               `bench` at KERNEL_LENGTHS (default 8192,2048) for each
 #               --mode in KERNEL_MODES (default train), each within
 #               KERNEL_BENCH_BUDGET s (default 200; ARGS default
-#               --impls=fused,pallas,pallas_hopper), then `tune`.   <= 9 min
+#               --impls=fused,pallas,pallas_hopper), then `tune`, then
+#               `facts` (md only) if KERNEL_FACTS (default 1) and 120 s
+#               or more are left before KERNEL_DEADLINE s (default 540)
+#               from the step's start (FACTS_ARGS go to kernel_facts.py). No suite.xml here: the call's 8
+#               files are env.txt, suite.log, bench_gpu_train.json/.md/
+#               .log, tune_hopper.json/.md, kernel_facts.md.    <= 9.5 min
 #   tune        scripts/tune_hopper.py (the Hopper kernels' block sizes,
 #               stages and ping-pong against cuDNN, L = 8192) within
 #               TUNE_BUDGET s (default 80): tune_hopper.json/.md;
@@ -276,7 +281,8 @@ suite() {
   timeout -s INT -k 30 "${SUITE_TIMEOUT:-480}" "$PY" -m pytest -m "$mark" \
     ${SUITE_ARGS:---maxfail=25 -q} --extended -n "${SUITE_WORKERS:-4}" \
     -p no:cacheprovider \
-    -rfE --durations=15 --junitxml="$OUT/suite.xml" 2>&1 | tee "$OUT/suite.log"
+    -rfE --durations=15 $([ "${SUITE_XML:-1}" = 1 ] && echo --junitxml="$OUT/suite.xml") \
+    2>&1 | tee "$OUT/suite.log"
   echo "pytest exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/suite.log"
 }
 
@@ -391,8 +397,8 @@ case "$STEP" in
     bench bench_gpu_long 16384,32768 480 400 --check=false "$@" ;;
   music) setup; info >/dev/null; music "$@" ;;
   translation) setup; info >/dev/null; translation "$@" ;;
-  kernel) setup; info >/dev/null
-    SUITE_MARK=${SUITE_MARK:-not slow} SUITE_TIMEOUT=${SUITE_TIMEOUT:-150} \
+  kernel) kernel_start=$(date +%s); setup; info >/dev/null
+    SUITE_XML=0 SUITE_MARK=${SUITE_MARK:-not slow} SUITE_TIMEOUT=${SUITE_TIMEOUT:-150} \
       SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q tests/nn/test_hopper_attention.py tests/nn/test_cudnn_flash.py tests/nn/test_pallas.py tests/nn/test_attention.py} \
       suite
     budget=${KERNEL_BENCH_BUDGET:-200}
@@ -401,7 +407,14 @@ case "$STEP" in
       bench "bench_gpu_$mode" "${KERNEL_LENGTHS:-8192,2048}" $(( budget + 60 )) \
         "$budget" --mode="$mode" "$@"
     done
-    tune ;;
+    tune
+    left=$(( ${KERNEL_DEADLINE:-540} - ($(date +%s) - kernel_start) ))
+    if [ "${KERNEL_FACTS:-1}" = 1 ] && [ "$left" -ge 120 ]; then
+      # shellcheck disable=SC2086
+      FACTS_BUDGET=$(( left - 60 < 150 ? left - 60 : 150 )) facts --json=false ${FACTS_ARGS:-}
+    else
+      echo "kernel_facts: skipped (${left}s left of KERNEL_DEADLINE)"
+    fi ;;
   tune) setup; info >/dev/null; tune "$@" ;;
   tune_triton) setup; info >/dev/null; tune_triton "$@" ;;
   facts) setup; info >/dev/null; facts "$@" ;;

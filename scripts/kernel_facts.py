@@ -26,8 +26,9 @@ the warp-level MMA of earlier GPUs) and in the SASS (HGMMA, HMMA), and the
 SASS's local-memory loads and stores (LDL, STL: spills and stack arrays).
 Static counts: an instruction in a loop counts once.
 
-Outputs under --out: kernel_facts.md and kernel_facts.json (what ran, each
-kernel's facts and ptxas's own lines, a failed step's error).
+Outputs under --out: kernel_facts.md and, unless --json=false,
+kernel_facts.json (what ran, each kernel's facts and ptxas's own lines, a
+failed step's error).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ ENCODING_LIST = flags.DEFINE_list(
     'encodings', 'shaw,t5,alibi,none',
     f'Encodings, of {ENCODINGS}, in the order they compile (the slowest '
     'rows of bench_gpu.py first).')
+WRITE_JSON = flags.DEFINE_bool('json', True, 'Also write kernel_facts.json '
+                                '(gpu_session.sh kernel leaves it out: a '
+                                'call brings back 8 files).')
 CHILD = flags.DEFINE_enum('child', None, KERNELS, 'Internal: run as the '
                           'child that compiles this family\'s kernels.')
 
@@ -476,8 +480,10 @@ def main(argv):
   print(text)
   if shared.OUT.value:
     os.makedirs(shared.OUT.value, exist_ok=True)
-    with open(os.path.join(shared.OUT.value, 'kernel_facts.json'), 'w') as f:
-      json.dump(result, f, indent=2)
+    if WRITE_JSON.value:
+      with open(os.path.join(shared.OUT.value, 'kernel_facts.json'),
+                'w') as f:
+        json.dump(result, f, indent=2)
     with open(os.path.join(shared.OUT.value, 'kernel_facts.md'), 'w') as f:
       f.write(text)
 
