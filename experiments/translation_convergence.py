@@ -145,6 +145,22 @@ def report(workdir: str, runs: list[study.Run], results: dict,
         change, ('shaw',), ('sinusoidal',),
         f'{split}: the lead to convergence minus the lead at 3,000 steps',
         unit='BLEU', digits=2))
+  # RoPE, the driver's last tier: against each core encoding, paired by
+  # seed, where it has runs (position in the attention weights only, as the
+  # intervention of EXPERIMENTS.md section 8 asks about).
+  rope_lines = []
+  if long_by.get('rope'):
+    for split in ('val', MAIN_TEST):
+      for budget, by in (('3,000 steps', short_by),
+                         ('to convergence', long_by)):
+        values = {label: {s: score(r, split)
+                          for s, r in by.get(label, {}).items()}
+                  for label in labels}
+        for other in CORE:
+          rope_lines.append(common.paired_by_seed(
+              values, ('rope',), (other,),
+              f'{split}, {budget}: rope minus {other}', unit='BLEU',
+              digits=2))
   plot = os.path.join(workdir, 'bleu_by_step.png')
   plotted = plot_curves(workdir, results, short_by, labels, plot)
 
@@ -163,6 +179,9 @@ def report(workdir: str, runs: list[study.Run], results: dict,
       ('Shaw minus sinusoidal, paired by seed', '\n'.join(
           f'- {line}' for line in lines)),
   ]
+  if rope_lines:
+    body.append(('RoPE against each, paired by seed', '\n'.join(
+        f'- {line}' for line in rope_lines)))
   if plotted:
     body.append(('Validation BLEU by step',
                  '![greedy validation BLEU by step](bleu_by_step.png)'))

@@ -85,3 +85,43 @@ def test_the_report_pairs_the_lead_at_both_budgets_by_seed(tmp_path):
   stored = json.loads((workdir / 'results.json').read_text())
   assert stored['position=shaw,seed=1']['greedy_valid_bleu']['7000'] == 40.5
   assert stored['position=shaw,seed=1']['stopped_at'] == 9000
+  assert 'rope minus' not in text        # no rope runs, no rope section
+
+
+def test_rope_is_paired_with_each_core_encoding_where_it_has_runs(tmp_path):
+  short_dir, workdir = tmp_path / 'short', tmp_path / 'long'
+  # seed -> label -> (3,000-step test BLEU, converged test BLEU)
+  made_up = {0: {'shaw': (38.0, 40.0), 'sinusoidal': (36.0, 39.0),
+                 'rope': (39.0, 41.0)},
+             1: {'shaw': (37.0, 40.5), 'sinusoidal': (35.0, 39.5),
+                 'rope': (38.0, 40.0)},
+             2: {'shaw': (38.5, 41.0), 'sinusoidal': (36.0, 39.0),
+                 'rope': (38.5, 41.5)}}
+  runs = convergence.study_runs('quick', 3, convergence.ENCODINGS)
+  results = {}
+  for run in runs:
+    label, seed = run.tags['position'], run.tags['seed']
+    short, long = made_up[seed][label]
+    os.makedirs(short_dir / run.name)
+    (short_dir / run.name / 'translation.json').write_text(json.dumps(
+        {**_scores(short, short + 1), 'selected_step': 3000,
+         'valid_bleu_greedy_by_step': {'3000': short}}))
+    _fake_run(str(workdir), run.name, stopped_at=8000,
+              curve={6000: long, 7000: long - 1, 8000: long - 1})
+    results[run.name] = {**_scores(long, long + 1), 'selected_step': 6000,
+                         'label': label, 'seed': seed}
+  text = convergence.report(str(workdir), runs, results, str(short_dir))
+  section = text[text.index('## RoPE against each'):]
+  # Converged, per seed: rope minus sinusoidal +2, +0.5, +2.5 (mean 1.67);
+  # rope minus shaw +1, -0.5, +0.5; at 3,000 steps minus shaw +1, +1, 0.
+  assert ('test_2016_flickr, to convergence: rope minus sinusoidal: +1.67 '
+          'BLEU over 3 seeds') in section
+  assert 'per seed +2.00, +0.50, +2.50' in section
+  assert ('test_2016_flickr, to convergence: rope minus shaw: +0.33 BLEU '
+          'over 3 seeds') in section
+  assert ('test_2016_flickr, 3,000 steps: rope minus shaw: +0.67 BLEU over '
+          '3 seeds') in section
+  # val is the test score + 1 in every run: the same differences.
+  assert ('val, to convergence: rope minus sinusoidal: +1.67 BLEU over 3 '
+          'seeds') in section
+  assert '| rope | to convergence | 8000, 8000, 8000 |' in text
