@@ -15,6 +15,7 @@ client gets the extra devices: a GPU's are untouched.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 
 POOL_THREADS = 8
@@ -22,10 +23,12 @@ POOL_FLAG = f'--xla_force_host_platform_device_count={POOL_THREADS}'
 
 
 def with_pools(xla_flags: str | None) -> str:
-  """`xla_flags` (XLA_FLAGS's value) with POOL_FLAG added, unless it
-  already sets a host device count."""
+  """`xla_flags` (XLA_FLAGS's value) with POOL_FLAG added after it (the
+  last setting wins), unless it already asks for POOL_THREADS host
+  devices or more."""
   flags = xla_flags or ''
-  if '--xla_force_host_platform_device_count' in flags:
+  counts = re.findall(r'--xla_force_host_platform_device_count=(\d+)', flags)
+  if counts and int(counts[-1]) >= POOL_THREADS:
     return flags
   return ' '.join(filter(None, [flags, POOL_FLAG]))
 

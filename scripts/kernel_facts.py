@@ -109,22 +109,27 @@ def ptx_target(ptx: str) -> str | None:
   return m.group(1) if m else None
 
 
-def ptx_entries(ptx: str) -> dict[str, dict[str, int]]:
-  """{entry name: {'wgmma', 'mma.sync', 'wmma': static count}} for each
-  `.entry` of a PTX module (a helper .func after an entry counts with
-  it)."""
-  entries: dict[str, dict[str, int]] = {}
+def ptx_entries(ptx: str) -> dict[str, dict]:
+  """{entry name: {'wgmma', 'mma.sync', 'wmma': static count,
+  'setmaxnreg': ['inc 232', 'dec 40', ...]}} for each `.entry` of a PTX
+  module (a helper .func after an entry counts with it). setmaxnreg moves
+  a warpgroup's register limit at run time, which ptxas -v's count (the
+  registers at launch) does not show."""
+  entries: dict[str, dict] = {}
   name = None
   for line in ptx.splitlines():
     m = re.match(r'\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([\w$.]+)', line)
     if m:
       name = m.group(1)
-      entries[name] = {k: 0 for k in PTX_MMA}
+      entries[name] = {**{k: 0 for k in PTX_MMA}, 'setmaxnreg': []}
       continue
     if name is None or line.lstrip().startswith('//'):
       continue
     for key, pattern in PTX_MMA.items():
       entries[name][key] += len(pattern.findall(line))
+    m = re.search(r'\bsetmaxnreg\.(inc|dec)\S*\s+(\d+)', line)
+    if m:
+      entries[name]['setmaxnreg'].append(f'{m.group(1)} {m.group(2)}')
   return entries
 
 
@@ -156,6 +161,11 @@ def parse_ptxas(text: str) -> dict[str, dict]:
         record['barriers'] = int(m.group(2))
     if 'ptxas' in line or 'bytes' in line:
       record['lines'].append(line.strip())
+  # A warning names its function in quotes: file it there too.
+  for line in text.splitlines():
+    m = re.search(r"warning.*'([\w$.]+)'", line)
+    if m and m.group(1) in facts and line.strip() not in facts[m.group(1)]['lines']:
+      facts[m.group(1)]['lines'].append(line.strip())
   return facts
 
 
@@ -205,14 +215,27 @@ def kernel_rows(ptx: str, ptxas: dict[str, dict],
 # The CUDA tools.
 # --------------------------------------------------------------------------
 
+def jax_cuda_path() -> str | None:
+  """The CUDA root JAX (and so Mosaic GPU, and XLA) compiles with:
+  jax._src.lib.cuda_path ($CUDA_ROOT, else the nvidia.cu13 or
+  nvidia.cuda_nvcc wheel), None where JAX found none or has no such
+  attribute."""
+  try:
+    from jax._src import lib
+  except ImportError:
+    return None
+  return getattr(lib, 'cuda_path', None)
+
+
 def find_cuda_tools(name: str) -> list[str]:
-  """Every ptxas (or nvdisasm) found, in the order Mosaic GPU looks for
-  its CUDA root: $MOSAIC_GPU_CUDA_ROOT/bin, a CUDA wheel on sys.path
-  (nvidia/cu13/bin, nvidia/cuda_nvcc/bin, ...), PATH, SYSTEM_CUDA/bin."""
+  """Every ptxas (or nvdisasm) found, the one JAX compiles with first:
+  jax_cuda_path()/bin, $MOSAIC_GPU_CUDA_ROOT/bin, a CUDA wheel on sys.path
+  (nvidia/cu13/bin, nvidia/cuda_nvcc/bin, ...), PATH, SYSTEM_CUDA/bin
+  (Mosaic GPU's fallback)."""
   candidates = []
-  root = os.environ.get('MOSAIC_GPU_CUDA_ROOT')
-  if root:
-    candidates.append(os.path.join(root, 'bin', name))
+  for root in (jax_cuda_path(), os.environ.get('MOSAIC_GPU_CUDA_ROOT')):
+    if root:
+      candidates.append(os.path.join(root, 'bin', name))
   for entry in sys.path:
     candidates += sorted(glob.glob(os.path.join(entry, 'nvidia', '*', 'bin',
                                                 name)))
@@ -230,11 +253,20 @@ def find_cuda_tools(name: str) -> list[str]:
 
 
 def assemble(ptx: str, ptxas: list[str], nvdisasm: list[str],
-             workdir: str) -> tuple[dict, dict, str | None]:
-  """(ptxas -v facts, SASS counts, error) of one PTX module. Each ptxas is
-  tried in turn: one older than the PTX's ISA refuses it."""
+             workdir: str, seconds: float = 300
+             ) -> tuple[dict, dict, str | None]:
+  """(ptxas -v facts, SASS counts, error) of one PTX module, each tool
+  given at most `seconds`. Each ptxas is tried in turn: one older than the
+  PTX's ISA refuses it."""
   if not ptxas:
     return {}, {}, 'no ptxas found'
+  try:
+    return _assemble(ptx, ptxas, nvdisasm, workdir, seconds)
+  except subprocess.TimeoutExpired as e:
+    return {}, {}, f'{os.path.basename(e.cmd[0])} ran out of time'
+
+
+def _assemble(ptx, ptxas, nvdisasm, workdir, seconds):
   target = ptx_target(ptx) or 'sm_90a'
   src = os.path.join(workdir, 'module.ptx')
   obj = os.path.join(workdir, 'module.o')
@@ -244,7 +276,7 @@ def assemble(ptx: str, ptxas: list[str], nvdisasm: list[str],
   for tool in ptxas:
     run = subprocess.run([tool, '--opt-level', '3', '--gpu-name', target,
                           '-v', '--output-file', obj, src],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=seconds)
     if run.returncode == 0:
       break
     errors.append(f'{tool}: {" ".join((run.stderr or run.stdout).split())}'
@@ -255,7 +287,7 @@ def assemble(ptx: str, ptxas: list[str], nvdisasm: list[str],
   if not nvdisasm:
     return facts, {}, 'no nvdisasm found: no SASS counts'
   dis = subprocess.run([nvdisasm[0], '-ndf', '-c', obj], capture_output=True,
-                       text=True, timeout=300)
+                       text=True, timeout=seconds)
   if dis.returncode:
     return facts, {}, f'nvdisasm failed: {dis.stderr[-300:]}'
   return facts, sass_counts(dis.stdout), None
@@ -356,7 +388,11 @@ def run_child(kind: str, seconds: float | None, scratch: str) -> dict:
   stderr's status lines and the PTX it dumped, by label."""
   dump_dir = os.path.join(scratch, f'xla_{kind}')
   os.makedirs(dump_dir, exist_ok=True)
-  env = dict(os.environ, PYTHONUNBUFFERED='1')
+  # Mosaic GPU's other dumps would interleave with the PTX in stdout, and
+  # MOSAIC_GPU_DUMP_TO would send the PTX to files: only the PTX, here.
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith('MOSAIC_GPU_DUMP')}
+  env['PYTHONUNBUFFERED'] = '1'
   xla_flags = [env.get('XLA_FLAGS', '')]
   if kind == 'hopper':
     env['MOSAIC_GPU_DUMP_PTX'] = '1'
@@ -401,19 +437,23 @@ def markdown(result: dict) -> str:
   lines = [f'# kernel_facts on {result["device"]}, JAX {result["jax"]}, '
            f'B={result["batch"]} H={result["heads"]} L={result["length"]} '
            f'D={result["head_dim"]}, bf16', '',
-           f'ptxas: {", ".join(result["ptxas"]) or "none"}; nvdisasm: '
-           f'{", ".join(result["nvdisasm"]) or "none"}', '',
-           '| family | encoding | kernel | registers | spill stores (B) | '
-           'spill loads (B) | stack (B) | PTX wgmma | PTX mma.sync/wmma | '
-           'SASS HGMMA | SASS HMMA | SASS LDL/STL |',
-           '|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
+           f'ptxas: {", ".join(result["ptxas"]) or "none"} '
+           f'({result.get("ptxas_version") or "version not read"}); '
+           f'nvdisasm: {", ".join(result["nvdisasm"]) or "none"}', '',
+           'Registers: per thread at launch (ptxas -v); setmaxnreg: the '
+           'limits warpgroups move to at run time (PTX).', '',
+           '| family | encoding | kernel | registers | setmaxnreg | '
+           'spill stores (B) | spill loads (B) | stack (B) | PTX wgmma | '
+           'PTX mma.sync/wmma | SASS HGMMA | SASS HMMA | SASS LDL/STL |',
+           '|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|']
   for r in result['rows']:
     sass = r.get('sass') or {}
     ptx = r['ptx']
     local = f'{sass["LDL"]}/{sass["STL"]}' if sass else ''
     lines.append(
         f'| {r["family"]} | {r["encoding"]} | {r["kernel"]} | '
-        f'{cell(r["registers"])} | {cell(r["spill_stores"])} | '
+        f'{cell(r["registers"])} | {", ".join(ptx["setmaxnreg"])} | '
+        f'{cell(r["spill_stores"])} | '
         f'{cell(r["spill_loads"])} | {cell(r["stack_frame"])} | '
         f'{ptx["wgmma"]} | {ptx["mma.sync"] + ptx["wmma"]} | '
         f'{cell(sass.get("HGMMA"))} | {cell(sass.get("HMMA"))} | {local} |')
@@ -422,6 +462,11 @@ def markdown(result: dict) -> str:
     lines.append(f'- {c["kind"]}: exit {c["exit"]} after {c["seconds"]}s; '
                  + '; '.join(c['status']))
   lines += [f'- {note}' for note in result['notes']]
+  warnings = [w for r in result['rows'] for w in r['ptxas_lines']
+              if 'warning' in w.lower()]
+  if warnings:
+    lines += ['', 'ptxas warnings:', '']
+    lines += [f'- {w}' for w in dict.fromkeys(warnings)]
   return '\n'.join(lines) + '\n'
 
 
@@ -436,48 +481,22 @@ def check_names() -> None:
   shared.causal_settings()
 
 
-def main(argv):
-  del argv
-  check_names()
-  if CHILD.value:
-    child(CHILD.value)
-    return
-  import jax
-  started = time.perf_counter()
-  b, h, length, d = shape()
-  ptxas, nvdisasm = find_cuda_tools('ptxas'), find_cuda_tools('nvdisasm')
-  result = {'device': jax.devices()[0].device_kind, 'jax': jax.__version__,
-            'batch': b, 'heads': h, 'length': length, 'head_dim': d,
-            'smoke': shared.SMOKE.value, 'ptxas': ptxas,
-            'nvdisasm': nvdisasm, 'children': [], 'rows': [], 'notes': []}
-  families = KERNEL_FAMILIES.value
-  budget = shared.BUDGET.value
-  with tempfile.TemporaryDirectory(prefix='kernel_facts_') as scratch:
-    for n, kind in enumerate(families):
-      # Each family gets its share of what is left; ptxas and nvdisasm
-      # take the rest.
-      left = budget - (time.perf_counter() - started)
-      ran = run_child(kind, 0.8 * left / (len(families) - n)
-                      if budget else None, scratch)
-      print(f'[kernel_facts] {kind}: exit {ran["exit"]} after '
-            f'{ran["seconds"]}s', flush=True)
-      print('\n'.join(ran['status']), flush=True)
-      modules = ran.pop('ptx')
-      ran['modules'] = {name: len(m) for name, m in modules.items()}
-      result['children'].append(ran)
-      for name, ptx_modules in modules.items():
-        for ptx in ptx_modules:
-          facts, sass, error = assemble(ptx, ptxas, nvdisasm, scratch)
-          if error and error not in result['notes']:
-            result['notes'].append(error)
-          for row in kernel_rows(ptx, facts, sass):
-            result['rows'].append({'family': kind, 'encoding': name, **row})
-      if not modules:
-        result['notes'].append(
-            f'{kind}: no PTX dumped (backend {jax.default_backend()}; '
-            f'XLA\'s dump of the steps: {", ".join(ran["dumped"]) or "none"})')
+def tool_version(tool: str | None) -> str | None:
+  """The last line of `tool --version` (e.g. ptxas's build), or None."""
+  if tool is None:
+    return None
+  try:
+    out = subprocess.run([tool, '--version'], capture_output=True,
+                         text=True, timeout=30).stdout.strip()
+  except (OSError, subprocess.TimeoutExpired):
+    return None
+  return out.splitlines()[-1] if out else None
+
+
+def save(result: dict) -> str:
+  """kernel_facts.md (and .json) under --out, rewritten after each family
+  and on an interrupt, so a time limit keeps what was read; the table."""
   text = markdown(result)
-  print(text)
   if shared.OUT.value:
     os.makedirs(shared.OUT.value, exist_ok=True)
     if WRITE_JSON.value:
@@ -486,6 +505,77 @@ def main(argv):
         json.dump(result, f, indent=2)
     with open(os.path.join(shared.OUT.value, 'kernel_facts.md'), 'w') as f:
       f.write(text)
+  return text
+
+
+def read_family(kind: str, result: dict, scratch: str, deadline: float | None,
+                ptxas: list[str], nvdisasm: list[str], share: float) -> None:
+  """Runs `kind`'s child within `share` of the time to `deadline` (None:
+  no limit), then reads its kernels into result['rows']."""
+  import jax
+  seconds = (None if deadline is None
+             else share * (deadline - time.perf_counter()))
+  if seconds is not None and seconds <= 1:
+    result['notes'].append(f'{kind}: not run (no time left)')
+    return
+  ran = run_child(kind, seconds, scratch)
+  print(f'[kernel_facts] {kind}: exit {ran["exit"]} after '
+        f'{ran["seconds"]}s', flush=True)
+  print('\n'.join(ran['status']), flush=True)
+  modules = ran.pop('ptx')
+  ran['modules'] = {name: len(m) for name, m in modules.items()}
+  result['children'].append(ran)
+  for name, ptx_modules in modules.items():
+    for ptx in ptx_modules:
+      left = None if deadline is None else deadline - time.perf_counter()
+      if left is not None and left <= 1:
+        result['notes'].append(f'{kind} {name}: a module not assembled '
+                               f'(no time left)')
+        continue
+      facts, sass, error = assemble(ptx, ptxas, nvdisasm, scratch,
+                                    seconds=300 if left is None
+                                    else min(300, left))
+      if error and error not in result['notes']:
+        result['notes'].append(error)
+      for row in kernel_rows(ptx, facts, sass):
+        result['rows'].append({'family': kind, 'encoding': name, **row})
+  if not modules:
+    result['notes'].append(
+        f'{kind}: no PTX dumped (backend {jax.default_backend()}; '
+        f'XLA\'s dump of the steps: {", ".join(ran["dumped"]) or "none"})')
+
+
+def main(argv):
+  del argv
+  check_names()
+  if CHILD.value:
+    child(CHILD.value)
+    return
+  import jax
+  started = time.perf_counter()
+  budget = shared.BUDGET.value
+  deadline = started + budget if budget else None
+  b, h, length, d = shape()
+  ptxas, nvdisasm = find_cuda_tools('ptxas'), find_cuda_tools('nvdisasm')
+  result = {'device': jax.devices()[0].device_kind, 'jax': jax.__version__,
+            'batch': b, 'heads': h, 'length': length, 'head_dim': d,
+            'smoke': shared.SMOKE.value, 'ptxas': ptxas,
+            'ptxas_version': tool_version(ptxas[0] if ptxas else None),
+            'nvdisasm': nvdisasm, 'children': [], 'rows': [], 'notes': []}
+  families = KERNEL_FAMILIES.value
+  try:
+    with tempfile.TemporaryDirectory(prefix='kernel_facts_') as scratch:
+      for n, kind in enumerate(families):
+        # Each family gets its share of what is left, of which its child
+        # may take 80%; ptxas and nvdisasm take the rest.
+        read_family(kind, result, scratch, deadline, ptxas, nvdisasm,
+                    share=0.8 / (len(families) - n))
+        save(result)
+  except KeyboardInterrupt:
+    result['notes'].append('interrupted: the table holds what was read')
+    save(result)
+    raise
+  print(save(result))
 
 
 if __name__ == '__main__':

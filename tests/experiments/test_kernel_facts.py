@@ -6,6 +6,7 @@ tile_wgmma's 4 wgmma.mma_async 4 HGMMA, and `pressure` spills under a
 32-register cap. CI has no ptxas: the tools' runs are the fixture."""
 
 import os
+import subprocess
 
 import pytest
 
@@ -46,9 +47,10 @@ def test_ptxas_report_per_kernel():
 def test_ptx_matrix_instructions_per_entry():
   entries = kernel_facts.ptx_entries(PTX)
   assert entries == {
-      'tile_mma': {'wgmma': 0, 'mma.sync': 0, 'wmma': 4},
-      'pressure': {'wgmma': 0, 'mma.sync': 0, 'wmma': 0},
-      'tile_wgmma': {'wgmma': 4, 'mma.sync': 0, 'wmma': 0}}
+      'tile_mma': {'wgmma': 0, 'mma.sync': 0, 'wmma': 4, 'setmaxnreg': []},
+      'pressure': {'wgmma': 0, 'mma.sync': 0, 'wmma': 0, 'setmaxnreg': []},
+      'tile_wgmma': {'wgmma': 4, 'mma.sync': 0, 'wmma': 0,
+                     'setmaxnreg': []}}
   assert kernel_facts.ptx_target(PTX) == 'sm_90a'
 
 
@@ -63,29 +65,108 @@ def test_sass_counts_matrix_and_local_memory_instructions():
   assert counts['tile_mma']['STL'] == counts['tile_mma']['LDL'] == 0
 
 
+def _renamed(ptx, suffix):
+  """The fixture's module with every kernel renamed: another module."""
+  for name in ('tile_mma', 'pressure', 'tile_wgmma'):
+    ptx = ptx.replace(name, f'{name}_{suffix}')
+  return ptx
+
+
 def test_modules_are_cut_out_of_interleaved_output():
   """A child's stdout holds each Mosaic GPU module's PTX between the
-  markers and other output: each module is cut out whole, attributed to
-  the encoding whose marker precedes it, and what follows its last brace
-  (here ptxas's report) is left out."""
-  stdout = (f'{kernel_facts.MARKER}shaw_causal\nsome log line\n{PTX}{PTXAS}'
-            f'{kernel_facts.MARKER}none_bidirectional\n{PTX}\nSASS follows\n')
+  markers and other output: each module is cut out whole and attributed
+  to the label whose marker precedes it (two modules under one marker
+  here, as a forward and a backward are), and what follows a module's
+  last brace (here ptxas's report) is left out."""
+  forward, backward, other = (_renamed(PTX, x) for x in ('fwd', 'bwd', 'x'))
+  stdout = (f'{kernel_facts.MARKER}shaw_causal\nsome log line\n{forward}'
+            f'{PTXAS}{backward}\n{kernel_facts.MARKER}none_bidirectional\n'
+            f'{other}\nSASS follows\n}}\n'
+            f'{kernel_facts.MARKER}t5_causal\nno PTX for this one\n')
   found = kernel_facts.ptx_by_encoding('hopper', stdout, dump_dir='')
   assert set(found) == {'shaw_causal', 'none_bidirectional'}
-  for modules in found.values():
-    assert len(modules) == 1
-    assert modules[0].startswith('.version')
-    assert modules[0].rstrip().endswith('}')
-    assert 'ptxas info' not in modules[0] and 'SASS' not in modules[0]
-    assert kernel_facts.ptx_entries(modules[0]) == kernel_facts.ptx_entries(
-        PTX)
+  entries = lambda modules: [sorted(kernel_facts.ptx_entries(m))
+                             for m in modules]
+  assert entries(found['shaw_causal']) == entries([forward, backward])
+  assert entries(found['none_bidirectional']) == entries([other])
+  for module in found['shaw_causal'] + found['none_bidirectional']:
+    assert module.startswith('.version')
+    assert 'ptxas info' not in module and 'log line' not in module
+  # Output after the last brace but before the next marker that itself
+  # ends in a lone brace is the one case glued on; the child's
+  # environment keeps Mosaic GPU's other dumps out (test below).
+  assert 'SASS follows' in found['none_bidirectional'][0]
+
+
+@pytest.fixture
+def default_flags():
+  from absl import flags
+  flags.FLAGS(['kernel_facts'])
+  yield
+  flags.FLAGS.unparse_flags()
+
+
+def test_the_child_gets_mosaic_gpus_ptx_dump_alone(tmp_path, monkeypatch,
+                                                   default_flags):
+  """Other MOSAIC_GPU_DUMP_* settings inherited by the child would
+  interleave MLIR with the PTX in its stdout, or send the PTX to files."""
+  seen = {}
+
+  def fake_run(argv, stdout, stderr, env, cwd, timeout):
+    seen.clear()
+    seen.update(env)
+    return subprocess.CompletedProcess(argv, 0)
+
+  monkeypatch.setattr(kernel_facts.subprocess, 'run', fake_run)
+  monkeypatch.setenv('MOSAIC_GPU_DUMP_TO', '/somewhere')
+  monkeypatch.setenv('MOSAIC_GPU_DUMP_MLIR_PASSES', '1')
+  ran = kernel_facts.run_child('hopper', 10.0, str(tmp_path))
+  assert seen['MOSAIC_GPU_DUMP_PTX'] == '1'
+  assert not {k for k in seen if k.startswith('MOSAIC_GPU_DUMP')} - {
+      'MOSAIC_GPU_DUMP_PTX'}
+  assert ran['exit'] == 0 and ran['ptx'] == {}
+  kernel_facts.run_child('triton', 10.0, str(tmp_path))
+  assert '--xla_dump_to=' + str(tmp_path / 'xla_triton') in seen['XLA_FLAGS']
+  assert 'MOSAIC_GPU_DUMP_PTX' not in seen
 
 
 def test_xla_dump_files_are_attributed_by_the_jitted_name(tmp_path):
-  (tmp_path / 'module_0007.jit_facts_t5_causal.sm_9.0a.ptx').write_text(PTX)
+  # XLA's names: module_NNNN.<module name>.ptx, or .<shard>.ptx when it
+  # compiles a module in parts.
+  (tmp_path / 'module_0007.jit_facts_t5_causal.ptx').write_text(PTX)
+  (tmp_path / 'module_0009.jit_facts_shaw_bidirectional.0.ptx').write_text(
+      _renamed(PTX, 'a'))
+  (tmp_path / 'module_0009.jit_facts_shaw_bidirectional.1.ptx').write_text(
+      _renamed(PTX, 'b'))
   (tmp_path / 'module_0003.jit_other.ptx').write_text(PTX)
+  (tmp_path / 'module_0007.jit_facts_t5_causal.before_optimizations.txt'
+   ).write_text('HloModule')
   found = kernel_facts.ptx_by_encoding('triton', '', str(tmp_path))
-  assert list(found) == ['t5_causal'] and len(found['t5_causal']) == 1
+  assert sorted(found) == ['shaw_bidirectional', 't5_causal']
+  assert len(found['t5_causal']) == 1 and len(found['shaw_bidirectional']) == 2
+  assert {n for m in found['shaw_bidirectional']
+          for n in kernel_facts.ptx_entries(m)} >= {'tile_mma_a', 'tile_mma_b'}
+
+
+def test_register_limits_moved_at_run_time_are_read_from_the_ptx():
+  """The Hopper kernels' warpgroups move their register limits
+  (setmaxnreg), which ptxas -v's count at launch does not show."""
+  body = ('.version 8.0\n.target sm_90a\n.visible .entry selfattn_k(\n)\n{\n'
+          '\tsetmaxnreg.dec.sync.aligned.u32 40;\n'
+          '\tsetmaxnreg.inc.sync.aligned.u32 232;\n}\n')
+  assert kernel_facts.ptx_entries(body)['selfattn_k']['setmaxnreg'] == [
+      'dec 40', 'inc 232']
+  assert kernel_facts.ptx_entries(PTX)['tile_wgmma']['setmaxnreg'] == []
+
+
+def test_a_predicated_instruction_counts_as_its_opcode():
+  sass = ('.text.k:\n'
+          '        /*0010*/              @!P0 LDL.LU R2, [R1+0x4] ;\n'
+          '        /*0020*/              @UP1 HGMMA.64x8x16.F32.BF16 R24, '
+          'gdesc[UR4], RZ ;\n'
+          '        /*0030*/                   HFMA2.MMA R3, -RZ, RZ, 0 ;\n')
+  assert kernel_facts.sass_counts(sass) == {
+      'k': {'HGMMA': 1, 'HMMA': 0, 'LDL': 1, 'STL': 0}}
 
 
 def test_rows_keep_selfattn_kernels_else_those_with_matrix_instructions():
@@ -113,8 +194,8 @@ def test_markdown_table_row():
             'children': [{'kind': 'hopper', 'exit': 0, 'seconds': 1.0,
                           'status': []}], 'notes': []}
   text = kernel_facts.markdown(result)
-  assert '| hopper | shaw_bidirectional | tile_wgmma | 30 | 0 | 0 | 0 | 4 | 0 | 4 | 0 |' \
-      in text
+  assert ('| hopper | shaw_bidirectional | tile_wgmma | 30 |  | 0 | 0 | 0 | 4 '
+          '| 0 | 4 | 0 | 0/0 |') in text
 
 
 def test_tools_are_found_in_a_cuda_wheel_and_on_path(tmp_path, monkeypatch):
@@ -167,3 +248,29 @@ def test_unknown_names_are_refused_by_flag(flag):
       kernel_facts.main(argv)
   finally:
     flags.FLAGS.unparse_flags()
+
+
+def test_an_interrupt_keeps_what_was_read(tmp_path, monkeypatch):
+  """gpu_session.sh stops the script with SIGINT at its time limit: the
+  table written then holds the families read before it."""
+  from absl import flags
+  row = {'family': 'hopper', 'encoding': 'shaw_bidirectional',
+         **kernel_facts.kernel_rows(PTX, kernel_facts.parse_ptxas(PTXAS),
+                                    {})[1]}
+
+  def fake_read(kind, result, *args, **kwargs):
+    if kind == 'triton':
+      raise KeyboardInterrupt
+    result['rows'].append(row)
+
+  monkeypatch.setattr(kernel_facts, 'read_family', fake_read)
+  flags.FLAGS(['kernel_facts', f'--out={tmp_path}', '--json=false'])
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      kernel_facts.main(['kernel_facts'])
+  finally:
+    flags.FLAGS.unparse_flags()
+  text = (tmp_path / 'kernel_facts.md').read_text()
+  assert '| hopper | shaw_bidirectional | tile_wgmma | 30 |' in text
+  assert 'interrupted: the table holds what was read' in text
+  assert not (tmp_path / 'kernel_facts.json').exists()
