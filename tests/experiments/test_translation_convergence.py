@@ -49,13 +49,14 @@ def _fake_run(workdir, name, *, stopped_at, curve):
           {'step': s, 'length': 64, 'value': v} for s, v in curve.items()]})
 
 
-def test_the_report_pairs_the_lead_at_both_budgets_by_seed(tmp_path):
+def _report(tmp_path, made_up, labels, *, stopped_at, curve,
+            selected_step):
+  """(convergence.report's text, its workdir) over made-up runs:
+  made_up[seed][label] = (3,000-step test BLEU, converged test BLEU), val
+  BLEU the test BLEU + 1 in every run, curve(converged BLEU) the greedy
+  validation curve."""
   short_dir, workdir = tmp_path / 'short', tmp_path / 'long'
-  # seed -> label -> (3,000-step test BLEU, converged test BLEU)
-  made_up = {0: {'shaw': (38.0, 40.0), 'sinusoidal': (36.0, 39.0)},
-             1: {'shaw': (37.0, 40.5), 'sinusoidal': (35.0, 39.5)},
-             2: {'shaw': (38.5, 41.0), 'sinusoidal': (36.0, 39.0)}}
-  runs = convergence.study_runs('quick', 3, convergence.CORE)
+  runs = convergence.study_runs('quick', len(made_up), labels)
   results = {}
   for run in runs:
     label, seed = run.tags['position'], run.tags['seed']
@@ -64,12 +65,25 @@ def test_the_report_pairs_the_lead_at_both_budgets_by_seed(tmp_path):
     (short_dir / run.name / 'translation.json').write_text(json.dumps(
         {**_scores(short, short + 1), 'selected_step': 3000,
          'valid_bleu_greedy_by_step': {'1500': short - 5, '3000': short}}))
-    _fake_run(str(workdir), run.name, stopped_at=9000,
-              curve={3000: long - 3, 6000: long - 1, 7000: long,
-                     8000: long - 0.5, 9000: long - 0.2})
-    results[run.name] = {**_scores(long, long + 1), 'selected_step': 7000,
+    _fake_run(str(workdir), run.name, stopped_at=stopped_at,
+              curve=curve(long))
+    results[run.name] = {**_scores(long, long + 1),
+                         'selected_step': selected_step,
                          'label': label, 'seed': seed}
-  text = convergence.report(str(workdir), runs, results, str(short_dir))
+  return (convergence.report(str(workdir), runs, results, str(short_dir)),
+          workdir)
+
+
+def test_the_report_pairs_the_lead_at_both_budgets_by_seed(tmp_path):
+  # seed -> label -> (3,000-step test BLEU, converged test BLEU)
+  made_up = {0: {'shaw': (38.0, 40.0), 'sinusoidal': (36.0, 39.0)},
+             1: {'shaw': (37.0, 40.5), 'sinusoidal': (35.0, 39.5)},
+             2: {'shaw': (38.5, 41.0), 'sinusoidal': (36.0, 39.0)}}
+  text, workdir = _report(
+      tmp_path, made_up, convergence.CORE, stopped_at=9000,
+      curve=lambda long: {3000: long - 3, 6000: long - 1, 7000: long,
+                          8000: long - 0.5, 9000: long - 0.2},
+      selected_step=7000)
   # Per seed, shaw minus sinusoidal: 3,000 steps +2, +2, +2.5; converged
   # +1, +1, +2; the change -1, -1, -0.5.
   assert ('test_2016_flickr, 3,000 steps: shaw minus sinusoidal: +2.17 BLEU '
@@ -89,7 +103,6 @@ def test_the_report_pairs_the_lead_at_both_budgets_by_seed(tmp_path):
 
 
 def test_rope_is_paired_with_each_core_encoding_where_it_has_runs(tmp_path):
-  short_dir, workdir = tmp_path / 'short', tmp_path / 'long'
   # seed -> label -> (3,000-step test BLEU, converged test BLEU)
   made_up = {0: {'shaw': (38.0, 40.0), 'sinusoidal': (36.0, 39.0),
                  'rope': (39.0, 41.0)},
@@ -97,20 +110,11 @@ def test_rope_is_paired_with_each_core_encoding_where_it_has_runs(tmp_path):
                  'rope': (38.0, 40.0)},
              2: {'shaw': (38.5, 41.0), 'sinusoidal': (36.0, 39.0),
                  'rope': (38.5, 41.5)}}
-  runs = convergence.study_runs('quick', 3, convergence.ENCODINGS)
-  results = {}
-  for run in runs:
-    label, seed = run.tags['position'], run.tags['seed']
-    short, long = made_up[seed][label]
-    os.makedirs(short_dir / run.name)
-    (short_dir / run.name / 'translation.json').write_text(json.dumps(
-        {**_scores(short, short + 1), 'selected_step': 3000,
-         'valid_bleu_greedy_by_step': {'3000': short}}))
-    _fake_run(str(workdir), run.name, stopped_at=8000,
-              curve={6000: long, 7000: long - 1, 8000: long - 1})
-    results[run.name] = {**_scores(long, long + 1), 'selected_step': 6000,
-                         'label': label, 'seed': seed}
-  text = convergence.report(str(workdir), runs, results, str(short_dir))
+  text, _ = _report(tmp_path, made_up, convergence.ENCODINGS,
+                    stopped_at=8000,
+                    curve=lambda long: {6000: long, 7000: long - 1,
+                                        8000: long - 1},
+                    selected_step=6000)
   section = text[text.index('## RoPE against each'):]
   # Converged, per seed: rope minus sinusoidal +2, +0.5, +2.5 (mean 1.67);
   # rope minus shaw +1, -0.5, +0.5; at 3,000 steps minus shaw +1, +1, 0.
