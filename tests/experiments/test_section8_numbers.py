@@ -174,3 +174,29 @@ def test_the_convergence_summary_matches_the_runs(by_label):
     change = [b - a for a, b in zip(short, long)]
     assert row[1:] == [_interval(short), _interval(long),
                        _interval(change)], split
+
+
+def test_the_rope_convergence_table_matches_the_runs(by_label):
+  """RoPE's converged table: per split, rope's converged mean (its
+  3,000-step runs' mean), then rope minus shaw and rope minus sinusoidal,
+  converged and at 3,000 steps, each the mean over the seeds [its 95%
+  t-interval across them]."""
+  with open(CONVERGENCE) as f:
+    converged = {(r['label'], r['seed']): r['bleu']
+                 for r in json.load(f).values()}
+  seeds = sorted(seed for label, seed in converged if label == 'rope')
+  assert len(seeds) == 3
+  rows = _table_after(_section8(), '| split | rope, converged (3,000 steps) |')
+  assert [row[0] for row in rows] == list(SPLITS)
+  short = lambda label, s, split: by_label[label][s]['splits'][split]['bleu']
+  for split, row in zip(SPLITS, rows):
+    expected = [
+        f'{statistics.mean(converged["rope", s][split] for s in seeds):.2f} '
+        f'({statistics.mean(short("rope", s, split) for s in seeds):.2f})']
+    for other in ('shaw', 'sinusoidal'):
+      expected += [
+          _interval([converged['rope', s][split] - converged[other, s][split]
+                     for s in seeds]),
+          _interval([short('rope', s, split) - short(other, s, split)
+                     for s in seeds])]
+    assert row[1:] == expected, split
