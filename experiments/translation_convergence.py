@@ -192,8 +192,8 @@ def report(workdir: str, runs: list[study.Run], results: dict,
                  'bleu': {s: r['splits'][s]['bleu'] for s in r['splits']}}
               for name, r in results.items()}
   return common.write_results(
-      workdir, 'Translation to convergence: shaw against sinusoidal', body,
-      json_out)
+      workdir, 'Translation to convergence: shaw against sinusoidal'
+      + (', and rope' if long_by.get('rope') else ''), body, json_out)
 
 
 def plot_curves(workdir: str, results: dict, short_by: dict, labels,

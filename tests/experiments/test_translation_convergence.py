@@ -100,6 +100,8 @@ def test_the_report_pairs_the_lead_at_both_budgets_by_seed(tmp_path):
   assert stored['position=shaw,seed=1']['greedy_valid_bleu']['7000'] == 40.5
   assert stored['position=shaw,seed=1']['stopped_at'] == 9000
   assert 'rope minus' not in text        # no rope runs, no rope section
+  assert text.startswith(
+      '# Translation to convergence: shaw against sinusoidal\n')
 
 
 def test_rope_is_paired_with_each_core_encoding_where_it_has_runs(tmp_path):
@@ -115,6 +117,8 @@ def test_rope_is_paired_with_each_core_encoding_where_it_has_runs(tmp_path):
                     curve=lambda long: {6000: long, 7000: long - 1,
                                         8000: long - 1},
                     selected_step=6000)
+  assert text.startswith('# Translation to convergence: shaw against '
+                         'sinusoidal, and rope\n')
   section = text[text.index('## RoPE against each'):]
   # Converged, per seed: rope minus sinusoidal +2, +0.5, +2.5 (mean 1.67);
   # rope minus shaw +1, -0.5, +0.5; at 3,000 steps minus shaw +1, +1, 0.
