@@ -26,11 +26,12 @@
 #               --mode in KERNEL_MODES (default train), each within
 #               KERNEL_BENCH_BUDGET s (default 200; ARGS default
 #               --impls=fused,pallas,pallas_hopper), then `tune`, then
-#               `facts` (md only) if KERNEL_FACTS (default 1) and 120 s
-#               or more are left before KERNEL_DEADLINE s (default 540)
-#               from the step's start (FACTS_ARGS go to kernel_facts.py). No suite.xml here: the call's 8
-#               files are env.txt, suite.log, bench_gpu_train.json/.md/
-#               .log, tune_hopper.json/.md, kernel_facts.md.    <= 9.5 min
+#               `facts` (md only; FACTS_ARGS go to kernel_facts.py) if
+#               KERNEL_FACTS (default 1) and 120 s or more are left
+#               before KERNEL_DEADLINE s (default 540) from the step's
+#               start. No suite.xml here: the call's 8 files are
+#               env.txt, suite.log, bench_gpu_train.json/.md/.log,
+#               tune_hopper.json/.md, kernel_facts.md.          <= 9.5 min
 #   tune        scripts/tune_hopper.py (the Hopper kernels' block sizes,
 #               stages and ping-pong against cuDNN, L = 8192) within
 #               TUNE_BUDGET s (default 80): tune_hopper.json/.md;
