@@ -16,11 +16,13 @@ child's stdout (MOSAIC_GPU_DUMP_PTX), and XLA, which compiles the Triton
 kernels, writes its modules' PTX under --xla_dump_to. This process then
 assembles each PTX module with ptxas -v (as Mosaic GPU does: --opt-level 3,
 the module's own target) and disassembles it with nvdisasm, where it finds
-them (the CUDA wheels, $MOSAIC_GPU_CUDA_ROOT, PATH).
+them (find_cuda_tools: JAX's own CUDA root first).
 
 Per kernel whose name has `selfattn` in it (or, where none does, per
-kernel with a matrix instruction): registers per thread, spill stores and
-loads and the stack frame in bytes (ptxas -v), the matrix instructions in
+kernel with a matrix instruction): registers per thread at launch, spill
+stores and loads and the stack frame in bytes (ptxas -v), the register
+limits its warpgroups move to at run time (setmaxnreg), the matrix
+instructions in
 the PTX (wgmma.mma_async: Hopper's warpgroup MMA; mma.sync and wmma.mma:
 the warp-level MMA of earlier GPUs) and in the SASS (HGMMA, HMMA), and the
 SASS's local-memory loads and stores (LDL, STL: spills and stack arrays).
@@ -164,8 +166,10 @@ def parse_ptxas(text: str) -> dict[str, dict]:
   # A warning names its function in quotes: file it there too.
   for line in text.splitlines():
     m = re.search(r"warning.*'([\w$.]+)'", line)
-    if m and m.group(1) in facts and line.strip() not in facts[m.group(1)]['lines']:
-      facts[m.group(1)]['lines'].append(line.strip())
+    if m and m.group(1) in facts:
+      lines = facts[m.group(1)]['lines']
+      if line.strip() not in lines:
+        lines.append(line.strip())
   return facts
 
 

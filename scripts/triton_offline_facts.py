@@ -4,8 +4,8 @@ compiled to PTX by the `triton` package, for sm_90a, at each launch, then
 assembled with ptxas -v and disassembled with nvdisasm (kernel_facts.py's
 readers).
 
-  python scripts/triton_offline_facts.py --triton_python=/tmp/tritonenv/bin/python
-      [--encodings=none,alibi,t5,shaw] [--launches=4:2,8:2] [--block_k=128]
+  python scripts/triton_offline_facts.py \
+      --triton_python=/tmp/tritonenv/bin/python [--encodings=none,alibi,t5,shaw] [--launches=4:2,8:2] [--block_k=128]
       [--out=DIR]
 
 --triton_python: an interpreter with the `triton` package (not a dependency

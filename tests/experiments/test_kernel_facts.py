@@ -205,6 +205,7 @@ def test_tools_are_found_in_a_cuda_wheel_and_on_path(tmp_path, monkeypatch):
     tool.parent.mkdir(parents=True)
     tool.write_text('#!/bin/sh\n')
   monkeypatch.delenv('MOSAIC_GPU_CUDA_ROOT', raising=False)
+  monkeypatch.setattr(kernel_facts, 'jax_cuda_path', lambda: None)
   monkeypatch.setattr('sys.path', [str(tmp_path / 'site')])
   monkeypatch.setenv('PATH', str(tmp_path / 'bin'))
   monkeypatch.setattr(kernel_facts, 'SYSTEM_CUDA', str(tmp_path / 'cuda'))
@@ -224,7 +225,8 @@ def test_a_ptxas_that_refuses_the_module_gives_way_to_the_next(tmp_path):
   old.write_text("#!/bin/sh\necho \"fatal   : Unsupported .version 9.5\" >&2"
                  "\nexit 255\n")
   new = tmp_path / 'new_ptxas'
-  new.write_text(f'#!/bin/sh\ncat {os.path.join(HERE, "mma_kernels.ptxas.txt")}\n')
+  report = os.path.join(HERE, 'mma_kernels.ptxas.txt')
+  new.write_text(f'#!/bin/sh\ncat {report}\n')
   for tool in (old, new):
     tool.chmod(0o755)
   facts, sass, error = kernel_facts.assemble(PTX, [str(old), str(new)], [],
