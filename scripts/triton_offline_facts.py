@@ -5,8 +5,8 @@ assembled with ptxas -v and disassembled with nvdisasm (kernel_facts.py's
 readers).
 
   python scripts/triton_offline_facts.py \
-      --triton_python=/tmp/tritonenv/bin/python [--encodings=none,alibi,t5,shaw] [--launches=4:2,8:2] [--block_k=128]
-      [--out=DIR]
+      --triton_python=/tmp/tritonenv/bin/python [--encodings=none,alibi,t5,shaw]
+      [--launches=4:2,8:2] [--block_k=128] [--out=DIR]
 
 --triton_python: an interpreter with the `triton` package (not a dependency
 of this project: `python3 -m venv /tmp/tritonenv && /tmp/tritonenv/bin/pip
