@@ -315,37 +315,17 @@ def label(encoding: str, causal: bool) -> str:
 
 
 def child(kind: str) -> None:
-  import contextlib
-
   import jax
-  import jax.numpy as jnp
-  from flax import nnx
-
-  from selfattn.nn import pallas_attention as pa
 
   smoke = shared.SMOKE.value
   b, h, length, d = shape()
   q, k, v, g = shared.random_inputs(b, h, length, d)
   for causal in shared.causal_settings():
     for encoding in ENCODING_LIST.value:
-      module = shared.position_module(encoding, h, d)
-      graphdef, params, rest = (nnx.split(module, nnx.Param, ...)
-                                if module is not None else (None, None, None))
-
-      def loss(q, k, v, params, g, graphdef=graphdef, rest=rest,
-               causal=causal):
-        relative = (None if graphdef is None
-                    else nnx.merge(graphdef, params, rest, copy=True))
-        with contextlib.ExitStack() as stack:
-          if kind == 'hopper':
-            stack.enter_context(pa.hopper_in_auto())
-          out = pa.pallas_attention(q, k, v, relative=relative,
-                                    causal=causal, gpu_kernel=kind,
-                                    interpret=True if smoke else None)
-        return jnp.sum(out.astype(jnp.float32) * g)
-
+      step, params = shared.pallas_training_step(
+          encoding, h, d, causal=causal, gpu_kernel=kind,
+          interpret=True if smoke else None)
       # The jitted function's name is in XLA's dump files' names.
-      step = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))
       step.__name__ = f'facts_{label(encoding, causal)}'
       print(f'{MARKER}{label(encoding, causal)}', flush=True)
       started = time.perf_counter()

@@ -94,6 +94,28 @@ def position_module(kind: str, heads: int, head_dim: int, seed: int = 0):
                                                  rngs=rngs)}[kind]()
 
 
+def pallas_training_step(kind: str, heads: int, head_dim: int, *,
+                         causal: bool, **attention_kwargs):
+  """(step, params): value_and_grad of bench_gpu.py's training loss,
+  sum(pallas_attention(q, k, v) * g), in (q, k, v, params), called as
+  step(q, k, v, params, g); params are `kind`'s position module's (None
+  for 'none'). attention_kwargs go to pallas_attention (gpu_kernel,
+  interpret, block_k, ...)."""
+  from selfattn.nn import pallas_attention as pa
+  module = position_module(kind, heads, head_dim)
+  graphdef, params, rest = (nnx.split(module, nnx.Param, ...)
+                            if module is not None else (None, None, None))
+
+  def loss(q, k, v, params, g):
+    relative = (None if graphdef is None
+                else nnx.merge(graphdef, params, rest, copy=True))
+    out = pa.pallas_attention(q, k, v, relative=relative, causal=causal,
+                              **attention_kwargs)
+    return jnp.sum(out.astype(jnp.float32) * g)
+
+  return jax.value_and_grad(loss, argnums=(0, 1, 2, 3)), params
+
+
 def median_ms(fn, args, repeats: int) -> float:
   return 1e3 * statistics.median(time_calls(fn, args, repeats))
 

@@ -86,11 +86,9 @@ def capture_ttir(encoding: str, causal: bool, shape, block_k: int
   (forward, dq, dkdv), lowered for 'cuda' on this host."""
   import jax
   import jax.numpy as jnp
-  from flax import nnx
   from jax._src.pallas.triton import lowering as triton_lowering
 
   from selfattn.nn import lowering
-  from selfattn.nn import pallas_attention as pa
 
   captured = []
   original = triton_lowering.lower_jaxpr_to_triton_module
@@ -104,21 +102,12 @@ def capture_ttir(encoding: str, causal: bool, shape, block_k: int
 
   b, h, length, d = shape
   x = jax.ShapeDtypeStruct((b, h, length, d), jnp.bfloat16)
-  module = shared.position_module(encoding, h, d)
-  graphdef, params, rest = (nnx.split(module, nnx.Param, ...)
-                            if module is not None else (None, None, None))
-
-  def loss(q, k, v, params, g):
-    relative = (None if graphdef is None
-                else nnx.merge(graphdef, params, rest, copy=True))
-    out = pa.pallas_attention(q, k, v, relative=relative, causal=causal,
-                              gpu_kernel='triton', block_k=block_k)
-    return jnp.sum(out.astype(jnp.float32) * g)
+  step, params = shared.pallas_training_step(
+      encoding, h, d, causal=causal, gpu_kernel='triton', block_k=block_k)
 
   triton_lowering.lower_jaxpr_to_triton_module = capturing
   try:
-    lowering.lower(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)),
-                   x, x, x, params, x, platform='cuda')
+    lowering.lower(step, x, x, x, params, x, platform='cuda')
   finally:
     triton_lowering.lower_jaxpr_to_triton_module = original
   return captured
