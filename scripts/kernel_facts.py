@@ -193,6 +193,52 @@ def sass_counts(sass: str) -> dict[str, dict[str, int]]:
   return counts
 
 
+def sass_loops(sass: str) -> dict[str, list[dict[str, int]]]:
+  """{function: [loop]} of nvdisasm's listing: each backward branch
+  closes a loop from its target label to itself, and a loop is
+  {'start', 'end' (byte addresses), 'instructions', and the static count of
+  each SASS_COUNTED opcode in it}, in address order. Where the spills sit
+  matters more than their total: a kernel's loop over its far blocks runs
+  tens of times per program, a near-diagonal loop a few. The one-line
+  self-branch that ends every kernel is not a loop."""
+  loops: dict[str, list[dict[str, int]]] = {}
+  name, labels, pending, code = None, {}, [], []
+
+  def close():
+    if name is None:
+      return
+    found = []
+    for addr, op, text in code:
+      target = re.search(r'\(\s*(\.L\w+)\s*\)', text)
+      if op != 'BRA' or not target or labels.get(target.group(1), addr) >= addr:
+        continue
+      start = labels[target.group(1)]
+      body = [o for a, o, _ in code if start <= a <= addr]
+      found.append({'start': start, 'end': addr, 'instructions': len(body),
+                    **{k: body.count(k) for k in SASS_COUNTED}})
+    loops[name] = found
+
+  for line in sass.splitlines():
+    m = re.match(r'\.text\.([\w$.]+):', line.strip())
+    if m:
+      close()
+      name, labels, pending, code = m.group(1), {}, [], []
+      continue
+    m = re.match(r'\s*(\.L\w+):', line)
+    if m:
+      pending.append(m.group(1))
+      continue
+    m = re.match(r'\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)'
+                 r'(.*)', line)
+    if m and name is not None:
+      addr = int(m.group(1), 16)
+      labels.update(dict.fromkeys(pending, addr))
+      pending = []
+      code.append((addr, m.group(2), m.group(3)))
+  close()
+  return loops
+
+
 def kernel_rows(ptx: str, ptxas: dict[str, dict],
                 sass: dict[str, dict[str, int]]) -> list[dict]:
   """One row per kernel of interest in a PTX module: its name has
@@ -294,7 +340,10 @@ def _assemble(ptx, ptxas, nvdisasm, workdir, seconds):
                        text=True, timeout=seconds)
   if dis.returncode:
     return facts, {}, f'nvdisasm failed: {dis.stderr[-300:]}'
-  return facts, sass_counts(dis.stdout), None
+  loops = sass_loops(dis.stdout)
+  counts = {name: {**c, 'loops': loops.get(name, [])}
+            for name, c in sass_counts(dis.stdout).items()}
+  return facts, counts, None
 
 
 # --------------------------------------------------------------------------
@@ -425,22 +474,29 @@ def markdown(result: dict) -> str:
            f'({result.get("ptxas_version") or "version not read"}); '
            f'nvdisasm: {", ".join(result["nvdisasm"]) or "none"}', '',
            'Registers: per thread at launch (ptxas -v); setmaxnreg: the '
-           'limits warpgroups move to at run time (PTX).', '',
+           'limits warpgroups move to at run time (PTX). SASS loops: each '
+           'loop\'s static instruction count (its LDL/STL), in address order; '
+           'a loop over the far blocks runs tens of times a program, one '
+           'over the near-diagonal blocks a few.', '',
            '| family | encoding | kernel | registers | setmaxnreg | '
            'spill stores (B) | spill loads (B) | stack (B) | PTX wgmma | '
-           'PTX mma.sync/wmma | SASS HGMMA | SASS HMMA | SASS LDL/STL |',
-           '|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|']
+           'PTX mma.sync/wmma | SASS HGMMA | SASS HMMA | SASS LDL/STL | '
+           'SASS loops: instructions (LDL/STL) |',
+           '|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|']
   for r in result['rows']:
     sass = r.get('sass') or {}
     ptx = r['ptx']
     local = f'{sass["LDL"]}/{sass["STL"]}' if sass else ''
+    loops = ', '.join(f'{x["instructions"]} ({x["LDL"]}/{x["STL"]})'
+                      for x in sass.get('loops', []))
     lines.append(
         f'| {r["family"]} | {r["encoding"]} | {r["kernel"]} | '
         f'{cell(r["registers"])} | {", ".join(ptx["setmaxnreg"])} | '
         f'{cell(r["spill_stores"])} | '
         f'{cell(r["spill_loads"])} | {cell(r["stack_frame"])} | '
         f'{ptx["wgmma"]} | {ptx["mma.sync"] + ptx["wmma"]} | '
-        f'{cell(sass.get("HGMMA"))} | {cell(sass.get("HMMA"))} | {local} |')
+        f'{cell(sass.get("HGMMA"))} | {cell(sass.get("HMMA"))} | {local} | '
+        f'{loops} |')
   lines += ['', 'Children:', '']
   for c in result['children']:
     lines.append(f'- {c["kind"]}: exit {c["exit"]} after {c["seconds"]}s; '

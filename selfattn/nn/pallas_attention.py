@@ -9,7 +9,11 @@ Encodings: none; ALiBi (both forms, from its slopes); T5 (from its
 (num_buckets, H) table); Shaw (a^K and a^V, (2k + 1, D) shared or
 (H, 2k + 1, D) per head); rotation-only encodings (RoPE, PoPE) rotate q and
 k once outside the kernel (O(L D)) and then use the 'none' kernel.
-Gradients reach q, k, v and the T5 and Shaw tables.
+Gradients reach q, k, v and the T5 and Shaw tables. For Triton (and
+interpret mode) this module also makes the tables the kernels gather
+T5's and Shaw's terms from: each head's T5 bias per offset, and Shaw's
+scale q a^K^T and dO a^V^T rows, (B * H, Lq, 2k + 1) float32, O(L k)
+(pallas_kernels.Gathered; Mosaic TPU selects per bucket instead).
 
 Causal masking (key j is allowed for query i iff j <= i + Lk - Lq) and a key
 padding mask (B, Lk) are applied per block, and the loops skip the blocks
@@ -98,6 +102,22 @@ def hopper_in_auto(enabled: bool = True) -> Iterator[None]:
     yield
   finally:
     _hopper_in_auto_overrides.pop()
+
+
+_gather_terms = [True]
+
+
+@contextlib.contextmanager
+def selected_terms() -> Iterator[None]:
+  """Inside it (read at tracing), T5's and Shaw's terms are selected per
+  bucket on every backend, the form Mosaic TPU runs, instead of Triton's
+  gathered loads (pallas_kernels.Gathered): the CPU tests run the TPU's
+  form in interpret mode with it."""
+  _gather_terms.append(False)
+  try:
+    yield
+  finally:
+    _gather_terms.pop()
 
 
 def _auto_takes_hopper() -> bool:
@@ -216,11 +236,44 @@ class _Arrays:
               if per_head.shape[1] == 1
               else jnp.pad(per_head, [(0, 0), (0, lay.lanes - per_head.shape[1])]))
       self.tables.append(tile[:, None, :])                    # (H, 1, lanes)
+      if cfg.kind == 't5' and lay.gathers:
+        self.tables.append(self.t5_offsets(table))       # (H, 1, offset_lanes)
     elif cfg.kind == 'shaw':
       for t, width in zip(table, (lay.head_q, lay.head_v)):   # (H, 2k + 1, D)
         if t is not None:
           self.tables.append(jnp.pad(t, [(0, 0), (0, lay.table_rows - t.shape[1]),
                                          (0, width - t.shape[2])]))
+
+  def t5_offsets(self, table):
+    """(H, 1, offset_lanes) float32: each head's bias of offsets -M..M in
+    base-2 units, zero-padded (the gathered T5 term, kernels.Gathered)."""
+    m = self.cfg.max_distance
+    buckets = positions.t5_bucket(jnp.arange(-m, m + 1), self.cfg.num_buckets,
+                                  m)
+    per_offset = kernels.LOG2E * jnp.asarray(table, jnp.float32)[buckets].T
+    return jnp.pad(per_offset, [(0, 0), (0, self.lay.offset_lanes - 2 * m - 1)]
+                   )[:, None, :]
+
+  def shaw_rows(self, x, table, scale: float):
+    """(B * H, Lq_pad, 2k + 1) float32: scale x t^T per query row, of rows
+    x (B * H, Lq_pad, W) (q or dO) and Shaw's padded (H, rows, W) table t
+    (a^K or a^V): the gathered Shaw term (kernels.Gathered), O(L k)."""
+    n = 2 * self.cfg.clip + 1
+    x = x.reshape(self.b, self.h, *x.shape[1:])
+    out = jnp.einsum('bhld,hrd->bhlr', x, table[:, :n].astype(x.dtype),
+                     preferred_element_type=jnp.float32)
+    return (scale * out).reshape(self.b * self.h, x.shape[2], n)
+
+  def gathered_rows(self, do=None):
+    """The Shaw rows the kernels gather from, in Refs.pop order: q a^K^T,
+    and dO a^V^T when do (the backward's dO rows) is given."""
+    if not (self.cfg.kind == 'shaw' and self.lay.gathers):
+      return []
+    out = [self.shaw_rows(self.q, self.tables[0],
+                          kernels.logit_scale(self.cfg))]
+    if do is not None and self.cfg.shaw_values:
+      out.append(self.shaw_rows(do, self.tables[1], 1.0))
+    return out
 
   def rows(self, x, length: int, width: int):
     """(B, H, L, D) -> (B * H, length, width), zero-padded."""
@@ -242,8 +295,9 @@ class _Arrays:
     """The spec of a (B * H, length, width) operand, one ref per head."""
     return pl.BlockSpec((None, length, width), lambda r, i: (r, 0, 0))
 
-  def extra(self, key_tiled: bool):
-    """(inputs, specs) of the key mask and the tables, in Refs.pop order."""
+  def extra(self, key_tiled: bool, gathered_rows=()):
+    """(inputs, specs) of the key mask, the tables and Shaw's gathered rows
+    (whole per batch row and head), in Refs.pop order."""
     h, lay = self.h, self.lay
     inputs, specs = [], []
     if self.valid is not None:
@@ -262,6 +316,9 @@ class _Arrays:
       inputs.append(t)
       specs.append(pl.BlockSpec((None,) + t.shape[1:],
                                 lambda r, i: (jax.lax.rem(r, h), 0, 0)))
+    for x in gathered_rows:
+      inputs.append(x)
+      specs.append(self.whole(*x.shape[1:]))
     return inputs, specs
 
   def call(self, kernel, grid_blocks: int, inputs, in_specs, out_shape,
@@ -349,7 +406,8 @@ def _forward_call(cfg: Config, backend: str, q, k, v, key_valid, table):
                            key_valid, table)
   a = _Arrays(cfg, backend, q, k, v, key_valid, table)
   lay = a.lay
-  extra, extra_specs = a.extra(key_tiled=False)
+  extra, extra_specs = a.extra(key_tiled=False,
+                               gathered_rows=a.gathered_rows())
   kernel = functools.partial(
       kernels.forward_kernel, cfg=cfg, lay=lay, lq=a.lq, lk=a.lk,
       num_key_blocks=a.lk_pad // lay.block_k, has_valid=a.valid is not None)
@@ -390,8 +448,10 @@ def _backward_call(cfg: Config, backend: str, q, k, v, key_valid, table, g,
   common = dict(cfg=cfg, lay=lay, lq=a.lq, lk=a.lk,
                 has_valid=a.valid is not None)
 
+  gathered = a.gathered_rows(do)
+
   # dQ: query-major, like the forward; per-program table gradients.
-  extra, extra_specs = a.extra(key_tiled=False)
+  extra, extra_specs = a.extra(key_tiled=False, gathered_rows=gathered)
   table_shapes = []
   if cfg.kind == 't5':
     table_shapes = [(1, lay.lanes)]
@@ -415,7 +475,7 @@ def _backward_call(cfg: Config, backend: str, q, k, v, key_valid, table, g,
   dq, table_grads = outs[0], outs[1:]
 
   # dK, dV: key-major.
-  extra, extra_specs = a.extra(key_tiled=True)
+  extra, extra_specs = a.extra(key_tiled=True, gathered_rows=gathered)
   dk, dv = a.call(
       functools.partial(kernels.dkdv_kernel, num_query_blocks=nq, **common),
       nk, [a.q, a.k, a.v, do, lse, delta] + extra,
@@ -656,7 +716,8 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       scale=scale, block_q=int(block_q), block_k=int(block_k),
       interpret=None if interpret is None else bool(interpret),
       gpu_kernel='hopper' if use_hopper else 'triton',
-      key_prefix=prefix_mask and key_valid is not None, triton=triton)
+      key_prefix=prefix_mask and key_valid is not None, triton=triton,
+      gather_terms=_gather_terms[-1])
   if use_cudnn:
     # cuDNN for a step lowered for 'cuda', these kernels for the others.
     own_kernels = lambda q, k, v: _flash(cfg, q, k, v, key_valid, table)

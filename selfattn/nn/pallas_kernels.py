@@ -25,9 +25,16 @@ lowers exp to libdevice's range-reduced __nv_expf, exp2 to __nv_exp2f):
 
 delta = rowsum(dO * out) is computed outside (O(L D)). The relative term of
 a block comes from its iota offsets (key index - query index), never from an
-(Lq, Lk) array: ALiBi's -slope * distance; T5's bucket of each offset and a
-select per bucket; Shaw's q a^K^T columns (and dO a^V^T for its value term)
-selected per clipped offset. Blocks wholly beyond Shaw's clip k or T5's
+(Lq, Lk) array: ALiBi's -slope * distance; T5's bias per offset and Shaw's
+q a^K^T (and dO a^V^T for its value term) per clipped offset. On Triton
+and in interpret mode those two are gathered loads (`Gathered`) from small
+tables made outside: T5's bias of each offset -M..M per head, Shaw's
+scale q a^K^T and dO a^V^T rows, (Lq, 2k + 1) per batch row and head, O(L k).
+Mosaic TPU has no such gather and selects per bucket instead (T5's bucket of
+each offset, Shaw's columns of a per-program q a^K^T matmul), as the CPU
+tests do under pallas_attention.selected_terms(). Shaw's value term in the
+forward and the table gradients fold weights per bucket with a select per
+bucket on both. Blocks wholly beyond Shaw's clip k or T5's
 max_distance (most of them once L >> k) use one edge row or bucket per
 direction instead: `far_blocks` and `far_query_blocks` split each loop into
 its left, near and right ranges.
@@ -156,6 +163,10 @@ class Config(NamedTuple):
   key_prefix: bool = False
   # The Triton kernels' warps and stages (None: default_triton_tuning).
   triton: TritonTuning | None = None
+  # T5's and Shaw's terms by gathered loads where the backend has them
+  # (Triton, interpret mode: Layout.gathers); False: the per-bucket
+  # selects Mosaic TPU runs, also in interpret mode (its CPU tests).
+  gather_terms: bool = True
 
 
 class Layout(NamedTuple):
@@ -170,6 +181,10 @@ class Layout(NamedTuple):
   table_rows: int    # Shaw's 2k + 1 rows after zero padding
   lanes: int         # width of the per-head ALiBi / T5 tile
   stat_lanes: int    # width of the per-row lse / delta columns
+  # T5's and Shaw's per-entry terms read by gathered loads (`Gathered`):
+  # Triton and interpret mode; Mosaic TPU selects per bucket.
+  gathers: bool = False
+  offset_lanes: int = 1   # T5: the per-offset table's width (2M + 1 padded)
 
 
 def round_up(n: int, m: int) -> int:
@@ -192,12 +207,15 @@ def layout(cfg: Config, backend: str, lq: int, lk: int, dq: int,
                   block_k=round_up(min(cfg.block_k, lk), 128),
                   head_q=dq, head_v=dv, table_rows=round_up(rows, 128),
                   lanes=round_up(lanes, 128), stat_lanes=128)
+  gathers = cfg.gather_terms and cfg.kind in ('t5', 'shaw')
   smallest = 16 if backend == 'triton' else 8
   block = lambda b, n: max(smallest, min(pow2(b), pow2(n)))
   return Layout(block_q=block(cfg.block_q, lq), block_k=block(cfg.block_k, lk),
                 head_q=max(16, pow2(dq)), head_v=max(16, pow2(dv)),
                 table_rows=max(16, pow2(rows)), lanes=pow2(lanes),
-                stat_lanes=1)
+                stat_lanes=1, gathers=gathers,
+                offset_lanes=pow2(2 * cfg.max_distance + 1)
+                if gathers and cfg.kind == 't5' else 1)
 
 
 # --------------------------------------------------------------------------
@@ -338,6 +356,37 @@ def fold(cfg: Config, x, bucket, region: str, width: int) -> jax.Array:
   return out
 
 
+class Gathered(NamedTuple):
+  """T5's or Shaw's per-entry term read by gathered loads (Layout.gathers):
+  one load per entry, at the clipped offset's column, where the select
+  form runs a compare and a select per bucket on every entry of a near
+  block (at 4 warps such a block compiled to 24-49k SASS instructions
+  against a far block's 1.1-1.8k: scripts/triton_offline_facts.py).
+
+    T5:   ref (1, P): one head's bias of each offset -M..M in base-2 units
+          (offsets past M share its bucket, so the clip is exact);
+    Shaw: ref (Lq_pad, 2k + 1): one batch row's and head's scale log2(e)
+          q a^K^T (or dO a^V^T), one row per query; `rows` are the
+          block's rows (a pl.ds) for the far blocks' edge column."""
+  ref: object
+  reach: int              # M or k
+  per_query: bool         # Shaw's rows; T5's one row
+  rows: object = None
+
+  def term(self, region: str, q_idx, offset):
+    """(term, bucket): a far block's edge column, (bq, 1) or (1, 1), or a
+    near block's (bq, bk) entries, float32; Shaw's near bucket (its
+    column) for the folds, else None."""
+    if region != 'near':
+      col = pl.ds(0 if region == 'left' else 2 * self.reach, 1)
+      return (self.ref[self.rows, col] if self.per_query
+              else self.ref[:, col]), None
+    col = jnp.clip(offset, -self.reach, self.reach) + self.reach
+    if self.per_query:
+      return self.ref[q_idx, col], col
+    return self.ref[0, col], None
+
+
 class Refs(NamedTuple):
   """A kernel's optional inputs, popped in the order pallas_attention
   passes them."""
@@ -346,15 +395,24 @@ class Refs(NamedTuple):
   table: object = None       # ALiBi slopes or T5 biases, (1, lanes)
   a_k: object = None         # Shaw, (rows, Dq)
   a_v: object = None         # Shaw, (rows, Dv)
+  offsets: object = None     # gathers, T5: (1, offset_lanes), see Gathered
+  key_rows: object = None    # gathers, Shaw: (Lq_pad, 2k + 1) q a^K^T
+  value_rows: object = None  # gathers, Shaw's backward: dO a^V^T
 
   @classmethod
-  def pop(cls, cfg: Config, rest: list, has_valid: bool) -> 'Refs':
-    return cls(valid=rest.pop(0) if has_valid else None,
-               length=rest.pop(0) if has_valid and cfg.key_prefix else None,
-               table=rest.pop(0) if cfg.kind in ('alibi', 't5') else None,
-               a_k=rest.pop(0) if cfg.kind == 'shaw' else None,
-               a_v=rest.pop(0) if cfg.kind == 'shaw' and cfg.shaw_values
-               else None)
+  def pop(cls, cfg: Config, lay: Layout, rest: list, has_valid: bool,
+          backward: bool = False) -> 'Refs':
+    take = lambda present: rest.pop(0) if present else None
+    shaw, t5 = cfg.kind == 'shaw', cfg.kind == 't5'
+    return cls(valid=take(has_valid),
+               length=take(has_valid and cfg.key_prefix),
+               table=take(cfg.kind in ('alibi', 't5')),
+               a_k=take(shaw),
+               a_v=take(shaw and cfg.shaw_values),
+               offsets=take(t5 and lay.gathers),
+               key_rows=take(shaw and lay.gathers),
+               value_rows=take(shaw and lay.gathers and cfg.shaw_values
+                               and backward))
 
 
 def key_length(refs: Refs):
@@ -372,25 +430,42 @@ def head_scalars(cfg: Config, refs: Refs):
   if cfg.kind == 'alibi':
     return LOG2E * jnp.max(refs.table[...].astype(F32), axis=1, keepdims=True)
   if cfg.kind == 't5':
+    if refs.offsets is not None:
+      return Gathered(refs.offsets, cfg.max_distance, per_query=False)
     row = LOG2E * refs.table[...].astype(F32)
     return [column(row, n) for n in range(cfg.num_buckets)]
   return None
 
 
-def logit_term(cfg: Config, region: str, offset, scalars, key_columns):
+def logit_term(cfg: Config, region: str, q_idx, k_idx, scalars,
+               key_columns):
   """(term (bq, bk) or (bq|1, 1) or None, bucket (bq, bk) or None) of one
   block: ALiBi's bias; T5's or Shaw's per-bucket values (Shaw's are the
-  columns of scale * q a^K^T) selected per offset near the diagonal, the
-  edge value beyond."""
+  columns of scale * q a^K^T), gathered (`Gathered`) or selected per
+  offset near the diagonal, the edge value beyond."""
+  offset = k_idx - q_idx
   if cfg.kind == 'alibi':
     return -scalars * alibi_distance(offset, cfg.symmetric), None
   if cfg.kind not in ('t5', 'shaw'):
     return None, None
   values = scalars if cfg.kind == 't5' else key_columns
+  if isinstance(values, Gathered):
+    return values.term(region, q_idx, offset)
   if region != 'near':
     return values[edge(cfg, region)], None
   bucket = bucket_of(cfg, offset)
   return select_columns(bucket, values, offset.shape), bucket
+
+
+def value_term(cfg: Config, region: str, value_columns, q_idx, k_idx,
+               bucket):
+  """Shaw's dO a^V^T term of dp for one block: its edge column in a far
+  block, the entry's offset's column near the diagonal."""
+  if isinstance(value_columns, Gathered):
+    return value_columns.term(region, q_idx, k_idx - q_idx)[0]
+  if region != 'near':
+    return value_columns[edge(cfg, region)]
+  return select_columns(bucket, value_columns, bucket.shape)
 
 
 def keep_mask(cfg: Config, q_idx, k_idx, lq: int, lk: int, valid):
@@ -512,12 +587,15 @@ def logit_scale(cfg: Config) -> float:
   return cfg.scale * LOG2E
 
 
-def key_columns_of(cfg: Config, q, a_k_ref):
+def key_columns_of(cfg: Config, q, refs: Refs, rows):
   """Shaw's per-offset columns of scale * log2(e) * q a^K^T, (bq, 1) each,
-  or None."""
+  or their `Gathered` rows (`rows`: the block's, a pl.ds); None for the
+  other kinds."""
   if cfg.kind != 'shaw':
     return None
-  q_dot_a = dot_t(q, a_k_ref[...].astype(q.dtype)) * logit_scale(cfg)
+  if refs.key_rows is not None:
+    return Gathered(refs.key_rows, cfg.clip, per_query=True, rows=rows)
+  q_dot_a = dot_t(q, refs.a_k[...].astype(q.dtype)) * logit_scale(cfg)
   return [column(q_dot_a, n) for n in range(num_rows(cfg))]
 
 
@@ -538,7 +616,7 @@ def block_scores(cfg: Config, region: str, q, k_blk, q_idx, k_idx, scalars,
   attended (None for a block that needs no mask), and each entry's table
   row or bucket (near blocks of Shaw and T5, else None)."""
   s = dot_t(q, k_blk) * logit_scale(cfg)
-  term, bucket = logit_term(cfg, region, k_idx - q_idx, scalars, key_columns)
+  term, bucket = logit_term(cfg, region, q_idx, k_idx, scalars, key_columns)
   if term is not None:
     s = s + term
   keep = keep_mask(cfg, q_idx, k_idx, lq, lk, valid) if masked else None
@@ -559,14 +637,15 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
                    num_key_blocks: int, has_valid: bool):
   q_ref, k_ref, v_ref = refs[:3]
   rest = list(refs[3:])
-  r = Refs.pop(cfg, rest, has_valid)
+  r = Refs.pop(cfg, lay, rest, has_valid)
   o_ref, lse_ref = rest
   bq, bk = lay.block_q, lay.block_k
   i = pl.program_id(1)
   q = q_ref[...]                                  # (bq, Dq), input dtype
   q_idx = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+  rows = pl.ds(pl.multiple_of(i * bq, bq), bq)
   scalars = head_scalars(cfg, r)
-  key_columns = key_columns_of(cfg, q, r.a_k)
+  key_columns = key_columns_of(cfg, q, r, rows)
   if r.a_v is not None:
     a_v = r.a_v[...]
 
@@ -610,7 +689,7 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
               num_key_blocks: int, has_valid: bool):
   q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = refs[:6]
   rest = list(refs[6:])
-  r = Refs.pop(cfg, rest, has_valid)
+  r = Refs.pop(cfg, lay, rest, has_valid, backward=True)
   dq_ref = rest.pop(0)
   table_grad_refs = rest                # T5: (1, lanes); Shaw: a^K, a^V
   bq, bk = lay.block_q, lay.block_k
@@ -619,9 +698,13 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   lse2 = LOG2E * jnp.max(lse_ref[...], axis=1, keepdims=True)   # (bq, 1)
   delta = jnp.max(delta_ref[...], axis=1, keepdims=True)
   q_idx = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+  rows = pl.ds(pl.multiple_of(i * bq, bq), bq)
   scalars = head_scalars(cfg, r)
-  key_columns, value_columns = key_columns_of(cfg, q, r.a_k), None
-  if r.a_v is not None:
+  key_columns, value_columns = key_columns_of(cfg, q, r, rows), None
+  if r.value_rows is not None:
+    value_columns = Gathered(r.value_rows, cfg.clip, per_query=True,
+                             rows=rows)
+  elif r.a_v is not None:
     do_dot_a = dot_t(do, r.a_v[...].astype(do.dtype))       # (bq, rows)
     value_columns = [column(do_dot_a, n) for n in range(num_rows(cfg))]
   width = {'t5': lay.lanes, 'shaw': lay.table_rows}.get(cfg.kind, 1)
@@ -634,10 +717,11 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     p = weights(s, lse2, keep)
     dp = dot_t(do, v_blk)
     if value_columns is not None:
-      dp = dp + (value_columns[edge(cfg, region)] if region != 'near'
-                 else select_columns(bucket, value_columns, dp.shape))
+      dp = dp + value_term(cfg, region, value_columns, q_idx, k_idx, bucket)
     ds = p * (dp - delta)          # d loss / d s in natural units
     acc = acc + dot(ds.astype(k_blk.dtype), k_blk)
+    if bucket is None and region == 'near' and cfg.kind == 't5':
+      bucket = bucket_of(cfg, k_idx - q_idx)       # gathered term: the fold's
     if cfg.kind in ('t5', 'shaw'):
       fold_ds = fold_ds + fold(cfg, ds, bucket, region, width)
     if value_columns is not None:
@@ -666,7 +750,7 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
                 num_query_blocks: int, has_valid: bool):
   q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = refs[:6]
   rest = list(refs[6:])
-  r = Refs.pop(cfg, rest, has_valid)
+  r = Refs.pop(cfg, lay, rest, has_valid, backward=True)
   dk_ref, dv_ref = rest
   bq, bk = lay.block_q, lay.block_k
   j = pl.program_id(1)
@@ -675,12 +759,12 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   valid = None if r.valid is None else r.valid[...]          # (1, bk)
   scalars = head_scalars(cfg, r)
   rows = num_rows(cfg) if cfg.kind in ('shaw', 't5') else 0
-  if cfg.kind == 'shaw':
+  if cfg.kind == 'shaw' and r.key_rows is None:
     a_k = r.a_k[...]
     edge_rows = lambda table: {region: table_row(table, edge(cfg, region))
                                for region in ('left', 'right')}
     a_k_edges = edge_rows(a_k)
-  if r.a_v is not None:
+  if r.a_v is not None and r.key_rows is None:
     a_v = r.a_v[...]
     a_v_edges = edge_rows(a_v)
 
@@ -694,7 +778,13 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     delta = jnp.max(delta_ref[pl.ds(start, bq), :], axis=1, keepdims=True)
     q_idx = start + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
     key_columns = value_columns = None
-    if cfg.kind == 'shaw' and region == 'near':
+    if r.key_rows is not None:
+      # Gathered: the block's rows of q a^K^T and dO a^V^T, made outside.
+      block_rows = pl.ds(start, bq)
+      key_columns = Gathered(r.key_rows, cfg.clip, True, block_rows)
+      if r.value_rows is not None:
+        value_columns = Gathered(r.value_rows, cfg.clip, True, block_rows)
+    elif cfg.kind == 'shaw' and region == 'near':
       # Near the diagonal every column of this query block's scale log2(e)
       # q a^K^T (and dO a^V^T) is used: one small matmul each.
       q_dot_a = dot_t(q, a_k.astype(q.dtype)) * logit_scale(cfg)
@@ -714,8 +804,7 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     dv = dv + tdot(p.astype(do.dtype), do)
     dp = dot_t(do, v_blk)
     if value_columns is not None:
-      dp = dp + (value_columns[edge(cfg, region)] if region != 'near'
-                 else select_columns(bucket, value_columns, dp.shape))
+      dp = dp + value_term(cfg, region, value_columns, q_idx, k_idx, bucket)
     ds = p * (dp - delta)
     dk = dk + tdot(ds.astype(q.dtype), q)
     return dk, dv

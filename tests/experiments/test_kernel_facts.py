@@ -276,3 +276,58 @@ def test_an_interrupt_keeps_what_was_read(tmp_path, monkeypatch):
   assert '| hopper | shaw_bidirectional | tile_wgmma | 30 |' in text
   assert 'interrupted: the table holds what was read' in text
   assert not (tmp_path / 'kernel_facts.json').exists()
+
+
+def test_sass_loops_place_the_spills_in_the_loop_that_has_them():
+  """`pressure`'s loop over i (its 32 accumulators spill at 32 registers)
+  holds its LDL/STL; the unrolled loops of the other two kernels and the
+  self-branch that ends each kernel are no loops."""
+  loops = kernel_facts.sass_loops(SASS)
+  assert loops['tile_mma'] == [] and loops['tile_wgmma'] == []
+  (loop,) = loops['pressure']
+  assert loop['LDL'] >= 32 and loop['STL'] >= 32 and loop['HGMMA'] == 0
+  assert loop['start'] < loop['end'] and loop['instructions'] > 32
+  assert loop['LDL'] <= kernel_facts.sass_counts(SASS)['pressure']['LDL']
+
+
+def test_sass_loops_by_function_and_backward_branches_only():
+  """Addresses restart in each function; a forward branch closes nothing;
+  a loop's counts are of its own body."""
+  sass = (
+      '.text.a:\n'
+      '        /*0000*/                   MOV R1, c[0x0][0x28] ;\n'
+      '.L_x_0:\n'
+      '        /*0010*/                   LDL R2, [R1] ;\n'
+      '        /*0020*/                   HGMMA.64x8x16.F32.BF16 R24, gdesc[UR4], RZ ;\n'
+      '        /*0030*/              @P0 BRA `(.L_x_0) ;\n'
+      '        /*0040*/                   BRA `(.L_x_1) ;\n'
+      '.L_x_1:\n'
+      '        /*0050*/                   EXIT ;\n'
+      '.L_x_2:\n'
+      '        /*0060*/                   BRA `(.L_x_2);\n'
+      '.text.b:\n'
+      '        /*0000*/                   STL [R1], R2 ;\n'
+      '.L_x_3:\n'
+      '        /*0010*/                   STL [R1], R3 ;\n'
+      '        /*0020*/                   NOP ;\n'
+      '        /*0030*/             @!P1 BRA `(.L_x_3) ;\n')
+  loops = kernel_facts.sass_loops(sass)
+  assert loops['a'] == [{'start': 0x10, 'end': 0x30, 'instructions': 3,
+                         'HGMMA': 1, 'HMMA': 0, 'LDL': 1, 'STL': 0}]
+  assert loops['b'] == [{'start': 0x10, 'end': 0x30, 'instructions': 3,
+                         'HGMMA': 0, 'HMMA': 0, 'LDL': 0, 'STL': 1}]
+
+
+def test_markdown_lists_each_loop():
+  row = {'family': 'triton', 'encoding': 't5_bidirectional',
+         **kernel_facts.kernel_rows(PTX, kernel_facts.parse_ptxas(PTXAS),
+                                    kernel_facts.sass_counts(SASS))[1]}
+  row['sass'] = {**row['sass'], 'loops': [
+      {'start': 0, 'end': 16, 'instructions': 967, 'HGMMA': 24, 'HMMA': 0,
+       'LDL': 0, 'STL': 0},
+      {'start': 32, 'end': 64, 'instructions': 1808, 'HGMMA': 24, 'HMMA': 0,
+       'LDL': 3, 'STL': 2}]}
+  result = {'device': 'offline', 'jax': '0.12', 'batch': 2, 'heads': 16,
+            'length': 8192, 'head_dim': 64, 'ptxas': [], 'nvdisasm': [],
+            'rows': [row], 'children': [], 'notes': []}
+  assert '| 0/0 | 967 (0/0), 1808 (3/2) |' in kernel_facts.markdown(result)

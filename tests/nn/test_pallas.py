@@ -486,3 +486,42 @@ def test_no_quadratic_array(kind):
     big = [(name, s) for name, s in seen
            if sum(dim >= length for dim in s) >= 2]
     assert not big, big
+
+
+def _forward_operands(relative, lq, lk):
+  """How many operands the forward pallas_call takes (the terms' tables
+  among them), read from the jaxpr."""
+  q, k, v, _ = _qkv(lq, lk)
+  jaxpr = jax.make_jaxpr(lambda q, k, v: pa.pallas_attention(
+      q, k, v, relative=relative, interpret=True, **BLOCKS))(q, k, v)
+  counts = [len(e.invars) for e in _equations(jaxpr.jaxpr)
+            if e.primitive.name == 'pallas_call'
+            and 'selfattn_flash_forward' in str(e.params.get(
+                'name_and_src_info', e.params.get('name')))]
+  assert len(counts) == 1, counts
+  return counts[0]
+
+
+def _equations(jaxpr):
+  for e in jaxpr.eqns:
+    yield e
+    for sub in jax.extend.core.jaxprs_in_params(e.params):
+      yield from _equations(sub)
+
+
+@pytest.mark.parametrize('kind', ['t5', 'shaw_per_head'])
+def test_selected_terms_equal_plain(kind):
+  """The per-bucket select form of T5's and Shaw's terms, which Mosaic TPU
+  runs (Triton and interpret mode gather them by default,
+  pallas_kernels.Gathered), on the CPU: far and near blocks, causal, key
+  padding, outputs and gradients. The gathered form has one more operand
+  (T5's per-offset table, Shaw's q a^K^T rows), so the two forms differ."""
+  relative = (_relative('t5') if kind == 't5' else positions.ShawRelative(
+      H, D, clip_distance=2, shared_heads=False, rngs=nnx.Rngs(5)))
+  gathered = _forward_operands(relative, 24, 24)
+  with pa.selected_terms():
+    assert _forward_operands(relative, 24, 24) == gathered - 1
+    if kind == 't5':
+      _kernel_and_plain_agree(relative, 48, 72, [72, 50], True, seed=4)
+    else:
+      _kernel_and_plain_agree(relative, 40, 56, [56, 37], True, seed=3)
