@@ -343,12 +343,23 @@ def select_columns(bucket, columns, shape) -> jax.Array:
   return term
 
 
-def fold(cfg: Config, x, bucket, region: str, width: int) -> jax.Array:
-  """(bq, width): x's row sums per table row / bucket (lane r = row r)."""
+def fold(cfg: Config, x, bucket, region: str, width: int,
+         edges_of=None) -> jax.Array:
+  """(bq, width): x's row sums per table row / bucket (lane r = row r).
+  With edges_of (a near block's (bq, bk) offsets; Shaw's when `band`
+  folds the interior offsets) only the two clipped rows, 0 and 2k."""
   lane = jax.lax.broadcasted_iota(jnp.int32, (x.shape[0], width), 1)
   if region != 'near':
     return jnp.where(lane == edge(cfg, region),
                      jnp.sum(x, axis=1, keepdims=True), 0.0)
+  if edges_of is not None:
+    left = edges_of <= -cfg.clip
+    right = (edges_of >= cfg.clip) & ~left       # k = 0: one row, one side
+    mass = lambda keep: jnp.sum(jnp.where(keep, x, 0.0), axis=1,
+                                keepdims=True)
+    # Added, not selected: at k = 0 both sides are row 0.
+    return (jnp.where(lane == 0, mass(left), 0.0)
+            + jnp.where(lane == 2 * cfg.clip, mass(right), 0.0))
   out = jnp.zeros((x.shape[0], width), F32)
   for r in range(num_rows(cfg)):
     mass = jnp.sum(jnp.where(bucket == r, x, 0.0), axis=1, keepdims=True)
@@ -629,6 +640,58 @@ def weights(s, lse2, keep):
   return p if keep is None else jnp.where(keep, p, 0.0)
 
 
+def band(cfg: Config, lay: Layout, refs: Refs, k_ref, v_ref, q, lse2, i0,
+         lq: int, lk: int, do=None, delta=None):
+  """Shaw's interior offsets, |d| < k, of one query block, once per program
+  (with gathered terms, near blocks fold only the two clipped rows): (p,
+  ds), each (bq, table_rows) float32, lane d + k holding row i's weight
+  and score gradient at key i + d (0 where that key is not attended; ds
+  zero without dO). Those are one entry per row and offset, so each is a
+  row's dot product with a gathered key (and value) row, where a fold
+  inside a near block is a compare, select and row sum per table row over
+  the whole (bq, bk) tile. Scores as block_scores makes them, in base-2
+  units (lse2, (bq, 1)); the key mask, lengths and causal limit as
+  keep_mask."""
+  bq = q.shape[0]
+  pos = i0 + jax.lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
+  rows = pl.ds(pl.multiple_of(i0, bq), bq)
+  lane = jax.lax.broadcasted_iota(jnp.int32, (bq, lay.table_rows), 1)
+  columns = lambda x: jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)
+  q32 = q.astype(F32)
+  do32 = None if do is None else do.astype(F32)
+
+  def body(d, carry):
+    fold_p, fold_ds = carry
+    j = pos + d                                    # (bq, 1) key of each row
+    at = jnp.clip(j, 0, lk - 1)
+    keep = (j >= 0) & (j < lk)
+    if cfg.causal:
+      keep = keep & (j <= pos + (lk - lq))
+    if refs.valid is not None:
+      keep = keep & (refs.valid[jnp.zeros_like(at), at] != 0)
+    k_d = k_ref[jnp.broadcast_to(at, q.shape), columns(q)]
+    s = (jnp.sum(q32 * k_d.astype(F32), axis=1, keepdims=True)
+         * logit_scale(cfg) + refs.key_rows[rows, pl.ds(d + cfg.clip, 1)])
+    p = jnp.where(keep, jnp.exp2(s - lse2), 0.0)
+    fold_p = jnp.where(lane == d + cfg.clip, p, fold_p)
+    if do is not None:
+      v_d = v_ref[jnp.broadcast_to(at, do.shape), columns(do)]
+      dp = jnp.sum(do32 * v_d.astype(F32), axis=1, keepdims=True)
+      if refs.value_rows is not None:
+        dp = dp + refs.value_rows[rows, pl.ds(d + cfg.clip, 1)]
+      fold_ds = jnp.where(lane == d + cfg.clip, p * (dp - delta), fold_ds)
+    return fold_p, fold_ds
+
+  zeros = jnp.zeros((bq, lay.table_rows), F32)
+  return jax.lax.fori_loop(1 - cfg.clip, cfg.clip, body, (zeros, zeros))
+
+
+def banded(cfg: Config, lay: Layout) -> bool:
+  """Whether Shaw's interior offsets are folded by `band` (gathered terms)
+  rather than inside the near blocks."""
+  return cfg.kind == 'shaw' and lay.gathers
+
+
 # --------------------------------------------------------------------------
 # The kernels.
 # --------------------------------------------------------------------------
@@ -664,8 +727,10 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     pv = dot(p.astype(v_blk.dtype), v_blk)
     if r.a_v is not None:
       # Shaw's value term: the block's weights summed per clipped offset,
-      # (bq, rows), against a^V (rows, Dv).
-      folded = fold(cfg, p, bucket, region, lay.table_rows)
+      # (bq, rows), against a^V (rows, Dv); banded, the interior offsets
+      # are added after the loop.
+      folded = fold(cfg, p, bucket, region, lay.table_rows,
+                    edges_of=k_idx - q_idx if banded(cfg, lay) else None)
       pv = pv + dot(folded.astype(v_blk.dtype), a_v.astype(v_blk.dtype))
     return alpha * acc + pv, m_new, l
 
@@ -677,6 +742,15 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   acc, m, l = carry
   has_key = l > 0
   out = jnp.where(has_key, acc / jnp.where(has_key, l, 1.0), 0.0)
+  if r.a_v is not None and banded(cfg, lay):
+    # The interior offsets' share of Shaw's value term, from the final
+    # statistics (base 2; no key: +inf, so no weight).
+    lse2 = jnp.where(has_key, m + jnp.log2(jnp.where(has_key, l, 1.0)),
+                     jnp.inf)
+    weights_by_offset, _ = band(cfg, lay, r, k_ref, v_ref, q, lse2, i * bq,
+                                lq, lk)
+    out = out + dot(weights_by_offset.astype(v_ref.dtype),
+                    a_v.astype(v_ref.dtype))
   o_ref[...] = out.astype(o_ref.dtype)
   # A row with no allowed key gets lse = +inf: its backward weights are 0.
   # m is base 2; lse leaves in natural units.
@@ -722,10 +796,11 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     acc = acc + dot(ds.astype(k_blk.dtype), k_blk)
     if bucket is None and region == 'near' and cfg.kind == 't5':
       bucket = bucket_of(cfg, k_idx - q_idx)       # gathered term: the fold's
+    edges_of = k_idx - q_idx if banded(cfg, lay) else None
     if cfg.kind in ('t5', 'shaw'):
-      fold_ds = fold_ds + fold(cfg, ds, bucket, region, width)
+      fold_ds = fold_ds + fold(cfg, ds, bucket, region, width, edges_of)
     if value_columns is not None:
-      fold_p = fold_p + fold(cfg, p, bucket, region, width)
+      fold_p = fold_p + fold(cfg, p, bucket, region, width, edges_of)
     return acc, fold_ds, fold_p
 
   carry = (jnp.zeros((bq, q_ref.shape[-1]), F32), jnp.zeros((bq, width), F32),
@@ -733,6 +808,12 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks,
                           has_valid, key_length(r))
   acc, fold_ds, fold_p = carry
+  if banded(cfg, lay):
+    # The interior offsets' weights and score gradients (the near blocks
+    # folded the clipped rows only).
+    band_p, band_ds = band(cfg, lay, r, k_ref, v_ref, q, lse2, i * bq, lq,
+                           lk, do=do, delta=delta)
+    fold_ds, fold_p = fold_ds + band_ds, fold_p + band_p
   if cfg.kind == 'shaw':
     # s = scale q (k + a^K[bucket]): dq = scale (ds k + fold(ds) a^K), and
     # this program's share of d a^K = scale fold(ds)^T q, d a^V = fold(p)^T dO.
