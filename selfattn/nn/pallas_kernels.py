@@ -371,8 +371,9 @@ class Gathered(NamedTuple):
   """T5's or Shaw's per-entry term read by gathered loads (Layout.gathers):
   one load per entry, at the clipped offset's column, where the select
   form runs a compare and a select per bucket on every entry of a near
-  block (at 4 warps such a block compiled to 24-49k SASS instructions
-  against a far block's 1.1-1.8k: scripts/triton_offline_facts.py).
+  block (at 4 warps such a block compiled to 24-71k SASS instructions,
+  its folds included, against a far block's 1.1-2.9k:
+  scripts/triton_offline_facts.py, BENCHMARKS.md).
 
     T5:   ref (1, P): one head's bias of each offset -M..M in base-2 units
           (offsets past M share its bucket, so the clip is exact);
@@ -795,7 +796,8 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     ds = p * (dp - delta)          # d loss / d s in natural units
     acc = acc + dot(ds.astype(k_blk.dtype), k_blk)
     if bucket is None and region == 'near' and cfg.kind == 't5':
-      bucket = bucket_of(cfg, k_idx - q_idx)       # gathered term: the fold's
+      # A gathered term found no bucket; T5's fold needs them.
+      bucket = bucket_of(cfg, k_idx - q_idx)
     edges_of = k_idx - q_idx if banded(cfg, lay) else None
     if cfg.kind in ('t5', 'shaw'):
       fold_ds = fold_ds + fold(cfg, ds, bucket, region, width, edges_of)
