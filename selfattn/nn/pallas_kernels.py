@@ -36,8 +36,9 @@ tests do under pallas_attention.selected_terms(). Shaw's value term in the
 forward and the table gradients fold weights per bucket with a select per
 bucket on both. Blocks wholly beyond Shaw's clip k or T5's
 max_distance (most of them once L >> k) use one edge row or bucket per
-direction instead: `far_blocks` and `far_query_blocks` split each loop into
-its left, near and right ranges.
+direction instead, and blocks wholly to one side of the diagonal take
+ALiBi's bias as a row term plus a column term: `far_blocks` and
+`far_query_blocks` split each loop into its left, near and right ranges.
 
 Shapes follow the backend's rules (`layout`): Triton wants every array a
 power of two and a dot's dims >= 16, and has no slice of a value (columns
@@ -244,9 +245,9 @@ def far_blocks(i, bq: int, bk: int, clip: int, upper):
   hold only offsets (key - query) <= -clip, blocks [right_start, upper)
   only offsets >= +clip, for every row of the block (padding rows too, so
   the split is conservative); 0 <= left_end <= right_start <= upper.
-  clip is Shaw's k or T5's max_distance: beyond it every entry of a block
-  uses one table row or bucket per direction. Python ints or traced int32
-  scalars alike."""
+  clip is Shaw's k or T5's max_distance (beyond it every entry of a block
+  uses one table row or bucket per direction), or 1 for ALiBi (`reach`).
+  Python ints or traced int32 scalars alike."""
   first_q, last_q = i * bq, i * bq + bq - 1
   # Block j's largest offset is j bk + bk - 1 - first_q <= -clip
   #   <=> j <= floor((first_q - clip - bk + 1) / bk).
@@ -450,13 +451,19 @@ def head_scalars(cfg: Config, refs: Refs):
 
 
 def logit_term(cfg: Config, region: str, q_idx, k_idx, scalars,
-               key_columns):
+               key_columns, starts=None):
   """(term (bq, bk) or (bq|1, 1) or None, bucket (bq, bk) or None) of one
-  block: ALiBi's bias; T5's or Shaw's per-bucket values (Shaw's are the
-  columns of scale * q a^K^T), gathered (`Gathered`) or selected per
-  offset near the diagonal, the edge value beyond."""
+  block: ALiBi's bias (`alibi_rows_and_columns` on a block wholly to one
+  side of the diagonal; starts: its first query and key); T5's or Shaw's
+  per-bucket values (Shaw's are the columns of scale * q a^K^T), gathered
+  (`Gathered`) or selected per offset near the diagonal, the edge value
+  beyond."""
   offset = k_idx - q_idx
   if cfg.kind == 'alibi':
+    if region != 'near':
+      row, col = alibi_rows_and_columns(cfg, region, scalars, starts,
+                                        k_idx.shape)
+      return row + col, None
     return -scalars * alibi_distance(offset, cfg.symmetric), None
   if cfg.kind not in ('t5', 'shaw'):
     return None, None
@@ -490,10 +497,36 @@ def keep_mask(cfg: Config, q_idx, k_idx, lq: int, lk: int, valid):
   return keep
 
 
+def alibi_rows_and_columns(cfg: Config, region: str, slope, starts, shape):
+  """ALiBi's bias on a block wholly left (every offset < 0) or right (> 0)
+  of the diagonal as a row term (bq, 1) plus a column term (1, bk), two
+  adds an entry where |offset| costs a subtract, an absolute value, a
+  conversion and a multiply: left, -slope (q - k - asym / 2) = -slope
+  (q - q0 - asym / 2) + slope (k - q0); right, -slope (k - q) = slope
+  (q - q0) - slope (k - q0). Each product is of a whole number below the
+  lengths, rounded once, as the plain path's slope * distance is. slope:
+  (1, 1), times log2(e); starts: the block's first query and key."""
+  bq, bk = shape
+  q0, k0 = starts
+  q = jax.lax.broadcasted_iota(jnp.int32, (bq, 1), 0).astype(F32)
+  k = (k0 - q0 + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)).astype(F32)
+  if region == 'left':
+    half = 0.0 if cfg.symmetric else 0.5
+    return -slope * (q - half), slope * k
+  return slope * q, -slope * k
+
+
+def splits(cfg: Config) -> bool:
+  """Whether the loops split into far blocks (left, right of the diagonal,
+  past Shaw's k, T5's max_distance or, for ALiBi, the diagonal itself)
+  and near ones."""
+  return cfg.kind in ('shaw', 't5', 'alibi')
+
+
 def regions(cfg: Config, split, lower, upper):
   """[(lo, hi, region)] of a loop: one 'near' range, or left/near/right
-  from a far-block split where the encoding has an edge."""
-  if cfg.kind not in ('shaw', 't5'):
+  from a far-block split (`splits`)."""
+  if not splits(cfg):
     return [(lower, upper, 'near')]
   first, second, names = split
   return [(lower, first, names[0]), (first, second, 'near'),
@@ -501,6 +534,9 @@ def regions(cfg: Config, split, lower, upper):
 
 
 def reach(cfg: Config) -> int:
+  """How far from the diagonal a far block's offsets all are."""
+  if cfg.kind == 'alibi':
+    return 1
   return cfg.clip if cfg.kind == 'shaw' else cfg.max_distance
 
 
@@ -553,7 +589,7 @@ def over_key_blocks(cfg: Config, body, carry, i, bq: int, bk: int, lq: int,
     upper = jnp.minimum(upper, jax.lax.div(length + (bk - 1), jnp.int32(bk)))
   full = unmasked_key_blocks(cfg, i, bq, bk, lq, lk, has_valid, length)
   split = None
-  if cfg.kind in ('shaw', 't5'):
+  if splits(cfg):
     split = (*far_blocks(i, bq, bk, reach(cfg), upper), ('left', 'right'))
   for lo, hi, region in regions(cfg, split, 0, upper):
     for a, b, masked in masked_split(full, lo, hi):
@@ -622,13 +658,15 @@ def key_block(j, k_ref, v_ref, valid_ref, bq: int, bk: int):
 
 
 def block_scores(cfg: Config, region: str, q, k_blk, q_idx, k_idx, scalars,
-                 key_columns, lq: int, lk: int, valid, masked: bool = True):
+                 key_columns, lq: int, lk: int, valid, masked: bool = True,
+                 starts=None):
   """(s, keep, bucket) of one (bq, bk) block: scale * q k^T plus the
   encoding's term, in base-2 units (times log2(e)), which entries are
   attended (None for a block that needs no mask), and each entry's table
   row or bucket (near blocks of Shaw and T5, else None)."""
   s = dot_t(q, k_blk) * logit_scale(cfg)
-  term, bucket = logit_term(cfg, region, q_idx, k_idx, scalars, key_columns)
+  term, bucket = logit_term(cfg, region, q_idx, k_idx, scalars, key_columns,
+                            starts)
   if term is not None:
     s = s + term
   keep = keep_mask(cfg, q_idx, k_idx, lq, lk, valid) if masked else None
@@ -717,7 +755,8 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     acc, m, l = carry
     k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
     s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
-                                   scalars, key_columns, lq, lk, valid, masked)
+                                   scalars, key_columns, lq, lk, valid, masked,
+                                   starts=(i * bq, j * bk))
     if masked:
       s = jnp.where(keep, s, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
@@ -788,7 +827,8 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     acc, fold_ds, fold_p = carry
     k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
     s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
-                                   scalars, key_columns, lq, lk, valid, masked)
+                                   scalars, key_columns, lq, lk, valid, masked,
+                                   starts=(i * bq, j * bk))
     p = weights(s, lse2, keep)
     dp = dot_t(do, v_blk)
     if value_columns is not None:
@@ -882,7 +922,8 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
       if r.a_v is not None:
         value_columns = {n: row_dot(do, a_v_edges[region])}
     s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
-                                   scalars, key_columns, lq, lk, valid, masked)
+                                   scalars, key_columns, lq, lk, valid, masked,
+                                   starts=(start, j * bk))
     p = weights(s, lse2, keep)
     dv = dv + tdot(p.astype(do.dtype), do)
     dp = dot_t(do, v_blk)
@@ -902,7 +943,7 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     past = (j * bk >= length).astype(jnp.int32)
     lower = lower + past * (num_query_blocks - lower)
   split = None
-  if cfg.kind in ('shaw', 't5'):
+  if splits(cfg):
     split = (*far_query_blocks(j, bq, bk, reach(cfg), lower,
                                num_query_blocks), ('right', 'left'))
   first = first_unmasked_query_block(cfg, j, bq, bk, lq, lk, lower,

@@ -191,6 +191,21 @@ def test_shaw_far_blocks_forward_and_gradients_equal_plain(per_head, causal):
   _kernel_and_plain_agree(relative, 40, 56, [56, 37], causal, seed=3)
 
 
+# Two corners in the commit tier (asymmetric bidirectional, symmetric
+# causal); the other two forms run at shorter lengths, with fewer far
+# blocks, in test_forward_equals_plain and test_gradients_equal_plain.
+@pytest.mark.parametrize('symmetric,causal', keep_in_commit_tier(
+    product([False, True], [False, True]), (False, False), (True, True)))
+def test_alibi_far_blocks_forward_and_gradients_equal_plain(symmetric,
+                                                           causal):
+  """ALiBi on blocks wholly to one side of the diagonal is a row term plus
+  a column term (pallas_kernels.alibi_rows_and_columns): at 40 x 56 with
+  8-blocks most blocks take it, on both sides (causal: Lq < Lk, so rows
+  still see keys to their right), asymmetric with its half-step left."""
+  _kernel_and_plain_agree(positions.ALiBi(H, symmetric=symmetric), 40, 56,
+                          [56, 37], causal, seed=6)
+
+
 def test_t5_buckets_beyond_max_distance_are_each_directions_last():
   """The kernel's T5 shortcut: every offset at or beyond max_distance falls
   in bucket num_buckets/2 - 1 (keys before the query) or num_buckets - 1
