@@ -344,23 +344,12 @@ def select_columns(bucket, columns, shape) -> jax.Array:
   return term
 
 
-def fold(cfg: Config, x, bucket, region: str, width: int,
-         edges_of=None) -> jax.Array:
-  """(bq, width): x's row sums per table row / bucket (lane r = row r).
-  With edges_of (a near block's (bq, bk) offsets; Shaw's when `band`
-  folds the interior offsets) only the two clipped rows, 0 and 2k."""
+def fold(cfg: Config, x, bucket, region: str, width: int) -> jax.Array:
+  """(bq, width): x's row sums per table row / bucket (lane r = row r)."""
   lane = jax.lax.broadcasted_iota(jnp.int32, (x.shape[0], width), 1)
   if region != 'near':
     return jnp.where(lane == edge(cfg, region),
                      jnp.sum(x, axis=1, keepdims=True), 0.0)
-  if edges_of is not None:
-    left = edges_of <= -cfg.clip
-    right = (edges_of >= cfg.clip) & ~left       # k = 0: one row, one side
-    mass = lambda keep: jnp.sum(jnp.where(keep, x, 0.0), axis=1,
-                                keepdims=True)
-    # Added, not selected: at k = 0 both sides are row 0.
-    return (jnp.where(lane == 0, mass(left), 0.0)
-            + jnp.where(lane == 2 * cfg.clip, mass(right), 0.0))
   out = jnp.zeros((x.shape[0], width), F32)
   for r in range(num_rows(cfg)):
     mass = jnp.sum(jnp.where(bucket == r, x, 0.0), axis=1, keepdims=True)
@@ -725,6 +714,30 @@ def band(cfg: Config, lay: Layout, refs: Refs, k_ref, v_ref, q, lse2, i0,
   return jax.lax.fori_loop(1 - cfg.clip, cfg.clip, body, (zeros, zeros))
 
 
+def edge_sums(cfg: Config, region: str, x, offset, row_sum=None):
+  """(left, right), (bq, 1) each: x's row sums over Shaw's two clipped
+  table rows (offsets <= -k, >= k) in one block, the rest being `band`'s:
+  a far block's whole row (row_sum, if already summed) on its side, a near
+  block's masked sums. Carried as two columns where a (bq, 2k + 1) fold
+  would hold one nonzero lane per far block."""
+  if region != 'near':
+    total = jnp.sum(x, axis=1, keepdims=True) if row_sum is None else row_sum
+    zero = jnp.zeros_like(total)
+    return (total, zero) if region == 'left' else (zero, total)
+  left = offset <= -cfg.clip
+  right = (offset >= cfg.clip) & ~left         # k = 0: one row, one side
+  mass = lambda keep: jnp.sum(jnp.where(keep, x, 0.0), axis=1, keepdims=True)
+  return mass(left), mass(right)
+
+
+def place_edges(cfg: Config, width: int, left, right) -> jax.Array:
+  """(bq, width): edge_sums' columns in lanes 0 and 2k (added: at k = 0
+  both are row 0)."""
+  lane = jax.lax.broadcasted_iota(jnp.int32, (left.shape[0], width), 1)
+  return (jnp.where(lane == 0, left, 0.0)
+          + jnp.where(lane == 2 * cfg.clip, right, 0.0))
+
+
 def banded(cfg: Config, lay: Layout) -> bool:
   """Whether Shaw's interior offsets are folded by `band` (gathered terms)
   rather than inside the near blocks."""
@@ -750,9 +763,12 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   key_columns = key_columns_of(cfg, q, r, rows)
   if r.a_v is not None:
     a_v = r.a_v[...]
+  # Banded Shaw values: the two clipped rows' weights ride along as
+  # columns, rescaled with acc; `band` adds the interior after the loop.
+  edges = r.a_v is not None and banded(cfg, lay)
 
   def body(j, carry, region, masked):
-    acc, m, l = carry
+    acc, m, l = carry[:3]
     k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
     s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
                                    scalars, key_columns, lq, lk, valid, masked,
@@ -763,23 +779,29 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     p = jnp.exp2(s - m_safe)                    # masked: 2^-inf = 0
     alpha = jnp.exp2(m - m_safe)                # m = -inf (nothing yet): 0
-    l = alpha * l + jnp.sum(p, axis=1, keepdims=True)
+    row_sum = jnp.sum(p, axis=1, keepdims=True)
+    l = alpha * l + row_sum
     pv = dot(p.astype(v_blk.dtype), v_blk)
+    if edges:
+      left, right = edge_sums(cfg, region, p, k_idx - q_idx, row_sum)
+      return (alpha * acc + pv, m_new, l, alpha * carry[3] + left,
+              alpha * carry[4] + right)
     if r.a_v is not None:
       # Shaw's value term: the block's weights summed per clipped offset,
-      # (bq, rows), against a^V (rows, Dv); banded, the interior offsets
-      # are added after the loop.
-      folded = fold(cfg, p, bucket, region, lay.table_rows,
-                    edges_of=k_idx - q_idx if banded(cfg, lay) else None)
+      # (bq, rows), against a^V (rows, Dv).
+      folded = fold(cfg, p, bucket, region, lay.table_rows)
       pv = pv + dot(folded.astype(v_blk.dtype), a_v.astype(v_blk.dtype))
     return alpha * acc + pv, m_new, l
 
   dv = v_ref.shape[-1]
   carry = (jnp.zeros((bq, dv), F32), jnp.full((bq, 1), -jnp.inf, F32),
-           jnp.zeros((bq, 1), F32))
+           jnp.zeros((bq, 1), F32)) + (jnp.zeros((bq, 1), F32),) * (2 * edges)
   carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks,
                           has_valid, key_length(r))
-  acc, m, l = carry
+  acc, m, l = carry[:3]
+  if edges:
+    a_v_row = lambda n: r.a_v[pl.ds(n, 1), :].astype(F32)      # (1, Dv)
+    acc = acc + carry[3] * a_v_row(0) + carry[4] * a_v_row(2 * cfg.clip)
   has_key = l > 0
   out = jnp.where(has_key, acc / jnp.where(has_key, l, 1.0), 0.0)
   if r.a_v is not None and banded(cfg, lay):
@@ -822,9 +844,12 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     do_dot_a = dot_t(do, r.a_v[...].astype(do.dtype))       # (bq, rows)
     value_columns = [column(do_dot_a, n) for n in range(num_rows(cfg))]
   width = {'t5': lay.lanes, 'shaw': lay.table_rows}.get(cfg.kind, 1)
+  # Banded Shaw: the loop carries only the two clipped rows' sums of ds
+  # and p, (bq, 1) each (edge_sums); `band` gives the interior after it.
+  edges = banded(cfg, lay)
 
   def body(j, carry, region, masked):
-    acc, fold_ds, fold_p = carry
+    acc = carry[0]
     k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
     s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
                                    scalars, key_columns, lq, lk, valid, masked,
@@ -835,27 +860,41 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
       dp = dp + value_term(cfg, region, value_columns, q_idx, k_idx, bucket)
     ds = p * (dp - delta)          # d loss / d s in natural units
     acc = acc + dot(ds.astype(k_blk.dtype), k_blk)
+    if edges:
+      ds_left, ds_right, p_left, p_right = carry[1:]
+      left, right = edge_sums(cfg, region, ds, k_idx - q_idx)
+      ds_left, ds_right = ds_left + left, ds_right + right
+      if value_columns is not None:
+        left, right = edge_sums(cfg, region, p, k_idx - q_idx)
+        p_left, p_right = p_left + left, p_right + right
+      return acc, ds_left, ds_right, p_left, p_right
+    fold_ds, fold_p = carry[1:]
     if bucket is None and region == 'near' and cfg.kind == 't5':
       # A gathered term found no bucket; T5's fold needs them.
       bucket = bucket_of(cfg, k_idx - q_idx)
-    edges_of = k_idx - q_idx if banded(cfg, lay) else None
     if cfg.kind in ('t5', 'shaw'):
-      fold_ds = fold_ds + fold(cfg, ds, bucket, region, width, edges_of)
+      fold_ds = fold_ds + fold(cfg, ds, bucket, region, width)
     if value_columns is not None:
-      fold_p = fold_p + fold(cfg, p, bucket, region, width, edges_of)
+      fold_p = fold_p + fold(cfg, p, bucket, region, width)
     return acc, fold_ds, fold_p
 
-  carry = (jnp.zeros((bq, q_ref.shape[-1]), F32), jnp.zeros((bq, width), F32),
-           jnp.zeros((bq, width), F32))
+  acc = jnp.zeros((bq, q_ref.shape[-1]), F32)
+  if edges:
+    carry = (acc,) + (jnp.zeros((bq, 1), F32),) * 4
+  else:
+    carry = (acc, jnp.zeros((bq, width), F32), jnp.zeros((bq, width), F32))
   carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks,
                           has_valid, key_length(r))
-  acc, fold_ds, fold_p = carry
-  if banded(cfg, lay):
-    # The interior offsets' weights and score gradients (the near blocks
-    # folded the clipped rows only).
-    band_p, band_ds = band(cfg, lay, r, k_ref, v_ref, q, lse2, i * bq, lq,
+  acc = carry[0]
+  if edges:
+    # The interior offsets' weights and score gradients from `band`, the
+    # clipped rows' from the loop.
+    fold_p, fold_ds = band(cfg, lay, r, k_ref, v_ref, q, lse2, i * bq, lq,
                            lk, do=do, delta=delta)
-    fold_ds, fold_p = fold_ds + band_ds, fold_p + band_p
+    fold_ds = fold_ds + place_edges(cfg, width, carry[1], carry[2])
+    fold_p = fold_p + place_edges(cfg, width, carry[3], carry[4])
+  else:
+    fold_ds, fold_p = carry[1:]
   if cfg.kind == 'shaw':
     # s = scale q (k + a^K[bucket]): dq = scale (ds k + fold(ds) a^K), and
     # this program's share of d a^K = scale fold(ds)^T q, d a^V = fold(p)^T dO.
