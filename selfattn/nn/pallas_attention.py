@@ -12,8 +12,9 @@ k once outside the kernel (O(L D)) and then use the 'none' kernel.
 Gradients reach q, k, v and the T5 and Shaw tables. For Triton (and
 interpret mode) this module also makes the tables the kernels gather
 T5's and Shaw's terms from: each head's T5 bias per offset, and Shaw's
-scale q a^K^T and dO a^V^T rows, (B * H, Lq, 2k + 1) float32, O(L k)
-(pallas_kernels.Gathered; Mosaic TPU selects per bucket instead).
+rows of scale log2(e) q a^K^T and of dO a^V^T, (B * H, Lq_pad, 2k + 1)
+float32, O(L k) (pallas_kernels.Gathered; Mosaic TPU selects per bucket
+instead).
 
 Causal masking (key j is allowed for query i iff j <= i + Lk - Lq) and a key
 padding mask (B, Lk) are applied per block, and the loops skip the blocks

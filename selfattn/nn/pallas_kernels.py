@@ -28,13 +28,16 @@ a block comes from its iota offsets (key index - query index), never from an
 (Lq, Lk) array: ALiBi's -slope * distance; T5's bias per offset and Shaw's
 q a^K^T (and dO a^V^T for its value term) per clipped offset. On Triton
 and in interpret mode those two are gathered loads (`Gathered`) from small
-tables made outside: T5's bias of each offset -M..M per head, Shaw's
-scale q a^K^T and dO a^V^T rows, (Lq, 2k + 1) per batch row and head, O(L k).
-Mosaic TPU has no such gather and selects per bucket instead (T5's bucket of
-each offset, Shaw's columns of a per-program q a^K^T matmul), as the CPU
-tests do under pallas_attention.selected_terms(). Shaw's value term in the
-forward and the table gradients fold weights per bucket with a select per
-bucket on both. Blocks wholly beyond Shaw's clip k or T5's
+tables made outside: T5's bias of each offset -M..M per head (base 2),
+Shaw's rows of scale log2(e) q a^K^T and of dO a^V^T, (Lq_pad, 2k + 1) per
+batch row and head, O(L k). There Shaw's value term and table gradients
+sum only the two clipped rows inside the loop (`edge_sums`, carried as
+columns) and fold the 2k - 1 interior offsets once per program after it
+(`band`). Mosaic TPU has no such gather and selects and folds per bucket
+instead (T5's bucket of each offset, Shaw's columns of a per-program
+q a^K^T matmul), as the CPU tests do under
+pallas_attention.selected_terms(); T5's table gradient folds per bucket on
+both. Blocks wholly beyond Shaw's clip k or T5's
 max_distance (most of them once L >> k) use one edge row or bucket per
 direction instead, and blocks wholly to one side of the diagonal take
 ALiBi's bias as a row term plus a column term: `far_blocks` and
@@ -492,9 +495,11 @@ def alibi_rows_and_columns(cfg: Config, region: str, slope, starts, shape):
   adds an entry where |offset| costs a subtract, an absolute value, a
   conversion and a multiply: left, -slope (q - k - asym / 2) = -slope
   (q - q0 - asym / 2) + slope (k - q0); right, -slope (k - q) = slope
-  (q - q0) - slope (k - q0). Each product is of a whole number below the
-  lengths, rounded once, as the plain path's slope * distance is. slope:
-  (1, 1), times log2(e); starts: the block's first query and key."""
+  (q - q0) - slope (k - q0). The column term's product is of a whole
+  number below the lengths, rounded once as the plain path's slope *
+  distance is; the row term's is small (q - q0 < bq), and the sum rounds
+  once more: about twice the plain path's rounding at offsets of 30,000.
+  slope: (1, 1), times log2(e); starts: the block's first query and key."""
   bq, bk = shape
   q0, k0 = starts
   q = jax.lax.broadcasted_iota(jnp.int32, (bq, 1), 0).astype(F32)
@@ -678,8 +683,9 @@ def band(cfg: Config, lay: Layout, refs: Refs, k_ref, v_ref, q, lse2, i0,
   row's dot product with a gathered key (and value) row, where a fold
   inside a near block is a compare, select and row sum per table row over
   the whole (bq, bk) tile. Scores as block_scores makes them, in base-2
-  units (lse2, (bq, 1)); the key mask, lengths and causal limit as
-  keep_mask."""
+  units (lse2, (bq, 1)), but from full float32 products where the loop's
+  dot runs Triton's default precision (TF32 for float32 inputs); the key
+  mask, lengths and causal limit as keep_mask."""
   bq = q.shape[0]
   pos = i0 + jax.lax.broadcasted_iota(jnp.int32, (bq, 1), 0)
   rows = pl.ds(pl.multiple_of(i0, bq), bq)

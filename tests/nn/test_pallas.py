@@ -143,11 +143,14 @@ def test_far_query_blocks_match_a_brute_force_split():
           assert (i >= left_start) == is_left, (bq, bk, clip, i, j)
 
 
-def _kernel_and_plain_agree(relative, lq, lk, lengths, causal, seed):
+def _kernel_and_plain_agree(relative, lq, lk, lengths, causal, seed,
+                            blocks=BLOCKS, valid=None):
   """Outputs and gradients (q, k, v and the encoding's tables) of the kernel
-  against the plain path, with key padding."""
+  against the plain path, with key padding: prefixes of `lengths`, or the
+  (B, lk) mask `valid`."""
   q, k, v, g = _qkv(lq, lk, seed=seed)
-  valid = _key_valid(lk, lengths)
+  if valid is None:
+    valid = _key_valid(lk, lengths)
   graphdef, tables = nnx.split(relative)
 
   def loss(fn, tables, q, k, v):
@@ -156,7 +159,7 @@ def _kernel_and_plain_agree(relative, lq, lk, lengths, causal, seed):
 
   def kernel(q, k, v, rel):
     return pa.pallas_attention(q, k, v, relative=rel, causal=causal,
-                               key_valid=valid, **BLOCKS)
+                               key_valid=valid, **blocks)
 
   def plain(q, k, v, rel):
     return _plain(q, k, v, rel, causal, valid)
@@ -204,6 +207,46 @@ def test_alibi_far_blocks_forward_and_gradients_equal_plain(symmetric,
   still see keys to their right), asymmetric with its half-step left."""
   _kernel_and_plain_agree(positions.ALiBi(H, symmetric=symmetric), 40, 56,
                           [56, 37], causal, seed=6)
+
+
+def _shaw(clip, values=True, per_head=True, seed=5):
+  return positions.ShawRelative(H, D, clip_distance=clip,
+                                relative_values=values,
+                                shared_heads=not per_head, rngs=nnx.Rngs(seed))
+
+
+# Every other numeric test has block_q == block_k; here the two differ, so a
+# query block's start taken in key blocks (or the reverse) fails: Shaw's
+# band and ALiBi's row and column terms take both. Keys-only Shaw (no a^V:
+# no value term, no clipped-row sums in the forward) runs only here and in
+# the clip test below.
+@pytest.mark.parametrize('kind,blocks,causal', keep_in_commit_tier(
+    [('shaw', (16, 8), False), ('shaw', (8, 16), True),
+     ('shaw_keys', (16, 8), True), ('shaw_keys', (8, 16), False),
+     ('alibi', (16, 8), True), ('alibi', (8, 16), False),
+     ('t5', (16, 8), False), ('t5', (8, 16), True)],
+    ('shaw', (16, 8), False), ('shaw_keys', (8, 16), False),
+    ('alibi', (16, 8), True), ('t5', (8, 16), True)))
+def test_unequal_blocks_equal_plain(kind, blocks, causal):
+  """block_q != block_k (16 x 8 and 8 x 16) at 40 x 56 with key padding:
+  outputs and gradients, tables included, equal the plain path's."""
+  relative = {'shaw': lambda: _shaw(3), 'shaw_keys': lambda: _shaw(3, False),
+              'alibi': lambda: positions.ALiBi(H),
+              't5': lambda: _relative('t5')}[kind]()
+  _kernel_and_plain_agree(relative, 40, 56, [56, 37], causal, seed=7,
+                          blocks=dict(block_q=blocks[0], block_k=blocks[1]))
+
+
+@pytest.mark.parametrize('clip,values', keep_in_commit_tier(
+    product([1, 10], [True, False]), (10, True), (1, False)))
+def test_shaw_clip_of_one_and_past_the_block_equals_plain(clip, values):
+  """Shaw with k = 1 (one interior offset, 0) and k = 10 > the 8-blocks
+  (near regions of several blocks, a band longer than a block), causal,
+  Lq < Lk, a key mask with zeros inside the sequence (not a prefix)."""
+  valid = jnp.asarray([[True] * 56,
+                       [i % 5 != 2 for i in range(40)] + [False] * 16])
+  _kernel_and_plain_agree(_shaw(clip, values), 24, 56, None, True, seed=clip,
+                          valid=valid)
 
 
 def test_t5_buckets_beyond_max_distance_are_each_directions_last():
@@ -332,15 +375,19 @@ def test_gradients_with_key_lengths_equal_plain(kind, causal):
     np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5)
 
 
-def test_bfloat16_inputs():
+@pytest.mark.parametrize('kind', ['t5', 'shaw_per_head'])
+def test_bfloat16_inputs(kind):
+  """bf16 q, k, v against the float32 plain path: T5 causal, Shaw (its
+  gathered rows and band in float32 from bf16 rows) not."""
   q, k, v, _ = _qkv(17, 17, dtype=jnp.bfloat16)
-  relative = _relative('t5')
+  relative = _relative(kind)
+  causal = kind == 't5'
   out = compiled(lambda r: pa.pallas_attention(
-      q, k, v, relative=r, causal=True, **BLOCKS), relative)
+      q, k, v, relative=r, causal=causal, **BLOCKS), relative)
   assert out.dtype == jnp.bfloat16
   want = compiled(lambda r: _plain(q.astype(jnp.float32),
                                    k.astype(jnp.float32),
-                                   v.astype(jnp.float32), r, True, None),
+                                   v.astype(jnp.float32), r, causal, None),
                   relative)
   np.testing.assert_allclose(out.astype(jnp.float32), want, atol=3e-2)
 
@@ -524,19 +571,31 @@ def _equations(jaxpr):
       yield from _equations(sub)
 
 
-@pytest.mark.parametrize('kind', ['t5', 'shaw_per_head'])
-def test_selected_terms_equal_plain(kind):
+# The commit tier runs T5 and per-head Shaw causal (Lq < Lk); the extended
+# tier adds T5 bidirectional with Lq > Lk, shared Shaw bidirectional and
+# keys-only Shaw with a mask that is not a prefix.
+@pytest.mark.parametrize('kind,causal', keep_in_commit_tier(
+    [('t5', True), ('shaw_per_head', True), ('t5', False), ('shaw', False),
+     ('shaw_keys', False)], ('t5', True), ('shaw_per_head', True)))
+def test_selected_terms_equal_plain(kind, causal):
   """The per-bucket select form of T5's and Shaw's terms, which Mosaic TPU
   runs (Triton and interpret mode gather them by default,
-  pallas_kernels.Gathered), on the CPU: far and near blocks, causal, key
-  padding, outputs and gradients. The gathered form has one more operand
-  (T5's per-offset table, Shaw's q a^K^T rows), so the two forms differ."""
-  relative = (_relative('t5') if kind == 't5' else positions.ShawRelative(
-      H, D, clip_distance=2, shared_heads=False, rngs=nnx.Rngs(5)))
+  pallas_kernels.Gathered), on the CPU: far and near blocks, key padding,
+  outputs and gradients. The gathered form has one more operand (T5's
+  per-offset table, Shaw's q a^K^T rows), so the two forms differ."""
+  relative = {'t5': lambda: _relative('t5'),
+              'shaw_per_head': lambda: _shaw(2),
+              'shaw': lambda: _shaw(2, per_head=False),
+              'shaw_keys': lambda: _shaw(2, values=False)}[kind]()
   gathered = _forward_operands(relative, 24, 24)
   with pa.selected_terms():
     assert _forward_operands(relative, 24, 24) == gathered - 1
     if kind == 't5':
-      _kernel_and_plain_agree(relative, 48, 72, [72, 50], True, seed=4)
+      lq, lk = (48, 72) if causal else (72, 48)
+      _kernel_and_plain_agree(relative, lq, lk, [lk, 30], causal, seed=4)
+    elif kind == 'shaw_keys':
+      valid = jnp.asarray([[i % 3 != 1 for i in range(56)], [True] * 56])
+      _kernel_and_plain_agree(relative, 40, 56, None, causal, seed=3,
+                              valid=valid)
     else:
-      _kernel_and_plain_agree(relative, 40, 56, [56, 37], True, seed=3)
+      _kernel_and_plain_agree(relative, 40, 56, [56, 37], causal, seed=3)
