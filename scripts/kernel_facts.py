@@ -173,24 +173,46 @@ def parse_ptxas(text: str) -> dict[str, dict]:
   return facts
 
 
-def sass_counts(sass: str) -> dict[str, dict[str, int]]:
-  """{function: {opcode: static count}} of nvdisasm's listing for the
-  opcodes in SASS_COUNTED (HGMMA.64x64x16.F32.BF16 counts as HGMMA;
-  HFMA2.MMA, a plain FMA, counts as nothing)."""
-  counts: dict[str, dict[str, int]] = {}
-  name = None
+def sass_functions(sass: str) -> dict[str, tuple[list, dict[str, int]]]:
+  """{function: (code, labels)} of nvdisasm's listing: code is its
+  instructions as (byte address, opcode, the rest of the line), labels
+  each label's address (the instruction after it)."""
+  functions: dict[str, tuple[list, dict[str, int]]] = {}
+  code: list = []
+  labels: dict[str, int] = {}
+  pending: list[str] = []
   for line in sass.splitlines():
     m = re.match(r'\.text\.([\w$.]+):', line.strip())
     if m:
-      name = m.group(1)
-      counts[name] = {k: 0 for k in SASS_COUNTED}
+      code, labels, pending = [], {}, []
+      functions[m.group(1)] = (code, labels)
+      continue
+    m = re.match(r'\s*(\.L\w+):', line)
+    if m:
+      pending.append(m.group(1))
       continue
     # /*0070*/   @!P0 HGMMA.64x8x16.F32.BF16 R24, gdesc[UR4], RZ ;
-    m = re.match(r'\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)',
-                 line)
-    if m and name is not None and m.group(1) in SASS_COUNTED:
-      counts[name][m.group(1)] += 1
-  return counts
+    m = re.match(r'\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)'
+                 r'(.*)', line)
+    if m and functions:
+      addr = int(m.group(1), 16)
+      labels.update(dict.fromkeys(pending, addr))
+      pending = []
+      code.append((addr, m.group(2), m.group(3)))
+  return functions
+
+
+def opcode_counts(opcodes: list[str]) -> dict[str, int]:
+  """The static count of each SASS_COUNTED opcode (HGMMA.64x64x16.F32.BF16
+  counts as HGMMA; HFMA2.MMA, a plain FMA, counts as nothing)."""
+  return {k: opcodes.count(k) for k in SASS_COUNTED}
+
+
+def sass_counts(sass: str) -> dict[str, dict[str, int]]:
+  """{function: {opcode: static count}} of nvdisasm's listing for the
+  opcodes in SASS_COUNTED."""
+  return {name: opcode_counts([op for _, op, _ in code])
+          for name, (code, _) in sass_functions(sass).items()}
 
 
 def sass_loops(sass: str) -> dict[str, list[dict[str, int]]]:
@@ -202,40 +224,16 @@ def sass_loops(sass: str) -> dict[str, list[dict[str, int]]]:
   tens of times per program, a near-diagonal loop a few. The one-line
   self-branch that ends every kernel is not a loop."""
   loops: dict[str, list[dict[str, int]]] = {}
-  name, labels, pending, code = None, {}, [], []
-
-  def close():
-    if name is None:
-      return
-    found = []
-    for addr, op, text in code:
-      target = re.search(r'\(\s*(\.L\w+)\s*\)', text)
+  for name, (code, labels) in sass_functions(sass).items():
+    loops[name] = []
+    for addr, op, rest in code:
+      target = re.search(r'\(\s*(\.L\w+)\s*\)', rest)
       if op != 'BRA' or not target or labels.get(target.group(1), addr) >= addr:
         continue
       start = labels[target.group(1)]
       body = [o for a, o, _ in code if start <= a <= addr]
-      found.append({'start': start, 'end': addr, 'instructions': len(body),
-                    **{k: body.count(k) for k in SASS_COUNTED}})
-    loops[name] = found
-
-  for line in sass.splitlines():
-    m = re.match(r'\.text\.([\w$.]+):', line.strip())
-    if m:
-      close()
-      name, labels, pending, code = m.group(1), {}, [], []
-      continue
-    m = re.match(r'\s*(\.L\w+):', line)
-    if m:
-      pending.append(m.group(1))
-      continue
-    m = re.match(r'\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)'
-                 r'(.*)', line)
-    if m and name is not None:
-      addr = int(m.group(1), 16)
-      labels.update(dict.fromkeys(pending, addr))
-      pending = []
-      code.append((addr, m.group(2), m.group(3)))
-  close()
+      loops[name].append({'start': start, 'end': addr,
+                          'instructions': len(body), **opcode_counts(body)})
   return loops
 
 
@@ -341,7 +339,7 @@ def _assemble(ptx, ptxas, nvdisasm, workdir, seconds):
   if dis.returncode:
     return facts, {}, f'nvdisasm failed: {dis.stderr[-300:]}'
   loops = sass_loops(dis.stdout)
-  counts = {name: {**c, 'loops': loops.get(name, [])}
+  counts = {name: {**c, 'loops': loops[name]}
             for name, c in sass_counts(dis.stdout).items()}
   return facts, counts, None
 
