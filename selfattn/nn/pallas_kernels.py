@@ -379,17 +379,13 @@ class Gathered(NamedTuple):
   rows: object = None
 
   def term(self, region: str, q_idx, offset):
-    """(term, bucket): a far block's edge column, (bq, 1) or (1, 1), or a
-    near block's (bq, bk) entries, float32; Shaw's near bucket (its
-    column) for the folds, else None."""
+    """A far block's edge column, (bq, 1) or (1, 1), or a near block's
+    (bq, bk) entries, float32."""
     if region != 'near':
       col = pl.ds(0 if region == 'left' else 2 * self.reach, 1)
-      return (self.ref[self.rows, col] if self.per_query
-              else self.ref[:, col]), None
+      return self.ref[self.rows, col] if self.per_query else self.ref[:, col]
     col = jnp.clip(offset, -self.reach, self.reach) + self.reach
-    if self.per_query:
-      return self.ref[q_idx, col], col
-    return self.ref[0, col], None
+    return self.ref[q_idx, col] if self.per_query else self.ref[0, col]
 
 
 class Refs(NamedTuple):
@@ -461,7 +457,7 @@ def logit_term(cfg: Config, region: str, q_idx, k_idx, scalars,
     return None, None
   values = scalars if cfg.kind == 't5' else key_columns
   if isinstance(values, Gathered):
-    return values.term(region, q_idx, offset)
+    return values.term(region, q_idx, offset), None
   if region != 'near':
     return values[edge(cfg, region)], None
   bucket = bucket_of(cfg, offset)
@@ -473,7 +469,7 @@ def value_term(cfg: Config, region: str, value_columns, q_idx, k_idx,
   """Shaw's dO a^V^T term of dp for one block: its edge column in a far
   block, the entry's offset's column near the diagonal."""
   if isinstance(value_columns, Gathered):
-    return value_columns.term(region, q_idx, k_idx - q_idx)[0]
+    return value_columns.term(region, q_idx, k_idx - q_idx)
   if region != 'near':
     return value_columns[edge(cfg, region)]
   return select_columns(bucket, value_columns, bucket.shape)
@@ -875,8 +871,8 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
         p_left, p_right = p_left + left, p_right + right
       return acc, ds_left, ds_right, p_left, p_right
     fold_ds, fold_p = carry[1:]
-    if bucket is None and region == 'near' and cfg.kind == 't5':
-      # A gathered term found no bucket; T5's fold needs them.
+    if cfg.kind == 't5' and bucket is None and region == 'near':
+      # T5's gathered term finds no bucket; its fold needs them.
       bucket = bucket_of(cfg, k_idx - q_idx)
     if cfg.kind in ('t5', 'shaw'):
       fold_ds = fold_ds + fold(cfg, ds, bucket, region, width)

@@ -510,16 +510,22 @@ def test_supports_and_errors():
   assert 'pallas' in attention.IMPLEMENTATIONS
 
 
-def _shapes(jaxpr):
-  """Every variable's shape in a jaxpr and all its sub-jaxprs (the kernel's
-  body included)."""
+def _equations(jaxpr):
+  """Every equation of a jaxpr and of all its sub-jaxprs (the kernels'
+  bodies included)."""
   for eqn in jaxpr.eqns:
+    yield eqn
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      yield from _equations(sub)
+
+
+def _shapes(jaxpr):
+  """Every variable's shape in a jaxpr and all its sub-jaxprs."""
+  for eqn in _equations(jaxpr):
     for var in list(eqn.invars) + list(eqn.outvars):
       shape = getattr(getattr(var, 'aval', None), 'shape', None)
       if shape is not None:
         yield eqn.primitive.name, shape
-    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-      yield from _shapes(sub)
 
 
 @pytest.mark.parametrize('kind', ['none', 't5', 'shaw'])
@@ -562,13 +568,6 @@ def _forward_operands(relative, lq, lk):
                 'name_and_src_info', e.params.get('name')))]
   assert len(counts) == 1, counts
   return counts[0]
-
-
-def _equations(jaxpr):
-  for e in jaxpr.eqns:
-    yield e
-    for sub in jax.extend.core.jaxprs_in_params(e.params):
-      yield from _equations(sub)
 
 
 # The commit tier runs T5 and per-head Shaw causal (Lq < Lk); the extended
