@@ -6,10 +6,14 @@ copied).
 
 What it adds to a plain flash forward, and why:
   - the relative term from iota offsets inside the kernel, O(L) memory:
-    ALiBi's -slope * distance (both forms); T5's bucket biases (blocks
-    wholly beyond max_distance add one edge bias, near ones select the
-    bucket's bias per entry); Shaw's keys and values (below); none;
-    rotation-only encodings (RoPE, PoPE) arrive rotated and use 'none';
+    ALiBi's -slope * distance (both forms); T5's bucket biases (near
+    blocks select the bucket's bias per entry); Shaw's keys and values
+    (below); none; rotation-only encodings (RoPE, PoPE) arrive rotated and
+    use 'none'. A far block (wholly past T5's max_distance or Shaw's k, or
+    for ALiBi wholly off the diagonal) costs what 'none' costs but for
+    ALiBi's one add per entry: the part of its term that depends on the
+    query alone (T5's edge bias, Shaw's edge row, ALiBi's row term) joins
+    the row's max and lse once per row (logits2);
   - masks only where a block needs one: key blocks wholly inside the
     causal limit and the batch row's key length run unmasked, the blocks
     crossing either limit run masked, and blocks wholly past them are never
@@ -38,8 +42,8 @@ from registers and accumulates P V into the running output in place.
 
 Shaw (k = clip): the key term scale q_i . a^K_{c(j-i)}, c = clip(., -k, k)
 + k, arrives as QA (B, H, 2k+1, Lq), q a^K^T computed before the kernel
-(O(L k) memory); far blocks add one edge row of it, near blocks select the
-offset's row per entry. With values, the kernel also returns each row's
+(O(L k) memory); far blocks take one edge row of it (per row, logits2),
+near blocks select the offset's row per entry. With values, the kernel also returns each row's
 softmax mass per table row, W (B, H, 2k+1, Lq): the edges accumulate over
 far blocks in registers, the 2k-1 interior rows only over the near ones,
 in shared memory (rescaled once at the end from the near region's running
@@ -291,10 +295,11 @@ def head_terms(cfg: HopperConfig, table_ref, h):
 
 def regions(cfg: HopperConfig, row_block, bq: int, bk: int, end):
   """[(lo, hi, region)] of key blocks [0, end) for query rows
-  [row_block bq, row_block bq + bq): T5's and Shaw's far blocks on each
-  side (one bucket or table row each, no search) apart from the near ones;
-  one 'near' range otherwise."""
-  if cfg.kind not in ('t5', 'shaw'):
+  [row_block bq, row_block bq + bq): the far blocks on each side (T5's and
+  Shaw's past max_distance or k, one bucket or table row each, no search;
+  ALiBi's wholly off the diagonal, a row plus a column term) apart from
+  the near ones; one 'near' range otherwise."""
+  if not kernels.splits(cfg):
     return [(jnp.int32(0), end, 'near')]
   left_end, right_start = kernels.far_blocks(row_block, bq, bk,
                                              kernels.reach(cfg), end)
@@ -313,15 +318,20 @@ def over_blocks(cfg: HopperConfig, step, carry, row_block, bq: int, bk: int,
   return carry
 
 
-def shaw_row(qa_smem, n: int, shape, query_axis: int = 0):
+def shaw_vector(qa_smem, n, query_axis: int = 0):
   """Table row n's term of the block's queries (the key term: base-2
-  values of scale q a^K_n; the backward's dO a^V_n) from shared memory,
-  broadcast along the keys: queries on axis 0 (the forward, dQ) or axis 1
-  (dK/dV's transposed blocks)."""
+  values of scale q a^K_n; the backward's dO a^V_n) from shared memory, a
+  vector along the queries: axis 0 of the block (the forward, dQ) or axis
+  1 (dK/dV's transposed blocks)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  vector = plgpu.load(qa_smem.at[n],
-                      layout=plgpu.Layout.WGMMA.reduce(1 - query_axis))
-  return lax.broadcast_in_dim(vector, shape, [query_axis])
+  return plgpu.load(qa_smem.at[n],
+                    layout=plgpu.Layout.WGMMA.reduce(1 - query_axis))
+
+
+def shaw_row(qa_smem, n, shape, query_axis: int = 0):
+  """shaw_vector broadcast along the keys, to the block's shape."""
+  return lax.broadcast_in_dim(shaw_vector(qa_smem, n, query_axis), shape,
+                              [query_axis])
 
 
 def table_term(cfg: HopperConfig, value, region: str, bucket, like):
@@ -345,18 +355,73 @@ def table_term(cfg: HopperConfig, value, region: str, bucket, like):
       jnp.zeros_like(like))
 
 
+def iota_vector(n: int, query_axis: int, along_queries: bool):
+  """0..n-1 (float32) as a vector along a block's queries or its keys,
+  in the layout that broadcasts it over the other axis."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  axis = query_axis if along_queries else 1 - query_axis
+  return plgpu.broadcasted_iota(
+      jnp.int32, (n,), 0,
+      layout=plgpu.Layout.WGMMA.reduce(1 - axis)).astype(F32)
+
+
+def far_terms(cfg: HopperConfig, terms, region: str, starts, shape,
+              query_axis: int = 0):
+  """A far block's term split into (queries', keys') parts: the first a
+  scalar or a vector along the queries, the second None or a vector along
+  the keys (query_axis: as logits2's). T5: the edge bucket's bias; Shaw:
+  the edge row of QA per query; ALiBi, with q0, k0 = starts (the block's
+  first query and key) and slope in base 2: left of the diagonal (every
+  offset < 0), -slope (q - k - asym / 2) = -slope (q - q0 - asym / 2) +
+  slope (k - q0); right, -slope (k - q) = slope (q - q0) - slope (k - q0).
+  The keys' part is a product of a whole number below the lengths,
+  rounded once as the plain path's slope * distance is; the queries'
+  part is small (q - q0 < the block): about twice the plain path's
+  rounding at offsets of 30,000, as pallas_kernels.alibi_rows_and_columns
+  (the Triton form of the same split)."""
+  if cfg.kind == 't5':
+    return terms(kernels.edge(cfg, region)), None
+  if cfg.kind == 'shaw':
+    return shaw_vector(terms, kernels.edge(cfg, region), query_axis), None
+  q0, k0 = starts
+  rows, columns = ((shape[0], shape[1]) if query_axis == 0
+                   else (shape[1], shape[0]))
+  query = iota_vector(rows, query_axis, along_queries=True)
+  key = (k0 - q0).astype(F32) + iota_vector(columns, query_axis,
+                                            along_queries=False)
+  if region == 'left':
+    half = 0.0 if cfg.symmetric else 0.5
+    return -terms * (query - half), terms * key
+  return terms * query, -terms * key
+
+
 def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
             masked: bool, region: str = 'near', bucket=None,
-            query_axis: int = 0):
-  """Base-2 logits of a block of raw scores s (q k^T): the scale and the
-  encoding's term (head_terms; Shaw's: the QA rows in shared memory)
-  folded in, -inf where the pair is not allowed (masked blocks only: keys
-  past `length`, causal with `shift` = Lk - Lq). T5 and Shaw far blocks add
-  their edge bucket's or row's term; near ones (`bucket`: each entry's, the
-  caller's kernels.bucket_of) look it up by one select per bucket (no
-  gather). query_axis: 1 for dK/dV's transposed blocks (keys on axis 0)."""
+            query_axis: int = 0, starts=None):
+  """(logits, per_query) of a block of raw scores s (q k^T): base-2
+  logits, the scale and the encoding's term (head_terms; Shaw's: the QA
+  rows in shared memory) folded in, -inf where the pair is not allowed
+  (masked blocks only: keys past `length`, causal with `shift` = Lk - Lq).
+
+  A far block (region 'left' or 'right', regions) leaves out of the
+  logits the part of its term that depends on the query alone and
+  returns it as per_query (far_terms: T5's edge bias, Shaw's edge row of
+  QA, ALiBi's row term), which the caller folds into its per-row max or
+  lse: softmax is unchanged by a constant per row, so that is one
+  subtract per row where adding it was one add per entry. per_query is
+  0.0 in near blocks, where T5 and Shaw (`bucket`: each entry's, the
+  caller's kernels.bucket_of) look the term up by one select per bucket
+  (no gather) and ALiBi computes it per entry. starts: the block's first
+  query and key (ALiBi's far blocks). query_axis: 1 for dK/dV's
+  transposed blocks (keys on axis 0)."""
   s = s * (cfg.scale * LOG2E)
-  if cfg.kind == 'alibi':
+  per_query = 0.0
+  if region != 'near' and kernels.splits(cfg):
+    per_query, per_key = far_terms(cfg, terms, region, starts, s.shape,
+                                   query_axis)
+    if per_key is not None:
+      s = s + lax.broadcast_in_dim(per_key, s.shape, [1 - query_axis])
+  elif cfg.kind == 'alibi':
     s = s - terms * alibi_distance(k_idx - q_idx, cfg.symmetric)
   elif cfg.kind in ('t5', 'shaw'):
     if cfg.kind == 't5':
@@ -369,7 +434,14 @@ def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
     if cfg.causal:
       keep = keep & (k_idx <= q_idx + shift)
     s = jnp.where(keep, s, -jnp.inf)
-  return s
+  return s, per_query
+
+
+def per_row(vector, shape, axis: int = 0):
+  """A vector along a block's axis (or a scalar) to the block's shape."""
+  if jnp.ndim(vector) == 0:
+    return vector
+  return lax.broadcast_in_dim(vector, shape, [axis])
 
 
 def accumulate_product(acc, a, b_ref, a_smem, interpret: bool):
@@ -515,18 +587,20 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       s = pl.run_scoped(scores, plgpu.ACC((bq, bk), F32))
       plgpu.barrier_arrive(k_free.at[slot])
       q_idx = k_idx = bucket = None
-      if masked or cfg.kind == 'alibi' or (cfg.kind in ('t5', 'shaw')
-                                           and region == 'near'):
+      near = region == 'near' and kernels.splits(cfg)
+      if masked or near:
         q_idx, k_idx = block_indices(q_base, j * bk, (bq, bk))
-      if cfg.kind in ('t5', 'shaw') and region == 'near':
+      if near and cfg.kind in ('t5', 'shaw'):
         bucket = kernels.bucket_of(cfg, k_idx - q_idx)
-      s = logits2(cfg, s, q_idx, k_idx, terms, length, shift, masked, region,
-                  bucket)
-      m_new = jnp.maximum(m, s.max(axis=1))
+      s, per_query = logits2(cfg, s, q_idx, k_idx, terms, length, shift,
+                             masked, region, bucket, starts=(q_base, j * bk))
+      # The row max of the whole logits, the far blocks' per-query term
+      # (logits2) added per row.
+      m_new = jnp.maximum(m, s.max(axis=1) + per_query)
       # A row with nothing allowed yet keeps m = -inf; shift by 0 there.
       m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
       alpha = jnp.exp2(m - m_use)
-      p = jnp.exp2(s - lax.broadcast_in_dim(m_use, s.shape, [0]))
+      p = jnp.exp2(s - per_row(m_use - per_query, s.shape))
       psum = p.sum(axis=1)
       l = l * alpha + psum
       if values:

@@ -6,7 +6,9 @@ forward has the same shape and explains the pipeline).
 With s = scale q k^T + term (ALiBi's, from iota offsets; T5's bucket
 bias; Shaw's scale q a^K of the pair's table row, from QA = q a^K^T
 computed before the kernels; T5's and Shaw's far blocks take one edge
-bucket or row, as in the forward) and the forward's lse, p = exp(s - lse),
+bucket or row, ALiBi's a row and a column term, the part that depends on
+the query alone folded into the row's lse as in the forward, and Shaw's
+edge row of DA into its delta) and the forward's lse, p = exp(s - lse),
 delta = rowsum(dO * out) (computed outside, O(L D)):
 
   dQ    per (batch, head, tile of 2 x block_q query rows), over key blocks:
@@ -59,10 +61,12 @@ from selfattn.nn.hopper_attention import head_terms
 from selfattn.nn.hopper_attention import key_end
 from selfattn.nn.hopper_attention import logits2
 from selfattn.nn.hopper_attention import over_blocks
+from selfattn.nn.hopper_attention import per_row
 from selfattn.nn.hopper_attention import product
 from selfattn.nn.hopper_attention import unmasked_end
 from selfattn.nn.hopper_attention import round_up
 from selfattn.nn.hopper_attention import shaw_row
+from selfattn.nn.hopper_attention import shaw_vector
 from selfattn.nn.hopper_attention import table_term
 from selfattn.nn.hopper_attention import tiled_smem
 from selfattn.nn.hopper_attention import tuned_config
@@ -167,20 +171,29 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       slot = lax.rem(j, jnp.int32(stages))
       plgpu.barrier_wait(k_ready.at[slot])
       s = product(q_smem, k_smem.at[slot].transpose((1, 0)), (bq, bk))
-      q_idx, k_idx = block_indices(base, j * bk, (bq, bk))
-      bucket = (kernels.bucket_of(cfg, k_idx - q_idx)
-                if bucketed and region == 'near' else None)
-      s2 = logits2(cfg, s, q_idx, k_idx, terms, length, shift, masked,
-                   region, bucket)
-      p = jnp.exp2(s2 - lax.broadcast_in_dim(lse2, s2.shape, [0]))
+      q_idx = k_idx = bucket = None
+      near = region == 'near' and kernels.splits(cfg)
+      if masked or near:
+        q_idx, k_idx = block_indices(base, j * bk, (bq, bk))
+      if near and bucketed:
+        bucket = kernels.bucket_of(cfg, k_idx - q_idx)
+      s2, per_query = logits2(cfg, s, q_idx, k_idx, terms, length, shift,
+                              masked, region, bucket, starts=(base, j * bk))
+      # The far blocks' per-query term (logits2) joins the row's lse.
+      p = jnp.exp2(s2 - per_row(lse2 - per_query, s2.shape))
       plgpu.barrier_wait(v_ready.at[slot])
       dp = product(do_smem, v_smem.at[slot].transpose((1, 0)), (bq, bk))
+      row_delta = delta
       if values:    # out's value term W a^V: dp gains dO a^V of the pair's row
-        dp = dp + table_term(
-            cfg, lambda n: shaw_row(da_smem2.at[wg], n, dp.shape), region,
-            bucket, dp)
+        if region == 'near':
+          dp = dp + table_term(
+              cfg, lambda n: shaw_row(da_smem2.at[wg], n, dp.shape), region,
+              bucket, dp)
+        else:       # a far block's is one row's: it joins delta per row
+          row_delta = delta - shaw_vector(da_smem2.at[wg],
+                                          kernels.edge(cfg, region))
         _fold_into(cfg, mass_smem2.at[wg], p, bucket, region, row_layout)
-      ds = p * (dp - lax.broadcast_in_dim(delta, dp.shape, [0]))
+      ds = p * (dp - lax.broadcast_in_dim(row_delta, dp.shape, [0]))
       if bucketed:
         _fold_into(cfg, fold_smem2.at[wg], ds, bucket, region, row_layout)
       dq = accumulate_product(dq, ds.astype(dtype), k_smem.at[slot],
@@ -228,11 +241,11 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
 def _query_regions(cfg: HopperConfig, key_block, bq: int, bkv: int, start,
                    end):
   """[(lo, hi, region)] of query blocks [start, end) for keys [key_block
-  bkv, key_block bkv + bkv): T5's and Shaw's far blocks on each side (the
-  transpose of hopper_attention.regions: queries far left of the keys see
-  them at offsets >= max_distance or k, the 'right' edge) apart from the
-  near ones; one 'near' range otherwise."""
-  if cfg.kind not in ('t5', 'shaw'):
+  bkv, key_block bkv + bkv): the far blocks on each side (the transpose of
+  hopper_attention.regions: queries far left of the keys see them at
+  offsets >= max_distance, k or 1, the 'right' edge) apart from the near
+  ones; one 'near' range otherwise."""
+  if not kernels.splits(cfg):
     return [(start, end, 'near')]
   right_end, left_start = kernels.far_query_blocks(
       key_block, bq, bkv, kernels.reach(cfg), start, end)
@@ -309,22 +322,30 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
       for barrier in ready:
         plgpu.barrier_wait(barrier.at[slot])
       s_t = product(k_smem, q_smem.at[slot].transpose((1, 0)), (bkv, bq))
-      k_idx, q_idx = block_indices(base, i * bq, (bkv, bq))
-      bucket = (kernels.bucket_of(cfg, k_idx - q_idx)
-                if bucketed and region == 'near' else None)
-      s2 = logits2(cfg, s_t, q_idx, k_idx,
-                   qa_smem.at[slot] if shaw else terms, length, shift,
-                   masked, region, bucket, query_axis=1)
+      k_idx = q_idx = bucket = None
+      near = region == 'near' and kernels.splits(cfg)
+      if masked or near:
+        k_idx, q_idx = block_indices(base, i * bq, (bkv, bq))
+      if near and bucketed:
+        bucket = kernels.bucket_of(cfg, k_idx - q_idx)
+      s2, per_query = logits2(cfg, s_t, q_idx, k_idx,
+                              qa_smem.at[slot] if shaw else terms, length,
+                              shift, masked, region, bucket, query_axis=1,
+                              starts=(i * bq, base))
       lse2 = plgpu.load(lse_smem.at[slot], layout=column_layout) * LOG2E
-      p_t = jnp.exp2(s2 - lax.broadcast_in_dim(lse2, s2.shape, [1]))
+      p_t = jnp.exp2(s2 - per_row(lse2 - per_query, s2.shape, 1))
       dv = accumulate_product(dv, p_t.astype(dtype), do_smem.at[slot],
                               a_smem, cfg.interpret)
       dp_t = product(v_smem, do_smem.at[slot].transpose((1, 0)), (bkv, bq))
-      if values:    # dp gains dO a^V of the pair's table row
-        dp_t = dp_t + table_term(
-            cfg, lambda n: shaw_row(da_smem.at[slot], n, dp_t.shape, 1),
-            region, bucket, dp_t)
       delta = plgpu.load(delta_smem.at[slot], layout=column_layout)
+      if values:    # dp gains dO a^V of the pair's table row
+        if region == 'near':
+          dp_t = dp_t + table_term(
+              cfg, lambda n: shaw_row(da_smem.at[slot], n, dp_t.shape, 1),
+              region, bucket, dp_t)
+        else:       # one row's in a far block: it joins delta
+          delta = delta - shaw_vector(da_smem.at[slot],
+                                      kernels.edge(cfg, region), 1)
       ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))
       dk = accumulate_product(dk, ds_t.astype(dtype), q_smem.at[slot],
                               a_smem, cfg.interpret)

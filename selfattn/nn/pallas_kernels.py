@@ -440,28 +440,42 @@ def head_scalars(cfg: Config, refs: Refs):
 
 def logit_term(cfg: Config, region: str, q_idx, k_idx, scalars,
                key_columns, starts=None):
-  """(term (bq, bk) or (bq|1, 1) or None, bucket (bq, bk) or None) of one
-  block: ALiBi's bias (`alibi_rows_and_columns` on a block wholly to one
-  side of the diagonal; starts: its first query and key); T5's or Shaw's
-  per-bucket values (Shaw's are the columns of scale * q a^K^T), gathered
-  (`Gathered`) or selected per offset near the diagonal, the edge value
-  beyond."""
+  """(term (bq, bk) or (1, bk) or None, bucket (bq, bk) or None, per_query
+  (bq|1, 1) or None) of one block: ALiBi's bias (`alibi_rows_and_columns`
+  on a block wholly to one side of the diagonal; starts: its first query
+  and key); T5's or Shaw's per-bucket values (Shaw's are the columns of
+  scale * q a^K^T), gathered (`Gathered`) or selected per offset near the
+  diagonal, the edge value beyond.
+
+  A far block's part of the term that depends on the query alone (ALiBi's
+  row term, T5's edge bias, Shaw's edge column) is left out of `term` and
+  returned as per_query, for the caller to fold into the row's max or lse
+  (`less`): softmax is unchanged by a constant per row, so that is one
+  subtract per row where adding it was one add per entry, and a far T5 or
+  Shaw block costs what a block without an encoding costs."""
   offset = k_idx - q_idx
   if cfg.kind == 'alibi':
     if region != 'near':
       row, col = alibi_rows_and_columns(cfg, region, scalars, starts,
                                         k_idx.shape)
-      return row + col, None
-    return -scalars * alibi_distance(offset, cfg.symmetric), None
+      return col, None, row
+    return -scalars * alibi_distance(offset, cfg.symmetric), None, None
   if cfg.kind not in ('t5', 'shaw'):
-    return None, None
+    return None, None, None
   values = scalars if cfg.kind == 't5' else key_columns
   if isinstance(values, Gathered):
-    return values.term(region, q_idx, offset), None
+    term = values.term(region, q_idx, offset)
+    return (term, None, None) if region == 'near' else (None, None, term)
   if region != 'near':
-    return values[edge(cfg, region)], None
+    return None, None, values[edge(cfg, region)]
   bucket = bucket_of(cfg, offset)
-  return select_columns(bucket, values, offset.shape), bucket
+  return select_columns(bucket, values, offset.shape), bucket, None
+
+
+def less(x, per_query):
+  """x - per_query, a row's max, lse or delta less a far block's term that
+  depends on the query alone (logit_term); x where there is none."""
+  return x if per_query is None else x - per_query
 
 
 def value_term(cfg: Config, region: str, value_columns, q_idx, k_idx,
@@ -473,6 +487,17 @@ def value_term(cfg: Config, region: str, value_columns, q_idx, k_idx,
   if region != 'near':
     return value_columns[edge(cfg, region)]
   return select_columns(bucket, value_columns, bucket.shape)
+
+
+def with_value_term(cfg: Config, region: str, dp, delta, value_columns,
+                    q_idx, k_idx, bucket):
+  """(dp, delta) with Shaw's value term (value_term) where there is one: a
+  near block's per entry in dp, a far block's edge column, one per row,
+  taken from delta instead (ds = p (dp + term - delta))."""
+  if value_columns is None:
+    return dp, delta
+  term = value_term(cfg, region, value_columns, q_idx, k_idx, bucket)
+  return (dp + term, delta) if region == 'near' else (dp, delta - term)
 
 
 def keep_mask(cfg: Config, q_idx, k_idx, lq: int, lk: int, valid):
@@ -650,17 +675,18 @@ def key_block(j, k_ref, v_ref, valid_ref, bq: int, bk: int):
 def block_scores(cfg: Config, region: str, q, k_blk, q_idx, k_idx, scalars,
                  key_columns, lq: int, lk: int, valid, masked: bool = True,
                  starts=None):
-  """(s, keep, bucket) of one (bq, bk) block: scale * q k^T plus the
-  encoding's term, in base-2 units (times log2(e)), which entries are
-  attended (None for a block that needs no mask), and each entry's table
-  row or bucket (near blocks of Shaw and T5, else None)."""
+  """(s, keep, bucket, per_query) of one (bq, bk) block: scale * q k^T plus
+  the encoding's term, in base-2 units (times log2(e)), which entries are
+  attended (None for a block that needs no mask), each entry's table row
+  or bucket (near blocks of Shaw and T5, else None), and a far block's
+  term that depends on the query alone, left out of s (logit_term)."""
   s = dot_t(q, k_blk) * logit_scale(cfg)
-  term, bucket = logit_term(cfg, region, q_idx, k_idx, scalars, key_columns,
-                            starts)
+  term, bucket, per_query = logit_term(cfg, region, q_idx, k_idx, scalars,
+                                       key_columns, starts)
   if term is not None:
     s = s + term
   keep = keep_mask(cfg, q_idx, k_idx, lq, lk, valid) if masked else None
-  return s, keep, bucket
+  return s, keep, bucket, per_query
 
 
 def weights(s, lse2, keep):
@@ -772,14 +798,17 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   def body(j, carry, region, masked):
     acc, m, l = carry[:3]
     k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
-    s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
-                                   scalars, key_columns, lq, lk, valid, masked,
-                                   starts=(i * bq, j * bk))
+    s, keep, bucket, per_query = block_scores(
+        cfg, region, q, k_blk, q_idx, k_idx, scalars, key_columns, lq, lk,
+        valid, masked, starts=(i * bq, j * bk))
     if masked:
       s = jnp.where(keep, s, -jnp.inf)
-    m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+    top = jnp.max(s, axis=1, keepdims=True)
+    if per_query is not None:      # the max of the whole logits
+      top = top + per_query
+    m_new = jnp.maximum(m, top)
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-    p = jnp.exp2(s - m_safe)                    # masked: 2^-inf = 0
+    p = jnp.exp2(s - less(m_safe, per_query))   # masked: 2^-inf = 0
     alpha = jnp.exp2(m - m_safe)                # m = -inf (nothing yet): 0
     row_sum = jnp.sum(p, axis=1, keepdims=True)
     l = alpha * l + row_sum
@@ -853,14 +882,14 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   def body(j, carry, region, masked):
     acc = carry[0]
     k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
-    s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
-                                   scalars, key_columns, lq, lk, valid, masked,
-                                   starts=(i * bq, j * bk))
-    p = weights(s, lse2, keep)
+    s, keep, bucket, per_query = block_scores(
+        cfg, region, q, k_blk, q_idx, k_idx, scalars, key_columns, lq, lk,
+        valid, masked, starts=(i * bq, j * bk))
+    p = weights(s, less(lse2, per_query), keep)
     dp = dot_t(do, v_blk)
-    if value_columns is not None:
-      dp = dp + value_term(cfg, region, value_columns, q_idx, k_idx, bucket)
-    ds = p * (dp - delta)          # d loss / d s in natural units
+    dp, row_delta = with_value_term(cfg, region, dp, delta, value_columns,
+                                    q_idx, k_idx, bucket)
+    ds = p * (dp - row_delta)      # d loss / d s in natural units
     acc = acc + dot(ds.astype(k_blk.dtype), k_blk)
     if edges:
       ds_left, ds_right, p_left, p_right = carry[1:]
@@ -962,15 +991,15 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
       key_columns = {n: row_dot(q, a_k_edges[region]) * logit_scale(cfg)}
       if r.a_v is not None:
         value_columns = {n: row_dot(do, a_v_edges[region])}
-    s, keep, bucket = block_scores(cfg, region, q, k_blk, q_idx, k_idx,
-                                   scalars, key_columns, lq, lk, valid, masked,
-                                   starts=(start, j * bk))
-    p = weights(s, lse2, keep)
+    s, keep, bucket, per_query = block_scores(
+        cfg, region, q, k_blk, q_idx, k_idx, scalars, key_columns, lq, lk,
+        valid, masked, starts=(start, j * bk))
+    p = weights(s, less(lse2, per_query), keep)
     dv = dv + tdot(p.astype(do.dtype), do)
     dp = dot_t(do, v_blk)
-    if value_columns is not None:
-      dp = dp + value_term(cfg, region, value_columns, q_idx, k_idx, bucket)
-    ds = p * (dp - delta)
+    dp, row_delta = with_value_term(cfg, region, dp, delta, value_columns,
+                                    q_idx, k_idx, bucket)
+    ds = p * (dp - row_delta)
     dk = dk + tdot(ds.astype(q.dtype), q)
     return dk, dv
 

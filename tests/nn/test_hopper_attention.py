@@ -93,6 +93,10 @@ CASES = [
     # T5, max_distance 20: far blocks left and right of the near ones.
     ('t5', False, False, 130, 300, 64, 64),
     ('t5', False, True, 200, 200, 64, 64),
+    # A left edge bias of 200: exp overflows float32 unless the far blocks'
+    # bias (added per row, hopper_attention.logits2) joins the row max
+    # (rows 128 on meet a left far block first).
+    ('t5 large', False, False, 130, 300, 64, 64),
     # Shaw, k = 6 (13 table rows), keys and values: far blocks on both
     # sides at Lk 300; causal with Lq = Lk (near blocks on the diagonal).
     ('shaw', False, False, 130, 300, 64, 64),
@@ -110,8 +114,10 @@ def test_interpreted_forward_equals_numpy(kind, symmetric, causal, lq, lk, d,
   slopes = positions.alibi_slopes(2) if kind == 'alibi' else None
   t5 = shaw = None
   table = None if slopes is None else jnp.asarray(slopes, jnp.float32)
-  if kind == 't5':
+  if kind.startswith('t5'):
     table = jax.random.normal(jax.random.key(7), (8, 2))
+    if kind == 't5 large':
+      table = table.at[3].set(200.0)           # bucket 3: the left edge
     t5 = (table, 8, 20)
   if kind.startswith('shaw'):
     a_k, a_v = (jax.random.normal(key, (2, 13, d)) for key in

@@ -209,6 +209,17 @@ def test_alibi_far_blocks_forward_and_gradients_equal_plain(symmetric,
                           [56, 37], causal, seed=6)
 
 
+def test_far_block_bias_joins_the_row_max():
+  """A far block's bias that depends on the query alone is folded into
+  the row's max and lse (pallas_kernels.logit_term's per_query): with T5's
+  left edge bucket at +100, which the rows meet in their first (left far)
+  block, 2^(s - max) overflows float32 unless the bias joins the max."""
+  relative = positions.T5RelativeBias(H, num_buckets=8, max_distance=12,
+                                      rngs=nnx.Rngs(3))
+  relative.bias[...] = relative.bias[...].at[3].set(100.0)   # the left edge
+  _kernel_and_plain_agree(relative, 40, 56, [56, 37], False, seed=7)
+
+
 def _shaw(clip, values=True, per_head=True, seed=5):
   return positions.ShawRelative(H, D, clip_distance=clip,
                                 relative_values=values,
