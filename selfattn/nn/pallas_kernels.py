@@ -347,14 +347,17 @@ def select_columns(bucket, columns, shape) -> jax.Array:
   return term
 
 
-def fold(cfg: Config, x, bucket, region: str, width: int) -> jax.Array:
-  """(bq, width): x's row sums per table row / bucket (lane r = row r)."""
+def fold(cfg: Config, x, bucket, region: str, width: int,
+         side: str = 'both') -> jax.Array:
+  """(bq, width): x's row sums per table row / bucket (lane r = row r);
+  a near block on one side of the diagonal (`side`, near_sides) sums only
+  that side's buckets."""
   lane = jax.lax.broadcasted_iota(jnp.int32, (x.shape[0], width), 1)
   if region != 'near':
     return jnp.where(lane == edge(cfg, region),
                      jnp.sum(x, axis=1, keepdims=True), 0.0)
   out = jnp.zeros((x.shape[0], width), F32)
-  for r in range(num_rows(cfg)):
+  for r in side_rows(cfg, side):
     mass = jnp.sum(jnp.where(bucket == r, x, 0.0), axis=1, keepdims=True)
     out = jnp.where(lane == r, mass, out)
   return out
@@ -548,6 +551,30 @@ def regions(cfg: Config, split, lower, upper):
           (second, upper, names[1])]
 
 
+def side_rows(cfg: Config, side: str) -> range:
+  """The table rows or buckets a near block on `side` of the diagonal can
+  hold: T5's lower half for offsets <= 0 ('left': every offset < 0), its
+  upper half for offsets > 0 ('right'), Shaw's k rows on that side; all
+  of them on the diagonal ('both')."""
+  rows = num_rows(cfg)
+  if side == 'both':
+    return range(rows)
+  # Shaw's rows clip(d, -k, k) + k: below k for d < 0, above it for d > 0.
+  half = cfg.num_buckets // 2 if cfg.kind == 't5' else cfg.clip
+  return range(half) if side == 'left' else range(rows - half, rows)
+
+
+def near_sides(i, bq: int, bk: int, lo, hi):
+  """[(a, b, side)] of near key blocks [lo, hi) of query block i: those
+  wholly left of the diagonal (every offset < 0), those crossing it, and
+  those wholly right (every offset > 0), by far_blocks at a reach of 1."""
+  left_end, right_start = far_blocks(i, bq, bk, 1, hi)
+  left_end = jnp.clip(left_end, lo, hi)
+  right_start = jnp.clip(right_start, left_end, hi)
+  return [(lo, left_end, 'left'), (left_end, right_start, 'both'),
+          (right_start, hi, 'right')]
+
+
 def reach(cfg: Config) -> int:
   """How far from the diagonal a far block's offsets all are."""
   if cfg.kind == 'alibi':
@@ -593,12 +620,14 @@ def masked_split(at, lo, hi, unmasked_below: bool = True):
 
 def over_key_blocks(cfg: Config, body, carry, i, bq: int, bk: int, lq: int,
                     lk: int, num_key_blocks: int, has_valid: bool,
-                    length=None):
+                    length=None, sides: bool = False):
   """Query block i's loop over its key blocks (the forward and dQ kernels):
   body(j, carry, region, masked) -> carry, run region by region (near and
   far blocks apart for the bucketed encodings, so far blocks skip the
   bucket search), and in each the blocks that need no mask apart. With a
-  key length, the blocks wholly past it are skipped."""
+  key length, the blocks wholly past it are skipped. sides: the near
+  blocks also apart by their side of the diagonal (near_sides), passed
+  to body as side= ('left', 'both' or 'right')."""
   upper = key_upper(cfg, i, bq, bk, lq, lk, num_key_blocks)
   if length is not None:
     upper = jnp.minimum(upper, jax.lax.div(length + (bk - 1), jnp.int32(bk)))
@@ -607,9 +636,14 @@ def over_key_blocks(cfg: Config, body, carry, i, bq: int, bk: int, lq: int,
   if splits(cfg):
     split = (*far_blocks(i, bq, bk, reach(cfg), upper), ('left', 'right'))
   for lo, hi, region in regions(cfg, split, 0, upper):
-    for a, b, masked in masked_split(full, lo, hi):
-      carry = jax.lax.fori_loop(a, b, functools.partial(
-          body, region=region, masked=masked), carry)
+    parts = [(lo, hi, None)]
+    if sides and region == 'near':
+      parts = near_sides(i, bq, bk, lo, hi)
+    for part_lo, part_hi, side in parts:
+      step = body if side is None else functools.partial(body, side=side)
+      for a, b, masked in masked_split(full, part_lo, part_hi):
+        carry = jax.lax.fori_loop(a, b, functools.partial(
+            step, region=region, masked=masked), carry)
   return carry
 
 
@@ -795,7 +829,7 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   # columns, rescaled with acc; `band` adds the interior after the loop.
   edges = r.a_v is not None and banded(cfg, lay)
 
-  def body(j, carry, region, masked):
+  def body(j, carry, region, masked, side='both'):
     acc, m, l = carry[:3]
     k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
     s, keep, bucket, per_query = block_scores(
@@ -820,7 +854,7 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     if r.a_v is not None:
       # Shaw's value term: the block's weights summed per clipped offset,
       # (bq, rows), against a^V (rows, Dv).
-      folded = fold(cfg, p, bucket, region, lay.table_rows)
+      folded = fold(cfg, p, bucket, region, lay.table_rows, side)
       pv = pv + dot(folded.astype(v_blk.dtype), a_v.astype(v_blk.dtype))
     return alpha * acc + pv, m_new, l
 
@@ -828,7 +862,8 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   carry = (jnp.zeros((bq, dv), F32), jnp.full((bq, 1), -jnp.inf, F32),
            jnp.zeros((bq, 1), F32)) + (jnp.zeros((bq, 1), F32),) * (2 * edges)
   carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks,
-                          has_valid, key_length(r))
+                          has_valid, key_length(r),
+                          sides=r.a_v is not None and not edges)
   acc, m, l = carry[:3]
   if edges:
     a_v_row = lambda n: r.a_v[pl.ds(n, 1), :].astype(F32)      # (1, Dv)
@@ -879,7 +914,7 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   # and p, (bq, 1) each (edge_sums); `band` gives the interior after it.
   edges = banded(cfg, lay)
 
-  def body(j, carry, region, masked):
+  def body(j, carry, region, masked, side='both'):
     acc = carry[0]
     k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
     s, keep, bucket, per_query = block_scores(
@@ -904,9 +939,9 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
       # T5's gathered term finds no bucket; its fold needs them.
       bucket = bucket_of(cfg, k_idx - q_idx)
     if cfg.kind in ('t5', 'shaw'):
-      fold_ds = fold_ds + fold(cfg, ds, bucket, region, width)
+      fold_ds = fold_ds + fold(cfg, ds, bucket, region, width, side)
     if value_columns is not None:
-      fold_p = fold_p + fold(cfg, p, bucket, region, width)
+      fold_p = fold_p + fold(cfg, p, bucket, region, width, side)
     return acc, fold_ds, fold_p
 
   acc = jnp.zeros((bq, q_ref.shape[-1]), F32)
@@ -914,8 +949,11 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     carry = (acc,) + (jnp.zeros((bq, 1), F32),) * 4
   else:
     carry = (acc, jnp.zeros((bq, width), F32), jnp.zeros((bq, width), F32))
+  # The folds per bucket or table row (T5's; Shaw's unbanded) sum only
+  # their side's rows in a near block off the diagonal: half the work.
   carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks,
-                          has_valid, key_length(r))
+                          has_valid, key_length(r),
+                          sides=cfg.kind in ('t5', 'shaw') and not edges)
   acc = carry[0]
   if edges:
     # The interior offsets' weights and score gradients from `band`, the
