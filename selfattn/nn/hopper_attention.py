@@ -309,13 +309,27 @@ def regions(cfg: HopperConfig, row_block, bq: int, bk: int, end):
 
 def over_blocks(cfg: HopperConfig, step, carry, row_block, bq: int, bk: int,
                 full, end):
-  """step(j, carry, masked=, region=) over key blocks [0, end) in
-  static (region, masked) segments: blocks below `full` unmasked."""
+  """step(j, carry, masked=, region=, side=) over key blocks [0, end) in
+  static (region, side, masked) segments: blocks below `full` unmasked;
+  T5's and Shaw's near blocks apart by their side of the diagonal
+  (kernels.near_sides), whose selects and folds run over that side's
+  buckets or table rows only (kernels.side_rows)."""
   for lo, hi, region in regions(cfg, row_block, bq, bk, end):
-    for a, b, masked in kernels.masked_split(full, lo, hi):
-      carry = lax.fori_loop(a, b, functools.partial(
-          step, masked=masked, region=region), carry)
+    parts = [(lo, hi, 'both')]
+    if region == 'near' and cfg.kind in ('t5', 'shaw'):
+      parts = kernels.near_sides(row_block, bq, bk, lo, hi)
+    for part_lo, part_hi, side in parts:
+      for a, b, masked in kernels.masked_split(full, part_lo, part_hi):
+        carry = lax.fori_loop(a, b, functools.partial(
+            step, masked=masked, region=region, side=side), carry)
   return carry
+
+
+def side_bounds(cfg: HopperConfig, side: str) -> tuple[int, int]:
+  """(first, past the last) of the buckets or table rows a near block on
+  `side` of the diagonal holds (kernels.side_rows)."""
+  rows = kernels.side_rows(cfg, side)
+  return rows.start, rows.stop
 
 
 def shaw_vector(qa_smem, n, query_axis: int = 0):
@@ -334,10 +348,12 @@ def shaw_row(qa_smem, n, shape, query_axis: int = 0):
                               [query_axis])
 
 
-def table_term(cfg: HopperConfig, value, region: str, bucket, like):
+def table_term(cfg: HopperConfig, value, region: str, bucket, like,
+               side: str = 'both'):
   """T5's or Shaw's per-entry term of a block: value(n) of each entry's
   bucket or table row n. A far block's entries all take their edge's (no
-  select); a near block's by one select per row (no gather).
+  select); a near block's by one select per row (no gather), over the
+  rows its side of the diagonal holds (side_bounds).
 
   The rows are a loop, not unrolled: the same selects, but Mosaic GPU's
   layout inference grows with the unrolled ops. One attention call's
@@ -350,7 +366,7 @@ def table_term(cfg: HopperConfig, value, region: str, bucket, like):
   if region != 'near':
     return value(kernels.edge(cfg, region))
   return lax.fori_loop(
-      0, kernels.num_rows(cfg),
+      *side_bounds(cfg, side),
       lambda n, term: jnp.where(bucket == n, value(n), term),
       jnp.zeros_like(like))
 
@@ -397,7 +413,7 @@ def far_terms(cfg: HopperConfig, terms, region: str, starts, shape,
 
 def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
             masked: bool, region: str = 'near', bucket=None,
-            query_axis: int = 0, starts=None):
+            query_axis: int = 0, starts=None, side: str = 'both'):
   """(logits, per_query) of a block of raw scores s (q k^T): base-2
   logits, the scale and the encoding's term (head_terms; Shaw's: the QA
   rows in shared memory) folded in, -inf where the pair is not allowed
@@ -413,7 +429,8 @@ def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
   caller's kernels.bucket_of) look the term up by one select per bucket
   (no gather) and ALiBi computes it per entry. starts: the block's first
   query and key (ALiBi's far blocks). query_axis: 1 for dK/dV's
-  transposed blocks (keys on axis 0)."""
+  transposed blocks (keys on axis 0). side: a near block's side of the
+  diagonal (over_blocks)."""
   s = s * (cfg.scale * LOG2E)
   per_query = 0.0
   if region != 'near' and kernels.splits(cfg):
@@ -428,7 +445,7 @@ def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
       value = terms                                 # a scalar per bucket
     else:
       value = lambda n: shaw_row(terms, n, s.shape, query_axis)
-    s = s + table_term(cfg, value, region, bucket, s)
+    s = s + table_term(cfg, value, region, bucket, s, side)
   if masked:
     keep = k_idx < length
     if cfg.causal:
@@ -493,13 +510,14 @@ def add_to_row(rows_smem, n, value, layout, decay=None):
 
 
 def _shaw_masses(cfg: HopperConfig, masses, mass_smem, p, alpha, psum,
-                 bucket, m_new, region: str):
+                 bucket, m_new, region: str, side: str):
   """Shaw with values: each row's softmax mass per table row. The edges
   (left, right) are carried in registers and rescale every block; the
   interior rows 1..2k-1 sit in mass_smem ((2k+1, bq) float32, zeroed
-  first) and change only in near blocks, rescaling there; m_near, the
-  running max when the near blocks ended, lets the epilogue bring them to
-  the final max."""
+  first) and change only in near blocks, rescaling there (all of them;
+  the masses only of the rows on the block's side of the diagonal);
+  m_near, the running max when the near blocks ended, lets the epilogue
+  bring them to the final max."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
   left, right, m_near = masses
   left, right = left * alpha, right * alpha
@@ -508,11 +526,25 @@ def _shaw_masses(cfg: HopperConfig, masses, mass_smem, p, alpha, psum,
   if region == 'right':
     return left, right + psum, m_near
   mass = lambda n: jnp.where(bucket == n, p, 0.0).sum(axis=1)
+  layout = plgpu.Layout.WGMMA.reduce(1)
+  first, stop = side_bounds(cfg, side)
+  # The interior rows 1..2k-1: those on the block's side gain its mass,
+  # the others (none on the diagonal) are only rescaled.
+  held = (max(first, 1), min(stop, 2 * cfg.clip))
+  for lo, hi in ((1, held[0]), (held[1], 2 * cfg.clip)):
+    if lo < hi:
+      @pl.loop(lo, hi)
+      def _rescale(n):
+        add_to_row(mass_smem, n, 0.0, layout, alpha)
 
-  @pl.loop(1, 2 * cfg.clip)
+  @pl.loop(*held)
   def _interior(n):
-    add_to_row(mass_smem, n, mass(n), plgpu.Layout.WGMMA.reduce(1), alpha)
-  return left + mass(0), right + mass(2 * cfg.clip), m_new
+    add_to_row(mass_smem, n, mass(n), layout, alpha)
+  if side != 'right':
+    left = left + mass(0)
+  if side != 'left':
+    right = right + mass(2 * cfg.clip)
+  return left, right, m_new
 
 
 def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
@@ -575,7 +607,7 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
         mass_smem.at[n][...] = rows(0.0)
     pl.when(wg == 1)(take_turn)
 
-    def step(j, carry, masked: bool, region: str):
+    def step(j, carry, masked: bool, region: str, side: str):
       acc, m, l, masses = carry
       slot = lax.rem(j, jnp.int32(stages))
       plgpu.barrier_wait(k_ready.at[slot])
@@ -593,7 +625,8 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       if near and cfg.kind in ('t5', 'shaw'):
         bucket = kernels.bucket_of(cfg, k_idx - q_idx)
       s, per_query = logits2(cfg, s, q_idx, k_idx, terms, length, shift,
-                             masked, region, bucket, starts=(q_base, j * bk))
+                             masked, region, bucket, starts=(q_base, j * bk),
+                             side=side)
       # The row max of the whole logits, the far blocks' per-query term
       # (logits2) added per row.
       m_new = jnp.maximum(m, s.max(axis=1) + per_query)
@@ -605,7 +638,7 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       l = l * alpha + psum
       if values:
         masses = _shaw_masses(cfg, masses, mass_smem, p, alpha, psum, bucket,
-                              m_new, region)
+                              m_new, region, side)
       acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
       p16 = p.astype(dtype)
       if cfg.ping_pong:

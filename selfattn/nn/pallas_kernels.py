@@ -575,6 +575,16 @@ def near_sides(i, bq: int, bk: int, lo, hi):
           (right_start, hi, 'right')]
 
 
+def near_query_sides(j, bq: int, bk: int, lo, hi):
+  """[(a, b, side)] of near query blocks [lo, hi) of key block j (the
+  transpose of near_sides, in the dK/dV kernels' order): those that see it
+  only at offsets > 0 ('right'), those crossing the diagonal ('both'),
+  those only at offsets < 0 ('left')."""
+  right_end, left_start = far_query_blocks(j, bq, bk, 1, lo, hi)
+  return [(lo, right_end, 'right'), (right_end, left_start, 'both'),
+          (left_start, hi, 'left')]
+
+
 def reach(cfg: Config) -> int:
   """How far from the diagonal a far block's offsets all are."""
   if cfg.kind == 'alibi':
