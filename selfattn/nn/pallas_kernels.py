@@ -338,12 +338,13 @@ def bucket_of(cfg: Config, offset: jax.Array) -> jax.Array:
   return positions.t5_bucket(offset, cfg.num_buckets, cfg.max_distance)
 
 
-def select_columns(bucket, columns, shape) -> jax.Array:
+def select_columns(bucket, columns, shape, rows=None) -> jax.Array:
   """(bq, bk): columns[bucket[i, j]][i] by one select per column (no
-  gather)."""
+  gather), over the columns `rows` (all by default: side_rows gives a
+  near block's off the diagonal)."""
   term = jnp.zeros(shape, F32)
-  for r, col in enumerate(columns):
-    term = jnp.where(bucket == r, col, term)
+  for r in range(len(columns)) if rows is None else rows:
+    term = jnp.where(bucket == r, columns[r], term)
   return term
 
 
@@ -442,13 +443,14 @@ def head_scalars(cfg: Config, refs: Refs):
 
 
 def logit_term(cfg: Config, region: str, q_idx, k_idx, scalars,
-               key_columns, starts=None):
+               key_columns, starts=None, side: str = 'both'):
   """(term (bq, bk) or (1, bk) or None, bucket (bq, bk) or None, per_query
   (bq|1, 1) or None) of one block: ALiBi's bias (`alibi_rows_and_columns`
   on a block wholly to one side of the diagonal; starts: its first query
   and key); T5's or Shaw's per-bucket values (Shaw's are the columns of
   scale * q a^K^T), gathered (`Gathered`) or selected per offset near the
-  diagonal, the edge value beyond.
+  diagonal (over the rows of the block's side of it: side_rows), the edge
+  value beyond.
 
   A far block's part of the term that depends on the query alone (ALiBi's
   row term, T5's edge bias, Shaw's edge column) is left out of `term` and
@@ -472,7 +474,8 @@ def logit_term(cfg: Config, region: str, q_idx, k_idx, scalars,
   if region != 'near':
     return None, None, values[edge(cfg, region)]
   bucket = bucket_of(cfg, offset)
-  return select_columns(bucket, values, offset.shape), bucket, None
+  return (select_columns(bucket, values, offset.shape, side_rows(cfg, side)),
+          bucket, None)
 
 
 def less(x, per_query):
@@ -482,24 +485,25 @@ def less(x, per_query):
 
 
 def value_term(cfg: Config, region: str, value_columns, q_idx, k_idx,
-               bucket):
+               bucket, side: str = 'both'):
   """Shaw's dO a^V^T term of dp for one block: its edge column in a far
   block, the entry's offset's column near the diagonal."""
   if isinstance(value_columns, Gathered):
     return value_columns.term(region, q_idx, k_idx - q_idx)
   if region != 'near':
     return value_columns[edge(cfg, region)]
-  return select_columns(bucket, value_columns, bucket.shape)
+  return select_columns(bucket, value_columns, bucket.shape,
+                        side_rows(cfg, side))
 
 
 def with_value_term(cfg: Config, region: str, dp, delta, value_columns,
-                    q_idx, k_idx, bucket):
+                    q_idx, k_idx, bucket, side: str = 'both'):
   """(dp, delta) with Shaw's value term (value_term) where there is one: a
   near block's per entry in dp, a far block's edge column, one per row,
   taken from delta instead (ds = p (dp + term - delta))."""
   if value_columns is None:
     return dp, delta
-  term = value_term(cfg, region, value_columns, q_idx, k_idx, bucket)
+  term = value_term(cfg, region, value_columns, q_idx, k_idx, bucket, side)
   return (dp + term, delta) if region == 'near' else (dp, delta - term)
 
 
@@ -583,6 +587,17 @@ def near_query_sides(j, bq: int, bk: int, lo, hi):
   right_end, left_start = far_query_blocks(j, bq, bk, 1, lo, hi)
   return [(lo, right_end, 'right'), (right_end, left_start, 'both'),
           (left_start, hi, 'left')]
+
+
+def by_sides(cfg: Config, lay: Layout, kernel: str) -> bool:
+  """Whether a kernel's near blocks run apart by their side of the
+  diagonal (near_sides), which halves a per-bucket loop in those off it:
+  T5's and Shaw's term selects of the select form (Mosaic TPU), in every
+  kernel, and the dQ kernel's folds (T5's in both forms; Shaw's with
+  gathered terms are `band`'s). kernel: 'forward', 'dq' or 'dkdv'."""
+  if cfg.kind not in ('t5', 'shaw'):
+    return False
+  return not lay.gathers or (kernel == 'dq' and cfg.kind == 't5')
 
 
 def reach(cfg: Config) -> int:
@@ -718,15 +733,16 @@ def key_block(j, k_ref, v_ref, valid_ref, bq: int, bk: int):
 
 def block_scores(cfg: Config, region: str, q, k_blk, q_idx, k_idx, scalars,
                  key_columns, lq: int, lk: int, valid, masked: bool = True,
-                 starts=None):
+                 starts=None, side: str = 'both'):
   """(s, keep, bucket, per_query) of one (bq, bk) block: scale * q k^T plus
   the encoding's term, in base-2 units (times log2(e)), which entries are
   attended (None for a block that needs no mask), each entry's table row
   or bucket (near blocks of Shaw and T5, else None), and a far block's
-  term that depends on the query alone, left out of s (logit_term)."""
+  term that depends on the query alone, left out of s (logit_term; side:
+  a near block's side of the diagonal)."""
   s = dot_t(q, k_blk) * logit_scale(cfg)
   term, bucket, per_query = logit_term(cfg, region, q_idx, k_idx, scalars,
-                                       key_columns, starts)
+                                       key_columns, starts, side)
   if term is not None:
     s = s + term
   keep = keep_mask(cfg, q_idx, k_idx, lq, lk, valid) if masked else None
@@ -844,7 +860,7 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
     s, keep, bucket, per_query = block_scores(
         cfg, region, q, k_blk, q_idx, k_idx, scalars, key_columns, lq, lk,
-        valid, masked, starts=(i * bq, j * bk))
+        valid, masked, starts=(i * bq, j * bk), side=side)
     if masked:
       s = jnp.where(keep, s, -jnp.inf)
     top = jnp.max(s, axis=1, keepdims=True)
@@ -873,7 +889,7 @@ def forward_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
            jnp.zeros((bq, 1), F32)) + (jnp.zeros((bq, 1), F32),) * (2 * edges)
   carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks,
                           has_valid, key_length(r),
-                          sides=r.a_v is not None and not edges)
+                          sides=by_sides(cfg, lay, 'forward'))
   acc, m, l = carry[:3]
   if edges:
     a_v_row = lambda n: r.a_v[pl.ds(n, 1), :].astype(F32)      # (1, Dv)
@@ -929,11 +945,11 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     k_blk, v_blk, k_idx, valid = key_block(j, k_ref, v_ref, r.valid, bq, bk)
     s, keep, bucket, per_query = block_scores(
         cfg, region, q, k_blk, q_idx, k_idx, scalars, key_columns, lq, lk,
-        valid, masked, starts=(i * bq, j * bk))
+        valid, masked, starts=(i * bq, j * bk), side=side)
     p = weights(s, less(lse2, per_query), keep)
     dp = dot_t(do, v_blk)
     dp, row_delta = with_value_term(cfg, region, dp, delta, value_columns,
-                                    q_idx, k_idx, bucket)
+                                    q_idx, k_idx, bucket, side)
     ds = p * (dp - row_delta)      # d loss / d s in natural units
     acc = acc + dot(ds.astype(k_blk.dtype), k_blk)
     if edges:
@@ -959,11 +975,9 @@ def dq_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     carry = (acc,) + (jnp.zeros((bq, 1), F32),) * 4
   else:
     carry = (acc, jnp.zeros((bq, width), F32), jnp.zeros((bq, width), F32))
-  # The folds per bucket or table row (T5's; Shaw's unbanded) sum only
-  # their side's rows in a near block off the diagonal: half the work.
   carry = over_key_blocks(cfg, body, carry, i, bq, bk, lq, lk, num_key_blocks,
                           has_valid, key_length(r),
-                          sides=cfg.kind in ('t5', 'shaw') and not edges)
+                          sides=by_sides(cfg, lay, 'dq'))
   acc = carry[0]
   if edges:
     # The interior offsets' weights and score gradients from `band`, the
@@ -1009,7 +1023,7 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
     a_v = r.a_v[...]
     a_v_edges = edge_rows(a_v)
 
-  def body(i, carry, region, masked):
+  def body(i, carry, region, masked, side='both'):
     dk, dv = carry
     start = pl.multiple_of(i * bq, bq)
     q = q_ref[pl.ds(start, bq), :]
@@ -1041,12 +1055,12 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
         value_columns = {n: row_dot(do, a_v_edges[region])}
     s, keep, bucket, per_query = block_scores(
         cfg, region, q, k_blk, q_idx, k_idx, scalars, key_columns, lq, lk,
-        valid, masked, starts=(start, j * bk))
+        valid, masked, starts=(start, j * bk), side=side)
     p = weights(s, less(lse2, per_query), keep)
     dv = dv + tdot(p.astype(do.dtype), do)
     dp = dot_t(do, v_blk)
     dp, row_delta = with_value_term(cfg, region, dp, delta, value_columns,
-                                    q_idx, k_idx, bucket)
+                                    q_idx, k_idx, bucket, side)
     ds = p * (dp - row_delta)
     dk = dk + tdot(ds.astype(q.dtype), q)
     return dk, dv
@@ -1067,9 +1081,15 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
   first = first_unmasked_query_block(cfg, j, bq, bk, lq, lk, lower,
                                      num_query_blocks, has_valid, length)
   for lo, hi, region in regions(cfg, split, lower, num_query_blocks):
-    for a, b, masked in masked_split(first, lo, hi, unmasked_below=False):
-      carry = jax.lax.fori_loop(a, b, functools.partial(
-          body, region=region, masked=masked), carry)
+    parts = [(lo, hi, None)]
+    if region == 'near' and by_sides(cfg, lay, 'dkdv'):
+      parts = near_query_sides(j, bq, bk, lo, hi)
+    for part_lo, part_hi, side in parts:
+      step = body if side is None else functools.partial(body, side=side)
+      for a, b, masked in masked_split(first, part_lo, part_hi,
+                                       unmasked_below=False):
+        carry = jax.lax.fori_loop(a, b, functools.partial(
+            step, region=region, masked=masked), carry)
   dk, dv = carry
   dk_ref[...] = (cfg.scale * dk).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
