@@ -454,6 +454,27 @@ def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
   return s, per_query
 
 
+def block_logits2(cfg: HopperConfig, s, terms, length, shift, masked: bool,
+                  region: str, side: str, starts, query_axis: int = 0):
+  """(logits, per_query, bucket) of a block of raw scores s whose first
+  query and key are `starts`: logits2, with the iota indices (masked or
+  near blocks) and each entry's bucket or table row (T5's and Shaw's near
+  blocks, else None) that it and the caller's folds need."""
+  q0, k0 = starts
+  q_idx = k_idx = bucket = None
+  near = region == 'near' and kernels.splits(cfg)
+  if masked or near:
+    if query_axis == 0:
+      q_idx, k_idx = block_indices(q0, k0, s.shape)
+    else:
+      k_idx, q_idx = block_indices(k0, q0, s.shape)
+  if near and cfg.kind in ('t5', 'shaw'):
+    bucket = kernels.bucket_of(cfg, k_idx - q_idx)
+  s, per_query = logits2(cfg, s, q_idx, k_idx, terms, length, shift, masked,
+                         region, bucket, query_axis, starts, side)
+  return s, per_query, bucket
+
+
 def per_row(vector, shape, axis: int = 0):
   """A vector along a block's axis (or a scalar) to the block's shape."""
   if jnp.ndim(vector) == 0:
@@ -618,15 +639,9 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
         return acc_ref[...]
       s = pl.run_scoped(scores, plgpu.ACC((bq, bk), F32))
       plgpu.barrier_arrive(k_free.at[slot])
-      q_idx = k_idx = bucket = None
-      near = region == 'near' and kernels.splits(cfg)
-      if masked or near:
-        q_idx, k_idx = block_indices(q_base, j * bk, (bq, bk))
-      if near and cfg.kind in ('t5', 'shaw'):
-        bucket = kernels.bucket_of(cfg, k_idx - q_idx)
-      s, per_query = logits2(cfg, s, q_idx, k_idx, terms, length, shift,
-                             masked, region, bucket, starts=(q_base, j * bk),
-                             side=side)
+      s, per_query, bucket = block_logits2(cfg, s, terms, length, shift,
+                                           masked, region, side,
+                                           (q_base, j * bk))
       # The row max of the whole logits, the far blocks' per-query term
       # (logits2) added per row.
       m_new = jnp.maximum(m, s.max(axis=1) + per_query)

@@ -52,14 +52,13 @@ from selfattn.nn.hopper_attention import HEAD_MULTIPLE
 from selfattn.nn.hopper_attention import LOG2E
 from selfattn.nn.hopper_attention import HopperConfig
 from selfattn.nn.hopper_attention import accumulate_product
-from selfattn.nn.hopper_attention import block_indices
+from selfattn.nn.hopper_attention import block_logits2
 from selfattn.nn.hopper_attention import cdiv
 from selfattn.nn.hopper_attention import check
 from selfattn.nn.hopper_attention import check_width
 from selfattn.nn.hopper_attention import head_table
 from selfattn.nn.hopper_attention import head_terms
 from selfattn.nn.hopper_attention import key_end
-from selfattn.nn.hopper_attention import logits2
 from selfattn.nn.hopper_attention import over_blocks
 from selfattn.nn.hopper_attention import per_row
 from selfattn.nn.hopper_attention import product
@@ -173,15 +172,9 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       slot = lax.rem(j, jnp.int32(stages))
       plgpu.barrier_wait(k_ready.at[slot])
       s = product(q_smem, k_smem.at[slot].transpose((1, 0)), (bq, bk))
-      q_idx = k_idx = bucket = None
-      near = region == 'near' and kernels.splits(cfg)
-      if masked or near:
-        q_idx, k_idx = block_indices(base, j * bk, (bq, bk))
-      if near and bucketed:
-        bucket = kernels.bucket_of(cfg, k_idx - q_idx)
-      s2, per_query = logits2(cfg, s, q_idx, k_idx, terms, length, shift,
-                              masked, region, bucket, starts=(base, j * bk),
-                              side=side)
+      s2, per_query, bucket = block_logits2(cfg, s, terms, length, shift,
+                                            masked, region, side,
+                                            (base, j * bk))
       # The far blocks' per-query term (logits2) joins the row's lse.
       p = jnp.exp2(s2 - per_row(lse2 - per_query, s2.shape))
       plgpu.barrier_wait(v_ready.at[slot])
@@ -327,16 +320,9 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
       for barrier in ready:
         plgpu.barrier_wait(barrier.at[slot])
       s_t = product(k_smem, q_smem.at[slot].transpose((1, 0)), (bkv, bq))
-      k_idx = q_idx = bucket = None
-      near = region == 'near' and kernels.splits(cfg)
-      if masked or near:
-        k_idx, q_idx = block_indices(base, i * bq, (bkv, bq))
-      if near and bucketed:
-        bucket = kernels.bucket_of(cfg, k_idx - q_idx)
-      s2, per_query = logits2(cfg, s_t, q_idx, k_idx,
-                              qa_smem.at[slot] if shaw else terms, length,
-                              shift, masked, region, bucket, query_axis=1,
-                              starts=(i * bq, base), side=side)
+      s2, per_query, bucket = block_logits2(
+          cfg, s_t, qa_smem.at[slot] if shaw else terms, length, shift,
+          masked, region, side, (i * bq, base), query_axis=1)
       lse2 = plgpu.load(lse_smem.at[slot], layout=column_layout) * LOG2E
       p_t = jnp.exp2(s2 - per_row(lse2 - per_query, s2.shape, 1))
       dv = accumulate_product(dv, p_t.astype(dtype), do_smem.at[slot],
