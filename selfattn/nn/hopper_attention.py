@@ -43,15 +43,17 @@ from registers and accumulates P V into the running output in place.
 Shaw (k = clip): the key term scale q_i . a^K_{c(j-i)}, c = clip(., -k, k)
 + k, arrives as QA (B, H, 2k+1, Lq), q a^K^T computed before the kernel
 (O(L k) memory); far blocks take one edge row of it (per row, logits2),
-near blocks select the offset's row per entry. With values, the kernel also returns each row's
-softmax mass per table row, W (B, H, 2k+1, Lq): the edges accumulate over
-far blocks in registers, the 2k-1 interior rows only over the near ones,
-in shared memory (rescaled once at the end from the near region's running
-max); the value term W a^V is one small matmul after the kernel. The
-backward (hopper_backward.py) recomputes the same terms. The table rows
-take shared memory ((2k+1) x 64 float32 per buffer and group): where a
-kernel's scratch would not fit (fits; wide heads, large k), the call is
-Triton's.
+near blocks select the offset's row per entry. With values, the kernel
+also returns each row's softmax mass per table row, W (B, H, 2k+1, Lq):
+the edges accumulate over far blocks in registers, the 2k-1 interior rows
+only over the near ones, in shared memory (rescaled on each near block,
+and once at the end from the near region's running max); the value term
+W a^V is one small matmul after the kernel. The backward
+(hopper_backward.py) recomputes the same terms. A near block wholly to one
+side of the diagonal selects and folds only the rows it can hold
+(held_rows), T5's buckets too. The table rows take shared memory
+((2k+1) x 64 float32 per buffer and group): where a kernel's scratch
+would not fit (fits; wide heads, large k), the call is Triton's.
 
 Shapes: q (B, H, Lq, D), k and v (B, H, Lk, D), bf16 or f16, D padded
 with zeros to a multiple of 64 (at most MAX_HEAD); lengths are padded to
@@ -309,27 +311,33 @@ def regions(cfg: HopperConfig, row_block, bq: int, bk: int, end):
 
 def over_blocks(cfg: HopperConfig, step, carry, row_block, bq: int, bk: int,
                 full, end):
-  """step(j, carry, masked=, region=, side=) over key blocks [0, end) in
-  static (region, side, masked) segments: blocks below `full` unmasked;
-  T5's and Shaw's near blocks apart by their side of the diagonal
-  (kernels.near_sides), whose selects and folds run over that side's
-  buckets or table rows only (kernels.side_rows)."""
+  """step(j, carry, masked=, region=) over key blocks [0, end) in
+  static (region, masked) segments: blocks below `full` unmasked."""
   for lo, hi, region in regions(cfg, row_block, bq, bk, end):
-    parts = [(lo, hi, 'both')]
-    if region == 'near' and cfg.kind in ('t5', 'shaw'):
-      parts = kernels.near_sides(row_block, bq, bk, lo, hi)
-    for part_lo, part_hi, side in parts:
-      for a, b, masked in kernels.masked_split(full, part_lo, part_hi):
-        carry = lax.fori_loop(a, b, functools.partial(
-            step, masked=masked, region=region, side=side), carry)
+    for a, b, masked in kernels.masked_split(full, lo, hi):
+      carry = lax.fori_loop(a, b, functools.partial(
+          step, masked=masked, region=region), carry)
   return carry
 
 
-def side_bounds(cfg: HopperConfig, side: str) -> tuple[int, int]:
-  """(first, past the last) of the buckets or table rows a near block on
-  `side` of the diagonal holds (kernels.side_rows)."""
-  rows = kernels.side_rows(cfg, side)
-  return rows.start, rows.stop
+def held_rows(cfg: HopperConfig, starts, shape, query_axis: int = 0):
+  """(first, stop), traced int32: the buckets or table rows [first, stop)
+  a near block can hold, from the range of its offsets (starts: its first
+  query and key; query_axis as logits2's). A block wholly left of the
+  diagonal (every offset < 0) holds only T5's lower half or Shaw's rows
+  below k, one wholly right only the other half (kernels.side_rows), so
+  its selects and folds run half as many rounds. Bounds of the loops, not
+  loops of their own: a near loop split by side (kernels.near_sides, as
+  the Triton dQ does) lowered 1.6x slower here (Shaw's training call at
+  8192, 4.2 -> 6.7 s), for the same rounds."""
+  q0, k0 = starts
+  queries, keys = shape if query_axis == 0 else shape[::-1]
+  lowest = k0 - (q0 + queries - 1)
+  highest = k0 + keys - 1 - q0
+  rows = kernels.num_rows(cfg)
+  half = len(kernels.side_rows(cfg, 'left'))
+  return (jnp.where(lowest > 0, rows - half, 0).astype(jnp.int32),
+          jnp.where(highest < 0, half, rows).astype(jnp.int32))
 
 
 def shaw_vector(qa_smem, n, query_axis: int = 0):
@@ -348,12 +356,11 @@ def shaw_row(qa_smem, n, shape, query_axis: int = 0):
                               [query_axis])
 
 
-def table_term(cfg: HopperConfig, value, region: str, bucket, like,
-               side: str = 'both'):
-  """T5's or Shaw's per-entry term of a block: value(n) of each entry's
-  bucket or table row n. A far block's entries all take their edge's (no
-  select); a near block's by one select per row (no gather), over the
-  rows its side of the diagonal holds (side_bounds).
+def table_term(cfg: HopperConfig, value, bucket, like, held):
+  """T5's or Shaw's per-entry term of a near block: value(n) of each
+  entry's bucket or table row n, by one select per row (no gather), over
+  the rows the block can hold (held: held_rows). (A far block's term is
+  one edge's, far_terms.)
 
   The rows are a loop, not unrolled: the same selects, but Mosaic GPU's
   layout inference grows with the unrolled ops. One attention call's
@@ -363,10 +370,8 @@ def table_term(cfg: HopperConfig, value, region: str, bucket, like,
   took 9.3 s, 7.0 s with these selects rolled and 5.5 s with its dQ folds
   in shared memory too (hopper_backward._fold_into). Shaw's rows come from
   shared memory by a traced index, T5's biases by a scalar load each."""
-  if region != 'near':
-    return value(kernels.edge(cfg, region))
   return lax.fori_loop(
-      *side_bounds(cfg, side),
+      *held,
       lambda n, term: jnp.where(bucket == n, value(n), term),
       jnp.zeros_like(like))
 
@@ -413,7 +418,7 @@ def far_terms(cfg: HopperConfig, terms, region: str, starts, shape,
 
 def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
             masked: bool, region: str = 'near', bucket=None,
-            query_axis: int = 0, starts=None, side: str = 'both'):
+            query_axis: int = 0, starts=None, held=None):
   """(logits, per_query) of a block of raw scores s (q k^T): base-2
   logits, the scale and the encoding's term (head_terms; Shaw's: the QA
   rows in shared memory) folded in, -inf where the pair is not allowed
@@ -429,8 +434,8 @@ def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
   caller's kernels.bucket_of) look the term up by one select per bucket
   (no gather) and ALiBi computes it per entry. starts: the block's first
   query and key (ALiBi's far blocks). query_axis: 1 for dK/dV's
-  transposed blocks (keys on axis 0). side: a near block's side of the
-  diagonal (over_blocks)."""
+  transposed blocks (keys on axis 0). held: the rows a near block can hold
+  (held_rows)."""
   s = s * (cfg.scale * LOG2E)
   per_query = 0.0
   if region != 'near' and kernels.splits(cfg):
@@ -445,7 +450,7 @@ def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
       value = terms                                 # a scalar per bucket
     else:
       value = lambda n: shaw_row(terms, n, s.shape, query_axis)
-    s = s + table_term(cfg, value, region, bucket, s, side)
+    s = s + table_term(cfg, value, bucket, s, held)
   if masked:
     keep = k_idx < length
     if cfg.causal:
@@ -455,11 +460,12 @@ def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
 
 
 def block_logits2(cfg: HopperConfig, s, terms, length, shift, masked: bool,
-                  region: str, side: str, starts, query_axis: int = 0):
-  """(logits, per_query, bucket) of a block of raw scores s whose first
-  query and key are `starts`: logits2, with the iota indices (masked or
-  near blocks) and each entry's bucket or table row (T5's and Shaw's near
-  blocks, else None) that it and the caller's folds need."""
+                  region: str, starts, query_axis: int = 0):
+  """(logits, per_query, bucket, held) of a block of raw scores s whose
+  first query and key are `starts`: logits2, with the iota indices (masked
+  or near blocks), each entry's bucket or table row and the rows the block
+  can hold (held_rows; T5's and Shaw's near blocks, else None) that it and
+  the caller's folds need."""
   q0, k0 = starts
   q_idx = k_idx = bucket = None
   near = region == 'near' and kernels.splits(cfg)
@@ -468,11 +474,13 @@ def block_logits2(cfg: HopperConfig, s, terms, length, shift, masked: bool,
       q_idx, k_idx = block_indices(q0, k0, s.shape)
     else:
       k_idx, q_idx = block_indices(k0, q0, s.shape)
+  held = None
   if near and cfg.kind in ('t5', 'shaw'):
     bucket = kernels.bucket_of(cfg, k_idx - q_idx)
+    held = held_rows(cfg, starts, s.shape, query_axis)
   s, per_query = logits2(cfg, s, q_idx, k_idx, terms, length, shift, masked,
-                         region, bucket, query_axis, starts, side)
-  return s, per_query, bucket
+                         region, bucket, query_axis, starts, held)
+  return s, per_query, bucket, held
 
 
 def per_row(vector, shape, axis: int = 0):
@@ -531,12 +539,12 @@ def add_to_row(rows_smem, n, value, layout, decay=None):
 
 
 def _shaw_masses(cfg: HopperConfig, masses, mass_smem, p, alpha, psum,
-                 bucket, m_new, region: str, side: str):
+                 bucket, m_new, region: str, held):
   """Shaw with values: each row's softmax mass per table row. The edges
   (left, right) are carried in registers and rescale every block; the
   interior rows 1..2k-1 sit in mass_smem ((2k+1, bq) float32, zeroed
   first) and change only in near blocks, rescaling there (all of them;
-  the masses only of the rows on the block's side of the diagonal);
+  the masses only of the rows the block can hold, held_rows);
   m_near, the running max when the near blocks ended, lets the epilogue
   bring them to the final max."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -548,23 +556,20 @@ def _shaw_masses(cfg: HopperConfig, masses, mass_smem, p, alpha, psum,
     return left, right + psum, m_near
   mass = lambda n: jnp.where(bucket == n, p, 0.0).sum(axis=1)
   layout = plgpu.Layout.WGMMA.reduce(1)
-  first, stop = side_bounds(cfg, side)
-  # The interior rows 1..2k-1: those on the block's side gain its mass,
-  # the others (none on the diagonal) are only rescaled.
-  held = (max(first, 1), min(stop, 2 * cfg.clip))
-  for lo, hi in ((1, held[0]), (held[1], 2 * cfg.clip)):
-    if lo < hi:
-      @pl.loop(lo, hi)
-      def _rescale(n):
-        add_to_row(mass_smem, n, 0.0, layout, alpha)
+  first, stop = held
+  # The interior rows 1..2k-1: those the block can hold gain its mass, the
+  # others (none on the diagonal) are only rescaled.
+  inner = (jnp.maximum(first, 1), jnp.minimum(stop, 2 * cfg.clip))
+  for lo, hi in ((1, inner[0]), (inner[1], 2 * cfg.clip)):
+    @pl.loop(lo, hi)
+    def _rescale(n):
+      add_to_row(mass_smem, n, 0.0, layout, alpha)
 
-  @pl.loop(*held)
+  @pl.loop(*inner)
   def _interior(n):
     add_to_row(mass_smem, n, mass(n), layout, alpha)
-  if side != 'right':
-    left = left + mass(0)
-  if side != 'left':
-    right = right + mass(2 * cfg.clip)
+  # Edges a block cannot hold add their mass, 0.
+  left, right = left + mass(0), right + mass(2 * cfg.clip)
   return left, right, m_new
 
 
@@ -628,7 +633,7 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
         mass_smem.at[n][...] = rows(0.0)
     pl.when(wg == 1)(take_turn)
 
-    def step(j, carry, masked: bool, region: str, side: str):
+    def step(j, carry, masked: bool, region: str):
       acc, m, l, masses = carry
       slot = lax.rem(j, jnp.int32(stages))
       plgpu.barrier_wait(k_ready.at[slot])
@@ -639,9 +644,8 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
         return acc_ref[...]
       s = pl.run_scoped(scores, plgpu.ACC((bq, bk), F32))
       plgpu.barrier_arrive(k_free.at[slot])
-      s, per_query, bucket = block_logits2(cfg, s, terms, length, shift,
-                                           masked, region, side,
-                                           (q_base, j * bk))
+      s, per_query, bucket, held = block_logits2(
+          cfg, s, terms, length, shift, masked, region, (q_base, j * bk))
       # The row max of the whole logits, the far blocks' per-query term
       # (logits2) added per row.
       m_new = jnp.maximum(m, s.max(axis=1) + per_query)
@@ -653,7 +657,7 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       l = l * alpha + psum
       if values:
         masses = _shaw_masses(cfg, masses, mass_smem, p, alpha, psum, bucket,
-                              m_new, region, side)
+                              m_new, region, held)
       acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
       p16 = p.astype(dtype)
       if cfg.ping_pong:

@@ -66,7 +66,6 @@ from selfattn.nn.hopper_attention import unmasked_end
 from selfattn.nn.hopper_attention import round_up
 from selfattn.nn.hopper_attention import shaw_row
 from selfattn.nn.hopper_attention import shaw_vector
-from selfattn.nn.hopper_attention import side_bounds
 from selfattn.nn.hopper_attention import table_term
 from selfattn.nn.hopper_attention import tiled_smem
 from selfattn.nn.hopper_attention import tuned_config
@@ -99,18 +98,18 @@ def _stream(j0, end, stages, slots_and_refs, ready, free, index_of):
 
 
 def _fold_into(cfg: HopperConfig, fold_smem, x, bucket, region: str,
-               layout, side: str = 'both'):
+               layout, held=None):
   """T5's and Shaw's sums of x per bucket or table row, for each row of the
   block, added into fold_smem ((rows, bq) float32, zeroed before the
   first block; in shared memory rather than registers: add_to_row says
   why): a far block's row sums all go to its edge, a near block's by one
-  select per bucket or table row its side of the diagonal holds
-  (side_bounds), in a loop."""
+  select per bucket or table row it can hold (held: held_rows), in a
+  loop."""
   if region != 'near':
     add_to_row(fold_smem, kernels.edge(cfg, region), x.sum(axis=1), layout)
     return
 
-  @pl.loop(*side_bounds(cfg, side))
+  @pl.loop(*held)
   def _bucket(n):
     add_to_row(fold_smem, n, jnp.where(bucket == n, x, 0.0).sum(axis=1),
                layout)
@@ -168,13 +167,12 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
     end = key_end(cfg, length, shift, base + bq - 1, bk)
     full = unmasked_end(cfg, length, shift, base, bk, end)
 
-    def step(j, dq, masked: bool, region: str, side: str):
+    def step(j, dq, masked: bool, region: str):
       slot = lax.rem(j, jnp.int32(stages))
       plgpu.barrier_wait(k_ready.at[slot])
       s = product(q_smem, k_smem.at[slot].transpose((1, 0)), (bq, bk))
-      s2, per_query, bucket = block_logits2(cfg, s, terms, length, shift,
-                                            masked, region, side,
-                                            (base, j * bk))
+      s2, per_query, bucket, held = block_logits2(
+          cfg, s, terms, length, shift, masked, region, (base, j * bk))
       # The far blocks' per-query term (logits2) joins the row's lse.
       p = jnp.exp2(s2 - per_row(lse2 - per_query, s2.shape))
       plgpu.barrier_wait(v_ready.at[slot])
@@ -183,17 +181,17 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       if values:    # out's value term W a^V: dp gains dO a^V of the pair's row
         if region == 'near':
           dp = dp + table_term(
-              cfg, lambda n: shaw_row(da_smem2.at[wg], n, dp.shape), region,
-              bucket, dp, side)
+              cfg, lambda n: shaw_row(da_smem2.at[wg], n, dp.shape), bucket,
+              dp, held)
         else:       # a far block's is one row's: it joins delta per row
           row_delta = delta - shaw_vector(da_smem2.at[wg],
                                           kernels.edge(cfg, region))
         _fold_into(cfg, mass_smem2.at[wg], p, bucket, region, row_layout,
-                   side)
+                   held)
       ds = p * (dp - lax.broadcast_in_dim(row_delta, dp.shape, [0]))
       if bucketed:
         _fold_into(cfg, fold_smem2.at[wg], ds, bucket, region, row_layout,
-                   side)
+                   held)
       dq = accumulate_product(dq, ds.astype(dtype), k_smem.at[slot],
                               ds_smem2.at[wg] if cfg.interpret else None,
                               cfg.interpret)
@@ -254,7 +252,6 @@ def _query_regions(cfg: HopperConfig, key_block, bq: int, bkv: int, start,
 def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
                  num_query_blocks: int, dtype):
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  bucketed = cfg.kind in ('t5', 'shaw')
   shaw = cfg.kind == 'shaw'
   values = shaw and cfg.shaw_values
   (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
@@ -314,15 +311,15 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
         plgpu.barrier_wait(barrier.at[slot])
       plgpu.barrier_arrive(free.at[slot])
 
-    def step(i, carry, masked: bool, region: str, side: str):
+    def step(i, carry, masked: bool, region: str):
       dk, dv = carry
       slot = lax.rem(i - tile_start, jnp.int32(stages))
       for barrier in ready:
         plgpu.barrier_wait(barrier.at[slot])
       s_t = product(k_smem, q_smem.at[slot].transpose((1, 0)), (bkv, bq))
-      s2, per_query, bucket = block_logits2(
+      s2, per_query, bucket, held = block_logits2(
           cfg, s_t, qa_smem.at[slot] if shaw else terms, length, shift,
-          masked, region, side, (i * bq, base), query_axis=1)
+          masked, region, (i * bq, base), query_axis=1)
       lse2 = plgpu.load(lse_smem.at[slot], layout=column_layout) * LOG2E
       p_t = jnp.exp2(s2 - per_row(lse2 - per_query, s2.shape, 1))
       dv = accumulate_product(dv, p_t.astype(dtype), do_smem.at[slot],
@@ -333,7 +330,7 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
         if region == 'near':
           dp_t = dp_t + table_term(
               cfg, lambda n: shaw_row(da_smem.at[slot], n, dp_t.shape, 1),
-              region, bucket, dp_t, side)
+              bucket, dp_t, held)
         else:       # one row's in a far block: it joins delta
           delta = delta - shaw_vector(da_smem.at[slot],
                                       kernels.edge(cfg, region), 1)
@@ -346,17 +343,12 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
     zeros = lambda width: plgpu.layout_cast(jnp.zeros((bkv, width), F32),
                                             plgpu.Layout.WGMMA)
     carry = (zeros(k_smem.shape[-1]), zeros(v_smem.shape[-1]))
-    key_block = lax.div(base, bkv)
-    for lo, hi, region in _query_regions(cfg, key_block, bq, bkv, start,
-                                         num_query_blocks):
-      parts = [(lo, hi, 'both')]
-      if region == 'near' and bucketed:      # as over_blocks
-        parts = kernels.near_query_sides(key_block, bq, bkv, lo, hi)
-      for part_lo, part_hi, side in parts:
-        for a, b_, masked in kernels.masked_split(full, part_lo, part_hi,
-                                                  unmasked_below=False):
-          carry = lax.fori_loop(a, b_, functools.partial(
-              step, masked=masked, region=region, side=side), carry)
+    for lo, hi, region in _query_regions(cfg, lax.div(base, bkv), bq, bkv,
+                                         start, num_query_blocks):
+      for a, b_, masked in kernels.masked_split(full, lo, hi,
+                                                unmasked_below=False):
+        carry = lax.fori_loop(a, b_, functools.partial(
+            step, masked=masked, region=region), carry)
     dk, dv = carry
     k_smem[...] = (dk * cfg.scale).astype(dtype)
     v_smem[...] = dv.astype(dtype)

@@ -42,6 +42,13 @@ max_distance (most of them once L >> k) use one edge row or bucket per
 direction instead, and blocks wholly to one side of the diagonal take
 ALiBi's bias as a row term plus a column term: `far_blocks` and
 `far_query_blocks` split each loop into its left, near and right ranges.
+A far block's term that depends on the query alone (the edge row or
+bucket, ALiBi's row term) joins the row's max or lse once per row rather
+than each entry (`logit_term`'s per_query), and Shaw's far value term
+joins delta (`with_value_term`). Near blocks wholly to one side of the
+diagonal hold only that side's buckets or rows, so where a loop selects or
+folds per bucket they run apart (`by_sides`, `near_sides`) over that
+side's only (`side_rows`).
 
 Shapes follow the backend's rules (`layout`): Triton wants every array a
 power of two and a dot's dims >= 16, and has no slice of a value (columns
@@ -487,7 +494,8 @@ def less(x, per_query):
 def value_term(cfg: Config, region: str, value_columns, q_idx, k_idx,
                bucket, side: str = 'both'):
   """Shaw's dO a^V^T term of dp for one block: its edge column in a far
-  block, the entry's offset's column near the diagonal."""
+  block (which with_value_term takes from delta instead), the entry's
+  offset's column near the diagonal."""
   if isinstance(value_columns, Gathered):
     return value_columns.term(region, q_idx, k_idx - q_idx)
   if region != 'near':

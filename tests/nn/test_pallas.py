@@ -143,6 +143,69 @@ def test_far_query_blocks_match_a_brute_force_split():
           assert (i >= left_start) == is_left, (bq, bk, clip, i, j)
 
 
+def test_near_sides_match_a_brute_force_split():
+  """near_sides and near_query_sides (the near blocks apart by their side
+  of the diagonal) against every block's offsets in NumPy, with unequal
+  blocks: the three parts cover the range in order, 'left' blocks hold
+  only offsets < 0, 'right' ones only > 0, 'both' ones cross 0."""
+  def check(side, offsets, where):
+    if side == 'left':
+      assert offsets.max() < 0, where
+    elif side == 'right':
+      assert offsets.min() > 0, where
+    else:
+      assert offsets.min() <= 0 <= offsets.max(), where
+
+  for bq, bk, lq, lk in ((8, 16, 40, 64), (16, 8, 48, 40), (8, 8, 24, 24)):
+    nq, nk = -(-lq // bq), -(-lk // bk)
+    for i in range(nq):
+      rows = np.arange(i * bq, i * bq + bq)
+      for lo, hi in ((0, nk), (1, max(nk - 1, 1))):
+        parts = [(int(a), int(b), side) for a, b, side in
+                 pa.kernels.near_sides(i, bq, bk, lo, hi)]
+        assert [p[2] for p in parts] == ['left', 'both', 'right']
+        assert parts[0][0] == lo and parts[-1][1] == hi
+        assert all(p[1] == q[0] and p[0] <= p[1]
+                   for p, q in zip(parts, parts[1:])), parts
+        for a, b, side in parts:
+          for j in range(a, b):
+            keys = np.arange(j * bk, j * bk + bk)
+            check(side, keys[None, :] - rows[:, None], (bq, bk, i, j))
+    for j in range(nk):
+      keys = np.arange(j * bk, j * bk + bk)
+      parts = [(int(a), int(b), side) for a, b, side in
+               pa.kernels.near_query_sides(j, bq, bk, 0, nq)]
+      assert [p[2] for p in parts] == ['right', 'both', 'left']
+      assert parts[0][0] == 0 and parts[-1][1] == nq
+      for a, b, side in parts:
+        for i in range(a, b):
+          rows = np.arange(i * bq, i * bq + bq)
+          check(side, keys[None, :] - rows[:, None], (bq, bk, i, j))
+
+
+def test_side_rows_hold_each_sides_buckets():
+  """side_rows: T5's buckets of offsets < 0 and > 0, and Shaw's clipped
+  rows of them, each within its side's rows; the diagonal's are all."""
+  def cfg(kind, num_buckets=0, max_distance=0, clip=0):
+    return pa.kernels.Config(
+        kind=kind, symmetric=False, num_buckets=num_buckets,
+        max_distance=max_distance, clip=clip, shaw_values=False,
+        causal=False, scale=1.0, block_q=8, block_k=8, interpret=True)
+  offsets = np.arange(1, 400)
+  for num_buckets, max_distance in ((8, 12), (32, 128), (6, 3)):
+    t5 = cfg('t5', num_buckets=num_buckets, max_distance=max_distance)
+    for side, d in (('left', -offsets), ('right', offsets)):
+      buckets = set(np.asarray(positions.t5_bucket(
+          jnp.asarray(d), num_buckets, max_distance)).tolist())
+      assert buckets <= set(pa.kernels.side_rows(t5, side)), (side, buckets)
+    assert pa.kernels.side_rows(t5, 'both') == range(num_buckets)
+  for clip in (1, 3, 16):
+    shaw = cfg('shaw', clip=clip)
+    for side, d in (('left', -offsets), ('right', offsets)):
+      rows = set((np.clip(d, -clip, clip) + clip).tolist())
+      assert rows == set(pa.kernels.side_rows(shaw, side)), (side, clip)
+
+
 def _kernel_and_plain_agree(relative, lq, lk, lengths, causal, seed,
                             blocks=BLOCKS, valid=None):
   """Outputs and gradients (q, k, v and the encoding's tables) of the kernel
@@ -609,3 +672,8 @@ def test_selected_terms_equal_plain(kind, causal):
                               valid=valid)
     else:
       _kernel_and_plain_agree(relative, 40, 56, [56, 37], causal, seed=3)
+    if kind == 't5' and causal:
+      # block_q != block_k: the near blocks' sides (near_sides in the
+      # query-major kernels, near_query_sides in dK/dV) take both.
+      _kernel_and_plain_agree(relative, 40, 56, [56, 37], False, seed=5,
+                              blocks=dict(block_q=8, block_k=16))
