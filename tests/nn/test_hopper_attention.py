@@ -93,8 +93,9 @@ CASES = [
     # T5, max_distance 20: far blocks left and right of the near ones.
     ('t5', False, False, 130, 300, 64, 64),
     ('t5', False, True, 200, 200, 64, 64),
-    # block_k 128 against 64-row groups (TUNED's shapes): a group's near
-    # blocks off the diagonal are the other side's half a block away.
+    # TUNED's shapes, 64-row groups against 128-key blocks: near blocks
+    # wholly to one side of the diagonal (rows 64-127 with keys 128-255)
+    # take held_rows' half of the buckets, as at 8k.
     ('t5', False, False, 130, 300, 64, 128),
     # A left edge bias of 200: exp overflows float32 unless the far blocks'
     # bias (added per row, hopper_attention.logits2) joins the row max

@@ -673,7 +673,7 @@ def test_selected_terms_equal_plain(kind, causal):
     else:
       _kernel_and_plain_agree(relative, 40, 56, [56, 37], causal, seed=3)
     if kind == 't5' and causal:
-      # block_q != block_k: the near blocks' sides (near_sides in the
-      # query-major kernels, near_query_sides in dK/dV) take both.
+      # block_q != block_k: near_sides (forward, dQ) and near_query_sides
+      # (dK/dV) with unequal blocks, where swapping the two fails.
       _kernel_and_plain_agree(relative, 40, 56, [56, 37], False, seed=5,
                               blocks=dict(block_q=8, block_k=16))
