@@ -392,14 +392,8 @@ def far_terms(cfg: HopperConfig, terms, region: str, starts, shape,
   scalar or a vector along the queries, the second None or a vector along
   the keys (query_axis: as logits2's). T5: the edge bucket's bias; Shaw:
   the edge row of QA per query; ALiBi, with q0, k0 = starts (the block's
-  first query and key) and slope in base 2: left of the diagonal (every
-  offset < 0), -slope (q - k - asym / 2) = -slope (q - q0 - asym / 2) +
-  slope (k - q0); right, -slope (k - q) = slope (q - q0) - slope (k - q0).
-  The keys' part is a product of a whole number below the lengths,
-  rounded once as the plain path's slope * distance is; the queries'
-  part is small (q - q0 < the block): about twice the plain path's
-  rounding at offsets of 30,000, as pallas_kernels.alibi_rows_and_columns
-  (the Triton form of the same split)."""
+  first query and key) and slope in base 2: kernels.alibi_split of the
+  block's positions relative to q0, as the Triton kernels'."""
   if cfg.kind == 't5':
     return terms(kernels.edge(cfg, region)), None
   if cfg.kind == 'shaw':
@@ -410,10 +404,7 @@ def far_terms(cfg: HopperConfig, terms, region: str, starts, shape,
   query = iota_vector(rows, query_axis, along_queries=True)
   key = (k0 - q0).astype(F32) + iota_vector(columns, query_axis,
                                             along_queries=False)
-  if region == 'left':
-    half = 0.0 if cfg.symmetric else 0.5
-    return -terms * (query - half), terms * key
-  return terms * query, -terms * key
+  return kernels.alibi_split(cfg, region, terms, query, key)
 
 
 def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,

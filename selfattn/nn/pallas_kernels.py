@@ -525,25 +525,33 @@ def keep_mask(cfg: Config, q_idx, k_idx, lq: int, lk: int, valid):
   return keep
 
 
-def alibi_rows_and_columns(cfg: Config, region: str, slope, starts, shape):
+def alibi_split(cfg: Config, region: str, slope, query, key):
   """ALiBi's bias on a block wholly left (every offset < 0) or right (> 0)
-  of the diagonal as a row term (bq, 1) plus a column term (1, bk), two
-  adds an entry where |offset| costs a subtract, an absolute value, a
-  conversion and a multiply: left, -slope (q - k - asym / 2) = -slope
-  (q - q0 - asym / 2) + slope (k - q0); right, -slope (k - q) = slope
-  (q - q0) - slope (k - q0). The column term's product is of a whole
-  number below the lengths, rounded once as the plain path's slope *
-  distance is; the row term's is small (q - q0 < bq), and the sum rounds
-  once more: about twice the plain path's rounding at offsets of 30,000.
-  slope: (1, 1), times log2(e); starts: the block's first query and key."""
+  of the diagonal as (a term of the query, a term of the key), of query
+  and key positions relative to the block's first query q0 (float32):
+  left, -slope (q - k - asym / 2) = -slope (q - q0 - asym / 2) + slope
+  (k - q0); right, -slope (k - q) = slope (q - q0) - slope (k - q0). The
+  key's product is of a whole number below the lengths, rounded once as
+  the plain path's slope * distance is; the query's is small (q - q0 <
+  the block), and the sum rounds once more: about twice the plain path's
+  rounding at offsets of 30,000. Any shapes (the Triton kernels' (bq, 1)
+  and (1, bk), the Hopper kernels' vectors)."""
+  if region == 'left':
+    half = 0.0 if cfg.symmetric else 0.5
+    return -slope * (query - half), slope * key
+  return slope * query, -slope * key
+
+
+def alibi_rows_and_columns(cfg: Config, region: str, slope, starts, shape):
+  """alibi_split's row term (bq, 1) and column term (1, bk) of a block:
+  two adds an entry where |offset| costs a subtract, an absolute value, a
+  conversion and a multiply. slope: (1, 1), times log2(e); starts: the
+  block's first query and key."""
   bq, bk = shape
   q0, k0 = starts
   q = jax.lax.broadcasted_iota(jnp.int32, (bq, 1), 0).astype(F32)
   k = (k0 - q0 + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)).astype(F32)
-  if region == 'left':
-    half = 0.0 if cfg.symmetric else 0.5
-    return -slope * (q - half), slope * k
-  return slope * q, -slope * k
+  return alibi_split(cfg, region, slope, q, k)
 
 
 def splits(cfg: Config) -> bool:
@@ -668,15 +676,26 @@ def over_key_blocks(cfg: Config, body, carry, i, bq: int, bk: int, lq: int,
   split = None
   if splits(cfg):
     split = (*far_blocks(i, bq, bk, reach(cfg), upper), ('left', 'right'))
+  near_parts = (lambda lo, hi: near_sides(i, bq, bk, lo, hi)) if sides else None
   for lo, hi, region in regions(cfg, split, 0, upper):
-    parts = [(lo, hi, None)]
-    if sides and region == 'near':
-      parts = near_sides(i, bq, bk, lo, hi)
-    for part_lo, part_hi, side in parts:
-      step = body if side is None else functools.partial(body, side=side)
-      for a, b, masked in masked_split(full, part_lo, part_hi):
-        carry = jax.lax.fori_loop(a, b, functools.partial(
-            step, region=region, masked=masked), carry)
+    carry = over_region(body, carry, lo, hi, region, full, near_parts)
+  return carry
+
+
+def over_region(body, carry, lo, hi, region: str, full, near_parts=None,
+                unmasked_below: bool = True):
+  """body(b, carry, region=, masked=[, side=]) over blocks [lo, hi) of one
+  region: the blocks that need no mask apart (masked_split at `full`),
+  and a near region also apart by side where near_parts(lo, hi) gives
+  the (a, b, side) parts (near_sides, near_query_sides)."""
+  parts = [(lo, hi, None)]
+  if near_parts is not None and region == 'near':
+    parts = near_parts(lo, hi)
+  for part_lo, part_hi, side in parts:
+    step = body if side is None else functools.partial(body, side=side)
+    for a, b, masked in masked_split(full, part_lo, part_hi, unmasked_below):
+      carry = jax.lax.fori_loop(a, b, functools.partial(
+          step, region=region, masked=masked), carry)
   return carry
 
 
@@ -1088,16 +1107,12 @@ def dkdv_kernel(*refs, cfg: Config, lay: Layout, lq: int, lk: int,
                                num_query_blocks), ('right', 'left'))
   first = first_unmasked_query_block(cfg, j, bq, bk, lq, lk, lower,
                                      num_query_blocks, has_valid, length)
+  near_parts = None
+  if by_sides(cfg, lay, 'dkdv'):
+    near_parts = lambda lo, hi: near_query_sides(j, bq, bk, lo, hi)
   for lo, hi, region in regions(cfg, split, lower, num_query_blocks):
-    parts = [(lo, hi, None)]
-    if region == 'near' and by_sides(cfg, lay, 'dkdv'):
-      parts = near_query_sides(j, bq, bk, lo, hi)
-    for part_lo, part_hi, side in parts:
-      step = body if side is None else functools.partial(body, side=side)
-      for a, b, masked in masked_split(first, part_lo, part_hi,
-                                       unmasked_below=False):
-        carry = jax.lax.fori_loop(a, b, functools.partial(
-            step, region=region, masked=masked), carry)
+    carry = over_region(body, carry, lo, hi, region, first, near_parts,
+                        unmasked_below=False)
   dk, dv = carry
   dk_ref[...] = (cfg.scale * dk).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
