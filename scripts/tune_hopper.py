@@ -13,7 +13,9 @@ it by kind too.
 
 For each causal setting and each (block_k, stages, ping_pong) of the grid:
 the forward (hopper_attention.forward) and the backward alone
-(hopper_backward.backward, given the forward's lse and delta), bf16,
+(hopper_backward.backward, given the forward's lse and delta; for none,
+ALiBi and T5 both its forms, the dQ and dK/dV kernels and the one fused
+kernel, HopperConfig.fused_dq), bf16,
 B x H x L x D (default 2 x 16 x 8192 x 64), jitted and compiled ahead of
 time, median of --repeats runs; cuDNN's forward and forward + backward
 (jax.nn.dot_product_attention, implementation='cudnn') as the peer. A
@@ -57,8 +59,13 @@ from selfattn.nn import hopper_attention as hopper  # noqa: E402
 from selfattn.nn import hopper_backward  # noqa: E402
 
 
-GRID = dict(block_k=(64, 128), stages=(2, 3), ping_pong=(True, False))
+# TUNED's block_k first: a time limit keeps the rows of the shape the
+# kernels run today, both backward forms among them.
+GRID = dict(block_k=(128, 64), stages=(2, 3), ping_pong=(True, False))
 SMOKE_GRID = dict(block_k=(64,), stages=(2,), ping_pong=(True, False))
+# The backward's two forms (HopperConfig.fused_dq), each timed at every
+# (block_k, stages).
+FUSED = (False, True)
 
 
 def markdown(result: dict) -> str:
@@ -66,15 +73,16 @@ def markdown(result: dict) -> str:
            f'JAX {result["jax"]}, '
            f'B={result["batch"]} H={result["heads"]} L={result["length"]} '
            f'D={result["head_dim"]}, bf16', '',
-           '| causal | pass | kernel | block_k | stages | ping_pong | ms | '
-           'TFLOP/s | x cuDNN | status |',
-           '|---|---|---|---:|---:|---|---:|---:|---:|---|']
+           '| causal | pass | kernel | block_k | stages | ping_pong | '
+           'fused dQ | ms | TFLOP/s | x cuDNN | status |',
+           '|---|---|---|---:|---:|---|---|---:|---:|---:|---|']
   for r in result['rows']:
     cell = lambda key, spec='': ('' if r.get(key) is None
                                  else format(r[key], spec))
     lines.append(
         f'| {r["causal"]} | {r["pass"]} | {r["kernel"]} | {cell("block_k")} '
-        f'| {cell("stages")} | {cell("ping_pong")} | {cell("ms", ".3f")} | '
+        f'| {cell("stages")} | {cell("ping_pong")} | {cell("fused_dq")} '
+        f'| {cell("ms", ".3f")} | '
         f'{cell("tflops", ".0f")} | {cell("x_cudnn", ".2f")} | '
         f'{r.get("status", "ok")} |')
   lines += ['', 'Fastest per pass (hopper_attention.TUNED rows):', '']
@@ -90,10 +98,10 @@ def best_rows(rows: list[dict]) -> list[str]:
           and r['kernel'] == 'hopper' and 'ms' in r]
     if ok:
       r = min(ok, key=lambda r: r['ms'])
-      ping_pong = (f", ping_pong={r['ping_pong']}" if name == 'forward'
-                   else '')
+      extra = (f", ping_pong={r['ping_pong']}" if name == 'forward'
+               else f", fused_dq={bool(r.get('fused_dq'))}")
       out.append(f"({name!r}, {causal}): dict(block_k={r['block_k']}, "
-                 f"stages={r['stages']}{ping_pong}),  # {r['ms']:.3f} ms")
+                 f"stages={r['stages']}{extra}),  # {r['ms']:.3f} ms")
   return out
 
 
@@ -126,33 +134,46 @@ def main(argv):
                                 interpret=smoke, **fields)
       forward = jax.jit(lambda q, k, v, table, cfg=cfg: hopper.forward(
           cfg, q, k, v, None, table))
-      backward = jax.jit(lambda q, k, v, table, g, lse, delta, cfg=cfg:
-                         hopper_backward.backward(cfg, q, k, v, None, table,
-                                                  g, lse, delta))
       row = dict(causal=causal, kernel='hopper', block_k=block_k,
                  stages=stages, ping_pong=ping_pong)
+
+      def add(cells):
+        result['rows'].append({**row, **cells})
+        print(result['rows'][-1], flush=True)
+
       try:
         out, lse = forward(q, k, v, table)
         ms = median_ms(forward, (q, k, v, table), repeats)
-        result['rows'].append({**row, 'pass': 'forward', 'ms': ms,
-                               'tflops': flops / ms / 1e9,
-                               'x_cudnn': (ms / base['forward']
-                                           if base.get('forward') else None)})
-        if ping_pong:      # the backward has no ping-pong: time it once
-          delta = jnp.sum(out.astype(jnp.float32) * g.astype(jnp.float32),
-                          -1)
-          args = (q, k, v, table, g, lse, delta)
-          ms_b = median_ms(backward, args, repeats)
-          both = base.get('forward+backward')
-          result['rows'].append(
-              {**row, 'ping_pong': None, 'pass': 'backward', 'ms': ms_b,
-               'tflops': 2.5 * flops / ms_b / 1e9,
-               'x_cudnn': (ms + ms_b) / both if both else None})
       except Exception as e:  # noqa: BLE001  (a row, not a stop)
         traceback.print_exc()
-        result['rows'].append({**row, 'pass': 'forward',
-                               'status': shared.short_error(e)})
-      print(result['rows'][-1], flush=True)
+        add({'pass': 'forward', 'status': shared.short_error(e)})
+        save()
+        continue
+      add({'pass': 'forward', 'ms': ms, 'tflops': flops / ms / 1e9,
+           'x_cudnn': ms / base['forward'] if base.get('forward') else None})
+      if ping_pong:      # the backward has no ping-pong: time it once
+        delta = jnp.sum(out.astype(jnp.float32) * g.astype(jnp.float32), -1)
+        args = (q, k, v, table, g, lse, delta)
+        # Both backwards: the dQ and dK/dV kernels, and the one kernel
+        # adding dQ by TMA reduce-add where the kind has it; a failure is
+        # that form's row.
+        for fused in (FUSED if kind in hopper_backward.FUSED_KINDS
+                      else (False,)):
+          backward = jax.jit(
+              lambda q, k, v, table, g, lse, delta,
+              cfg=cfg._replace(fused_dq=fused):
+              hopper_backward.backward(cfg, q, k, v, None, table, g, lse,
+                                       delta))
+          form = {'ping_pong': None, 'fused_dq': fused, 'pass': 'backward'}
+          try:
+            ms_b = median_ms(backward, args, repeats)
+          except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            add({**form, 'status': shared.short_error(e)})
+            continue
+          both = base.get('forward+backward')
+          add({**form, 'ms': ms_b, 'tflops': 2.5 * flops / ms_b / 1e9,
+               'x_cudnn': (ms + ms_b) / both if both else None})
       save()
   save()
   print(markdown(result))

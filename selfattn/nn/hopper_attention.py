@@ -88,12 +88,14 @@ COMPUTE_GROUPS = 2
 # Block shapes per (pass, causal) for heads up to 128 wide, as
 # scripts/tune_hopper.py prints them, with the run that chose them. None is
 # measured yet: these are FlashAttention-3's and JAX's shapes for D = 64
-# (64-row compute groups, 128-row streamed blocks, two stages).
+# (64-row compute groups, 128-row streamed blocks, two stages), and the
+# backward's two kernels (fused_dq=False) until a GPU has timed the fused
+# one against them.
 TUNED = {
     ('forward', False): dict(block_k=128, stages=2, ping_pong=True),
     ('forward', True): dict(block_k=128, stages=2, ping_pong=True),
-    ('backward', False): dict(block_k=128, stages=2),
-    ('backward', True): dict(block_k=128, stages=2),
+    ('backward', False): dict(block_k=128, stages=2, fused_dq=False),
+    ('backward', True): dict(block_k=128, stages=2, fused_dq=False),
 }
 
 
@@ -111,6 +113,10 @@ class HopperConfig(NamedTuple):
   block_k: int = 128
   stages: int = 2           # key/value blocks in flight
   ping_pong: bool = True    # the schedule barrier between compute groups
+  # The backward as one kernel, dQ added into by TMA reduce-add
+  # (hopper_backward._add_dq_share; none, ALiBi, T5), else dQ's and
+  # dK/dV's kernels.
+  fused_dq: bool = False
   interpret: bool = False   # JAX's Mosaic GPU interpreter (CPU tests)
 
 
@@ -368,7 +374,7 @@ def table_term(cfg: HopperConfig, value, bucket, like, held):
   against 12 s rolled (8k, from this CPU, 2026-11-28); with T5's 32
   buckets (then unrolled, the biases held in registers) a call at 1000
   took 9.3 s, 7.0 s with these selects rolled and 5.5 s with its dQ folds
-  in shared memory too (hopper_backward._fold_into). Shaw's rows come from
+  in shared memory too (hopper_backward.fold_into). Shaw's rows come from
   shared memory by a traced index, T5's biases by a scalar load each."""
   return lax.fori_loop(
       *held,

@@ -24,6 +24,24 @@ delta = rowsum(dO * out) (computed outside, O(L D)):
         k q^T; dv += p^T dO;
         dp^T = v dO^T; ds^T = p^T (dp^T - delta); dk += ds^T q   (4 matmuls)
 
+One kernel instead (HopperConfig.fused_dq; FlashAttention-3's form; kinds
+none, ALiBi, T5): the dK/dV kernel also computes each block's share of dQ,
+dq[queries] += (ds^T)^T k, and adds it into a float32 dQ in global memory
+by a TMA reduce-add (_add_dq_share): 5 matmuls and one exp2 per block pair
+where the two kernels run 7 and two, since the dQ kernel recomputes s, p
+and dp. dQ starts as zeros (a mutable array operand) and is scaled and
+cast after the kernel. The adds land in no fixed order, so on a GPU dQ is
+not bit-reproducible between runs (as FlashAttention-3's). JAX's Mosaic
+GPU interpreter has no reduce-add, so there each (tile, group) writes its
+shares into its own slice of a (tiles x groups, B, H, Lq, D) buffer,
+summed after the kernel: the same products, a plain copy where the GPU
+reduces (O(L^2 D / block_q) memory, for the CPU tests' shapes). T5's bias
+gradient is a sum over all pairs, so this kernel folds ds per key row
+(row sums of its transposed blocks); Shaw's dq term and table gradients
+need sums per query row (column sums here, across warps): Shaw keeps the
+two kernels, and so does a call whose fused scratch would not fit in
+shared memory.
+
 Both skip the blocks no allowed pair reaches (causal, key lengths) without
 loading them, and mask only the blocks crossing a limit. Softmax in base 2
 (lse scaled by log2 e once per row). Where a compute group needs fewer
@@ -71,7 +89,11 @@ from selfattn.nn.hopper_attention import tiled_smem
 from selfattn.nn.hopper_attention import tuned_config
 
 
-def _stream(j0, end, stages, slots_and_refs, ready, free, index_of):
+# The kinds the fused backward computes (HopperConfig.fused_dq).
+FUSED_KINDS = ('none', 'alibi', 't5')
+
+
+def stream_blocks(j0, end, stages, slots_and_refs, ready, free, index_of):
   """The producer's loop: blocks [j0, end) of every (gmem block getter,
   smem slots) pair into slot (j - j0) % stages, refilling a slot once both
   compute groups freed it, then waiting for the last ones to be freed."""
@@ -97,8 +119,8 @@ def _stream(j0, end, stages, slots_and_refs, ready, free, index_of):
     plgpu.barrier_wait(free.at[lax.rem(j - j0, jnp.int32(stages))])
 
 
-def _fold_into(cfg: HopperConfig, fold_smem, x, bucket, region: str,
-               layout, held=None):
+def fold_into(cfg: HopperConfig, fold_smem, x, bucket, region: str,
+              layout, held=None):
   """T5's and Shaw's sums of x per bucket or table row, for each row of the
   block, added into fold_smem ((rows, bq) float32, zeroed before the
   first block; in shared memory rather than registers: add_to_row says
@@ -186,12 +208,12 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
         else:       # a far block's is one row's: it joins delta per row
           row_delta = delta - shaw_vector(da_smem2.at[wg],
                                           kernels.edge(cfg, region))
-        _fold_into(cfg, mass_smem2.at[wg], p, bucket, region, row_layout,
-                   held)
+        fold_into(cfg, mass_smem2.at[wg], p, bucket, region, row_layout,
+                  held)
       ds = p * (dp - lax.broadcast_in_dim(row_delta, dp.shape, [0]))
       if bucketed:
-        _fold_into(cfg, fold_smem2.at[wg], ds, bucket, region, row_layout,
-                   held)
+        fold_into(cfg, fold_smem2.at[wg], ds, bucket, region, row_layout,
+                  held)
       dq = accumulate_product(dq, ds.astype(dtype), k_smem.at[slot],
                               ds_smem2.at[wg] if cfg.interpret else None,
                               cfg.interpret)
@@ -229,13 +251,13 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
   def _produce():
     plgpu.set_max_registers(40, action='decrease')
     block = lambda ref: (lambda j: ref.at[b, h, pl.ds(j * bk, bk)])
-    _stream(0, tile_end, stages, ((block(k_ref), k_smem),
-                                  (block(v_ref), v_smem)),
-            (k_ready, v_ready), free, lambda j: j)
+    stream_blocks(0, tile_end, stages, ((block(k_ref), k_smem),
+                                        (block(v_ref), v_smem)),
+                  (k_ready, v_ready), free, lambda j: j)
 
 
-def _query_regions(cfg: HopperConfig, key_block, bq: int, bkv: int, start,
-                   end):
+def query_regions(cfg: HopperConfig, key_block, bq: int, bkv: int, start,
+                  end):
   """[(lo, hi, region)] of query blocks [start, end) for keys [key_block
   bkv, key_block bkv + bkv): the far blocks on each side (the transpose of
   hopper_attention.regions: queries far left of the keys see them at
@@ -249,24 +271,56 @@ def _query_regions(cfg: HopperConfig, key_block, bq: int, bkv: int, start,
           (left_start, end, 'left')]
 
 
+def _add_dq_share(cfg: HopperConfig, ds_t, ds_smem, k_smem, share_smem,
+                  dq_block) -> None:
+  """The fused backward's step: dq_block += ds k, this group's keys' share
+  of a query block's dQ. ds^T (keys x queries, in the inputs' dtype) goes
+  to ds_smem and is read transposed as wgmma's left operand; the float32
+  share goes to share_smem and from there into dq_block by a TMA
+  reduce-add, whose reads of the previous share are waited for first. In
+  interpret mode (no reduce-add there) dq_block is this (tile, group)'s
+  own slice, written by a plain copy, and ds_smem already holds ds^T
+  (accumulate_product put it there)."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  if not cfg.interpret:
+    ds_smem[...] = ds_t
+    plgpu.commit_smem()
+  share = product(ds_smem.transpose((1, 0)), k_smem, share_smem.shape)
+  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+  share_smem[...] = share
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(share_smem, dq_block,
+                          reduction_op=None if cfg.interpret else 'add')
+
+
 def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
                  num_query_blocks: int, dtype):
+  """dK and dV of a tile of keys; with cfg.fused_dq (none, ALiBi, T5)
+  also each block's share of dQ, added into dq_ref (see dq_shares), and
+  T5's sums of ds per bucket and key row."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
   shaw = cfg.kind == 'shaw'
   values = shaw and cfg.shaw_values
+  fused, fused_t5 = cfg.fused_dq, cfg.fused_dq and cfg.kind == 't5'
   (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref,
    table_ref) = refs[:8]
   qa_ref = refs[8] if shaw else None        # QA, DA: streamed like q
   da_ref = refs[9] if values else None
-  dk_ref, dv_ref, scoped = refs[-3:]
-  smem, ready, own_ready, free = scoped
+  dq_ref = refs[8] if fused else None       # float32, the shares' sum
+  dk_ref, dv_ref = refs[8 + shaw + values + fused:][:2]
+  fold_ref = refs[-2] if fused_t5 else None  # ds per bucket and key row
+  smem, ready, own_ready, free = refs[-1]
   (k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem, a_smem2,
-   qa_smem, da_smem) = smem
+   qa_smem, da_smem, dq_smem2, fold_smem2) = smem
   bkv, bq, stages = cfg.block_q, cfg.block_k, cfg.stages   # keys per group
   b, h, wg = (lax.axis_index(n) for n in ('batch', 'heads', 'wg'))
-  tile_base = lax.axis_index('tiles') * (COMPUTE_GROUPS * bkv)
+  tile = lax.axis_index('tiles')
+  tile_base = tile * (COMPUTE_GROUPS * bkv)
   shift = lk - lq
   length = jnp.clip(len_ref[b], 0, lk)
+  # The GPU adds every share into one dQ; the interpreter, which cannot,
+  # gives each (tile, group) a slice of its own (dq_shares).
+  part = tile * COMPUTE_GROUPS + wg if cfg.interpret else 0
 
   def query_start(key_base):
     """The first query block any of keys [key_base, ...) is allowed for;
@@ -300,7 +354,16 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
                                                     num_query_blocks),
                      num_query_blocks)
     column_layout = plgpu.Layout.WGMMA.reduce(0)
+    key_layout = plgpu.Layout.WGMMA.reduce(1)
+    # The left operands' shared buffer: the interpreter's wgmma reads them
+    # only from there; fused, the last of them, ds^T, is dQ's too.
     a_smem = a_smem2.at[wg] if cfg.interpret else None
+    if fused_t5:
+      zeros = plgpu.layout_cast(jnp.zeros((bkv,), F32), key_layout)
+
+      @pl.loop(0, kernels.num_rows(cfg))
+      def _zero(n):
+        fold_smem2.at[wg, n][...] = zeros
 
     @pl.loop(tile_start, start)
     def _release(i):
@@ -335,16 +398,23 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
           delta = delta - shaw_vector(da_smem.at[slot],
                                       kernels.edge(cfg, region), 1)
       ds_t = p_t * (dp_t - lax.broadcast_in_dim(delta, dp_t.shape, [1]))
+      if fused_t5:
+        fold_into(cfg, fold_smem2.at[wg], ds_t, bucket, region, key_layout,
+                  held)
       dk = accumulate_product(dk, ds_t.astype(dtype), q_smem.at[slot],
                               a_smem, cfg.interpret)
       plgpu.barrier_arrive(free.at[slot])
+      if fused:
+        _add_dq_share(cfg, ds_t.astype(dtype), a_smem2.at[wg], k_smem,
+                      dq_smem2.at[wg], dq_ref.at[part, b, h,
+                                                 pl.ds(i * bq, bq)])
       return dk, dv
 
     zeros = lambda width: plgpu.layout_cast(jnp.zeros((bkv, width), F32),
                                             plgpu.Layout.WGMMA)
     carry = (zeros(k_smem.shape[-1]), zeros(v_smem.shape[-1]))
-    for lo, hi, region in _query_regions(cfg, lax.div(base, bkv), bq, bkv,
-                                         start, num_query_blocks):
+    for lo, hi, region in query_regions(cfg, lax.div(base, bkv), bq, bkv,
+                                        start, num_query_blocks):
       for a, b_, masked in kernels.masked_split(full, lo, hi,
                                                 unmasked_below=False):
         carry = lax.fori_loop(a, b_, functools.partial(
@@ -355,6 +425,8 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[b, h, keys])
     plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[b, h, keys])
+    if fused_t5:
+      plgpu.copy_smem_to_gmem(fold_smem2.at[wg], fold_ref.at[b, h, :, keys])
     plgpu.wait_smem_to_gmem(0)
 
   @pl.when(wg == COMPUTE_GROUPS)
@@ -368,11 +440,12 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
       streams.append((table_rows(qa_ref), qa_smem))
     if values:
       streams.append((table_rows(da_ref), da_smem))
-    _stream(tile_start, num_query_blocks, stages, tuple(streams), ready, free,
-            lambda i: i)
+    stream_blocks(tile_start, num_query_blocks, stages, tuple(streams),
+                  ready, free, lambda i: i)
 
 
-def _scratch(cfg: HopperConfig, smem, num_streamed: int, num_own: int):
+def backward_scratch(cfg: HopperConfig, smem, num_streamed: int,
+                     num_own: int):
   """A backward kernel's scratch: (shared buffers, ready barriers of the
   streamed blocks' slots, the compute groups' own loads, freed slots)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
@@ -402,25 +475,31 @@ def dq_scratch(cfg: HopperConfig, width: int, dtype):
           tiled((groups, bq, bk)) if cfg.interpret else None,
           row_smem(shaw), row_smem(values),             # QA, DA
           row_smem(rows), row_smem(values))             # ds's sums, p's
-  return _scratch(cfg, smem, 2, 4 + shaw + values)
+  return backward_scratch(cfg, smem, 2, 4 + shaw + values)
 
 
 def dkdv_scratch(cfg: HopperConfig, width: int, dtype):
   """The dK/dV kernel's scratch: its groups' k and v, the streamed query
-  blocks' q, dO, lse, delta (and Shaw's QA and DA rows) slots."""
+  blocks' q, dO, lse, delta (and Shaw's QA and DA rows) slots; fused
+  (cfg.fused_dq), each group's ds^T (the inputs' dtype) and float32 dQ
+  share, and T5's sums of ds per bucket and key row."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
   tiled, groups = lambda shape: tiled_smem(shape, dtype), COMPUTE_GROUPS
   bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
   shaw = cfg.kind == 'shaw'
   values = shaw and cfg.shaw_values
+  fused = cfg.fused_dq
   rows = kernels.num_rows(cfg) if shaw else 0
+  buckets = kernels.num_rows(cfg) if fused and cfg.kind == 't5' else 0
   smem = (tiled((groups, bq, width)), tiled((groups, bq, width)),
           tiled((stages, bk, width)), tiled((stages, bk, width)),
           plgpu.SMEM((stages, bk), F32), plgpu.SMEM((stages, bk), F32),
-          tiled((groups, bq, bk)) if cfg.interpret else None,
+          tiled((groups, bq, bk)) if cfg.interpret or fused else None,
           plgpu.SMEM((stages, rows, bk), F32) if shaw else None,
-          plgpu.SMEM((stages, rows, bk), F32) if values else None)
-  return _scratch(cfg, smem, 4 + shaw + values, 2)
+          plgpu.SMEM((stages, rows, bk), F32) if values else None,
+          plgpu.SMEM((groups, bk, width), F32) if fused else None,
+          plgpu.SMEM((groups, buckets, bq), F32) if buckets else None)
+  return backward_scratch(cfg, smem, 4 + shaw + values, 2)
 
 
 def backward_computes(kind: str, head_dim: int, clip: int = 0,
@@ -476,11 +555,18 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   lq_pad, lk_pad = round_up(lq, tile), round_up(lk, tile)
   # dQ streams key blocks, dK/dV query blocks: no more slots than blocks.
   dq_cfg = cfg._replace(stages=min(cfg.stages, lk_pad // bk))
-  dkdv_cfg = cfg._replace(stages=min(cfg.stages, lq_pad // bk))
+  dkdv_cfg = cfg._replace(stages=min(cfg.stages, lq_pad // bk),
+                          fused_dq=False)
   # What a GPU allocates (the interpreter's extra buffer has no limit).
   on_gpu = lambda c: c._replace(interpret=False)
-  if not (fits(dq_scratch(on_gpu(dq_cfg), width, q.dtype))
-          and fits(dkdv_scratch(on_gpu(dkdv_cfg), width, q.dtype))):
+  # The fused kernel where it was asked for and fits, else the two.
+  fused = (cfg.fused_dq and cfg.kind in FUSED_KINDS
+           and fits(dkdv_scratch(on_gpu(dkdv_cfg._replace(fused_dq=True)),
+                                 width, q.dtype)))
+  dkdv_cfg = dkdv_cfg._replace(fused_dq=fused)
+  if not fused and not (fits(dq_scratch(on_gpu(dq_cfg), width, q.dtype))
+                        and fits(dkdv_scratch(on_gpu(dkdv_cfg), width,
+                                              q.dtype))):
     raise ValueError(f'kind={cfg.kind!r} with heads {max(d, dv_width)} wide'
                      + (f' and clip={cfg.clip}' if shaw else '')
                      + ": the Hopper backward kernels' scratch would not fit "
@@ -512,7 +598,7 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   interpret = plgpu.InterpretGPUParams() if cfg.interpret else None
   operands = (q, k, v, d_out, lse, delta, lengths, table, *extra)
 
-  def call(kernel, scratch, out_type, tiles, name):
+  def call(kernel, scratch, out_type, tiles, name, args=operands):
     def entry(*refs):
       pl.run_scoped(lambda *scoped: kernel(*refs, scoped), *scratch,
                     collective_axes='wg')
@@ -522,7 +608,31 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
         grid_names=('heads', 'tiles', 'batch'),
         num_threads=COMPUTE_GROUPS + 1, thread_name='wg',
         compiler_params=plgpu.CompilerParams(approx_math=True),
-        interpret=interpret, kernel_name=name)(*operands)
+        interpret=interpret, kernel_name=name)(*args)
+
+  # dK/dV: key tiles of 2 x bq rows, query blocks of bk streamed.
+  num_query_blocks = lq_pad // bk
+  key_tiles = lk_pad // (COMPUTE_GROUPS * bq)
+  dkdv = lambda args, out_type: call(
+      functools.partial(_dkdv_kernel, cfg=dkdv_cfg, lq=lq, lk=lk,
+                        num_query_blocks=num_query_blocks, dtype=q.dtype),
+      dkdv_scratch(dkdv_cfg, width, q.dtype),
+      (jax.ShapeDtypeStruct((b, h, lk_pad, width), q.dtype),) * 2 + out_type,
+      key_tiles, 'selfattn_hopper_fused_backward' if fused
+      else 'selfattn_hopper_dkdv', args)
+  if fused:
+    # One kernel: dK/dV's, adding each block's share of dQ into dQ, which
+    # starts as zeros (a mutable array): on the GPU one (B, H, L, D), in
+    # the interpreter a slice per (tile, group), summed here.
+    parts = key_tiles * COMPUTE_GROUPS if cfg.interpret else 1
+    dq_shares = jax.new_ref(jnp.zeros((parts, b, h, lq_pad, width), F32))
+    by_key = ((jax.ShapeDtypeStruct((b, h, rows, lk_pad), F32),)
+              if cfg.kind == 't5' else ())
+    dk, dv, *folds = dkdv((*operands, dq_shares), by_key)
+    dq = (cfg.scale * dq_shares[...].sum(0))[:, :, :lq, :d].astype(q.dtype)
+    # T5: ds's sums per bucket and key row, summed over the keys too.
+    dtable = folds[0].sum((0, 3)).T if folds else None
+    return dq, dk[:, :, :lk, :d], dv[:, :, :lk, :dv_width], dtable
 
   # dQ: query tiles of 2 x bq rows, key blocks of bk streamed.
   # T5, Shaw: each query row's sums of ds per bucket / table row, and
@@ -552,15 +662,9 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
                         d_out_in.astype(F32)) if cfg.shaw_values else None)
     dtable = (d_a_k, d_a_v)
 
-  # dK/dV: key tiles of 2 x bq rows, query blocks of bk streamed.
-  num_query_blocks = lq_pad // bk
-  dk, dv = call(
-      functools.partial(_dkdv_kernel, cfg=dkdv_cfg, lq=lq, lk=lk,
-                        num_query_blocks=num_query_blocks, dtype=q.dtype),
-      dkdv_scratch(dkdv_cfg, width, q.dtype),
-      (jax.ShapeDtypeStruct((b, h, lk_pad, width), q.dtype),) * 2,
-      lk_pad // (COMPUTE_GROUPS * bq), 'selfattn_hopper_dkdv')
+  dk, dv = dkdv(operands, ())
   return dq, dk[:, :, :lk, :d], dv[:, :, :lk, :dv_width], dtable
 
 
-__all__ = ['backward', 'backward_computes', 'dkdv_scratch', 'dq_scratch']
+__all__ = ['FUSED_KINDS', 'backward', 'backward_computes', 'dkdv_scratch',
+           'dq_scratch']

@@ -196,6 +196,12 @@ BACKWARD_CASES = [
     ('t5', False, 130, 300, 64, 64),
     ('shaw', False, 130, 300, 96, 64),     # 128 wide: fits at k = 6
     ('shaw keys', True, 130, 130, 64, 128),
+    # The one-kernel backward (HopperConfig.fused_dq: dQ added into by
+    # each key tile), where it fits: causal ALiBi at TUNED's block_k, T5's
+    # bucket sums folded per key row, a head padded from 96 to 128.
+    ('alibi fused', True, 200, 130, 64, 128),
+    ('t5 fused', False, 130, 300, 64, 64),
+    ('none fused', False, 100, 260, 96, 64),
 ]
 
 
@@ -203,8 +209,10 @@ BACKWARD_CASES = [
 @in_interpreter_process
 def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
                                                        d, block_k):
-  """hopper_backward's dQ and dK/dV kernels, fed the Hopper forward's lse
-  and delta = rowsum(dO * out), against jax.vjp of float32 attention."""
+  """hopper_backward's dQ and dK/dV kernels (or its fused kernel: kinds
+  ending in 'fused'), fed the Hopper forward's lse and delta = rowsum(dO *
+  out), against jax.vjp of float32 attention."""
+  fused = kind.endswith(' fused')
   q, k, v = _qkv(lq, lk, d)
   d_out = jax.random.normal(jax.random.key(9), (3, 2, lq, d)).astype(q.dtype)
   lengths = jnp.array([lk, lk // 3, 0], jnp.int32)
@@ -214,7 +222,7 @@ def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
   # than the 2% tolerance, so that case takes 16x steeper slopes.
   slopes = (jnp.asarray(positions.alibi_slopes(2), jnp.float32)
             * (16 if symmetric else 1) if kind.startswith('alibi') else None)
-  t5 = (8, 20) if kind == 't5' else None
+  t5 = (8, 20) if kind.startswith('t5') else None
   clip = 6 if kind.startswith('shaw') else None
   # Tables as the kernels read them (Shaw's in q's dtype, as the Triton
   # kernel reads a^K), given to the reference in float32.
@@ -230,7 +238,7 @@ def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
                             causal=causal, scale=1 / np.sqrt(d),
                             block_k=block_k, num_buckets=8 if t5 else 0,
                             max_distance=20 if t5 else 0, clip=clip or 0,
-                            interpret=not ON_HOPPER)
+                            interpret=not ON_HOPPER, fused_dq=fused)
   table = (tables['t5'] if t5 else
            (tables['a_k'], tables.get('a_v')) if clip else slopes)
 
@@ -241,6 +249,11 @@ def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
     return hopper_backward.backward(cfg, q, k, v, lengths, table, d_out,
                                     lse, delta)
 
+  # The form asked for is the form that runs (the fused one falls back to
+  # the two kernels only where its scratch would not fit).
+  jaxpr = str(jax.make_jaxpr(gradients)(q, k, v, d_out))
+  assert ('selfattn_hopper_fused_backward' in jaxpr) == fused
+  assert ('selfattn_hopper_dq' in jaxpr) == (not fused)
   got = gradients(q, k, v, d_out)
   f32 = lambda x: x.astype(jnp.float32)
   _, vjp = jax.vjp(
@@ -448,6 +461,65 @@ def test_shared_memory_is_counted_as_mosaic_gpu_counts_it(monkeypatch):
   assert reported > hopper.SMEM_BYTES
   assert reported == reduction + hopper.smem_bytes(hopper_backward.dq_scratch(
       cfg._replace(shaw_values=True), 128, jnp.bfloat16))
+
+  # The fused backward: T5 at 128-wide heads and 64-row query blocks (its
+  # per-bucket sums of ds pass the budget by 2.6 KiB), whose fallback to
+  # the two kernels is bypassed with the rest.
+  cfg = hopper.tuned_config('t5', 'backward')._replace(
+      block_k=64, num_buckets=32, max_distance=128, fused_dq=True)
+  scratch = hopper_backward.dkdv_scratch(cfg, 128, jnp.bfloat16)
+  budget = hopper.SMEM_BYTES - reduction
+  assert hopper.smem_bytes(scratch) > budget
+  assert hopper.smem_bytes(hopper_backward.dkdv_scratch(
+      cfg._replace(kind='none'), 128, jnp.bfloat16)) <= budget
+  reported = _mosaics_count(lambda: lowered_text(
+      lambda q, t5, lse: hopper_backward.backward(cfg, q, q, q, None, t5, q,
+                                                  lse, lse),
+      spec, jax.ShapeDtypeStruct((32, 2), jnp.float32), rows,
+      platform='cuda'))
+  assert reported == reduction + hopper.smem_bytes(scratch)
+
+
+@pytest.mark.parametrize('kind', hopper_backward.FUSED_KINDS)
+def test_fused_backward_lowers_in_linear_memory(kind):
+  """The one-kernel backward (fused_dq) lowers for the abstract H100 at
+  8192 and at an odd length, causal and not, at TUNED's blocks: one Mosaic
+  GPU kernel where the split backward has two (Mosaic GPU checks its
+  shared memory as it lowers), and no (L, L) array."""
+  table = {'none': None, 'alibi': jnp.ones((2,), jnp.float32),
+           't5': jnp.ones((32, 2), jnp.float32)}[kind]
+  for length, causal in ((8192, False), (1000, True)):
+    cfg = hopper.tuned_config(kind, 'backward', causal=causal)._replace(
+        scale=0.125, num_buckets=32 if kind == 't5' else 0,
+        max_distance=128 if kind == 't5' else 0, fused_dq=True)
+    spec = jax.ShapeDtypeStruct((1, 2, length, 64), jnp.bfloat16)
+    rows = jax.ShapeDtypeStruct((1, 2, length), jnp.float32)
+    text = lowered_text(
+        lambda q, lse: hopper_backward.backward(cfg, q, q, q, None, table, q,
+                                                lse, lse),
+        spec, rows, platform='cuda')
+    assert text.count('@mosaic_gpu_v2') == 1, (length, causal)
+    assert re.search(rf'[<x]{length}x{length}x', text) is None
+
+
+@pytest.mark.parametrize('kind,width,fused', [
+    ('t5', 64, True), ('t5', 128, False),     # T5's sums: 231 KiB at 128
+    ('none', 128, True), ('shaw', 64, False)])  # Shaw: per query row folds
+def test_fused_backward_runs_where_it_applies_and_fits(kind, width, fused):
+  """fused_dq asks for the one kernel; where the kind has none (Shaw) or
+  its scratch would not fit (T5's at 128-wide heads and 64-row blocks),
+  the backward is the two kernels (traced, not lowered)."""
+  cfg = hopper.tuned_config(kind, 'backward', clip=4)._replace(
+      block_k=64, num_buckets=32, max_distance=128, fused_dq=True)
+  table = {'t5': jnp.ones((32, 2), jnp.float32), 'none': None,
+           'shaw': (jnp.ones((2, 9, width), jnp.float32), None)}[kind]
+  spec = jax.ShapeDtypeStruct((1, 2, 256, width), jnp.bfloat16)
+  rows = jax.ShapeDtypeStruct((1, 2, 256), jnp.float32)
+  jaxpr = str(jax.make_jaxpr(
+      lambda q, lse: hopper_backward.backward(cfg, q, q, q, None, table, q,
+                                              lse, lse))(spec, rows))
+  assert ('selfattn_hopper_fused_backward' in jaxpr) == fused
+  assert ('selfattn_hopper_dkdv' in jaxpr) == (not fused)
 
 
 def test_auto_keeps_triton_until_the_hopper_kernels_have_run_on_a_gpu(
