@@ -30,7 +30,10 @@ dq[queries] += (ds^T)^T k, and adds it into a float32 dQ in global memory
 by a TMA reduce-add (_add_dq_share): 5 matmuls and one exp2 per block pair
 where the two kernels run 7 and two, since the dQ kernel recomputes s, p
 and dp. dQ starts as zeros (a mutable array operand) and is scaled and
-cast after the kernel. The adds land in no fixed order, so on a GPU dQ is
+cast after the kernel. With 128-row query blocks the two compute groups
+split each block's rows, each adding its half from both groups' keys, so
+a key tile adds once per dQ row (pairs_queries); with 64-row blocks each
+adds its own keys' share of every row. The adds land in no fixed order, so on a GPU dQ is
 not bit-reproducible between runs (as FlashAttention-3's). JAX's Mosaic
 GPU interpreter has no reduce-add, so there each (tile, group) writes its
 shares into its own slice of a (tiles x groups, B, H, Lq, D) buffer,
@@ -152,7 +155,7 @@ def _dq_kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
   fold_ref = refs[1] if bucketed else None       # ds per bucket / table row
   mass_ref = refs[2] if values else None         # p per table row
   scoped = refs[-1]
-  smem, (k_ready, v_ready), own_ready, free = scoped
+  smem, (k_ready, v_ready), own_ready, free, _ = scoped
   (q_smem2, do_smem2, lse_smem2, delta_smem2, k_smem, v_smem, ds_smem2,
    qa_smem2, da_smem2, fold_smem2, mass_smem2) = smem
   bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
@@ -271,26 +274,72 @@ def query_regions(cfg: HopperConfig, key_block, bq: int, bkv: int, start,
           (left_start, end, 'left')]
 
 
-def _add_dq_share(cfg: HopperConfig, ds_t, ds_smem, k_smem, share_smem,
-                  dq_block) -> None:
-  """The fused backward's step: dq_block += ds k, this group's keys' share
-  of a query block's dQ. ds^T (keys x queries, in the inputs' dtype) goes
-  to ds_smem and is read transposed as wgmma's left operand; the float32
-  share goes to share_smem and from there into dq_block by a TMA
-  reduce-add, whose reads of the previous share are waited for first. In
-  interpret mode (no reduce-add there) dq_block is this (tile, group)'s
-  own slice, written by a plain copy, and ds_smem already holds ds^T
+def pairs_queries(cfg: HopperConfig) -> bool:
+  """Whether the fused backward's two compute groups split each query
+  block's dQ share by queries, each adding half the rows from both groups'
+  keys (FlashAttention-3's one reduce-add per query row and key tile),
+  rather than each adding its own keys' share of every row (twice the
+  reduce-add traffic): possible where half a streamed block is still a
+  wgmma tile of 64 rows (block_k >= 128)."""
+  return cfg.block_k % (COMPUTE_GROUPS * 64) == 0
+
+
+def _add_dq_share(cfg: HopperConfig, ds_t, ds_smem2, k_smem2, share_smem,
+                  dq_rows, pair, wg) -> None:
+  """The fused backward's step: dQ's rows of one query block (dq_rows)
+  gain ds k, their share from this key tile. Each group's ds^T (keys x
+  queries, the inputs' dtype) goes to its ds_smem2 slot and is read
+  transposed as wgmma's left operand; the float32 share goes to
+  share_smem and from there into dq_rows by a TMA reduce-add, whose reads
+  of the previous share are waited for first.
+
+  pairs_queries: the groups meet at `pair` (both ds^T written), each adds
+  half the rows from both groups' keys, and meets again (both read) before
+  either writes its next ds^T; a group with no pair for this block takes
+  part with zeros (ds_t None, its slot zeroed before). Else each adds its
+  own keys' share of every row and `pair` is None.
+
+  In interpret mode (no reduce-add there) dq_rows is this (tile, group)'s
+  own slice, written by a plain copy, and ds_smem2 already holds ds^T
   (accumulate_product put it there)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  if not cfg.interpret:
-    ds_smem[...] = ds_t
+  if ds_t is not None and not cfg.interpret:
+    ds_smem2.at[wg][...] = ds_t
     plgpu.commit_smem()
-  share = product(ds_smem.transpose((1, 0)), k_smem, share_smem.shape)
-  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-  share_smem[...] = share
-  plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(share_smem, dq_block,
-                          reduction_op=None if cfg.interpret else 'add')
+
+  def meet():
+    plgpu.barrier_arrive(pair)
+    plgpu.barrier_wait(pair)
+
+  def add(share, rows):
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    share_smem[...] = share
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(share_smem, rows,
+                            reduction_op=None if cfg.interpret else 'add')
+
+  if pair is None:
+    add(product(ds_smem2.at[wg].transpose((1, 0)), k_smem2.at[wg],
+                share_smem.shape), dq_rows)
+    return
+  meet()
+  half = share_smem.shape[0]
+
+  def rows_of(group):
+    # Static slices: a group's half of the queries, from every key.
+    queries = pl.ds(group * half, half)
+
+    def both_groups(acc_ref):
+      for g in range(COMPUTE_GROUPS):
+        plgpu.wgmma(acc_ref, ds_smem2.at[g, :, queries].transpose((1, 0)),
+                    k_smem2.at[g])
+      return acc_ref[...]
+    share = pl.run_scoped(both_groups, plgpu.ACC(share_smem.shape, F32))
+    meet()
+    add(share, dq_rows.at[queries])
+
+  for group in range(COMPUTE_GROUPS):
+    pl.when(wg == group)(functools.partial(rows_of, group))
 
 
 def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
@@ -309,7 +358,7 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
   dq_ref = refs[8] if fused else None       # float32, the shares' sum
   dk_ref, dv_ref = refs[8 + shaw + values + fused:][:2]
   fold_ref = refs[-2] if fused_t5 else None  # ds per bucket and key row
-  smem, ready, own_ready, free = refs[-1]
+  smem, ready, own_ready, free, pair = refs[-1]
   (k_smem2, v_smem2, q_smem, do_smem, lse_smem, delta_smem, a_smem2,
    qa_smem, da_smem, dq_smem2, fold_smem2) = smem
   bkv, bq, stages = cfg.block_q, cfg.block_k, cfg.stages   # keys per group
@@ -365,14 +414,26 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
       def _zero(n):
         fold_smem2.at[wg, n][...] = zeros
 
+    add_dq_share = lambda i, ds_t: _add_dq_share(
+        cfg, ds_t, a_smem2, k_smem2, dq_smem2.at[wg],
+        dq_ref.at[part, b, h, pl.ds(i * bq, bq)], pair, wg)
+    if pair is not None:
+      # Where this group has no pair with a block, its share is zeros.
+      a_smem2.at[wg][...] = plgpu.layout_cast(
+          jnp.zeros((bkv, bq), dtype), plgpu.Layout.WGMMA)
+      plgpu.commit_smem()
+
     @pl.loop(tile_start, start)
     def _release(i):
       # Blocks the tile's other group needs first: wait (the barriers'
-      # phases advance per wait) and free them.
+      # phases advance per wait) and free them; paired, add the other
+      # group's share of this group's half of the rows.
       slot = lax.rem(i - tile_start, jnp.int32(stages))
       for barrier in ready:
         plgpu.barrier_wait(barrier.at[slot])
       plgpu.barrier_arrive(free.at[slot])
+      if pair is not None:
+        add_dq_share(i, None)
 
     def step(i, carry, masked: bool, region: str):
       dk, dv = carry
@@ -405,9 +466,7 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
                               a_smem, cfg.interpret)
       plgpu.barrier_arrive(free.at[slot])
       if fused:
-        _add_dq_share(cfg, ds_t.astype(dtype), a_smem2.at[wg], k_smem,
-                      dq_smem2.at[wg], dq_ref.at[part, b, h,
-                                                 pl.ds(i * bq, bq)])
+        add_dq_share(i, ds_t.astype(dtype))
       return dk, dv
 
     zeros = lambda width: plgpu.layout_cast(jnp.zeros((bkv, width), F32),
@@ -445,16 +504,19 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
 
 
 def backward_scratch(cfg: HopperConfig, smem, num_streamed: int,
-                     num_own: int):
+                     num_own: int, paired: bool = False):
   """A backward kernel's scratch: (shared buffers, ready barriers of the
-  streamed blocks' slots, the compute groups' own loads, freed slots)."""
+  streamed blocks' slots, the compute groups' own loads, freed slots, and
+  where they pair up (pairs_queries) the groups' meeting barrier, else
+  None)."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
   ready = tuple(plgpu.Barrier(num_barriers=cfg.stages)
                 for _ in range(num_streamed))
   own = tuple(plgpu.Barrier(num_barriers=COMPUTE_GROUPS)
               for _ in range(num_own))
   freed = plgpu.Barrier(num_arrivals=COMPUTE_GROUPS, num_barriers=cfg.stages)
-  return smem, ready, own, freed
+  pair = plgpu.Barrier(num_arrivals=COMPUTE_GROUPS) if paired else None
+  return smem, ready, own, freed, pair
 
 
 def dq_scratch(cfg: HopperConfig, width: int, dtype):
@@ -489,6 +551,7 @@ def dkdv_scratch(cfg: HopperConfig, width: int, dtype):
   shaw = cfg.kind == 'shaw'
   values = shaw and cfg.shaw_values
   fused = cfg.fused_dq
+  paired = fused and pairs_queries(cfg)
   rows = kernels.num_rows(cfg) if shaw else 0
   buckets = kernels.num_rows(cfg) if fused and cfg.kind == 't5' else 0
   smem = (tiled((groups, bq, width)), tiled((groups, bq, width)),
@@ -497,9 +560,10 @@ def dkdv_scratch(cfg: HopperConfig, width: int, dtype):
           tiled((groups, bq, bk)) if cfg.interpret or fused else None,
           plgpu.SMEM((stages, rows, bk), F32) if shaw else None,
           plgpu.SMEM((stages, rows, bk), F32) if values else None,
-          plgpu.SMEM((groups, bk, width), F32) if fused else None,
+          plgpu.SMEM((groups, bk // groups if paired else bk, width), F32)
+          if fused else None,
           plgpu.SMEM((groups, buckets, bq), F32) if buckets else None)
-  return backward_scratch(cfg, smem, 4 + shaw + values, 2)
+  return backward_scratch(cfg, smem, 4 + shaw + values, 2, paired)
 
 
 def backward_computes(kind: str, head_dim: int, clip: int = 0,

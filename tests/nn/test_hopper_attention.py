@@ -197,8 +197,11 @@ BACKWARD_CASES = [
     ('shaw', False, 130, 300, 96, 64),     # 128 wide: fits at k = 6
     ('shaw keys', True, 130, 130, 64, 128),
     # The one-kernel backward (HopperConfig.fused_dq: dQ added into by
-    # each key tile), where it fits: causal ALiBi at TUNED's block_k, T5's
-    # bucket sums folded per key row, a head padded from 96 to 128.
+    # each key tile), where it fits: causal ALiBi at TUNED's block_k, where
+    # the two groups split each block's rows (pairs_queries; the second
+    # group has no pair with the first query block, nor any in the second
+    # tile, past the key length); T5's bucket sums folded per key row and a
+    # head padded from 96 to 128, each group adding its own keys' share.
     ('alibi fused', True, 200, 130, 64, 128),
     ('t5 fused', False, 130, 300, 64, 64),
     ('none fused', False, 100, 260, 96, 64),
