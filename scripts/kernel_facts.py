@@ -6,7 +6,9 @@ SASS facts that explain a row of bench_gpu.py).
   python scripts/kernel_facts.py --smoke      # the CPU dry run
 
 For each kernel family (--kernels: `hopper`, the Mosaic GPU kernels;
-`triton`, the Pallas-Triton ones) a child process compiles and runs once
+`triton`, the Pallas-Triton ones; `hopper_fused`, not by default, the
+Mosaic GPU kernels with the one-kernel backward, HopperConfig.fused_dq, for
+none, ALiBi and T5) a child process compiles and runs once
 the training step bench_gpu.py times (the loss sum(out * g) and its
 gradients in q, k, v and the encoding's tables, pallas_attention with that
 gpu_kernel) for each --encodings (their position modules at their defaults,
@@ -55,12 +57,16 @@ from absl import flags  # noqa: E402
 from scripts import interpreter_pools  # noqa: E402
 from scripts import kernel_timing as shared  # noqa: E402
 
-KERNELS = ('hopper', 'triton')
+# hopper_fused: the Hopper kernels with the one-kernel backward
+# (HopperConfig.fused_dq) for the encodings that have it; not a default
+# family until TUNED takes it.
+KERNELS = ('hopper', 'triton', 'hopper_fused')
+DEFAULT_KERNELS = ('hopper', 'triton')
 ENCODINGS = ('none', 'alibi', 't5', 'shaw')
 
 # The shape, --out, --smoke, --causal and --time_budget are the tuners'
 # flags (scripts/kernel_timing.py).
-KERNEL_FAMILIES = flags.DEFINE_list('kernels', ','.join(KERNELS),
+KERNEL_FAMILIES = flags.DEFINE_list('kernels', ','.join(DEFAULT_KERNELS),
                                     f'Kernel families, of {KERNELS}.')
 ENCODING_LIST = flags.DEFINE_list(
     'encodings', 'shaw,t5,alibi,none',
@@ -367,10 +373,22 @@ def child(kind: str) -> None:
   smoke = shared.SMOKE.value
   b, h, length, d = shape()
   q, k, v, g = shared.random_inputs(b, h, length, d)
+  encodings = ENCODING_LIST.value
+  if kind == 'hopper_fused':
+    from selfattn.nn import hopper_attention
+    from selfattn.nn import hopper_backward
+    # This process's calls take the one-kernel backward (TUNED is read
+    # when a call is traced); the kinds without it would repeat `hopper`.
+    for (pass_name, mask), shape_ in hopper_attention.TUNED.items():
+      if pass_name == 'backward':
+        hopper_attention.TUNED[pass_name, mask] = {**shape_,
+                                                   'fused_dq': True}
+    encodings = [e for e in encodings if e in hopper_backward.FUSED_KINDS]
   for causal in shared.causal_settings():
-    for encoding in ENCODING_LIST.value:
+    for encoding in encodings:
       step, params = shared.pallas_training_step(
-          encoding, h, d, causal=causal, gpu_kernel=kind,
+          encoding, h, d, causal=causal,
+          gpu_kernel='hopper' if kind.startswith('hopper') else kind,
           interpret=True if smoke else None)
       # The jitted function's name is in XLA's dump files' names.
       step.__name__ = f'facts_{label(encoding, causal)}'
@@ -398,7 +416,7 @@ def ptx_by_encoding(kind: str, stdout: str, dump_dir: str
   marker in stdout; XLA's files carry the jitted function's name
   (facts_LABEL)."""
   found: dict[str, list[str]] = collections.defaultdict(list)
-  if kind == 'hopper':
+  if kind.startswith('hopper'):
     for part in stdout.split(MARKER)[1:]:
       name, _, rest = part.partition('\n')
       modules = split_ptx_modules(rest)
@@ -425,7 +443,7 @@ def run_child(kind: str, seconds: float | None, scratch: str) -> dict:
          if not k.startswith('MOSAIC_GPU_DUMP')}
   env['PYTHONUNBUFFERED'] = '1'
   xla_flags = [env.get('XLA_FLAGS', '')]
-  if kind == 'hopper':
+  if kind.startswith('hopper'):
     env['MOSAIC_GPU_DUMP_PTX'] = '1'
   else:
     xla_flags.append(f'--xla_dump_to={dump_dir}')
