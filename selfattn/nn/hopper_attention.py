@@ -118,6 +118,10 @@ class HopperConfig(NamedTuple):
   # dK/dV's kernels.
   fused_dq: bool = False
   interpret: bool = False   # JAX's Mosaic GPU interpreter (CPU tests)
+  # Interpreted: its happens-before race detector, which raises on a race
+  # between TMA copies and shared-memory loads and stores (JAX 0.11/0.12's
+  # does not track wgmma's operand reads); slower, for tests.
+  detect_races: bool = False
 
 
 # Widest head (after padding to HEAD_MULTIPLE): at 128 the backward's
@@ -742,6 +746,15 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
       plgpu.barrier_wait(v_free.at[slot])
 
 
+def interpret_params(cfg: HopperConfig):
+  """The interpreter's parameters of an interpreted call (None: compiled
+  for the GPU)."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  if not cfg.interpret:
+    return None
+  return plgpu.InterpretGPUParams(detect_races=cfg.detect_races)
+
+
 def tiled_smem(shape, dtype):
   """A shared buffer of 16-bit operands in wgmma's layout: 8 x 64 tiles,
   128-byte swizzle."""
@@ -843,7 +856,7 @@ def forward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
       grid_names=('heads', 'q_tiles', 'batch'),
       num_threads=COMPUTE_GROUPS + 1, thread_name='wg',
       compiler_params=plgpu.CompilerParams(approx_math=True),
-      interpret=plgpu.InterpretGPUParams() if cfg.interpret else None,
+      interpret=interpret_params(cfg),
       kernel_name='selfattn_hopper_forward',
   )(q, k, v, lengths, table, *extra_in)
   out, lse = outs[0][:, :, :lq, :dv], outs[1][:, :, :lq]

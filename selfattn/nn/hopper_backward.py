@@ -79,6 +79,7 @@ from selfattn.nn.hopper_attention import check
 from selfattn.nn.hopper_attention import check_width
 from selfattn.nn.hopper_attention import head_table
 from selfattn.nn.hopper_attention import head_terms
+from selfattn.nn.hopper_attention import interpret_params
 from selfattn.nn.hopper_attention import key_end
 from selfattn.nn.hopper_attention import over_blocks
 from selfattn.nn.hopper_attention import per_row
@@ -659,7 +660,7 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
     extra.append(table_rows(q_in, a_k, cfg.scale * LOG2E))
     if cfg.shaw_values:
       extra.append(table_rows(d_out_in.astype(q.dtype), a_v, 1.0))
-  interpret = plgpu.InterpretGPUParams() if cfg.interpret else None
+  interpret = interpret_params(cfg)
   operands = (q, k, v, d_out, lse, delta, lengths, table, *extra)
 
   def call(kernel, scratch, out_type, tiles, name, args=operands):
