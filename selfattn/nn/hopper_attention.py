@@ -259,14 +259,6 @@ def cdiv(x, d: int):
   return lax.div(x + (d - 1), jnp.int32(d))
 
 
-def alibi_distance(offset, symmetric: bool):
-  """positions.ALiBi's distance of key - query offsets (float32)."""
-  distance = jnp.abs(offset).astype(F32)
-  if not symmetric:
-    distance = distance - jnp.where(offset < 0, 0.5, 0.0).astype(F32)
-  return distance
-
-
 def key_end(cfg: HopperConfig, length, shift, last_row, bk: int):
   """One past the last key block that query rows up to last_row attend
   to (keys [0, length); causal with shift = Lk - Lq)."""
@@ -445,7 +437,7 @@ def logits2(cfg: HopperConfig, s, q_idx, k_idx, terms, length, shift,
     if per_key is not None:
       s = s + lax.broadcast_in_dim(per_key, s.shape, [1 - query_axis])
   elif cfg.kind == 'alibi':
-    s = s - terms * alibi_distance(k_idx - q_idx, cfg.symmetric)
+    s = s - terms * kernels.alibi_distance(k_idx - q_idx, cfg.symmetric)
   elif cfg.kind in ('t5', 'shaw'):
     if cfg.kind == 't5':
       value = terms                                 # a scalar per bucket
