@@ -285,28 +285,25 @@ def pairs_queries(cfg: HopperConfig) -> bool:
   return cfg.block_k % (COMPUTE_GROUPS * 64) == 0
 
 
-def _add_dq_share(cfg: HopperConfig, ds_t, ds_smem2, k_smem2, share_smem,
+def _add_dq_share(cfg: HopperConfig, ds_smem2, k_smem2, share_smem,
                   dq_rows, pair, wg) -> None:
   """The fused backward's step: dQ's rows of one query block (dq_rows)
   gain ds k, their share from this key tile. Each group's ds^T (keys x
-  queries, the inputs' dtype) goes to its ds_smem2 slot and is read
-  transposed as wgmma's left operand; the float32 share goes to
-  share_smem and from there into dq_rows by a TMA reduce-add, whose reads
-  of the previous share are waited for first.
+  queries, the inputs' dtype) is in its ds_smem2 slot (stored by the
+  caller; in interpret mode by accumulate_product) and is read transposed
+  as wgmma's left operand; the float32 share goes to share_smem and from
+  there into dq_rows by a TMA reduce-add, whose reads of the previous
+  share are waited for first.
 
   pairs_queries: the groups meet at `pair` (both ds^T written), each adds
   half the rows from both groups' keys, and meets again (both read) before
   either writes its next ds^T; a group with no pair for this block takes
-  part with zeros (ds_t None, its slot zeroed before). Else each adds its
-  own keys' share of every row and `pair` is None.
+  part with zeros (its slot zeroed before). Else each adds its own keys'
+  share of every row and `pair` is None.
 
   In interpret mode (no reduce-add there) dq_rows is this (tile, group)'s
-  own slice, written by a plain copy, and ds_smem2 already holds ds^T
-  (accumulate_product put it there)."""
+  own slice, written by a plain copy."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
-  if ds_t is not None and not cfg.interpret:
-    ds_smem2.at[wg][...] = ds_t
-    plgpu.commit_smem()
 
   def meet():
     plgpu.barrier_arrive(pair)
@@ -393,6 +390,10 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
     plgpu.copy_gmem_to_smem(v_ref.at[b, h, keys], v_smem, own_ready[1].at[wg])
     plgpu.barrier_wait(own_ready[0].at[wg])
     plgpu.barrier_wait(own_ready[1].at[wg])
+    if pair is not None:
+      # Paired, this group's wgmma reads the other group's keys too: their
+      # load's completion, observed here as well as through the meetings.
+      plgpu.barrier_wait(own_ready[0].at[1 - wg])
     terms = head_terms(cfg, table_ref, h)
     start = query_start(base)
     # Query blocks from which every pair with these keys is allowed.
@@ -415,8 +416,8 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
       def _zero(n):
         fold_smem2.at[wg, n][...] = zeros
 
-    add_dq_share = lambda i, ds_t: _add_dq_share(
-        cfg, ds_t, a_smem2, k_smem2, dq_smem2.at[wg],
+    add_dq_share = lambda i: _add_dq_share(
+        cfg, a_smem2, k_smem2, dq_smem2.at[wg],
         dq_ref.at[part, b, h, pl.ds(i * bq, bq)], pair, wg)
     if pair is not None:
       # Where this group has no pair with a block, its share is zeros.
@@ -434,7 +435,7 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
         plgpu.barrier_wait(barrier.at[slot])
       plgpu.barrier_arrive(free.at[slot])
       if pair is not None:
-        add_dq_share(i, None)
+        add_dq_share(i)
 
     def step(i, carry, masked: bool, region: str):
       dk, dv = carry
@@ -463,11 +464,17 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
       if fused_t5:
         fold_into(cfg, fold_smem2.at[wg], ds_t, bucket, region, key_layout,
                   held)
-      dk = accumulate_product(dk, ds_t.astype(dtype), q_smem.at[slot],
-                              a_smem, cfg.interpret)
+      ds16 = ds_t.astype(dtype)
+      if fused and not cfg.interpret:
+        # dQ's left operand, stored before dK's product so that ds_t
+        # (float32) need not live across it.
+        a_smem2.at[wg][...] = ds16
+        plgpu.commit_smem()
+      dk = accumulate_product(dk, ds16, q_smem.at[slot], a_smem,
+                              cfg.interpret)
       plgpu.barrier_arrive(free.at[slot])
       if fused:
-        add_dq_share(i, ds_t.astype(dtype))
+        add_dq_share(i)
       return dk, dv
 
     zeros = lambda width: plgpu.layout_cast(jnp.zeros((bkv, width), F32),
@@ -551,7 +558,7 @@ def dkdv_scratch(cfg: HopperConfig, width: int, dtype):
   bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
   shaw = cfg.kind == 'shaw'
   values = shaw and cfg.shaw_values
-  fused = cfg.fused_dq
+  fused = cfg.fused_dq and cfg.kind in FUSED_KINDS
   paired = fused and pairs_queries(cfg)
   rows = kernels.num_rows(cfg) if shaw else 0
   buckets = kernels.num_rows(cfg) if fused and cfg.kind == 't5' else 0
@@ -561,17 +568,25 @@ def dkdv_scratch(cfg: HopperConfig, width: int, dtype):
           tiled((groups, bq, bk)) if cfg.interpret or fused else None,
           plgpu.SMEM((stages, rows, bk), F32) if shaw else None,
           plgpu.SMEM((stages, rows, bk), F32) if values else None,
-          plgpu.SMEM((groups, bk // groups if paired else bk, width), F32)
+          # Float32 in 32-wide tiles with the 128-byte swizzle: the
+          # share's stores from wgmma's layout without bank conflicts.
+          plgpu.SMEM((groups, bk // groups if paired else bk, width), F32,
+                     transforms=(plgpu.TilingTransform((8, 32)),
+                                 plgpu.SwizzleTransform(128)))
           if fused else None,
           plgpu.SMEM((groups, buckets, bq), F32) if buckets else None)
   return backward_scratch(cfg, smem, 4 + shaw + values, 2, paired)
 
 
 def backward_computes(kind: str, head_dim: int, clip: int = 0,
-                      values: bool = False, causal: bool = False) -> bool:
+                      values: bool = False, causal: bool = False,
+                      num_buckets: int = 0) -> bool:
   """Whether backward computes the backward of a call the forward computes
   (hopper_attention.supports), at TUNED's shapes: head_dim the widest of
-  q's and v's, clip and values Shaw's k and whether it has a value table.
+  q's and v's, clip and values Shaw's k and whether it has a value table,
+  num_buckets T5's (the dQ kernel's sums per bucket take shared memory).
+  The two kernels or, where TUNED asks for it, the fused one (backward
+  runs the two where it would not fit).
   Shaw's table rows take shared memory in both kernels (dQ holds four
   (2k+1) x block_q buffers per group: QA, DA and the sums of ds and p;
   dK/dV streams QA and DA per stage), so its backward fits only for narrow
@@ -580,9 +595,14 @@ def backward_computes(kind: str, head_dim: int, clip: int = 0,
   if kind not in BACKWARD_KINDS:
     return False
   width = round_up(head_dim, HEAD_MULTIPLE)
-  cfg = tuned_config(kind, 'backward', clip, values, causal)
-  return (fits(dq_scratch(cfg, width, jnp.bfloat16))
-          and fits(dkdv_scratch(cfg, width, jnp.bfloat16)))
+  cfg = tuned_config(kind, 'backward', clip, values, causal)._replace(
+      num_buckets=num_buckets)
+  split = cfg._replace(fused_dq=False)
+  if (cfg.fused_dq and kind in FUSED_KINDS
+      and fits(dkdv_scratch(cfg, width, jnp.bfloat16))):
+    return True
+  return (fits(dq_scratch(split, width, jnp.bfloat16))
+          and fits(dkdv_scratch(split, width, jnp.bfloat16)))
 
 
 def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,

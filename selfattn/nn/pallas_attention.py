@@ -434,12 +434,12 @@ def _backward_call(cfg: Config, backend: str, q, k, v, key_valid, table, g,
     if hopper_backward.backward_computes(cfg.kind,
                                          max(q.shape[-1], v.shape[-1]),
                                          cfg.clip, cfg.shaw_values,
-                                         cfg.causal):
+                                         cfg.causal, cfg.num_buckets):
       return _hopper_backward(cfg, backend == 'hopper_interpret', q, k, v,
                               key_valid, table, g, lse, delta)
-    # Shaw whose table rows would not fit the backward kernels' shared
-    # memory: the Hopper forward's out and lse, Triton's backward with the
-    # tables' gradients.
+    # Shaw whose table rows (or T5 whose buckets' sums) would not fit the
+    # backward kernels' shared memory: the Hopper forward's out and lse,
+    # Triton's backward with the tables' gradients.
     backend = 'triton' if backend == 'hopper' else 'interpret'
   a = _Arrays(cfg, backend, q, k, v, key_valid, table)
   lay = a.lay

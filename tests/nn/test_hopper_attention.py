@@ -197,13 +197,14 @@ BACKWARD_CASES = [
     ('shaw', False, 130, 300, 96, 64),     # 128 wide: fits at k = 6
     ('shaw keys', True, 130, 130, 64, 128),
     # The one-kernel backward (HopperConfig.fused_dq: dQ added into by
-    # each key tile), where it fits: causal ALiBi at TUNED's block_k, where
-    # the two groups split each block's rows (pairs_queries; the second
-    # group has no pair with the first query block, nor any in the second
-    # tile, past the key length); T5's bucket sums folded per key row and a
-    # head padded from 96 to 128, each group adding its own keys' share.
+    # each key tile), where it fits: at TUNED's block_k, where the two
+    # groups split each block's rows (pairs_queries), causal ALiBi (the
+    # second group has no pair with the first query block, nor any in the
+    # second tile, past the key length) and T5 (its bucket sums folded per
+    # key row); a head padded from 96 to 128 at 64-row blocks, each group
+    # adding its own keys' share.
     ('alibi fused', True, 200, 130, 64, 128),
-    ('t5 fused', False, 130, 300, 64, 64),
+    ('t5 fused', False, 130, 300, 64, 128),
     ('none fused', False, 100, 260, 96, 64),
 ]
 
@@ -568,6 +569,27 @@ def test_fused_backward_runs_where_it_applies_and_fits(kind, width, fused):
                                               lse, lse))(spec, rows))
   assert ('selfattn_hopper_fused_backward' in jaxpr) == fused
   assert ('selfattn_hopper_dkdv' in jaxpr) == (not fused)
+
+
+def test_backward_routing_counts_the_form_tuned_asks_for(monkeypatch):
+  """backward_computes (pallas_attention's question) counts T5's bucket
+  sums, which the dQ kernel keeps in shared memory (128 buckets at
+  128-wide heads do not fit), and, where TUNED asks for the fused backward,
+  that kernel for the kinds that have it and the two for Shaw, not the
+  fused kernel's buffers for every kind."""
+  computes = hopper_backward.backward_computes
+  assert computes('t5', 128, num_buckets=32)
+  assert not computes('t5', 128, num_buckets=128)
+  assert computes('t5', 64, num_buckets=128)
+  for key, shape in list(hopper.TUNED.items()):
+    if key[0] == 'backward':
+      monkeypatch.setitem(hopper.TUNED, key, {**shape, 'fused_dq': True})
+  # Fused at 128-wide heads fits only with 64-row query blocks, which
+  # TUNED's 128 are not: the two kernels then, as backward() runs them.
+  assert all(computes(kind, 128) for kind in ('none', 'alibi'))
+  assert computes('shaw', 128, clip=6, values=True)
+  assert not computes('shaw', 128, clip=7, values=True)
+  assert computes('shaw', 64, clip=30, values=True)
 
 
 def test_auto_keeps_triton_until_the_hopper_kernels_have_run_on_a_gpu(
