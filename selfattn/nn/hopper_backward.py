@@ -33,8 +33,9 @@ and dp. dQ starts as zeros (a mutable array operand) and is scaled and
 cast after the kernel. With 128-row query blocks the two compute groups
 split each block's rows, each adding its half from both groups' keys, so
 a key tile adds once per dQ row (pairs_queries); with 64-row blocks each
-adds its own keys' share of every row. The adds land in no fixed order, so on a GPU dQ is
-not bit-reproducible between runs (as FlashAttention-3's). JAX's Mosaic
+adds its own keys' share of every row. The adds land in no fixed order,
+so on a GPU dQ is not bit-reproducible between runs (as FlashAttention-3's
+is not). JAX's Mosaic
 GPU interpreter has no reduce-add, so there each (tile, group) writes its
 shares into its own slice of a (tiles x groups, B, H, Lq, D) buffer,
 summed after the kernel: the same products, a plain copy where the GPU
