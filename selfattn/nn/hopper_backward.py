@@ -44,7 +44,8 @@ gradient is a sum over all pairs, so this kernel folds ds per key row
 (row sums of its transposed blocks); Shaw's dq term and table gradients
 need sums per query row (column sums here, across warps): Shaw keeps the
 two kernels, and so does a call whose fused scratch would not fit in
-shared memory.
+shared memory or that asks XLA for deterministic GPU ops (XLA_FLAGS
+--xla_gpu_deterministic_ops: deterministic_ops).
 
 Both skip the blocks no allowed pair reaches (causal, key lengths) without
 loading them, and mask only the blocks crossing a limit. Softmax in base 2
@@ -58,6 +59,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -96,6 +99,29 @@ from selfattn.nn.hopper_attention import tuned_config
 
 # The kinds the fused backward computes (HopperConfig.fused_dq).
 FUSED_KINDS = ('none', 'alibi', 't5')
+# XLA's switches for bit-reproducible GPU runs: under either the backward
+# keeps the two kernels, whose results do not depend on the order of
+# atomic adds.
+DETERMINISTIC_FLAGS = re.compile(
+    r'--xla_gpu_(?:deterministic_ops|exclude_nondeterministic_ops)'
+    r'(?:=(?:true|1))?(?=\s|$)')
+
+
+def deterministic_ops() -> bool:
+  """Whether XLA_FLAGS asks for deterministic GPU ops
+  (--xla_gpu_deterministic_ops or --xla_gpu_exclude_nondeterministic_ops),
+  which the fused backward's reduce-add is not: read when a call is
+  traced."""
+  flags = os.environ.get('XLA_FLAGS', '')
+  return DETERMINISTIC_FLAGS.search(flags) is not None
+
+
+def takes_fused(cfg: HopperConfig) -> bool:
+  """Whether cfg asks for the fused backward and may have it: a kind it
+  computes, and no deterministic ops asked for (its fit in shared memory
+  is the caller's question)."""
+  return (cfg.fused_dq and cfg.kind in FUSED_KINDS
+          and not deterministic_ops())
 
 
 def stream_blocks(j0, end, stages, slots_and_refs, ready, free, index_of):
@@ -599,8 +625,7 @@ def backward_computes(kind: str, head_dim: int, clip: int = 0,
   cfg = tuned_config(kind, 'backward', clip, values, causal)._replace(
       num_buckets=num_buckets)
   split = cfg._replace(fused_dq=False)
-  if (cfg.fused_dq and kind in FUSED_KINDS
-      and fits(dkdv_scratch(cfg, width, jnp.bfloat16))):
+  if takes_fused(cfg) and fits(dkdv_scratch(cfg, width, jnp.bfloat16)):
     return True
   return (fits(dq_scratch(split, width, jnp.bfloat16))
           and fits(dkdv_scratch(split, width, jnp.bfloat16)))
@@ -646,9 +671,8 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   # What a GPU allocates (the interpreter's extra buffer has no limit).
   on_gpu = lambda c: c._replace(interpret=False)
   # The fused kernel where it was asked for and fits, else the two.
-  fused = (cfg.fused_dq and cfg.kind in FUSED_KINDS
-           and fits(dkdv_scratch(on_gpu(dkdv_cfg._replace(fused_dq=True)),
-                                 width, q.dtype)))
+  fused = takes_fused(cfg) and fits(dkdv_scratch(
+      on_gpu(dkdv_cfg._replace(fused_dq=True)), width, q.dtype))
   dkdv_cfg = dkdv_cfg._replace(fused_dq=fused)
   if not fused and not (fits(dq_scratch(on_gpu(dq_cfg), width, q.dtype))
                         and fits(dkdv_scratch(on_gpu(dkdv_cfg), width,
@@ -752,5 +776,5 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   return dq, dk[:, :, :lk, :d], dv[:, :, :lk, :dv_width], dtable
 
 
-__all__ = ['FUSED_KINDS', 'backward', 'backward_computes', 'dkdv_scratch',
-           'dq_scratch']
+__all__ = ['FUSED_KINDS', 'backward', 'backward_computes', 'deterministic_ops',
+           'dkdv_scratch', 'dq_scratch', 'takes_fused']

@@ -571,6 +571,27 @@ def test_fused_backward_runs_where_it_applies_and_fits(kind, width, fused):
   assert ('selfattn_hopper_dkdv' in jaxpr) == (not fused)
 
 
+@pytest.mark.parametrize('flags,fused', [
+    ('', True), ('--xla_gpu_deterministic_ops=true', False),
+    ('--xla_dump_to=/tmp/x --xla_gpu_deterministic_ops', False),
+    ('--xla_gpu_exclude_nondeterministic_ops=true', False),
+    ('--xla_gpu_deterministic_ops=false', True)])
+def test_deterministic_ops_keep_the_two_kernels(monkeypatch, flags, fused):
+  """The fused backward's reduce-adds land in no fixed order: where
+  XLA_FLAGS asks for deterministic GPU ops (read when a call is traced)
+  the backward is the two kernels even with fused_dq."""
+  monkeypatch.setenv('XLA_FLAGS', flags)
+  cfg = hopper.tuned_config('alibi', 'backward')._replace(fused_dq=True)
+  spec = jax.ShapeDtypeStruct((1, 2, 256, 64), jnp.bfloat16)
+  rows = jax.ShapeDtypeStruct((1, 2, 256), jnp.float32)
+  slopes = jnp.ones((2,), jnp.float32)
+  jaxpr = str(jax.make_jaxpr(
+      lambda q, lse: hopper_backward.backward(cfg, q, q, q, None, slopes, q,
+                                              lse, lse))(spec, rows))
+  assert ('selfattn_hopper_fused_backward' in jaxpr) == fused
+  assert hopper_backward.deterministic_ops() == (not fused)
+
+
 def test_backward_routing_counts_the_form_tuned_asks_for(monkeypatch):
   """backward_computes (pallas_attention's question) counts T5's bucket
   sums, which the dQ kernel keeps in shared memory (128 buckets at
