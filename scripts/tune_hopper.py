@@ -26,9 +26,12 @@ tune_hopper.md (tune_hopper_KIND.* for another --kind), rewritten after
 every row (a time limit keeps what ran).
 
 TFLOP/s: 4 B H L^2 D per forward (halved when causal), 2.5 x that for the
-backward (bench_gpu.py's convention). `x cuDNN`: a forward row over cuDNN's
-forward; a backward row's forward + backward (with the same grid point's
-forward) over cuDNN's forward + backward.
+backward (bench_gpu.py's convention). `x cuDNN`: a forward row over
+cuDNN's forward; a backward row's forward + backward (with the same grid
+point's forward) over cuDNN's forward + backward. `vs two kernels`: a
+fused backward row's largest gradient difference from the two kernels' at
+the same grid point, relative to that gradient's largest entry (bf16
+rounding: about 1e-2 at most; a broken reduce-add: order 1).
 """
 
 from __future__ import annotations
@@ -74,8 +77,8 @@ def markdown(result: dict) -> str:
            f'B={result["batch"]} H={result["heads"]} L={result["length"]} '
            f'D={result["head_dim"]}, bf16', '',
            '| causal | pass | kernel | block_k | stages | ping_pong | '
-           'fused dQ | ms | TFLOP/s | x cuDNN | status |',
-           '|---|---|---|---:|---:|---|---|---:|---:|---:|---|']
+           'fused dQ | ms | TFLOP/s | x cuDNN | vs two kernels | status |',
+           '|---|---|---|---:|---:|---|---|---:|---:|---:|---:|---|']
   for r in result['rows']:
     cell = lambda key, spec='': ('' if r.get(key) is None
                                  else format(r[key], spec))
@@ -84,10 +87,22 @@ def markdown(result: dict) -> str:
         f'| {cell("stages")} | {cell("ping_pong")} | {cell("fused_dq")} '
         f'| {cell("ms", ".3f")} | '
         f'{cell("tflops", ".0f")} | {cell("x_cudnn", ".2f")} | '
+        f'{cell("vs_two_kernels", ".1e")} | '
         f'{r.get("status", "ok")} |')
   lines += ['', 'Fastest per pass (hopper_attention.TUNED rows):', '']
   lines += [f'    {line}' for line in result['best']]
   return '\n'.join(lines) + '\n'
+
+
+def largest_difference(grads, reference) -> float:
+  """The largest of |g - r| / max |r| over the gradients (dq, dk, dv and
+  the table's) of two backward forms."""
+  worst = 0.0
+  for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(reference)):
+    g, r = (jnp.asarray(x, jnp.float32) for x in (g, r))
+    scale = float(jnp.max(jnp.abs(r)))
+    worst = max(worst, float(jnp.max(jnp.abs(g - r))) / max(scale, 1e-30))
+  return worst
 
 
 def best_rows(rows: list[dict]) -> list[str]:
@@ -156,7 +171,9 @@ def main(argv):
         args = (q, k, v, table, g, lse, delta)
         # Both backwards: the dQ and dK/dV kernels, and the one kernel
         # adding dQ by TMA reduce-add where the kind has it; a failure is
-        # that form's row.
+        # that form's row. The fused row also says how far its gradients
+        # are from the two kernels' (the reduce-add at full size).
+        two_kernels = None
         for fused in (FUSED if kind in hopper_backward.FUSED_KINDS
                       else (False,)):
           backward = jax.jit(
@@ -166,11 +183,16 @@ def main(argv):
                                        delta))
           form = {'ping_pong': None, 'fused_dq': fused, 'pass': 'backward'}
           try:
+            grads = backward(*args)
             ms_b = median_ms(backward, args, repeats)
           except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             add({**form, 'status': shared.short_error(e)})
             continue
+          if not fused:
+            two_kernels = grads
+          elif two_kernels is not None:
+            form['vs_two_kernels'] = largest_difference(grads, two_kernels)
           both = base.get('forward+backward')
           add({**form, 'ms': ms_b, 'tflops': 2.5 * flops / ms_b / 1e9,
                'x_cudnn': (ms + ms_b) / both if both else None})
