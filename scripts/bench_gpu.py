@@ -24,6 +24,11 @@ time. Rows:
                   (pallas_attention.hopper_in_auto(): hopper_attention.py,
                   hopper_backward.py; kernel column mosaic-gpu), Triton
                   elsewhere: the two compared in one call.
+  selfattn:pallas_hopper_fused
+                  pallas_hopper with the one-kernel backward
+                  (hopper_backward.fused_in_tuned: dQ by TMA reduce-add)
+                  for none, rope, alibi and t5; the other encodings' rows
+                  repeat pallas_hopper's numbers.
   flax            flax.nnx.dot_product_attention (no encoding), the Flax peer
                   of the `x flax` column.
   cudnn           jax.nn.dot_product_attention(implementation='cudnn'), no
@@ -101,7 +106,13 @@ from scripts.measure import time_calls  # noqa: E402
 
 ENCODINGS = ('none', 'rope', 'alibi', 't5', 'shaw', 'xl')
 IMPLS = tuple(i for i in ('plain', 'chunked', 'fused', 'pallas')
-              if i in sa_attention.IMPLEMENTATIONS) + ('pallas_hopper',)
+              if i in sa_attention.IMPLEMENTATIONS) + ('pallas_hopper',
+                                                       'pallas_hopper_fused')
+HOPPER_PATH = 'pallas (hopper where it applies)'
+# Encodings whose Hopper backward has the one-kernel form (rope: rotated
+# first, then none's kernels); the others' pallas_hopper_fused row is the
+# pallas_hopper row's numbers.
+FUSED_ENCODINGS = ('none', 'rope', 'alibi', 't5')
 PEERS = ('flax', 'cudnn', 'cudnn+bias', 'pallas_mha', 'pallas_mgpu')
 GPU_ONLY = ('cudnn', 'cudnn+bias', 'pallas_mgpu')
 
@@ -280,7 +291,7 @@ class Case:
 def selfattn_case(impl, encoding, x, causal) -> Case:
   b, h, length, d = x['q'].shape
   relative = relative_for(encoding, h, d, length)
-  hopper = impl == 'pallas_hopper'
+  hopper = impl in ('pallas_hopper', 'pallas_hopper_fused')
   attention_impl = 'pallas' if hopper else impl
   module = _Core(h * d, h, relative=relative, attention_impl=attention_impl,
                  dtype=x['q'].dtype, rngs=nnx.Rngs(0))
@@ -292,13 +303,18 @@ def selfattn_case(impl, encoding, x, causal) -> Case:
       if hopper:
         from selfattn.nn import pallas_attention
         stack.enter_context(pallas_attention.hopper_in_auto())
+      if impl == 'pallas_hopper_fused':
+        from selfattn.nn import hopper_backward
+        stack.enter_context(hopper_backward.fused_in_tuned())
       return m._attend(q, k, v, None, mask=None, bias=None, causal=causal,
                        positions=None, key_positions=None,
                        deterministic=True)
 
   path = selfattn_path(attention_impl, relative)
   if hopper and path == 'pallas':
-    path = 'pallas (hopper where it applies)'
+    path = HOPPER_PATH
+    if impl == 'pallas_hopper_fused' and encoding in FUSED_ENCODINGS:
+      path = 'pallas (hopper, one-kernel backward)'
   return Case(row_impl(impl), encoding, path, forward,
               (x['q'], x['k'], x['v'], params), (0, 1, 2, 3))
 
@@ -732,8 +748,12 @@ def main(argv):
       row.update(encoding=case.encoding, impl=case.impl)
       g = x['g'] if case.layout == 'bhld' else x['g_t']
       flops = attention_flops(batch, heads, length, head_dim, causal)
-      reuse = (measured.get((length, causal, encoding, 'plain'))
-               if case.path.startswith('plain (fallback') else None)
+      reuse = None
+      if case.path.startswith('plain (fallback'):
+        reuse = measured.get((length, causal, encoding, 'plain'))
+      elif impl == 'pallas_hopper_fused' and case.path == HOPPER_PATH:
+        # No one-kernel backward for this encoding: pallas_hopper's run.
+        reuse = measured.get((length, causal, encoding, HOPPER_PATH))
       if reuse is not None:
         # The fallback runs the plain row's code: its numbers, not a re-run.
         row.update({k: v for k, v in reuse.items()

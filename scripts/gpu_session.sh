@@ -25,7 +25,8 @@
 #               `bench` at KERNEL_LENGTHS (default 8192,2048) for each
 #               --mode in KERNEL_MODES (default train), each within
 #               KERNEL_BENCH_BUDGET s (default 200; ARGS default
-#               --impls=fused,pallas,pallas_hopper), then `tune`, then
+#               --impls=fused,pallas,pallas_hopper,pallas_hopper_fused),
+#               then `tune`, then
 #               `facts` (md only; FACTS_ARGS go to kernel_facts.py) if
 #               KERNEL_FACTS (default 1) and 120 s or more are left
 #               before KERNEL_DEADLINE s (default 540) from the step's
@@ -403,7 +404,7 @@ case "$STEP" in
       SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q tests/nn/test_hopper_attention.py tests/nn/test_cudnn_flash.py tests/nn/test_pallas.py tests/nn/test_attention.py} \
       suite
     budget=${KERNEL_BENCH_BUDGET:-200}
-    [ $# -eq 0 ] && set -- --impls=fused,pallas,pallas_hopper
+    [ $# -eq 0 ] && set -- --impls=fused,pallas,pallas_hopper,pallas_hopper_fused
     for mode in ${KERNEL_MODES:-train}; do
       bench "bench_gpu_$mode" "${KERNEL_LENGTHS:-8192,2048}" $(( budget + 60 )) \
         "$budget" --mode="$mode" "$@"

@@ -25,8 +25,10 @@ def row_impl(impl: str) -> str:
 
 
 # selfattn's own kernels: the Hopper ones where they apply (Triton
-# elsewhere), and 'pallas' as 'auto' routes it; the faster row counts.
-KERNEL_ROWS = (row_impl('pallas_hopper'), row_impl('pallas'))
+# elsewhere), with the two-kernel or the one-kernel backward, and 'pallas'
+# as 'auto' routes it; the fastest row counts.
+KERNEL_ROWS = (row_impl('pallas_hopper'), row_impl('pallas_hopper_fused'),
+               row_impl('pallas'))
 KERNEL_ROW = KERNEL_ROWS[0]
 
 

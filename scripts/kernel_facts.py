@@ -368,22 +368,27 @@ def label(encoding: str, causal: bool) -> str:
 
 
 def child(kind: str) -> None:
+  import contextlib
+
+  encodings = ENCODING_LIST.value
+  with contextlib.ExitStack() as stack:
+    if kind == 'hopper_fused':
+      from selfattn.nn import hopper_backward
+      # The one-kernel backward; the kinds without it would repeat
+      # `hopper`.
+      stack.enter_context(hopper_backward.fused_in_tuned())
+      encodings = [e for e in encodings if e in hopper_backward.FUSED_KINDS]
+    compile_steps(kind, encodings)
+
+
+def compile_steps(kind: str, encodings: list[str]) -> None:
+  """Compiles and runs the training step of each encoding and mask, each
+  after its marker line (ptx_by_encoding)."""
   import jax
 
   smoke = shared.SMOKE.value
   b, h, length, d = shape()
   q, k, v, g = shared.random_inputs(b, h, length, d)
-  encodings = ENCODING_LIST.value
-  if kind == 'hopper_fused':
-    from selfattn.nn import hopper_attention
-    from selfattn.nn import hopper_backward
-    # This process's calls take the one-kernel backward (TUNED is read
-    # when a call is traced); the kinds without it would repeat `hopper`.
-    for (pass_name, mask), shape_ in hopper_attention.TUNED.items():
-      if pass_name == 'backward':
-        hopper_attention.TUNED[pass_name, mask] = {**shape_,
-                                                   'fused_dq': True}
-    encodings = [e for e in encodings if e in hopper_backward.FUSED_KINDS]
   for causal in shared.causal_settings():
     for encoding in encodings:
       step, params = shared.pallas_training_step(

@@ -57,10 +57,12 @@ barriers it shares with the producer (JAX 0.11's interpreter checks it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import re
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -95,6 +97,7 @@ from selfattn.nn.hopper_attention import shaw_vector
 from selfattn.nn.hopper_attention import table_term
 from selfattn.nn.hopper_attention import tiled_smem
 from selfattn.nn.hopper_attention import tuned_config
+from selfattn.nn.hopper_attention import TUNED
 
 
 # The kinds the fused backward computes (HopperConfig.fused_dq).
@@ -114,6 +117,23 @@ def deterministic_ops() -> bool:
   traced."""
   flags = os.environ.get('XLA_FLAGS', '')
   return DETERMINISTIC_FLAGS.search(flags) is not None
+
+
+@contextlib.contextmanager
+def fused_in_tuned(fused: bool = True) -> Iterator[None]:
+  """Inside it, hopper_attention.TUNED's backward rows ask for the fused
+  backward (or, fused=False, the two kernels): the form a call traced
+  here runs (TUNED is read when a call is traced), as it will be once a
+  GPU has chosen it; the rows are restored after."""
+  saved = dict(TUNED)
+  for key, shape in saved.items():
+    if key[0] == 'backward':
+      TUNED[key] = {**shape, 'fused_dq': fused}
+  try:
+    yield
+  finally:
+    TUNED.clear()
+    TUNED.update(saved)
 
 
 def takes_fused(cfg: HopperConfig) -> bool:
@@ -777,4 +797,4 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
 
 
 __all__ = ['FUSED_KINDS', 'backward', 'backward_computes', 'deterministic_ops',
-           'dkdv_scratch', 'dq_scratch', 'takes_fused']
+           'dkdv_scratch', 'dq_scratch', 'fused_in_tuned', 'takes_fused']

@@ -35,6 +35,7 @@ def test_targets_read_the_rows_bench_gpu_writes():
   named by the bare impl, as the first version of targets() expected, is
   not the kernel's row (that version matched no real row)."""
   assert gpu_targets.KERNEL_ROWS == ('selfattn:pallas_hopper',
+                                     'selfattn:pallas_hopper_fused',
                                      'selfattn:pallas')
   rows = [_row('cudnn', 'none', 4.0, 100.0), _row('pallas', 'none', 4.4, 1.0)]
   by = {e['encoding']: e for e in gpu_targets.targets(rows, 8192)}
@@ -42,11 +43,13 @@ def test_targets_read_the_rows_bench_gpu_writes():
 
 
 def test_the_faster_of_selfattns_kernel_rows_counts():
-  """'pallas' (Triton until the Hopper kernels are the default) and
-  'pallas_hopper': the target is selfattn's best kernel in that call."""
+  """'pallas' (Triton until the Hopper kernels are the default),
+  'pallas_hopper' and 'pallas_hopper_fused' (its one-kernel backward): the
+  target is selfattn's best kernel in that call."""
   rows = [_row('cudnn', 'alibi', 4.0, 100.0),
           _row('selfattn:pallas', 'alibi', 12.0, 100.0),
-          _row('selfattn:pallas_hopper', 'alibi', 4.8, 100.0)]
+          _row('selfattn:pallas_hopper', 'alibi', 5.2, 100.0),
+          _row('selfattn:pallas_hopper_fused', 'alibi', 4.8, 100.0)]
   rows[0]['encoding'] = 'none'
   by = {e['encoding']: e for e in gpu_targets.targets(rows, 8192)}
   assert by['alibi']['measured'] == pytest.approx(1.2) and by['alibi']['met']

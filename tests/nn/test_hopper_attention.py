@@ -592,6 +592,30 @@ def test_deterministic_ops_keep_the_two_kernels(monkeypatch, flags, fused):
   assert hopper_backward.deterministic_ops() == (not fused)
 
 
+def test_fused_in_tuned_sets_the_backward_form_for_calls_traced_inside():
+  """hopper_backward.fused_in_tuned (bench_gpu.py's pallas_hopper_fused
+  rows, kernel_facts.py's hopper_fused family): pallas_attention's
+  backward traced inside it is the fused kernel, outside it TUNED's form,
+  and TUNED is as before after it."""
+  before = dict(hopper.TUNED)
+  spec = jax.ShapeDtypeStruct((1, 2, 256, 64), jnp.bfloat16)
+
+  def kernels_of_a_gradient():
+    loss = lambda q: jnp.sum(pa.pallas_attention(
+        q, q, q, relative=positions.ALiBi(2), key_lengths=jnp.array([200]),
+        gpu_kernel='hopper', interpret=True).astype(jnp.float32))
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss))(spec))
+    return ('selfattn_hopper_fused_backward' in jaxpr,
+            'selfattn_hopper_dq' in jaxpr)
+
+  with hopper_backward.fused_in_tuned():
+    assert all(hopper.TUNED[key]['fused_dq'] for key in hopper.TUNED
+               if key[0] == 'backward')
+    assert kernels_of_a_gradient() == (True, False)
+  assert hopper.TUNED == before
+  assert kernels_of_a_gradient() == (False, True)
+
+
 def test_backward_routing_counts_the_form_tuned_asks_for(monkeypatch):
   """backward_computes (pallas_attention's question) counts T5's bucket
   sums, which the dQ kernel keeps in shared memory (128 buckets at
