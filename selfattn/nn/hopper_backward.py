@@ -332,6 +332,14 @@ def pairs_queries(cfg: HopperConfig) -> bool:
   return cfg.block_k % (COMPUTE_GROUPS * 64) == 0
 
 
+def meet(pair) -> None:
+  """Both compute groups at `pair` (a barrier of COMPUTE_GROUPS
+  arrivals): each goes on once the other has arrived."""
+  import jax.experimental.pallas.mosaic_gpu as plgpu
+  plgpu.barrier_arrive(pair)
+  plgpu.barrier_wait(pair)
+
+
 def _add_dq_share(cfg: HopperConfig, ds_smem2, k_smem2, share_smem,
                   dq_rows, pair, wg) -> None:
   """The fused backward's step: dQ's rows of one query block (dq_rows)
@@ -342,19 +350,18 @@ def _add_dq_share(cfg: HopperConfig, ds_smem2, k_smem2, share_smem,
   there into dq_rows by a TMA reduce-add, whose reads of the previous
   share are waited for first.
 
-  pairs_queries: the groups meet at `pair` (both ds^T written), each adds
-  half the rows from both groups' keys, and meets again (both read) before
-  either writes its next ds^T; a group with no pair for this block takes
-  part with zeros (its slot zeroed before). Else each adds its own keys'
-  share of every row and `pair` is None.
+  pairs_queries: the groups meet at `pair` (both ds^T written) and each
+  adds half the rows from both groups' keys. ds_smem2 is one of two slots
+  by block parity, so no second meeting is needed before a group writes
+  its next ds^T: to write this slot again it must pass the next block's
+  meeting, which the other group reaches only after its product here has
+  read the slot (the product waits for its wgmma). A group with no pair
+  for this block takes part with zeros (both its slots zeroed before).
+  Else each adds its own keys' share of every row and `pair` is None.
 
   In interpret mode (no reduce-add there) dq_rows is this (tile, group)'s
   own slice, written by a plain copy."""
   import jax.experimental.pallas.mosaic_gpu as plgpu
-
-  def meet():
-    plgpu.barrier_arrive(pair)
-    plgpu.barrier_wait(pair)
 
   def add(share, rows):
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -367,7 +374,7 @@ def _add_dq_share(cfg: HopperConfig, ds_smem2, k_smem2, share_smem,
     add(product(ds_smem2.at[wg].transpose((1, 0)), k_smem2.at[wg],
                 share_smem.shape), dq_rows)
     return
-  meet()
+  meet(pair)
   half = share_smem.shape[0]
 
   def rows_of(group):
@@ -380,7 +387,6 @@ def _add_dq_share(cfg: HopperConfig, ds_smem2, k_smem2, share_smem,
                     k_smem2.at[g])
       return acc_ref[...]
     share = pl.run_scoped(both_groups, plgpu.ACC(share_smem.shape, F32))
-    meet()
     add(share, dq_rows.at[queries])
 
   for group in range(COMPUTE_GROUPS):
@@ -454,8 +460,11 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
     column_layout = plgpu.Layout.WGMMA.reduce(0)
     key_layout = plgpu.Layout.WGMMA.reduce(1)
     # The left operands' shared buffer: the interpreter's wgmma reads them
-    # only from there; fused, the last of them, ds^T, is dQ's too.
-    a_smem = a_smem2.at[wg] if cfg.interpret else None
+    # only from there; fused, the last of them, ds^T, is dQ's too, in one
+    # of two slots by block parity where the groups pair up.
+    ds_slot = ((lambda i: lax.rem(i, jnp.int32(2))) if pair is not None
+               else (lambda i: 0))
+    a_smem_of = lambda i: a_smem2.at[ds_slot(i), wg] if cfg.interpret else None
     if fused_t5:
       zeros = plgpu.layout_cast(jnp.zeros((bkv,), F32), key_layout)
 
@@ -464,12 +473,13 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
         fold_smem2.at[wg, n][...] = zeros
 
     add_dq_share = lambda i: _add_dq_share(
-        cfg, a_smem2, k_smem2, dq_smem2.at[wg],
+        cfg, a_smem2.at[ds_slot(i)], k_smem2, dq_smem2.at[wg],
         dq_ref.at[part, b, h, pl.ds(i * bq, bq)], pair, wg)
     if pair is not None:
       # Where this group has no pair with a block, its share is zeros.
-      a_smem2.at[wg][...] = plgpu.layout_cast(
-          jnp.zeros((bkv, bq), dtype), plgpu.Layout.WGMMA)
+      for parity in range(2):
+        a_smem2.at[parity, wg][...] = plgpu.layout_cast(
+            jnp.zeros((bkv, bq), dtype), plgpu.Layout.WGMMA)
       plgpu.commit_smem()
 
     @pl.loop(tile_start, start)
@@ -495,6 +505,7 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
           masked, region, (i * bq, base), query_axis=1)
       lse2 = plgpu.load(lse_smem.at[slot], layout=column_layout) * LOG2E
       p_t = jnp.exp2(s2 - per_row(lse2 - per_query, s2.shape, 1))
+      a_smem = a_smem_of(i)
       dv = accumulate_product(dv, p_t.astype(dtype), do_smem.at[slot],
                               a_smem, cfg.interpret)
       dp_t = product(v_smem, do_smem.at[slot].transpose((1, 0)), (bkv, bq))
@@ -515,7 +526,7 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
       if fused and not cfg.interpret:
         # dQ's left operand, stored before dK's product so that ds_t
         # (float32) need not live across it.
-        a_smem2.at[wg][...] = ds16
+        a_smem2.at[ds_slot(i), wg][...] = ds16
         plgpu.commit_smem()
       dk = accumulate_product(dk, ds16, q_smem.at[slot], a_smem,
                               cfg.interpret)
@@ -534,6 +545,10 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
         carry = lax.fori_loop(a, b_, functools.partial(
             step, masked=masked, region=region), carry)
     dk, dv = carry
+    if pair is not None:
+      # The other group's last products read these keys: done before they
+      # are overwritten.
+      meet(pair)
     k_smem[...] = (dk * cfg.scale).astype(dtype)
     v_smem[...] = dv.astype(dtype)
     plgpu.commit_smem()
@@ -612,7 +627,10 @@ def dkdv_scratch(cfg: HopperConfig, width: int, dtype):
   smem = (tiled((groups, bq, width)), tiled((groups, bq, width)),
           tiled((stages, bk, width)), tiled((stages, bk, width)),
           plgpu.SMEM((stages, bk), F32), plgpu.SMEM((stages, bk), F32),
-          tiled((groups, bq, bk)) if cfg.interpret or fused else None,
+          # Left operands staged for the interpreter; fused, ds^T (two
+          # slots by block parity where the groups pair up).
+          tiled((2 if paired else 1, groups, bq, bk))
+          if cfg.interpret or fused else None,
           plgpu.SMEM((stages, rows, bk), F32) if shaw else None,
           plgpu.SMEM((stages, rows, bk), F32) if values else None,
           # Float32 in 32-wide tiles with the 128-byte swizzle: the
