@@ -482,6 +482,9 @@ def _dkdv_kernel(*refs, cfg: HopperConfig, lq: int, lk: int,
             jnp.zeros((bkv, bq), dtype), plgpu.Layout.WGMMA)
       plgpu.commit_smem()
 
+    # Paired, every block in [tile_start, num_query_blocks) meets exactly
+    # once per group, released here or stepped below (add_dq_share): a
+    # block skipped by one group alone would leave the other waiting.
     @pl.loop(tile_start, start)
     def _release(i):
       # Blocks the tile's other group needs first: wait (the barriers'
