@@ -365,16 +365,19 @@ def _compiler_params(backend: str, cfg: Config, lay: kernels.Layout,
 def _hopper_args(cfg: Config, interpret: bool, key_valid, table,
                  pass_name: str):
   """(HopperConfig, key lengths, the encoding's tables) of a call the Hopper
-  kernels compute, with hopper.TUNED's shapes for the pass: key_valid is a
+  kernels compute, with hopper.TUNED's shapes for the pass as the call's
+  forward was traced with them (Config.hopper_shapes): key_valid is a
   prefix mask there (built from key lengths), so its row sums are the
   lengths."""
   lengths = None if key_valid is None else key_valid.sum(-1, dtype=jnp.int32)
+  shape = (dict(cfg.hopper_shapes)[pass_name] if cfg.hopper_shapes
+           else hopper.TUNED[pass_name, cfg.causal].items())
   hcfg = hopper.HopperConfig(kind=cfg.kind, symmetric=cfg.symmetric,
                              causal=cfg.causal, scale=cfg.scale,
                              num_buckets=cfg.num_buckets,
                              max_distance=cfg.max_distance,
                              clip=cfg.clip, interpret=interpret,
-                             **hopper.TUNED[pass_name, cfg.causal])
+                             **dict(shape))
   return hcfg, lengths, table
 
 
@@ -718,7 +721,11 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
       interpret=None if interpret is None else bool(interpret),
       gpu_kernel='hopper' if use_hopper else 'triton',
       key_prefix=prefix_mask and key_valid is not None, triton=triton,
-      gather_terms=_gather_terms[-1])
+      gather_terms=_gather_terms[-1],
+      hopper_shapes=tuple(
+          (pass_name, tuple(sorted(hopper.TUNED[pass_name, bool(causal)]
+                                   .items())))
+          for pass_name in ('forward', 'backward')) if use_hopper else ())
   if use_cudnn:
     # cuDNN for a step lowered for 'cuda', these kernels for the others.
     own_kernels = lambda q, k, v: _flash(cfg, q, k, v, key_valid, table)

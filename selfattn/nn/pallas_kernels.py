@@ -178,6 +178,11 @@ class Config(NamedTuple):
   # (Triton, interpret mode: Layout.gathers); False: the per-bucket
   # selects Mosaic TPU runs, also in interpret mode (its CPU tests).
   gather_terms: bool = True
+  # The Hopper kernels' shapes per pass, ((pass, ((field, value), ...)),
+  # ...): hopper_attention.TUNED's rows for this call's mask as they were
+  # when its forward was traced, so that its backward (traced later, where
+  # a context that changed TUNED may have ended) runs the same form.
+  hopper_shapes: tuple = ()
 
 
 class Layout(NamedTuple):

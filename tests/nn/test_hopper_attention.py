@@ -616,6 +616,25 @@ def test_fused_in_tuned_sets_the_backward_form_for_calls_traced_inside():
   assert kernels_of_a_gradient() == (False, True)
 
 
+def test_the_backward_runs_the_form_its_forward_was_traced_with():
+  """A call's backward is traced after its forward, where a context that
+  changed TUNED (fused_in_tuned, as bench_gpu.py enters it around the
+  forward alone) may have ended: the call keeps the shapes its forward
+  saw (Config.hopper_shapes)."""
+  spec = jax.ShapeDtypeStruct((1, 2, 256, 64), jnp.bfloat16)
+
+  def attend(q):
+    with hopper_backward.fused_in_tuned():
+      return pa.pallas_attention(q, q, q, relative=positions.ALiBi(2),
+                                 key_lengths=jnp.array([200]),
+                                 gpu_kernel='hopper', interpret=True)
+
+  loss = lambda q: jnp.sum(attend(q).astype(jnp.float32))
+  jaxpr = str(jax.make_jaxpr(jax.grad(loss))(spec))
+  assert 'selfattn_hopper_fused_backward' in jaxpr
+  assert 'selfattn_hopper_dq' not in jaxpr
+
+
 def test_backward_routing_counts_the_form_tuned_asks_for(monkeypatch):
   """backward_computes (pallas_attention's question) counts T5's bucket
   sums, which the dQ kernel keeps in shared memory (128 buckets at
