@@ -145,7 +145,8 @@ _IMPLS = flags.DEFINE_list(
 _PEERS = flags.DEFINE_list('peers', ','.join(PEERS),
                            f'Peers ({", ".join(PEERS)}).')
 _CAUSAL = flags.DEFINE_list('causal', 'false', 'Masks to run: false '
-                            '(bidirectional), true (causal), or both.')
+                            '(bidirectional), true (causal), or both '
+                            '(false,true).')
 _MODE = flags.DEFINE_enum(
     'mode', 'train', ['train', 'forward'], "What a row times: 'train' (the "
     "loss and its gradients) or 'forward' (the output alone; FLOPs x1).")
@@ -671,8 +672,13 @@ def main(argv):
   repeats = smoke_or('repeats', 3, _REPEATS.value)
   warmup = smoke_or('warmup', 1, _WARMUP.value)
   check_length = _CHECK_LENGTH.value or min(lengths)
-  masks_to_run = [{'false': False, 'true': True}[c.strip().lower()]
-                  for c in _CAUSAL.value]
+  masks = {'false': [False], 'true': [True], 'both': [False, True]}
+  bad = [c for c in _CAUSAL.value if c.strip().lower() not in masks]
+  if bad or not _CAUSAL.value:
+    raise app.UsageError(f'--causal: {bad or _CAUSAL.value} unknown; valid: '
+                         f'false, true, both (or false,true)')
+  masks_to_run = list(dict.fromkeys(
+      m for c in _CAUSAL.value for m in masks[c.strip().lower()]))
   for flag, valid in ((_ENCODINGS, ENCODINGS), (_IMPLS, IMPLS),
                       (_PEERS, PEERS)):
     for name in flag.value:
