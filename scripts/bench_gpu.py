@@ -101,6 +101,7 @@ from flax import nnx  # noqa: E402
 
 import selfattn  # noqa: E402
 from selfattn.nn import attention as sa_attention  # noqa: E402
+from selfattn.nn import hopper_backward  # noqa: E402
 from scripts.gpu_targets import row_impl, targets, targets_table  # noqa: E402
 from scripts.measure import time_calls  # noqa: E402
 
@@ -112,7 +113,7 @@ HOPPER_PATH = 'pallas (hopper where it applies)'
 # Encodings whose Hopper backward has the one-kernel form (rope: rotated
 # first, then none's kernels); the others' pallas_hopper_fused row is the
 # pallas_hopper row's numbers.
-FUSED_ENCODINGS = ('none', 'rope', 'alibi', 't5')
+FUSED_ENCODINGS = hopper_backward.FUSED_KINDS + ('rope',)
 PEERS = ('flax', 'cudnn', 'cudnn+bias', 'pallas_mha', 'pallas_mgpu')
 GPU_ONLY = ('cudnn', 'cudnn+bias', 'pallas_mgpu')
 
@@ -305,7 +306,6 @@ def selfattn_case(impl, encoding, x, causal) -> Case:
         from selfattn.nn import pallas_attention
         stack.enter_context(pallas_attention.hopper_in_auto())
       if impl == 'pallas_hopper_fused':
-        from selfattn.nn import hopper_backward
         stack.enter_context(hopper_backward.fused_in_tuned())
       return m._attend(q, k, v, None, mask=None, bias=None, causal=causal,
                        positions=None, key_positions=None,

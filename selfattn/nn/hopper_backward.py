@@ -136,12 +136,14 @@ def fused_in_tuned(fused: bool = True) -> Iterator[None]:
     TUNED.update(saved)
 
 
-def takes_fused(cfg: HopperConfig) -> bool:
+def takes_fused(cfg: HopperConfig, width: int, dtype) -> bool:
   """Whether cfg asks for the fused backward and may have it: a kind it
-  computes, and no deterministic ops asked for (its fit in shared memory
-  is the caller's question)."""
+  computes, no deterministic ops asked for, and its scratch (for heads
+  `width` wide) within a GPU's shared memory."""
   return (cfg.fused_dq and cfg.kind in FUSED_KINDS
-          and not deterministic_ops())
+          and not deterministic_ops()
+          and fits(dkdv_scratch(cfg._replace(interpret=False), width,
+                                dtype)))
 
 
 def stream_blocks(j0, end, stages, slots_and_refs, ready, free, index_of):
@@ -666,7 +668,7 @@ def backward_computes(kind: str, head_dim: int, clip: int = 0,
   cfg = tuned_config(kind, 'backward', clip, values, causal)._replace(
       num_buckets=num_buckets)
   split = cfg._replace(fused_dq=False)
-  if takes_fused(cfg) and fits(dkdv_scratch(cfg, width, jnp.bfloat16)):
+  if takes_fused(cfg, width, jnp.bfloat16):
     return True
   return (fits(dq_scratch(split, width, jnp.bfloat16))
           and fits(dkdv_scratch(split, width, jnp.bfloat16)))
@@ -707,14 +709,12 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   lq_pad, lk_pad = round_up(lq, tile), round_up(lk, tile)
   # dQ streams key blocks, dK/dV query blocks: no more slots than blocks.
   dq_cfg = cfg._replace(stages=min(cfg.stages, lk_pad // bk))
-  dkdv_cfg = cfg._replace(stages=min(cfg.stages, lq_pad // bk),
-                          fused_dq=False)
+  dkdv_cfg = cfg._replace(stages=min(cfg.stages, lq_pad // bk))
+  # The fused kernel where it was asked for and fits, else the two.
+  fused = takes_fused(dkdv_cfg, width, q.dtype)
+  dkdv_cfg = dkdv_cfg._replace(fused_dq=fused)
   # What a GPU allocates (the interpreter's extra buffer has no limit).
   on_gpu = lambda c: c._replace(interpret=False)
-  # The fused kernel where it was asked for and fits, else the two.
-  fused = takes_fused(cfg) and fits(dkdv_scratch(
-      on_gpu(dkdv_cfg._replace(fused_dq=True)), width, q.dtype))
-  dkdv_cfg = dkdv_cfg._replace(fused_dq=fused)
   if not fused and not (fits(dq_scratch(on_gpu(dq_cfg), width, q.dtype))
                         and fits(dkdv_scratch(on_gpu(dkdv_cfg), width,
                                               q.dtype))):
