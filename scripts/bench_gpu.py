@@ -3,6 +3,9 @@
 
   python scripts/bench_gpu.py --out DIR          # on a GPU (default DIR: $OUT)
   python scripts/bench_gpu.py --smoke            # tiny, on the CPU, < 1 min
+  python scripts/bench_gpu.py --probe=P.json ... # skip the rows that
+                                                 # scripts/kernel_probe.py
+                                                 # found hanging or failing
   scripts/gpu_session.sh bench                   # what a lent GPU session runs
 
 One row = one attention core (no projections) on per-head q, k, v of
@@ -104,6 +107,7 @@ from selfattn.nn import attention as sa_attention  # noqa: E402
 from selfattn.nn import hopper_backward  # noqa: E402
 from scripts.gpu_targets import row_impl, targets, targets_table  # noqa: E402
 from scripts.measure import time_calls  # noqa: E402
+from scripts import probe_verdicts  # noqa: E402
 
 ENCODINGS = ('none', 'rope', 'alibi', 't5', 'shaw', 'xl')
 IMPLS = tuple(i for i in ('plain', 'chunked', 'fused', 'pallas')
@@ -165,6 +169,10 @@ _CHECK = flags.DEFINE_bool(
 _CHECK_LENGTH = flags.DEFINE_integer(
     'check_length', 0, 'Length of the output check (0: the shortest of '
     '--lengths).')
+_PROBE = flags.DEFINE_string(
+    'probe', None, "scripts/kernel_probe.py's verdicts (JSON): rows it found "
+    'hanging, faulting or failing are skipped with its reason, so that one '
+    "broken kernel does not stop the process's other rows.")
 _SUMMARY_LENGTH = flags.DEFINE_integer(
     'summary_length', 8192, 'Length of the printed summary (the longest run '
     'if absent).')
@@ -686,6 +694,7 @@ def main(argv):
         raise app.UsageError(f'--{flag.name}: {name!r} unknown; valid: '
                              f'{", ".join(valid)}')
 
+  probe = probe_verdicts.load(_PROBE.value)
   started = time.perf_counter()
   info = machine()
   peak, source = _PEAK.value or None, '--peak_tflops'
@@ -740,8 +749,15 @@ def main(argv):
       row.update(encoding=encoding, impl=impl, status='OOM making the inputs')
       rows.append(row)
       continue
+    skipped = None
+    if encoding != 'peer':
+      skipped = probe_verdicts.skip_reason(probe, encoding, impl, causal)
+      if probe is not None:
+        row['probe'] = probe_verdicts.note(probe, encoding, impl, causal)
     try:
-      if encoding == 'peer':
+      if skipped:
+        case = skipped
+      elif encoding == 'peer':
         case = peer_case(impl, x, causal, gpu)
       else:
         case = selfattn_case(impl, encoding, x, causal)
@@ -749,7 +765,8 @@ def main(argv):
       case = (('OOM making its inputs: ' if _is_oom(e) else 'unsupported: ')
               + _short(e))
     if isinstance(case, str):
-      row.update(encoding='none', impl=impl, status=case)
+      row.update(encoding=encoding if skipped else 'none',
+                 impl=row_impl(impl) if skipped else impl, status=case)
     else:
       row.update(encoding=case.encoding, impl=case.impl)
       g = x['g'] if case.layout == 'bhld' else x['g_t']

@@ -22,11 +22,18 @@
 #               compiled Triton kernel there, not interpret mode;
 #               test_hopper_attention.py the compiled Mosaic GPU one,
 #               test_cudnn_flash.py the cuDNN route), then
+#               scripts/kernel_probe.py (the Hopper rows once each, in
+#               child processes under time limits; PROBE_ARGS, at most
+#               PROBE_TIMEOUT s, default 150; its lines are appended to
+#               suite.log), then
 #               `bench` at KERNEL_LENGTHS (default 8192,2048) for each
 #               --mode in KERNEL_MODES (default train), each within
-#               KERNEL_BENCH_BUDGET s (default 200; ARGS default
+#               KERNEL_BENCH_BUDGET s (default 200, less where fewer
+#               than 180 s would be left for tune; ARGS default
 #               --impls=fused,pallas,pallas_hopper,pallas_hopper_fused),
-#               then `tune`, then
+#               then `tune` (TUNE_BUDGET, default 80, less where the
+#               deadline is near; TUNE_ARGS), bench and tune skipping
+#               the rows the probe found hanging or faulting, then
 #               `facts` (md only; FACTS_ARGS go to kernel_facts.py) if
 #               KERNEL_FACTS (default 1) and 120 s or more are left
 #               before KERNEL_DEADLINE s (default 540) from the step's
@@ -400,22 +407,41 @@ case "$STEP" in
   music) setup; info >/dev/null; music "$@" ;;
   translation) setup; info >/dev/null; translation "$@" ;;
   kernel) kernel_start=$(date +%s); setup; info >/dev/null
+    left() { echo $(( ${KERNEL_DEADLINE:-540} - ($(date +%s) - kernel_start) )); }
     SUITE_XML=0 SUITE_MARK=${SUITE_MARK:-not slow} SUITE_TIMEOUT=${SUITE_TIMEOUT:-150} \
       SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q tests/nn/test_hopper_attention.py tests/nn/test_cudnn_flash.py tests/nn/test_pallas.py tests/nn/test_attention.py} \
       suite
+    # The rows never run on a GPU, each in a child process under a time
+    # limit: bench and tune skip what hangs or faults instead of losing
+    # the rest of their rows to it (scripts/kernel_probe.py).
+    probe_json=/tmp/kernel_probe.json
+    # shellcheck disable=SC2086
+    timeout -k 10 "${PROBE_TIMEOUT:-150}" "$PY" scripts/kernel_probe.py \
+      --out_json="$probe_json" --causal=false ${PROBE_ARGS:-} 2>&1 \
+      | tee -a "$OUT/suite.log" | tail -20
+    probe_flag=()
+    [ -f "$probe_json" ] && probe_flag=(--probe="$probe_json")
+    # What is left: bench first, then tune's 80 s and 40 s of slack.
     budget=${KERNEL_BENCH_BUDGET:-200}
+    cap=$(( $(left) - 120 - 60 ))
+    [ "$cap" -lt "$budget" ] && budget=$(( cap > 60 ? cap : 60 ))
     [ $# -eq 0 ] && set -- --impls=fused,pallas,pallas_hopper,pallas_hopper_fused
     for mode in ${KERNEL_MODES:-train}; do
       bench "bench_gpu_$mode" "${KERNEL_LENGTHS:-8192,2048}" $(( budget + 60 )) \
-        "$budget" --mode="$mode" "$@"
+        "$budget" --mode="$mode" ${probe_flag[@]+"${probe_flag[@]}"} "$@"
     done
-    tune
-    left=$(( ${KERNEL_DEADLINE:-540} - ($(date +%s) - kernel_start) ))
-    if [ "${KERNEL_FACTS:-1}" = 1 ] && [ "$left" -ge 120 ]; then
-      # shellcheck disable=SC2086
-      FACTS_BUDGET=$(( left - 60 < 150 ? left - 60 : 150 )) facts --json=false ${FACTS_ARGS:-}
+    tune_budget=$(( $(left) - 40 - 60 ))
+    if [ "$tune_budget" -ge 30 ]; then
+      TUNE_BUDGET=$(( tune_budget < ${TUNE_BUDGET:-80} ? tune_budget : ${TUNE_BUDGET:-80} )) \
+        tune ${probe_flag[@]+"${probe_flag[@]}"} ${TUNE_ARGS:-}
     else
-      echo "kernel_facts: skipped (${left}s left of KERNEL_DEADLINE)"
+      echo "tune_hopper: skipped ($(left)s left of KERNEL_DEADLINE)"
+    fi
+    if [ "${KERNEL_FACTS:-1}" = 1 ] && [ "$(left)" -ge 120 ]; then
+      # shellcheck disable=SC2086
+      FACTS_BUDGET=$(( $(left) - 60 < 150 ? $(left) - 60 : 150 )) facts --json=false ${FACTS_ARGS:-}
+    else
+      echo "kernel_facts: skipped ($(left)s left of KERNEL_DEADLINE)"
     fi ;;
   tune) setup; info >/dev/null; tune "$@" ;;
   tune_triton) setup; info >/dev/null; tune_triton "$@" ;;

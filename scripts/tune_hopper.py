@@ -4,6 +4,8 @@ timed against cuDNN in the same call.
   python scripts/tune_hopper.py --out DIR        # on an H100 / H200
   python scripts/tune_hopper.py --smoke          # the CPU dry run (interpreter)
   python scripts/tune_hopper.py --kind=shaw ...  # an encoding's kernels
+  python scripts/tune_hopper.py --probe=P.json   # skip what kernel_probe.py
+                                                 # found hanging or failing
 
 --kind: the encoding the kernels compute, its position module at its
 defaults (selfattn.nn.positions; Shaw per head, keys and values), randomly
@@ -45,6 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from scripts import interpreter_pools  # noqa: E402
+from scripts import probe_verdicts  # noqa: E402
 
 # The dry run interprets the kernels: JAX must start with pools that hold
 # every simulated warpgroup.
@@ -54,6 +57,7 @@ if __name__ == '__main__':
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
 
 from scripts import kernel_timing as shared  # noqa: E402
 from scripts.kernel_timing import encoding  # noqa: E402
@@ -69,6 +73,12 @@ SMOKE_GRID = dict(block_k=(64,), stages=(2,), ping_pong=(True, False))
 # The backward's two forms (HopperConfig.fused_dq), each timed at every
 # (block_k, stages).
 FUSED = (False, True)
+
+_PROBE = flags.DEFINE_string(
+    'probe', None, "scripts/kernel_probe.py's verdicts (JSON): a mask whose "
+    "Hopper row (pallas_hopper) it found hanging, faulting or failing is "
+    "not tuned, and one whose one-kernel backward (pallas_hopper_fused) it "
+    "did is tuned without that form; a row says why.")
 
 
 def markdown(result: dict) -> str:
@@ -138,8 +148,24 @@ def main(argv):
     shared.write_outputs(shared.OUT.value, 'tune_hopper', kind, result,
                          markdown(result))
 
+  probe = probe_verdicts.load(_PROBE.value)
   for causal, flops, base, out_of_time in shared.causal_rounds(
       result, q, k, v, g, repeats, smoke):
+    skipped = probe_verdicts.skip_reason(probe, kind, 'pallas_hopper', causal)
+    if skipped:
+      result['rows'].append({'causal': causal, 'kernel': 'hopper',
+                             'pass': 'forward', 'status': skipped})
+      print(result['rows'][-1], flush=True)
+      save()
+      continue
+    forms = FUSED if kind in hopper_backward.FUSED_KINDS else (False,)
+    fused_skipped = probe_verdicts.skip_reason(probe, kind,
+                                               'pallas_hopper_fused', causal)
+    if fused_skipped:
+      forms = (False,)
+      result['rows'].append({'causal': causal, 'kernel': 'hopper',
+                             'pass': 'backward', 'fused_dq': True,
+                             'status': fused_skipped})
     for block_k, stages, ping_pong in itertools.product(*grid.values()):
       if out_of_time():
         break
@@ -174,8 +200,7 @@ def main(argv):
         # that form's row. The fused row also says how far its gradients
         # are from the two kernels' (the reduce-add at full size).
         two_kernels = None
-        for fused in (FUSED if kind in hopper_backward.FUSED_KINDS
-                      else (False,)):
+        for fused in forms:
           backward = jax.jit(
               lambda q, k, v, table, g, lse, delta,
               cfg=cfg._replace(fused_dq=fused):
