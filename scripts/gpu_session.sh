@@ -21,7 +21,8 @@
 #               attention tests on the GPU (tests/nn/test_pallas.py runs the
 #               compiled Triton kernel there, not interpret mode;
 #               test_hopper_attention.py the compiled Mosaic GPU one,
-#               test_cudnn_flash.py the cuDNN route), then
+#               test_cudnn_flash.py the cuDNN route; a test ends after
+#               60 s with its worker), then
 #               scripts/kernel_probe.py (the Hopper rows once each, in
 #               child processes under time limits; PROBE_ARGS, at most
 #               PROBE_TIMEOUT s, default 150; its lines are appended to
@@ -409,8 +410,16 @@ case "$STEP" in
   kernel) kernel_start=$(date +%s); setup; info >/dev/null
     left() { echo $(( ${KERNEL_DEADLINE:-540} - ($(date +%s) - kernel_start) )); }
     SUITE_XML=0 SUITE_MARK=${SUITE_MARK:-not slow} SUITE_TIMEOUT=${SUITE_TIMEOUT:-150} \
-      SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q tests/nn/test_hopper_attention.py tests/nn/test_cudnn_flash.py tests/nn/test_pallas.py tests/nn/test_attention.py} \
+      SUITE_ARGS=${SUITE_ARGS:---maxfail=40 -q --timeout=60 -o faulthandler_timeout=50 tests/nn/test_hopper_attention.py tests/nn/test_cudnn_flash.py tests/nn/test_pallas.py tests/nn/test_attention.py} \
       suite
+    # A compiled test that hangs is ended with its worker after 60 s
+    # (pytest-timeout's thread method), within the suite's 150. Whatever
+    # still holds the GPU now would share it with the timings: say so.
+    if command -v nvidia-smi >/dev/null; then
+      echo "## processes on the GPU before the timings (none expected)"
+      nvidia-smi --query-compute-apps=pid,process_name,used_memory \
+        --format=csv,noheader 2>&1
+    fi | tee -a "$OUT/suite.log"
     # The rows never run on a GPU, each in a child process under a time
     # limit: bench and tune skip what hangs or faults instead of losing
     # the rest of their rows to it (scripts/kernel_probe.py).
