@@ -173,6 +173,12 @@ _PROBE = flags.DEFINE_string(
     'probe', None, "scripts/kernel_probe.py's verdicts (JSON): rows it found "
     'hanging, faulting or failing are skipped with its reason, so that one '
     "broken kernel does not stop the process's other rows.")
+_RESUME = flags.DEFINE_bool(
+    'resume', False, 'Continue NAME.json under --out: its rows (by label) '
+    'are kept and not run again. A run whose device is lost after a row '
+    'fails (a kernel fault leaves the CUDA context unusable) writes its rows '
+    'and exits with status 75 (LOST_DEVICE); scripts/gpu_session.sh then '
+    'resumes it in a fresh process with the rest of its time budget.')
 _SUMMARY_LENGTH = flags.DEFINE_integer(
     'summary_length', 8192, 'Length of the printed summary (the longest run '
     'if absent).')
@@ -651,6 +657,36 @@ def summary(result: dict) -> str:
   return '\n'.join(lines)
 
 
+# The exit status of a run that stopped because its device was lost.
+LOST_DEVICE = 75
+
+
+def device_alive() -> bool:
+  """Whether the device still runs a trivial computation: after a kernel
+  faults (an illegal address, say) the process's CUDA context is lost and
+  every later row would fail with it."""
+  try:
+    return float(jax.block_until_ready(jnp.arange(4.0).sum())) == 6.0
+  except Exception:  # noqa: BLE001
+    return False
+
+
+def lost_device(row: dict) -> bool:
+  """Whether the row failed at run time and the device is gone with it
+  (device_alive checked only then: a failed compile loses nothing)."""
+  failed = (row.get('status', '').startswith(('error', 'OOM at run'))
+            or 'rel_err_error' in row)
+  return failed and not device_alive()
+
+
+def resumed_rows(path: str) -> list[dict]:
+  """The rows of an earlier run's NAME.json (none if it is absent)."""
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return json.load(f)['rows']
+
+
 def write(result: dict) -> None:
   out = _OUT.value
   if not out:
@@ -723,15 +759,25 @@ def main(argv):
         f'{mm:.1f} TFLOP/s; peak {peak} ({source})', flush=True)
   print(f'# {FLOP_CONVENTION}', flush=True)
   rows = result['rows']
+  if _RESUME.value and _OUT.value:
+    rows += resumed_rows(os.path.join(_OUT.value, _NAME.value + '.json'))
+    result['resumed_rows'] = len(rows)
+  done = {r.get('label') for r in rows}
   plan = []
   for length in lengths:
     for causal in masks_to_run:
       plan += [(length, causal, 'peer', p) for p in _PEERS.value]
       plan += [(length, causal, e, i) for e in _ENCODINGS.value
                for i in _IMPLS.value]
-  x, x_length, references, measured = None, None, {}, {}
+  x, x_length, references = None, None, {}
+  # Rows whose numbers a fallback row repeats (resumed ones too).
+  measured = {(r['length'], r['causal'], r['encoding'], r['path']): r
+              for r in rows if r.get('path') and r['impl'].startswith(
+                  row_impl(''))}
   for length, causal, encoding, impl in plan:
     label = f'L={length} {"causal" if causal else "bidir"} {encoding}/{impl}'
+    if label in done:
+      continue
     if _BUDGET.value and time.perf_counter() - started > _BUDGET.value:
       result['not_run'].append(label)
       continue
@@ -744,7 +790,8 @@ def main(argv):
       except Exception as e:  # noqa: BLE001
         print(f'  inputs at L={length} failed: {_short(e)}', flush=True)
       x_length = length
-    row = {'length': length, 'batch': batch, 'causal': causal}
+    row = {'label': label, 'length': length, 'batch': batch,
+           'causal': causal}
     if x is None:
       row.update(encoding=encoding, impl=impl, status='OOM making the inputs')
       rows.append(row)
@@ -815,6 +862,11 @@ def main(argv):
           f'{_fmt(row.get("compiled_mib"), "8.0f")} MiB '
           f'{_fmt(row.get("rel_err"), ".1e")} {row.get("status", "")}',
           flush=True)
+    if gpu and lost_device(row):
+      print(f'\nthe device was lost after {label}: exiting with status '
+            f'{LOST_DEVICE} (--resume continues in a fresh process)',
+            flush=True)
+      sys.exit(LOST_DEVICE)
   result['seconds'] = time.perf_counter() - started
   result['targets'] = targets(rows, _SUMMARY_LENGTH.value)
   write(result)

@@ -15,7 +15,9 @@
 #               "--maxfail=25 -q"), SUITE_WORKERS (default 4).      <= 9 min
 #   bench       scripts/bench_gpu.py at L = 8k, 1k, 2k, 4k (bidirectional),
 #               every encoding, impl and peer; ARGS go to bench_gpu.py
-#               (e.g. --causal=true --name=bench_gpu_causal).       <= 8 min
+#               (e.g. --causal=true --name=bench_gpu_causal). A run that
+#               loses its device to a row's fault (exit status 75) is
+#               resumed in a fresh process (--resume).             <= 8 min
 #   bench_long  the same at L = 16k, 32k (bench_gpu_long.*).        <= 8 min
 #   kernel      issue 32's one-call session: info, then the Pallas and
 #               attention tests on the GPU (tests/nn/test_pallas.py runs the
@@ -325,10 +327,23 @@ bench() {   # bench NAME LENGTHS TIMEOUT BUDGET [ARGS...]
   local name=$1 lengths=$2 limit=$3 budget=$4
   shift 4
   export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}
-  timeout -s INT -k 30 "$limit" "$PY" scripts/bench_gpu.py --out="$OUT" \
-    --name="$name" --lengths="$lengths" --time_budget="$budget" "$@" 2>&1 \
-    | tee "$OUT/$name.log"
-  echo "bench_gpu exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/$name.log"
+  local start elapsed=0 status resume=()
+  start=$(date +%s)
+  : > "$OUT/$name.log"
+  while :; do
+    timeout -s INT -k 30 $(( limit - elapsed )) "$PY" scripts/bench_gpu.py \
+      --out="$OUT" --name="$name" --lengths="$lengths" \
+      --time_budget=$(( budget - elapsed )) ${resume[@]+"${resume[@]}"} \
+      "$@" 2>&1 | tee -a "$OUT/$name.log"
+    status=${PIPESTATUS[0]}
+    echo "bench_gpu exit status: $status" | tee -a "$OUT/$name.log"
+    elapsed=$(( $(date +%s) - start ))
+    # 75: a row's fault lost the device (bench_gpu.LOST_DEVICE); the rest
+    # of the rows in a fresh process, while 20 s of the budget are left.
+    [ "$status" = 75 ] && [ $(( budget - elapsed )) -ge 20 ] || break
+    echo "bench_gpu: resuming in a fresh process" | tee -a "$OUT/$name.log"
+    resume=(--resume)
+  done
 }
 
 music() {

@@ -1,0 +1,69 @@
+"""scripts/bench_gpu.py's recovery from a lost device: a run whose device
+is lost after a row fails exits with LOST_DEVICE, and --resume continues
+its NAME.json in a fresh process without running its rows again (what
+scripts/gpu_session.sh's bench step does). The rows themselves run on a
+GPU; here the smoke shapes on the CPU."""
+
+import json
+import os
+import subprocess
+import sys
+
+from scripts import bench_gpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def _bench(out, *args):
+  subprocess.run(
+      [sys.executable, 'scripts/bench_gpu.py', '--smoke', '--lengths=32',
+       '--check=false', '--encodings=none', '--peers=flax', f'--out={out}',
+       *args],
+      cwd=ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, check=True,
+      capture_output=True)
+  with open(os.path.join(out, 'bench_gpu.json')) as f:
+    return json.load(f)['rows']
+
+
+def test_resume_keeps_the_rows_that_ran_and_runs_only_the_rest(tmp_path):
+  first = _bench(tmp_path, '--impls=plain')
+  assert [r['label'] for r in first] == ['L=32 bidir peer/flax',
+                                         'L=32 bidir none/plain']
+  # Marked, to tell a kept row from one run again.
+  path = tmp_path / 'bench_gpu.json'
+  result = json.loads(path.read_text())
+  result['rows'][1]['ms'] = 12345.0
+  path.write_text(json.dumps(result))
+  rows = _bench(tmp_path, '--impls=plain,chunked', '--resume')
+  assert [(r['label'], r.get('ms') == 12345.0) for r in rows] == [
+      ('L=32 bidir peer/flax', False), ('L=32 bidir none/plain', True),
+      ('L=32 bidir none/chunked', False)]
+  assert rows[2]['status'] == 'ok' and rows[0]['ms'] == first[0]['ms']
+
+
+def test_only_a_failed_run_asks_whether_the_device_is_lost(monkeypatch):
+  asked = []
+
+  def alive():
+    asked.append(True)
+    return False
+
+  monkeypatch.setattr(bench_gpu, 'device_alive', alive)
+  assert not bench_gpu.lost_device({'status': 'ok'})
+  assert not bench_gpu.lost_device({'status': 'unsupported: no kernel'})
+  assert not asked                      # a compile failure loses nothing
+  assert bench_gpu.lost_device({'status': 'error at run: CUDA_ERROR_ILLEGAL'})
+  assert bench_gpu.lost_device({'status': 'ok', 'rel_err_error': 'INTERNAL'})
+  monkeypatch.setattr(bench_gpu, 'device_alive', lambda: True)
+  assert not bench_gpu.lost_device({'status': 'OOM at run: out of memory'})
+
+
+def test_device_alive_runs_a_computation(monkeypatch):
+  assert bench_gpu.device_alive()
+
+  def lost(*args, **kwargs):
+    raise RuntimeError('CUDA_ERROR_ILLEGAL_ADDRESS')
+
+  monkeypatch.setattr(bench_gpu.jnp, 'arange', lost)
+  assert not bench_gpu.device_alive()
