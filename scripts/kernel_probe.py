@@ -103,13 +103,19 @@ class Lines:
 
 
 def die_with_parent() -> None:
-  """In a child, before exec: SIGKILL when the parent dies (Linux), so that
+  """Called by a child first: SIGKILL when its parent dies (Linux), so that
   a child hung on the GPU does not outlive a killed probe and share the
-  card with the timed runs after it."""
+  card with the timed runs after it. (Not a preexec_fn: forking a process
+  that runs threads, as one that imported JAX does, may deadlock there.)"""
+  if sys.platform != 'linux':
+    return
   import ctypes
   import signal
+  parent = os.getppid()
   pr_set_pdeathsig = 1
   ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+  if os.getppid() != parent:      # it died before the line above
+    os._exit(1)
 
 
 def run_probes(child_argv, probes, budget: float, compile_timeout: float,
@@ -142,9 +148,7 @@ def run_probes(child_argv, probes, budget: float, compile_timeout: float,
                 stopped=stopped, seconds=time.monotonic() - started)
 
   while pending and stopped is None:
-    proc = subprocess.Popen(
-        child_argv(pending), stdout=subprocess.PIPE,
-        preexec_fn=die_with_parent if sys.platform == 'linux' else None)
+    proc = subprocess.Popen(child_argv(pending), stdout=subprocess.PIPE)
     lines = Lines(proc.stdout)
     in_flight, since = None, time.monotonic()
     limit, phase = start_timeout, 'starting'
@@ -202,6 +206,7 @@ def emit(**msg) -> None:
 
 
 def child(keys, smoke: bool, tolerance: float) -> None:
+  die_with_parent()
   import jax
   import jax.numpy as jnp
   from absl import flags

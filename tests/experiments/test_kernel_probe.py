@@ -117,19 +117,23 @@ def test_the_budget_and_a_child_that_never_starts_stop_the_probe(tmp_path):
 def test_a_child_dies_with_its_probe(tmp_path):
   """A child hung on a GPU must not outlive a probe killed by its time
   limit (it would share the card with the timings after it)."""
+  armed = tmp_path / 'armed'
+  child = (f'import sys, time; sys.path.insert(0, {ROOT!r}); '
+           'from scripts import kernel_probe; '
+           'kernel_probe.die_with_parent(); '
+           f'open({str(armed)!r}, "w").close(); time.sleep(60)')
   parent = textwrap.dedent(f'''
       import subprocess, sys, time
-      sys.path.insert(0, {ROOT!r})
-      from scripts import kernel_probe
-      child = subprocess.Popen([sys.executable, '-c',
-                                'import time; time.sleep(60)'],
-                               preexec_fn=kernel_probe.die_with_parent)
+      child = subprocess.Popen([sys.executable, '-c', {child!r}])
       print(child.pid, flush=True)
       time.sleep(60)
   ''')
   proc = subprocess.Popen([sys.executable, '-c', parent],
                           stdout=subprocess.PIPE, text=True)
   child_pid = int(proc.stdout.readline())
+  deadline = time.monotonic() + 20
+  while not armed.exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
   os.kill(child_pid, 0)                      # alive while its parent is
   proc.send_signal(signal.SIGKILL)
   proc.wait()
