@@ -106,6 +106,8 @@ import selfattn  # noqa: E402
 from selfattn.nn import attention as sa_attention  # noqa: E402
 from selfattn.nn import hopper_backward  # noqa: E402
 from scripts.gpu_targets import row_impl, targets, targets_table  # noqa: E402
+from scripts.measure import LOST_DEVICE  # noqa: E402
+from scripts.measure import lost_device  # noqa: E402
 from scripts.measure import time_calls  # noqa: E402
 from scripts import probe_verdicts  # noqa: E402
 
@@ -655,28 +657,6 @@ def summary(result: dict) -> str:
             f'kernel over cuDNN without bias, this call):', '',
             targets_table(targets(rows, length))]
   return '\n'.join(lines)
-
-
-# The exit status of a run that stopped because its device was lost.
-LOST_DEVICE = 75
-
-
-def device_alive() -> bool:
-  """Whether the device still runs a trivial computation: after a kernel
-  faults (an illegal address, say) the process's CUDA context is lost and
-  every later row would fail with it."""
-  try:
-    return float(jax.block_until_ready(jnp.arange(4.0).sum())) == 6.0
-  except Exception:  # noqa: BLE001
-    return False
-
-
-def lost_device(row: dict) -> bool:
-  """Whether the row failed at run time and the device is gone with it
-  (device_alive checked only then: a failed compile loses nothing)."""
-  failed = (row.get('status', '').startswith(('error', 'OOM at run'))
-            or 'rel_err_error' in row)
-  return failed and not device_alive()
 
 
 def resumed_rows(path: str) -> list[dict]:

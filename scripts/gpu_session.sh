@@ -45,7 +45,8 @@
 #               tune_hopper.json/.md, kernel_facts.md.          <= 9.5 min
 #   tune        scripts/tune_hopper.py (the Hopper kernels' block sizes,
 #               stages and ping-pong against cuDNN, L = 8192) within
-#               TUNE_BUDGET s (default 80): tune_hopper.json/.md;
+#               TUNE_BUDGET s (default 80; resumed in a fresh process
+#               after a fault loses the device): tune_hopper.json/.md;
 #               ARGS go to tune_hopper.py (--kind=shaw: Shaw's kernels,
 #               tune_hopper_shaw.json/.md).                         <= 3 min
 #   tune_triton scripts/tune_triton.py (the Triton kernels' blocks and
@@ -301,9 +302,20 @@ suite() {
 tune() {    # scripts/tune_hopper.py within TUNE_BUDGET s; stdout to the call
   local budget=${TUNE_BUDGET:-80}
   export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}
-  timeout -s INT -k 30 $(( budget + 60 )) "$PY" scripts/tune_hopper.py \
-    --out="$OUT" --time_budget="$budget" "$@" 2>&1 | tail -40
-  echo "tune_hopper exit status: ${PIPESTATUS[0]}"
+  local start elapsed=0 status resume=()
+  start=$(date +%s)
+  while :; do
+    timeout -s INT -k 30 $(( budget + 60 - elapsed )) "$PY" \
+      scripts/tune_hopper.py --out="$OUT" --time_budget=$(( budget - elapsed )) \
+      ${resume[@]+"${resume[@]}"} "$@" 2>&1 | tail -40
+    status=${PIPESTATUS[0]}
+    echo "tune_hopper exit status: $status"
+    elapsed=$(( $(date +%s) - start ))
+    # 75: a configuration's fault lost the device (measure.LOST_DEVICE).
+    [ "$status" = 75 ] && [ $(( budget - elapsed )) -ge 20 ] || break
+    echo "tune_hopper: resuming in a fresh process"
+    resume=(--resume)
+  done
 }
 
 tune_triton() {   # scripts/tune_triton.py within TUNE_TRITON_BUDGET s

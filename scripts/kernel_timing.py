@@ -202,6 +202,20 @@ def cudnn_peer(result: dict, q, k, v, g, causal: bool, repeats: int,
   return base
 
 
+def output_stem(out_dir: str, stem: str, kind: str) -> str:
+  """OUT/STEM, or OUT/STEM_KIND for a kind other than none."""
+  return os.path.join(out_dir, stem + ('' if kind == 'none' else f'_{kind}'))
+
+
+def earlier_rows(out_dir: str | None, stem: str, kind: str) -> list[dict]:
+  """The rows of an earlier run's STEM(_KIND).json (none if absent)."""
+  path = output_stem(out_dir or '', stem, kind) + '.json'
+  if not out_dir or not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return json.load(f)['rows']
+
+
 def write_outputs(out_dir: str | None, stem: str, kind: str, result: dict,
                   markdown: str) -> None:
   """STEM.json and STEM.md (STEM_KIND.* for a kind other than none) under
@@ -209,8 +223,8 @@ def write_outputs(out_dir: str | None, stem: str, kind: str, result: dict,
   if not out_dir:
     return
   os.makedirs(out_dir, exist_ok=True)
-  stem += '' if kind == 'none' else f'_{kind}'
-  with open(os.path.join(out_dir, f'{stem}.json'), 'w') as f:
+  stem = output_stem(out_dir, stem, kind)
+  with open(f'{stem}.json', 'w') as f:
     json.dump(result, f, indent=2)
-  with open(os.path.join(out_dir, f'{stem}.md'), 'w') as f:
+  with open(f'{stem}.md', 'w') as f:
     f.write(markdown)

@@ -10,6 +10,31 @@ import jax.numpy as jnp
 from flax import nnx
 
 
+# The exit status of a timing script whose device was lost after a row
+# failed: scripts/gpu_session.sh resumes it in a fresh process.
+LOST_DEVICE = 75
+
+
+def device_alive() -> bool:
+  """Whether the device still runs a trivial computation: after a kernel
+  faults (an illegal address, say) the process's CUDA context is lost and
+  every later call of the process fails with it."""
+  try:
+    return float(jax.block_until_ready(jnp.arange(4.0).sum())) == 6.0
+  except Exception:  # noqa: BLE001
+    return False
+
+
+def lost_device(row: dict) -> bool:
+  """Whether a bench_gpu.py row (its status: 'ok', 'unsupported: ...',
+  'error at run: ...', ...) failed at run time and the device is gone
+  with it (device_alive checked only then: a failed compile loses
+  nothing)."""
+  failed = (row.get('status', '').startswith(('error', 'OOM at run'))
+            or 'rel_err_error' in row)
+  return failed and not device_alive()
+
+
 def timed(fn, *args) -> float:
   start = time.perf_counter()
   jax.block_until_ready(fn(*args))

@@ -62,6 +62,8 @@ from absl import flags  # noqa: E402
 from scripts import kernel_timing as shared  # noqa: E402
 from scripts.kernel_timing import encoding  # noqa: E402
 from scripts.kernel_timing import median_ms  # noqa: E402
+from scripts.measure import LOST_DEVICE  # noqa: E402
+from scripts.measure import device_alive  # noqa: E402
 from selfattn.nn import hopper_attention as hopper  # noqa: E402
 from selfattn.nn import hopper_backward  # noqa: E402
 
@@ -74,6 +76,12 @@ SMOKE_GRID = dict(block_k=(64,), stages=(2,), ping_pong=(True, False))
 # (block_k, stages).
 FUSED = (False, True)
 
+_RESUME = flags.DEFINE_bool(
+    'resume', False, "Continue --out's tune_hopper(_KIND).json: the grid "
+    'points that have a forward row are not run again (cuDNN is). A run '
+    'whose device is lost after a row fails (a kernel fault leaves the CUDA '
+    'context unusable) exits with status 75 (measure.LOST_DEVICE); '
+    'scripts/gpu_session.sh then resumes it in a fresh process.')
 _PROBE = flags.DEFINE_string(
     'probe', None, "scripts/kernel_probe.py's verdicts (JSON): a mask whose "
     "Hopper row (pallas_hopper) it found hanging, faulting or failing is "
@@ -142,11 +150,28 @@ def main(argv):
   kind = shared.KIND.value
   fields, table = encoding(kind, h, d)
   result = shared.new_result(kind, b, h, length, d, smoke)
+  if _RESUME.value:
+    # cuDNN's rows and the probe's skips are made again.
+    result['rows'] = [r for r in shared.earlier_rows(
+        shared.OUT.value, 'tune_hopper', kind)
+                      if r['kernel'] == 'hopper' and 'block_k' in r]
+  done = {(r['causal'], r['block_k'], r['stages'], r['ping_pong'])
+          for r in result['rows'] if r['pass'] == 'forward'}
+  gpu = jax.default_backend() == 'gpu'
 
   def save():
     result['best'] = best_rows(result['rows'])
     shared.write_outputs(shared.OUT.value, 'tune_hopper', kind, result,
                          markdown(result))
+
+  def failed():
+    """After a row's failure: stop (LOST_DEVICE) if the device went with
+    it, its rows written."""
+    save()
+    if gpu and not device_alive():
+      print(f'the device was lost: exiting with status {LOST_DEVICE} '
+            '(--resume continues in a fresh process)', flush=True)
+      sys.exit(LOST_DEVICE)
 
   probe = probe_verdicts.load(_PROBE.value)
   for causal, flops, base, out_of_time in shared.causal_rounds(
@@ -169,6 +194,8 @@ def main(argv):
     for block_k, stages, ping_pong in itertools.product(*grid.values()):
       if out_of_time():
         break
+      if (causal, block_k, stages, ping_pong) in done:
+        continue
       cfg = hopper.HopperConfig(kind=kind, symmetric=False, causal=causal,
                                 scale=d ** -0.5, block_k=block_k,
                                 stages=stages, ping_pong=ping_pong,
@@ -188,7 +215,7 @@ def main(argv):
       except Exception as e:  # noqa: BLE001  (a row, not a stop)
         traceback.print_exc()
         add({'pass': 'forward', 'status': shared.short_error(e)})
-        save()
+        failed()
         continue
       add({'pass': 'forward', 'ms': ms, 'tflops': flops / ms / 1e9,
            'x_cudnn': ms / base['forward'] if base.get('forward') else None})
@@ -213,6 +240,7 @@ def main(argv):
           except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             add({**form, 'status': shared.short_error(e)})
+            failed()
             continue
           if not fused:
             two_kernels = grads

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from scripts import bench_gpu
+from scripts import measure
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -49,21 +49,21 @@ def test_only_a_failed_run_asks_whether_the_device_is_lost(monkeypatch):
     asked.append(True)
     return False
 
-  monkeypatch.setattr(bench_gpu, 'device_alive', alive)
-  assert not bench_gpu.lost_device({'status': 'ok'})
-  assert not bench_gpu.lost_device({'status': 'unsupported: no kernel'})
+  monkeypatch.setattr(measure, 'device_alive', alive)
+  assert not measure.lost_device({'status': 'ok'})
+  assert not measure.lost_device({'status': 'unsupported: no kernel'})
   assert not asked                      # a compile failure loses nothing
-  assert bench_gpu.lost_device({'status': 'error at run: CUDA_ERROR_ILLEGAL'})
-  assert bench_gpu.lost_device({'status': 'ok', 'rel_err_error': 'INTERNAL'})
-  monkeypatch.setattr(bench_gpu, 'device_alive', lambda: True)
-  assert not bench_gpu.lost_device({'status': 'OOM at run: out of memory'})
+  assert measure.lost_device({'status': 'error at run: CUDA_ERROR_ILLEGAL'})
+  assert measure.lost_device({'status': 'ok', 'rel_err_error': 'INTERNAL'})
+  monkeypatch.setattr(measure, 'device_alive', lambda: True)
+  assert not measure.lost_device({'status': 'OOM at run: out of memory'})
 
 
 def test_device_alive_runs_a_computation(monkeypatch):
-  assert bench_gpu.device_alive()
+  assert measure.device_alive()
 
   def lost(*args, **kwargs):
     raise RuntimeError('CUDA_ERROR_ILLEGAL_ADDRESS')
 
-  monkeypatch.setattr(bench_gpu.jnp, 'arange', lost)
-  assert not bench_gpu.device_alive()
+  monkeypatch.setattr(measure.jnp, "arange", lost)
+  assert not measure.device_alive()

@@ -62,3 +62,31 @@ def test_largest_difference_is_relative_to_each_gradients_largest_entry():
   np.testing.assert_allclose(
       tune_hopper.largest_difference(grads, reference), 0.5)
   assert tune_hopper.largest_difference(reference, reference) == 0.0
+
+
+def test_resume_runs_only_the_grid_points_without_a_forward_row(tmp_path):
+  """--resume (what gpu_session.sh runs after a fault lost the device)
+  keeps the earlier rows and runs the rest of the grid: here the smoke
+  grid's second point alone, interpreted."""
+  import json
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  earlier = [_row(False, 'forward', 123.0, block_k=64),
+             _row(False, 'backward', 456.0, block_k=64, fused_dq=False),
+             {'causal': False, 'pass': 'forward', 'kernel': 'cudnn',
+              'ms': 0.5}]
+  (tmp_path / 'tune_hopper.json').write_text(json.dumps({'rows': earlier}))
+  subprocess.run([sys.executable, 'scripts/tune_hopper.py', '--smoke',
+                  '--causal=false', '--resume', f'--out={tmp_path}'],
+                 cwd=root, check=True, capture_output=True)
+  rows = json.loads((tmp_path / 'tune_hopper.json').read_text())['rows']
+  kept = [(r['pass'], r['ms']) for r in rows[:2]]
+  assert kept == [('forward', 123.0), ('backward', 456.0)]
+  # cuDNN's earlier row is dropped (measured again, none in smoke mode);
+  # the new point is the smoke grid's other one, its forward alone (no
+  # ping-pong: the backward was timed with the first).
+  assert [(r['pass'], r['ping_pong'], r.get('status', 'ok'))
+          for r in rows[2:]] == [('forward', False, 'ok')]
