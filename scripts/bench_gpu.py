@@ -54,7 +54,8 @@ device high-water mark (`memory_stats()['peak_bytes_in_use']`, shown only
 when this row raised it); `x flax` and `x cudnn`: the row's time over the
 flax / cudnn row at the same length and mask; `rel err`: |out - ref| / |ref|
 of the forward output against selfattn's plain path in float32 at 'highest'
-precision, at --check_length only (default: the shortest length); `kernel`:
+precision, at --check_length only (default: the summary length if it is
+run, which the targets are judged at, else the shortest); `kernel`:
 the attention custom calls in the compiled HLO (cudnn-fmha, triton,
 mosaic-gpu; 'xla' when none).
 
@@ -169,7 +170,9 @@ _CHECK = flags.DEFINE_bool(
     'check', True, "Compare each row's forward output with the float32 "
     'plain path at --check_length.')
 _CHECK_LENGTH = flags.DEFINE_integer(
-    'check_length', 0, 'Length of the output check (0: the shortest of '
+    'check_length', 0, 'Length of the output check (0: --summary_length '
+    'where it is among --lengths: the targets count a row only where its '
+    'check passed, scripts/gpu_targets.py; else the shortest of '
     '--lengths).')
 _PROBE = flags.DEFINE_string(
     'probe', None, "scripts/kernel_probe.py's verdicts (JSON): rows it found "
@@ -695,7 +698,9 @@ def main(argv):
   dtype = jnp.dtype(dtype_name)
   repeats = smoke_or('repeats', 3, _REPEATS.value)
   warmup = smoke_or('warmup', 1, _WARMUP.value)
-  check_length = _CHECK_LENGTH.value or min(lengths)
+  check_length = _CHECK_LENGTH.value or (
+      _SUMMARY_LENGTH.value if _SUMMARY_LENGTH.value in lengths
+      else min(lengths))
   masks = {'false': [False], 'true': [True], 'both': [False, True]}
   bad = [c for c in _CAUSAL.value if c.strip().lower() not in masks]
   if bad or not _CAUSAL.value:

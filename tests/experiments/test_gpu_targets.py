@@ -1,6 +1,7 @@
 """Issue 47's targets in scripts/bench_gpu.py's summary: a ratio over cuDNN
-from the same call, met or not, and 'not measured' (never 'met') where the
-call had no GPU."""
+from the same call, met or not, 'not measured' (never 'met') where the
+call had no GPU, and 'unchecked' (never 'met') where the row's kernel was
+not checked against the plain path in that call."""
 
 import pytest
 
@@ -9,9 +10,10 @@ from scripts import gpu_targets
 MINE = gpu_targets.KERNEL_ROW
 
 
-def _row(impl, encoding, ms, mib, causal=False, length=8192):
+def _row(impl, encoding, ms, mib, causal=False, length=8192, rel_err=2e-3):
   return {'impl': impl, 'encoding': encoding, 'length': length,
-          'causal': causal, 'status': 'ok', 'ms': ms, 'compiled_mib': mib}
+          'causal': causal, 'status': 'ok', 'ms': ms, 'compiled_mib': mib,
+          'rel_err': rel_err}
 
 
 def test_each_target_is_met_missed_or_not_measured():
@@ -61,3 +63,32 @@ def test_a_run_without_cudnn_meets_nothing():
   entries = gpu_targets.targets(rows, 8192)
   assert all(e['met'] is None and e['memory_met'] is None for e in entries)
   assert 'yes' not in gpu_targets.targets_table(entries)
+
+
+def test_a_row_whose_check_failed_never_counts_and_an_unchecked_one_meets_nothing():
+  """The fastest row counts only if its kernel computes attention: a fast
+  row whose output check failed (at any length of that impl, encoding and
+  mask, or kernel_probe's 'wrong') is left out; a row never checked is
+  reported but 'unchecked', not met."""
+  hopper, triton = 'selfattn:pallas_hopper', 'selfattn:pallas'
+  rows = [_row('cudnn', 'none', 4.0, 100.0),
+          _row(hopper, 'alibi', 4.4, 100.0, rel_err=None),   # fast, but ...
+          _row(hopper, 'alibi', 1.0, 1.0, length=2048, rel_err=0.7),  # wrong
+          _row(triton, 'alibi', 6.0, 100.0),                 # 1.5x: missed
+          _row(hopper, 't5', 4.0, 100.0, rel_err=None),
+          _row(triton, 't5', 5.0, 100.0, rel_err=None),
+          _row(hopper, 'shaw', 4.0, 100.0, rel_err=None),
+          _row(triton, 'shaw', 9.0, 100.0)]
+  rows[-2]['probe'] = 'wrong (out 0.9)'
+  by = {e['encoding']: e for e in gpu_targets.targets(rows, 8192)}
+  assert by['alibi']['row'] == triton and by['alibi']['met'] is False
+  assert by['alibi']['measured'] == 1.5 and by['alibi']['checked'] is True
+  # Measured, but no check ran for either t5 row: reported, not met.
+  assert by['t5']['measured'] == 1.0 and by['t5']['checked'] is None
+  assert by['t5']['met'] is None and by['t5']['memory_met'] is None
+  assert by['shaw']['row'] == triton and by['shaw']['met'] is False
+  table = gpu_targets.targets_table(list(by.values()))
+  assert '| t5 | bidir | 8192 | 1.50 | 1.00 | unchecked | 1.50 | 1.00 | unchecked |' in table
+  rows[4]['probe'] = 'ok (out 3e-03)'
+  by = {e['encoding']: e for e in gpu_targets.targets(rows, 8192)}
+  assert by['t5']['met'] is True and by['t5']['checked'] is True
