@@ -451,6 +451,7 @@ case "$STEP" in
     # limit: bench and tune skip what hangs or faults instead of losing
     # the rest of their rows to it (scripts/kernel_probe.py).
     probe_json=/tmp/kernel_probe.json
+    rm -f "$probe_json"
     # shellcheck disable=SC2086
     timeout -k 10 "${PROBE_TIMEOUT:-150}" "$PY" scripts/kernel_probe.py \
       --out_json="$probe_json" --causal=false ${PROBE_ARGS:-} 2>&1 \
