@@ -170,10 +170,13 @@ def run_probes(child_argv, probes, budget: float, compile_timeout: float,
             stopped = (f'the child ended (exit status {code}) with '
                        f'{len(pending)} rows left')
           break
-        if not line.startswith('{'):
+        try:
+          msg = json.loads(line) if line.startswith('{') else None
+        except ValueError:
+          msg = None
+        if not isinstance(msg, dict):     # another library's output
           log(line.rstrip())
           continue
-        msg = json.loads(line)
         since = time.monotonic()
         limit, phase = compile_timeout, 'checking'
         if 'start' in msg:

@@ -32,6 +32,8 @@ STAND_IN = textwrap.dedent('''
     if sys.argv[3] == 'silent':
         time.sleep(30)
     say(ready=True)
+    print('{a library writing to stdout', flush=True)   # not a message
+    print('[1, 2]', flush=True)
     if sys.argv[3] == 'quits':
         sys.exit(0)
     for key in sys.argv[1].split(','):
