@@ -33,7 +33,9 @@
 #               --mode in KERNEL_MODES (default train), each within
 #               KERNEL_BENCH_BUDGET s (default 200, less where fewer
 #               than 180 s would be left for tune; ARGS default
-#               --impls=fused,pallas,pallas_hopper,pallas_hopper_fused),
+#               --encodings=none,alibi,t5,shaw,rope,xl
+#               --impls=pallas_hopper,pallas_hopper_fused,pallas,fused:
+#               the targets' rows first),
 #               then `tune` (TUNE_BUDGET, default 80, less where the
 #               deadline is near; TUNE_ARGS), bench and tune skipping
 #               the rows the probe found hanging or faulting, then
@@ -462,7 +464,10 @@ case "$STEP" in
     budget=${KERNEL_BENCH_BUDGET:-200}
     cap=$(( $(left) - 120 - 60 ))
     [ "$cap" -lt "$budget" ] && budget=$(( cap > 60 ? cap : 60 ))
-    [ $# -eq 0 ] && set -- --impls=fused,pallas,pallas_hopper,pallas_hopper_fused
+    # The targets' rows first: if the budget ends, it cuts rope, xl and
+    # the 2048 rows, not Shaw's kernels.
+    [ $# -eq 0 ] && set -- --encodings=none,alibi,t5,shaw,rope,xl \
+      --impls=pallas_hopper,pallas_hopper_fused,pallas,fused
     for mode in ${KERNEL_MODES:-train}; do
       bench "bench_gpu_$mode" "${KERNEL_LENGTHS:-8192,2048}" $(( budget + 60 )) \
         "$budget" --mode="$mode" ${probe_flag[@]+"${probe_flag[@]}"} "$@"
