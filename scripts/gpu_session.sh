@@ -70,7 +70,11 @@
 #               "rope pope alibi t5 shaw none") until MUSIC_BUDGET seconds
 #               (default 480) would be passed; results.md/json and the plot
 #               copied to $OUT. Needs the JSB data (`prepare` puts it in
-#               .whl/data).                                          <= 9 min
+#               .whl/data). Carry its own subset, with WHL_DIR=.whl/music:
+#                 mkdir -p .whl/music/data && cp -r .whl/data/jsb .whl/music/data/
+#                 for n in ml_collections tensorboardx importlib_resources \
+#                   pretty_midi mido soundfile cffi pycparser; do
+#                   cp .whl/$n-*.whl .whl/music/; done           <= 9 min
 #   translation configs/translation.py:gpu (Shaw et al.'s base model) for
 #               TRANSLATION_BUDGET s (default 240) per encoding in
 #               TRANSLATION_POSITIONS (default "sinusoidal shaw"), stopped
@@ -97,11 +101,13 @@
 #                   importlib_resources; do cp .whl/$n-*.whl .whl/mt/; done
 #
 # The device call (the `run` tool), from the repository root:
-#   command: bash scripts/gpu_session.sh suite      carry: [".whl"]
-#   command: bash scripts/gpu_session.sh bench      carry: [".whl"]
-# and so on; 30 minutes of device time in all, machine start included, so a
-# session fits `suite` + `bench` (+ `bench_long` or `music` when they were
-# quick). Files back: at most 8 per call, so each step writes 3-5.
+#   command: WHL_DIR=.whl/kernel bash scripts/gpu_session.sh kernel
+#   carry:   [".whl/kernel"]
+# and so for suite, bench, tune, tune_triton and facts: the working tree and
+# the carried paths together may not pass 64 MiB, which the repository
+# (about 38 MiB) and all of .whl (about 34) do; `prepare` prints both sums.
+# A lent GPU gives 15 minutes of device time, machine start included: one
+# such call. Files back: at most 8 per call, so each step writes 3-5.
 #
 # Why wheels: the GPU image (KINDS.md) has JAX 0.11.2 with the CUDA 13 plugin
 # (jax-cuda13-plugin/-pjrt), Flax, Optax, Orbax, pytest, TensorBoard, but not
@@ -140,6 +146,8 @@ usage() {
 # where it pins them.
 MISSING="ml-collections tensorboardX pretty_midi mido importlib_resources soundfile cffi pycparser mypy ast-serialize librt sentencepiece sacrebleu portalocker regex tabulate colorama lxml"
 PINS="flax optax orbax-checkpoint"
+# What the kernel-side steps need of them (as the wheels' file names begin).
+KERNEL_WHEELS="ml_collections tensorboardx importlib_resources"
 
 pinned() {   # NAME -> NAME==VERSION from requirements.txt (case-insensitive)
   local line
@@ -186,10 +194,31 @@ prepare() {
     echo "warning: no $data/multi30k: the translation step and the" \
          "Multi30k tests will have no data" >&2
   fi
-  du -sh "$WHL"
+  # The kernel-side steps (kernel, suite, bench, tune, tune_triton, facts)
+  # import only these of the missing packages: with the repository they
+  # fit in what a call carries, which all of $WHL does not.
+  mkdir -p "$WHL/kernel"
+  local w
+  for n in $KERNEL_WHEELS; do
+    for w in "$WHL"/"$n"-*.whl; do cp "$w" "$WHL/kernel/"; done
+  done
+  du -sh "$WHL" "$WHL/kernel"
   { git check-ignore -q "$WHL/x.whl" && git check-ignore -q "$WHL/data/jsb/x.json"; } \
     || echo "warning: $WHL is not git-ignored" >&2
-  echo "carry [\"$WHL\"] in every device call"
+  carried_size "$WHL/kernel"
+  carried_size "$WHL"
+  echo "carry [\"$WHL/kernel\"] with WHL_DIR=$WHL/kernel for the kernel-side steps;" \
+       "music and translation take their own subsets (see the header)"
+}
+
+carried_size() {  # what a device call with carry [PATH] sends, against 64 MiB
+  local bytes
+  bytes=$( { git ls-files -z -co --exclude-standard; find "$1" -type f -print0; } \
+    | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+  echo "a call carrying $1 sends $(( bytes / 1048576 )) MiB of the 64 MiB limit" \
+       "(the working tree and the carried path)"
+  [ "$bytes" -le $(( 64 * 1048576 )) ] \
+    || echo "warning: over the limit: the device tool would refuse it" >&2
 }
 
 # --------------------------------------------------------------------------
