@@ -53,8 +53,10 @@ DEFAULT_ENCODINGS = ('none', 'alibi', 't5', 'shaw')
 # probed only when asked for.
 IMPLS = ('pallas_hopper', 'pallas_hopper_fused', 'pallas')
 DEFAULT_IMPLS = ('pallas_hopper', 'pallas_hopper_fused')
-# Rows whose pallas_hopper_fused row is pallas_hopper's (no one-kernel
-# backward for the encoding): bench_gpu reuses that row, nothing to probe.
+# The encodings with a one-kernel Hopper backward (bench_gpu's
+# FUSED_ENCODINGS, hopper_backward.FUSED_KINDS and rope; not imported: this
+# parent runs no JAX). The others' pallas_hopper_fused row repeats their
+# pallas_hopper row's numbers: nothing of its own to probe.
 FUSED_ENCODINGS = ('none', 'alibi', 't5', 'rope')
 SHAPE = dict(batch=1, heads=2, length=640, head_dim=64)
 SMOKE_SHAPE = dict(batch=1, heads=2, length=40, head_dim=16)

@@ -219,6 +219,11 @@ def test_the_plan_probes_hopper_first_and_fused_rows_only_where_they_differ():
                   ('shaw', 'pallas_hopper', False),
                   ('none', 'pallas_hopper_fused', False)]
   assert kernel_probe.parse_key(kernel_probe.key_text(keys[2])) == keys[2]
+  # bench_gpu's FUSED_ENCODINGS, written out here (the parent imports no
+  # JAX).
+  from selfattn.nn import hopper_backward
+  assert kernel_probe.FUSED_ENCODINGS == hopper_backward.FUSED_KINDS + (
+      'rope',)
 
 
 def test_bench_gpu_and_tune_hopper_skip_what_the_probe_found_hanging(
