@@ -712,22 +712,27 @@ def _kernel(*refs, cfg: HopperConfig, lq: int, lk: int, dtype):
   def _produce():
     plgpu.set_max_registers(40, action='decrease')
 
-    def load(j, slot):
-      rows = pl.ds(j * bk, bk)
-      plgpu.copy_gmem_to_smem(k_ref.at[b, h, rows], k_smem.at[slot],
-                              k_ready.at[slot])
-      plgpu.copy_gmem_to_smem(v_ref.at[b, h, rows], v_smem.at[slot],
-                              v_ready.at[slot])
+    def load(ref, smem, ready, j, slot):
+      plgpu.copy_gmem_to_smem(ref.at[b, h, pl.ds(j * bk, bk)], smem.at[slot],
+                              ready.at[slot])
+
+    def load_both(j, slot):
+      load(k_ref, k_smem, k_ready, j, slot)
+      load(v_ref, v_smem, v_ready, j, slot)
 
     for j in range(stages):
-      pl.when(j < tile_end)(functools.partial(load, j, j))
+      pl.when(j < tile_end)(functools.partial(load_both, j, j))
 
     @pl.loop(stages, jnp.maximum(tile_end, stages))
     def _refill(j):
+      # Each block's keys as soon as their slot's keys are freed (after
+      # the groups' q k^T), its values once the values are (after p v):
+      # the next keys load while the values are still being read.
       slot = lax.rem(j, jnp.int32(stages))
       plgpu.barrier_wait(k_free.at[slot])
+      load(k_ref, k_smem, k_ready, j, slot)
       plgpu.barrier_wait(v_free.at[slot])
-      load(j, slot)
+      load(v_ref, v_smem, v_ready, j, slot)
 
     @pl.loop(jnp.maximum(tile_end - stages, 0), tile_end)
     def _drain(j):
