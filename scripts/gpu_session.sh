@@ -54,7 +54,8 @@
 #   tune_triton scripts/tune_triton.py (the Triton kernels' blocks and
 #               per-kernel warps and stages, a coordinate sweep, against
 #               cuDNN, L = 8192) within TUNE_TRITON_BUDGET s (default 200):
-#               tune_triton.json/.md; ARGS go to tune_triton.py (e.g.
+#               tune_triton.json/.md (resumed in a fresh process after a
+#               fault loses the device); ARGS go to tune_triton.py (e.g.
 #               --kind=shaw --causal=false), the budget split evenly
 #               between the causal settings. Not part of `kernel` (its
 #               9 minutes are spent); a call of its own.            <= 6 min
@@ -330,31 +331,34 @@ suite() {
   echo "pytest exit status: ${PIPESTATUS[0]}" | tee -a "$OUT/suite.log"
 }
 
-tune() {    # scripts/tune_hopper.py within TUNE_BUDGET s; stdout to the call
-  local budget=${TUNE_BUDGET:-80}
+resumable_tuner() {   # resumable_tuner SCRIPT BUDGET [ARGS...]
+  # The tuner within BUDGET s; stdout's tail to the call. 75: a
+  # configuration's fault lost the device (measure.LOST_DEVICE): the rest
+  # in a fresh process (--resume), while 20 s of the budget are left.
+  local script=$1 budget=$2
+  shift 2
   export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}
   local start elapsed=0 status resume=()
   start=$(date +%s)
   while :; do
     timeout -s INT -k 30 $(( budget + 60 - elapsed )) "$PY" \
-      scripts/tune_hopper.py --out="$OUT" --time_budget=$(( budget - elapsed )) \
+      "scripts/$script.py" --out="$OUT" --time_budget=$(( budget - elapsed )) \
       ${resume[@]+"${resume[@]}"} "$@" 2>&1 | tail -40
     status=${PIPESTATUS[0]}
-    echo "tune_hopper exit status: $status"
+    echo "$script exit status: $status"
     elapsed=$(( $(date +%s) - start ))
-    # 75: a configuration's fault lost the device (measure.LOST_DEVICE).
     [ "$status" = 75 ] && [ $(( budget - elapsed )) -ge 20 ] || break
-    echo "tune_hopper: resuming in a fresh process"
+    echo "$script: resuming in a fresh process"
     resume=(--resume)
   done
 }
 
+tune() {    # scripts/tune_hopper.py within TUNE_BUDGET s
+  resumable_tuner tune_hopper "${TUNE_BUDGET:-80}" "$@"
+}
+
 tune_triton() {   # scripts/tune_triton.py within TUNE_TRITON_BUDGET s
-  local budget=${TUNE_TRITON_BUDGET:-200}
-  export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}
-  timeout -s INT -k 30 $(( budget + 60 )) "$PY" scripts/tune_triton.py \
-    --out="$OUT" --time_budget="$budget" "$@" 2>&1 | tail -40
-  echo "tune_triton exit status: ${PIPESTATUS[0]}"
+  resumable_tuner tune_triton "${TUNE_TRITON_BUDGET:-200}" "$@"
 }
 
 facts() {   # scripts/kernel_facts.py within FACTS_BUDGET s

@@ -16,6 +16,8 @@ from absl import app
 from absl import flags
 from flax import nnx
 
+from scripts.measure import LOST_DEVICE
+from scripts.measure import device_alive
 from scripts.measure import time_calls
 from selfattn.nn import positions
 
@@ -38,6 +40,12 @@ REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed runs per row.')
 BUDGET = flags.DEFINE_float('time_budget', 0.0, 'Seconds after which no '
                             'new row starts (0: none).')
 CAUSAL = flags.DEFINE_list('causal', 'false,true', 'Masks to run.')
+RESUME = flags.DEFINE_bool(
+    'resume', False, "Continue --out's STEM(_KIND).json: the rows there are "
+    "kept and their configurations not run again (cuDNN's are). A run whose "
+    'device is lost after a row fails (a kernel fault leaves the CUDA context '
+    'unusable) exits with status 75 (measure.LOST_DEVICE); '
+    'scripts/gpu_session.sh then resumes it in a fresh process.')
 
 
 def random_inputs(b: int, h: int, length: int, d: int):
@@ -205,6 +213,16 @@ def cudnn_peer(result: dict, q, k, v, g, causal: bool, repeats: int,
 def output_stem(out_dir: str, stem: str, kind: str) -> str:
   """OUT/STEM, or OUT/STEM_KIND for a kind other than none."""
   return os.path.join(out_dir, stem + ('' if kind == 'none' else f'_{kind}'))
+
+
+def stop_if_device_lost(save) -> None:
+  """After a row failed: if the GPU no longer computes, save() and exit
+  with LOST_DEVICE for gpu_session.sh to resume in a fresh process."""
+  if jax.default_backend() == 'gpu' and not device_alive():
+    save()
+    print(f'the device was lost: exiting with status {LOST_DEVICE} '
+          '(--resume continues in a fresh process)', flush=True)
+    raise SystemExit(LOST_DEVICE)
 
 
 def earlier_rows(out_dir: str | None, stem: str, kind: str) -> list[dict]:

@@ -62,8 +62,6 @@ from absl import flags  # noqa: E402
 from scripts import kernel_timing as shared  # noqa: E402
 from scripts.kernel_timing import encoding  # noqa: E402
 from scripts.kernel_timing import median_ms  # noqa: E402
-from scripts.measure import LOST_DEVICE  # noqa: E402
-from scripts.measure import device_alive  # noqa: E402
 from selfattn.nn import hopper_attention as hopper  # noqa: E402
 from selfattn.nn import hopper_backward  # noqa: E402
 
@@ -76,12 +74,6 @@ SMOKE_GRID = dict(block_k=(64,), stages=(2,), ping_pong=(True, False))
 # (block_k, stages).
 FUSED = (False, True)
 
-_RESUME = flags.DEFINE_bool(
-    'resume', False, "Continue --out's tune_hopper(_KIND).json: the grid "
-    'points that have a forward row are not run again (cuDNN is). A run '
-    'whose device is lost after a row fails (a kernel fault leaves the CUDA '
-    'context unusable) exits with status 75 (measure.LOST_DEVICE); '
-    'scripts/gpu_session.sh then resumes it in a fresh process.')
 _PROBE = flags.DEFINE_string(
     'probe', None, "scripts/kernel_probe.py's verdicts (JSON): a mask whose "
     "Hopper row (pallas_hopper) it found hanging, faulting or failing is "
@@ -150,14 +142,13 @@ def main(argv):
   kind = shared.KIND.value
   fields, table = encoding(kind, h, d)
   result = shared.new_result(kind, b, h, length, d, smoke)
-  if _RESUME.value:
+  if shared.RESUME.value:
     # cuDNN's rows and the probe's skips are made again.
     result['rows'] = [r for r in shared.earlier_rows(
         shared.OUT.value, 'tune_hopper', kind)
                       if r['kernel'] == 'hopper' and 'block_k' in r]
   done = {(r['causal'], r['block_k'], r['stages'], r['ping_pong'])
           for r in result['rows'] if r['pass'] == 'forward'}
-  gpu = jax.default_backend() == 'gpu'
 
   def save():
     result['best'] = best_rows(result['rows'])
@@ -165,13 +156,8 @@ def main(argv):
                          markdown(result))
 
   def failed():
-    """After a row's failure: stop (LOST_DEVICE) if the device went with
-    it, its rows written."""
     save()
-    if gpu and not device_alive():
-      print(f'the device was lost: exiting with status {LOST_DEVICE} '
-            '(--resume continues in a fresh process)', flush=True)
-      sys.exit(LOST_DEVICE)
+    shared.stop_if_device_lost(save)
 
   probe = probe_verdicts.load(_PROBE.value)
   for causal, flops, base, out_of_time in shared.causal_rounds(

@@ -5,6 +5,7 @@ kernel"), timed against cuDNN in the same call.
   python scripts/tune_triton.py --out DIR        # on a CUDA GPU
   python scripts/tune_triton.py --smoke          # the CPU dry run (lowering)
   python scripts/tune_triton.py --kind=shaw ...  # an encoding's kernels
+  python scripts/tune_triton.py --resume ...     # after a lost device (75)
 
 --kind: the encoding the kernels compute, its position module at its
 defaults (Shaw per head, keys and values), randomly initialised.
@@ -172,23 +173,41 @@ def best_rows(rows: list[dict]) -> list[str]:
   return out
 
 
+def row_key(pass_name: str, trial: dict) -> tuple:
+  """What a row timed: the forward at its launch, or forward + backward
+  at all three (a dict of pass -> (warps, stages))."""
+  if pass_name == 'forward':
+    return ('forward', tuple(trial['forward']))
+  return ('both', tuple(tuple(trial[name]) for name in PASSES))
+
+
 def sweep(timer: Timer, blocks, launches, flops: float, base: dict,
-          record, out_of_time) -> None:
+          record, out_of_time, earlier=(), on_failure=lambda: None) -> None:
   """The coordinate sweep of one block shape: forward, then dQ, then
   dK/dV, each pass's launch chosen with the earlier passes at their best. A
   forward + backward configuration already timed (dK/dV's trial at its
-  default launch is dQ's best) is reused, not run again."""
+  default launch is dQ's best) is reused, not run again; so are `earlier`
+  rows of this block shape (--resume), the failed ones skipped.
+  on_failure() runs after a row fails."""
   default = pallas_kernels.default_triton_tuning(timer.q.shape[-1])
   chosen = {name: tuple(getattr(default, name)) for name in PASSES}
-  seen = {}
+  seen, failed_before = {}, set()
+  for r in earlier:
+    if (r['block_q'], r['block_k']) == tuple(blocks):
+      key = row_key(r['pass'], r)
+      if 'ms' in r:
+        seen[key] = r['ms']
+      else:
+        failed_before.add(key)
   for pass_name in PASSES:
     timed = {}
     for launch in launches:
       trial = {**chosen, pass_name: launch}
-      key = ('forward', launch) if pass_name == 'forward' else (
-          'both', tuple(trial.values()))
+      key = row_key(pass_name, trial)
       if key in seen:
         timed[launch] = seen[key]
+        continue
+      if key in failed_before:
         continue
       if out_of_time():
         return
@@ -206,6 +225,9 @@ def sweep(timer: Timer, blocks, launches, flops: float, base: dict,
       except Exception as e:  # noqa: BLE001  (a row, not a stop)
         traceback.print_exc()
         row['status'] = shared.short_error(e)
+        record(row)
+        on_failure()
+        continue
       record(row)
     if timed and None not in timed.values():
       chosen[pass_name] = min(timed, key=timed.get)
@@ -224,6 +246,10 @@ def main(argv):
   kind = shared.KIND.value
   relative = position_module(kind, h, d)
   result = shared.new_result(kind, b, h, length, d, smoke)
+  if shared.RESUME.value:
+    # cuDNN's rows are made again.
+    result['rows'] = [r for r in shared.earlier_rows(
+        shared.OUT.value, 'tune_triton', kind) if r['kernel'] == 'triton']
 
   def save():
     result['best'] = best_rows(result['rows'])
@@ -240,8 +266,10 @@ def main(argv):
       save()
 
     timer = Timer(q, k, v, g, relative, causal, smoke, repeats)
+    earlier = [r for r in result['rows'] if r['causal'] == causal]
     for blocks in blocks_list:
-      sweep(timer, blocks, launches, flops, base, record, out_of_time)
+      sweep(timer, blocks, launches, flops, base, record, out_of_time,
+            earlier, lambda: shared.stop_if_device_lost(save))
   save()
   print(markdown(result))
   failed = [r for r in result['rows'] if r.get('status', 'ok')

@@ -89,3 +89,33 @@ def test_a_time_limit_stops_the_sweep_between_rows():
   rows = _sweep(FakeTimer(), out_of_time=lambda: next(calls) >= 4)
   assert [(r['pass'], r['forward']) for r in rows] == [
       ('forward', launch) for launch in tune_triton.LAUNCHES[:4]]
+
+
+def test_resume_reuses_the_earlier_rows_and_skips_the_failed_ones():
+  """--resume (after a fault lost the device): the earlier rows' times are
+  reused (the sweep makes the same choices without running them) and
+  their failed configurations are not run again; a failure asks whether
+  the device is lost (on_failure)."""
+  import json
+  first = _sweep(FakeTimer(fails={(4, 1)}))
+  # As read back from the JSON: launches as lists.
+  earlier = json.loads(json.dumps(first[:N + 3]))
+  timer, rows, failures = FakeTimer(), [], []
+
+  def record(row):
+    rows.append({'causal': False, 'pass': row.pop('pass_name'), **row})
+
+  tune_triton.sweep(timer, (128, 64), tune_triton.LAUNCHES, flops=1e12,
+                    base={}, record=record, out_of_time=lambda: False,
+                    earlier=earlier, on_failure=lambda: failures.append(1))
+  # Only the rows after the earlier ones run, and not dq = (4, 1), which
+  # failed before (this timer would not fail it).
+  assert len(timer.asked) == len(first) - (N + 3)
+  assert all(tuple(launch.dq) != (4, 1) for _, launch in timer.asked)
+  assert [r['ms'] for r in rows] == [r['ms'] for r in first[N + 3:]]
+  assert failures == []
+  tune_triton.sweep(FakeTimer(fails={(4, 1)}), (128, 64),
+                    tune_triton.LAUNCHES, flops=1e12, base={},
+                    record=lambda row: None, out_of_time=lambda: False,
+                    on_failure=lambda: failures.append(1))
+  assert failures == [1]
