@@ -6,6 +6,7 @@ timed against cuDNN in the same call.
   python scripts/tune_hopper.py --kind=shaw ...  # an encoding's kernels
   python scripts/tune_hopper.py --probe=P.json   # skip what kernel_probe.py
                                                  # found hanging or failing
+  python scripts/tune_hopper.py --resume ...     # after a lost device (75)
 
 --kind: the encoding the kernels compute, its position module at its
 defaults (selfattn.nn.positions; Shaw per head, keys and values), randomly
@@ -170,8 +171,8 @@ def main(argv):
       save()
       continue
     forms = FUSED if kind in hopper_backward.FUSED_KINDS else (False,)
-    fused_skipped = probe_verdicts.skip_reason(probe, kind,
-                                               'pallas_hopper_fused', causal)
+    fused_skipped = len(forms) > 1 and probe_verdicts.skip_reason(
+        probe, kind, 'pallas_hopper_fused', causal)
     if fused_skipped:
       forms = (False,)
       result['rows'].append({'causal': causal, 'kernel': 'hopper',
