@@ -108,6 +108,7 @@ from selfattn.nn import attention as sa_attention  # noqa: E402
 from selfattn.nn import hopper_backward  # noqa: E402
 from scripts.gpu_targets import row_impl, targets, targets_table  # noqa: E402
 from scripts.measure import LOST_DEVICE  # noqa: E402
+from scripts.measure import earlier_rows  # noqa: E402
 from scripts.measure import lost_device  # noqa: E402
 from scripts.measure import time_calls  # noqa: E402
 from scripts import probe_verdicts  # noqa: E402
@@ -662,14 +663,6 @@ def summary(result: dict) -> str:
   return '\n'.join(lines)
 
 
-def resumed_rows(path: str) -> list[dict]:
-  """The rows of an earlier run's NAME.json (none if it is absent)."""
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return json.load(f)['rows']
-
-
 def write(result: dict) -> None:
   out = _OUT.value
   if not out:
@@ -745,7 +738,7 @@ def main(argv):
   print(f'# {FLOP_CONVENTION}', flush=True)
   rows = result['rows']
   if _RESUME.value and _OUT.value:
-    rows += resumed_rows(os.path.join(_OUT.value, _NAME.value + '.json'))
+    rows += earlier_rows(os.path.join(_OUT.value, _NAME.value + '.json'))
     result['resumed_rows'] = len(rows)
   done = {r.get('label') for r in rows}
   plan = []

@@ -16,6 +16,7 @@ from absl import app
 from absl import flags
 from flax import nnx
 
+from scripts import measure
 from scripts.measure import LOST_DEVICE
 from scripts.measure import device_alive
 from scripts.measure import time_calls
@@ -227,11 +228,9 @@ def stop_if_device_lost(save) -> None:
 
 def earlier_rows(out_dir: str | None, stem: str, kind: str) -> list[dict]:
   """The rows of an earlier run's STEM(_KIND).json (none if absent)."""
-  path = output_stem(out_dir or '', stem, kind) + '.json'
-  if not out_dir or not os.path.exists(path):
+  if not out_dir:
     return []
-  with open(path) as f:
-    return json.load(f)['rows']
+  return measure.earlier_rows(output_stem(out_dir, stem, kind) + '.json')
 
 
 def write_outputs(out_dir: str | None, stem: str, kind: str, result: dict,

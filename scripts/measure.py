@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 
@@ -23,6 +25,15 @@ def device_alive() -> bool:
     return float(jax.block_until_ready(jnp.arange(4.0).sum())) == 6.0
   except Exception:  # noqa: BLE001
     return False
+
+
+def earlier_rows(path: str) -> list[dict]:
+  """The rows of an earlier run's JSON (a timing script's output with
+  `rows`), none if it is absent: what --resume continues."""
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return json.load(f)['rows']
 
 
 def lost_device(row: dict) -> bool:
