@@ -44,6 +44,15 @@ time. Rows:
   pallas_mgpu     jax.experimental.pallas.ops.gpu.attention_mgpu (Mosaic GPU,
                   Hopper only, head width a multiple of 64, no causal
                   backward), where the installed JAX has it.
+  tokamax         tokamax.dot_product_attention(implementation='mosaic'):
+                  Google's Mosaic GPU flash attention (sm90 kernels on
+                  Hopper), where tokamax is installed (not a requirement;
+                  gpu_session.sh carries it: scripts/tokamax_peer.py); on
+                  the CPU its 'xla' implementation stands in, to check the
+                  call.
+  tokamax+bias    the same with cudnn+bias's (1, H, L, L) ALiBi bias: how
+                  tokamax takes a relative encoding (its backward writes the
+                  (L, L) bias gradient too).
 
 Columns: median ms over --repeats runs after --warmup (each run ends in
 block_until_ready); TFLOP/s and its fraction of the GPU's bf16 dense peak
@@ -112,6 +121,7 @@ from scripts.measure import earlier_rows  # noqa: E402
 from scripts.measure import lost_device  # noqa: E402
 from scripts.measure import time_calls  # noqa: E402
 from scripts import probe_verdicts  # noqa: E402
+from scripts import tokamax_peer  # noqa: E402
 
 ENCODINGS = ('none', 'rope', 'alibi', 't5', 'shaw', 'xl')
 IMPLS = tuple(i for i in ('plain', 'chunked', 'fused', 'pallas')
@@ -122,7 +132,8 @@ HOPPER_PATH = 'pallas (hopper where it applies)'
 # first, then none's kernels); the others' pallas_hopper_fused row is the
 # pallas_hopper row's numbers.
 FUSED_ENCODINGS = hopper_backward.FUSED_KINDS + ('rope',)
-PEERS = ('flax', 'cudnn', 'cudnn+bias', 'pallas_mha', 'pallas_mgpu')
+PEERS = ('flax', 'cudnn', 'cudnn+bias', 'pallas_mha', 'pallas_mgpu', 'tokamax',
+         'tokamax+bias')
 GPU_ONLY = ('cudnn', 'cudnn+bias', 'pallas_mgpu')
 
 _OUT = flags.DEFINE_string(
@@ -406,6 +417,19 @@ def peer_case(peer, x, causal, gpu: bool) -> Case | str:
       return attention_mgpu.attention(q, k, v, config)
     return Case('pallas_mgpu', 'none', 'pallas mosaic-gpu', forward, blhd,
                 (0, 1, 2), 'blhd')
+  if peer in ('tokamax', 'tokamax+bias'):
+    try:
+      tokamax = tokamax_peer.load()
+    except Exception as e:  # noqa: BLE001
+      return f'unsupported: tokamax does not import here ({_short(e)})'
+    implementation = 'mosaic' if gpu else 'xla'
+    forward = tokamax_peer.attention(tokamax, implementation, causal)
+    path = f'tokamax {implementation}'
+    if peer == 'tokamax':
+      return Case('tokamax', 'none', path, forward, blhd, (0, 1, 2), 'blhd')
+    bias = alibi_bias(h, length, x['q'].dtype)
+    return Case('tokamax+bias', 'bias (1,H,L,L)', path + ', bias', forward,
+                blhd + (bias,), (0, 1, 2), 'blhd', ref_bias=bias)
   raise ValueError(f'unknown peer {peer!r}; valid: {", ".join(PEERS)}')
 
 

@@ -106,7 +106,9 @@
 #   carry:   [".whl/kernel"]
 # and so for suite, bench, tune, tune_triton and facts: the working tree and
 # the carried paths together may not pass 64 MiB, which the repository
-# (about 38 MiB) and all of .whl (about 34) do; `prepare` prints both sums.
+# (about 38 MiB) and all of .whl (about 41) do; .whl/kernel (5.8 MiB: the
+# three wheels the steps import and bench_gpu's tokamax peer's,
+# TOKAMAX_WHEELS) fits; `prepare` prints both sums.
 # A lent GPU gives 15 minutes of device time, machine start included: one
 # such call. Files back: at most 8 per call, so each step writes 3-5.
 #
@@ -149,6 +151,10 @@ MISSING="ml-collections tensorboardX pretty_midi mido importlib_resources soundf
 PINS="flax optax orbax-checkpoint"
 # What the kernel-side steps need of them (as the wheels' file names begin).
 KERNEL_WHEELS="ml_collections tensorboardx importlib_resources"
+# bench_gpu's tokamax peers (scripts/tokamax_peer.py): tokamax and what it
+# needs beyond the image (which has jaxtyping, tqdm, absl, flax); not
+# xprof (22 MB, stubbed). pydantic needs typing-extensions >= 4.16.
+TOKAMAX_WHEELS="tokamax==0.0.17 einshape==1.0 qwix==0.1.8 immutabledict==4.3.1 pydantic==2.14.4 pydantic-core==2.50.5 typing-inspection==0.4.5 annotated-types==0.8.0 typing-extensions==4.16.0"
 
 pinned() {   # NAME -> NAME==VERSION from requirements.txt (case-insensitive)
   local line
@@ -171,13 +177,8 @@ prepare() {
     specs+=("$spec")
   done
   echo "downloading into $WHL: ${specs[*]}"
-  # The device README's command: CPython 3.12 manylinux wheels, no deps
-  # (every dependency of these is already in the image).
-  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-    --implementation cp --platform manylinux_2_28_x86_64 \
-    --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
-    -d "$WHL" "${specs[@]}" || exit 1
+  # Every dependency of these is already in the image.
+  download "$WHL" "${specs[@]}" || exit 1
   local data=${SELFATTN_DATA_DIR:-../shared/data}
   if [ -f "$data/jsb/Jsb16thSeparated.json" ]; then
     mkdir -p "$WHL/data/jsb"
@@ -203,6 +204,8 @@ prepare() {
   for n in $KERNEL_WHEELS; do
     for w in "$WHL"/"$n"-*.whl; do cp "$w" "$WHL/kernel/"; done
   done
+  # shellcheck disable=SC2086  # one word per spec
+  download "$WHL/kernel" $TOKAMAX_WHEELS || exit 1
   du -sh "$WHL" "$WHL/kernel"
   { git check-ignore -q "$WHL/x.whl" && git check-ignore -q "$WHL/data/jsb/x.json"; } \
     || echo "warning: $WHL is not git-ignored" >&2
@@ -210,6 +213,17 @@ prepare() {
   carried_size "$WHL"
   echo "carry [\"$WHL/kernel\"] with WHL_DIR=$WHL/kernel for the kernel-side steps;" \
        "music and translation take their own subsets (see the header)"
+}
+
+download() {  # DIR SPEC...: the device README's command (CPython 3.12
+  # manylinux wheels, no deps: each needed one is named)
+  local dir=$1
+  shift
+  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+    -d "$dir" "$@"
 }
 
 carried_size() {  # what a device call with carry [PATH] sends, against 64 MiB

@@ -1,0 +1,52 @@
+"""scripts/bench_gpu.py's tokamax peers (scripts/tokamax_peer.py). tokamax is
+not a requirement: where it is installed (the GPU call carries it) the
+smoke row runs its 'xla' implementation and must match the float32 plain
+path, bias included; where it is not, the row says so instead of stopping
+the run."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def _runs(code: str) -> bool:
+  return subprocess.run([sys.executable, '-c', code], cwd=ROOT,
+                        capture_output=True).returncode == 0
+
+
+TOKAMAX_LOADS = 'from scripts import tokamax_peer; tokamax_peer.load()'
+
+
+def test_the_tokamax_rows_match_the_plain_path_or_say_it_is_missing(
+    tmp_path):
+  subprocess.run(
+      [sys.executable, 'scripts/bench_gpu.py', '--smoke', '--lengths=32',
+       '--encodings=none', '--impls=plain', '--peers=tokamax,tokamax+bias',
+       f'--out={tmp_path}'],
+      cwd=ROOT, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, check=True,
+      capture_output=True)
+  rows = json.loads((tmp_path / 'bench_gpu.json').read_text())['rows']
+  peers = {r['impl']: r for r in rows if r['label'].startswith(
+      'L=32 bidir peer/')}
+  assert set(peers) == {'tokamax', 'tokamax+bias'}
+  if _runs(TOKAMAX_LOADS):
+    for r in peers.values():
+      assert r['status'] == 'ok' and r['rel_err'] < 1e-5, r
+    assert peers['tokamax+bias']['encoding'] == 'bias (1,H,L,L)'
+  else:
+    for r in peers.values():
+      assert r['status'].startswith('unsupported: tokamax does not import'), r
+
+
+def test_tokamax_s_xprof_import_is_met_by_a_stub_where_xprof_is_missing():
+  script = ('from scripts import tokamax_peer\n'
+            'tokamax_peer._stub_xprof()\n'
+            'from xprof.cli.tools import get_kernel_stats_tool\n'
+            'print(get_kernel_stats_tool is None)\n')
+  out = subprocess.run([sys.executable, '-c', script], cwd=ROOT, check=True,
+                       capture_output=True, text=True).stdout.strip()
+  assert out == ('False' if _runs('import xprof.cli.tools') else 'True')
