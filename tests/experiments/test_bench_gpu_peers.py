@@ -1,5 +1,8 @@
-"""scripts/bench_gpu.py's tokamax peers (scripts/tokamax_peer.py). tokamax is
-not a requirement: where it is installed (the GPU call carries it) the
+"""scripts/bench_gpu.py's peers that need care to run at all.
+
+JAX's Mosaic GPU attention (pallas_mgpu) refuses bfloat16: a bfloat16 run
+gives it float16 inputs. tokamax (scripts/tokamax_peer.py) is not a
+requirement: where it is installed (the GPU call carries it) the
 smoke row runs its 'xla' implementation and must match the float32 plain
 path, bias included; where it is not, the row says so instead of stopping
 the run."""
@@ -50,3 +53,24 @@ def test_tokamax_s_xprof_import_is_met_by_a_stub_where_xprof_is_missing():
   out = subprocess.run([sys.executable, '-c', script], cwd=ROOT, check=True,
                        capture_output=True, text=True).stdout.strip()
   assert out == ('False' if _runs('import xprof.cli.tools') else 'True')
+
+
+def test_jax_mosaic_gpu_attention_gets_float16_in_a_bfloat16_run():
+  # peer_case only builds the row here (on a GPU it is then compiled): its
+  # inputs must be float16, since attention_mgpu's buffers are.
+  script = (
+      'import sys; sys.argv = ["bench_gpu"]\n'
+      'from absl import flags\n'
+      'from scripts import bench_gpu\n'
+      'flags.FLAGS(sys.argv)\n'
+      'import jax.numpy as jnp\n'
+      'x = bench_gpu.inputs(1, 2, 128, 64, jnp.bfloat16)\n'
+      'case = bench_gpu.peer_case("pallas_mgpu", x, False, gpu=True)\n'
+      'if isinstance(case, str): print(case); raise SystemExit\n'
+      'print(case.path, *sorted({a.dtype.name for a in case.args}))\n')
+  out = subprocess.run([sys.executable, '-c', script], cwd=ROOT, check=True,
+                       env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+                       capture_output=True, text=True).stdout.strip()
+  if out.startswith('unsupported'):   # a JAX without attention_mgpu
+    return
+  assert out == 'pallas mosaic-gpu (float16) float16'
