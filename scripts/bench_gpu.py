@@ -44,7 +44,8 @@ time. Rows:
   pallas_mgpu     jax.experimental.pallas.ops.gpu.attention_mgpu (Mosaic GPU,
                   Hopper only, head width a multiple of 64, no causal
                   backward), where the installed JAX has it; in float16
-                  where the run is in bfloat16, which it refuses.
+                  where the run is in bfloat16, which it refuses; q comes
+                  scaled by 1/sqrt(D), which it does not apply.
   tokamax         tokamax.dot_product_attention(implementation='mosaic'):
                   Google's Mosaic GPU flash attention (sm90 kernels on
                   Hopper), where tokamax is installed (not a requirement;
@@ -52,8 +53,9 @@ time. Rows:
                   the CPU its 'xla' implementation stands in, to check the
                   call.
   tokamax+bias    the same with cudnn+bias's (1, H, L, L) ALiBi bias: how
-                  tokamax takes a relative encoding (its backward writes the
-                  (L, L) bias gradient too).
+                  tokamax takes a relative encoding (its backward writes a
+                  (B, H, L, L) score gradient in the bias's dtype and sums
+                  it to the bias's shape, as cudnn+bias computes dbias).
 
 Columns: median ms over --repeats runs after --warmup (each run ends in
 block_until_ready); TFLOP/s and its fraction of the GPU's bf16 dense peak
@@ -416,9 +418,10 @@ def peer_case(peer, x, causal, gpu: bool) -> Case | str:
     # Its shared-memory buffers are float16 whatever the inputs (JAX 0.11.2
     # and 0.12): bfloat16 fails to lower ('Expected dtypes to match', run 1
     # on the H200). So a bfloat16 run times it in float16, the same bytes
-    # and tensor-core rate.
+    # and tensor-core rate. It does not scale the logits: q comes scaled
+    # by 1/sqrt(D) (exact for D = 64), as the other rows' kernels do inside.
     dtype = jnp.float16 if x['q'].dtype == jnp.bfloat16 else x['q'].dtype
-    args = tuple(a.astype(dtype) for a in blhd)
+    args = tuple(a.astype(dtype) for a in (blhd[0] * scale,) + blhd[1:])
 
     def forward(q, k, v):
       return attention_mgpu.attention(q, k, v, config)

@@ -1,7 +1,7 @@
 """scripts/bench_gpu.py's peers that need care to run at all.
 
-JAX's Mosaic GPU attention (pallas_mgpu) refuses bfloat16: a bfloat16 run
-gives it float16 inputs. tokamax (scripts/tokamax_peer.py) is not a
+JAX's Mosaic GPU attention (pallas_mgpu) refuses bfloat16 and does not
+scale the logits: a bfloat16 run gives it float16 inputs, q scaled. tokamax (scripts/tokamax_peer.py) is not a
 requirement: where it is installed (the GPU call carries it) the
 smoke row runs its 'xla' implementation and must match the float32 plain
 path, bias included; where it is not, the row says so instead of stopping
@@ -57,7 +57,8 @@ def test_tokamax_s_xprof_import_is_met_by_a_stub_where_xprof_is_missing():
 
 def test_jax_mosaic_gpu_attention_gets_float16_in_a_bfloat16_run():
   # peer_case only builds the row here (on a GPU it is then compiled): its
-  # inputs must be float16, since attention_mgpu's buffers are.
+  # inputs must be float16, since attention_mgpu's buffers are, and q
+  # scaled, since it applies no 1/sqrt(D).
   script = (
       'import sys; sys.argv = ["bench_gpu"]\n'
       'from absl import flags\n'
@@ -67,10 +68,14 @@ def test_jax_mosaic_gpu_attention_gets_float16_in_a_bfloat16_run():
       'x = bench_gpu.inputs(1, 2, 128, 64, jnp.bfloat16)\n'
       'case = bench_gpu.peer_case("pallas_mgpu", x, False, gpu=True)\n'
       'if isinstance(case, str): print(case); raise SystemExit\n'
-      'print(case.path, *sorted({a.dtype.name for a in case.args}))\n')
+      'print(case.path, *sorted({a.dtype.name for a in case.args}))\n'
+      '# It does not scale the logits: q must come scaled by 1/sqrt(64).\n'
+      'print(bool((case.args[0] == x["q_t"].astype(jnp.float16) / 8).all()),'
+      ' bool((case.args[1] == x["k_t"].astype(jnp.float16)).all()))\n')
   out = subprocess.run([sys.executable, '-c', script], cwd=ROOT, check=True,
                        env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
                        capture_output=True, text=True).stdout.strip()
   if out.startswith('unsupported'):   # a JAX without attention_mgpu
     return
-  assert out == 'pallas mosaic-gpu (float16) float16'
+  assert out.splitlines() == ['pallas mosaic-gpu (float16) float16',
+                              'True True']

@@ -3,7 +3,7 @@ sends: the working tree and the carried paths together at most 64 MiB.
 The kernel-side steps carry .whl/kernel, about 6 MiB of wheels (three the
 suite needs, and tokamax with what it needs for bench_gpu's tokamax
 peers; `prepare` makes it and prints the sums); the repository must leave
-room for them. All of .whl (about 34 MiB) does not fit beside the repository:
+room for them. All of .whl (about 41 MiB) does not fit beside the repository:
 a call carrying it would be refused, as one was on 2026-11-26."""
 
 import os
