@@ -30,12 +30,14 @@
 #               PROBE_TIMEOUT s, default 150; its lines are appended to
 #               suite.log), then
 #               `bench` at KERNEL_LENGTHS (default 8192,2048) for each
-#               --mode in KERNEL_MODES (default train), each within
+#               --mode in KERNEL_MODES (default train; one mode a call:
+#               each adds 3 files, and a call returns 8), each within
 #               KERNEL_BENCH_BUDGET s (default 200, less where fewer
 #               than 180 s would be left for tune; ARGS default
 #               --encodings=none,alibi,t5,shaw,rope,xl
 #               --impls=pallas_hopper,pallas_hopper_fused,pallas,fused:
-#               the targets' rows first),
+#               the peers, then the targets' rows, at each length; any
+#               ARGS replace both defaults),
 #               then `tune` (TUNE_BUDGET, default 80, less where the
 #               deadline is near; TUNE_ARGS), bench and tune skipping
 #               the rows the probe found hanging or faulting, then
