@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any
+from typing import Any, Callable
 
 
 def _stub_xprof() -> None:
@@ -43,7 +43,8 @@ def load() -> Any:
   return tokamax
 
 
-def attention(tokamax: Any, implementation: str, causal: bool):
+def attention(tokamax: Any, implementation: str,
+              causal: bool) -> Callable[..., Any]:
   """forward(q, k, v[, bias]) -> (B, L, H, D): tokamax.dot_product_attention
   on (B, L, H, D) inputs, scale 1/sqrt(D), with an optional bias
   broadcastable to (B, H, L, L)."""

@@ -1,11 +1,11 @@
 """scripts/bench_gpu.py's peers that need care to run at all.
 
 JAX's Mosaic GPU attention (pallas_mgpu) refuses bfloat16 and does not
-scale the logits: a bfloat16 run gives it float16 inputs, q scaled. tokamax (scripts/tokamax_peer.py) is not a
-requirement: where it is installed (the GPU call carries it) the
-smoke row runs its 'xla' implementation and must match the float32 plain
-path, bias included; where it is not, the row says so instead of stopping
-the run."""
+scale the logits: a bfloat16 run gives it float16 inputs, q scaled.
+tokamax (scripts/tokamax_peer.py) is not a requirement: where it is
+installed (the GPU call carries it) the smoke row runs its 'xla'
+implementation and must match the float32 plain path, bias included; where
+it is not, the row says so instead of stopping the run."""
 
 import json
 import os
