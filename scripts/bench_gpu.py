@@ -19,7 +19,8 @@ time. Rows:
                   xl). The `path` column says what actually ran: 'fused'
                   falls back to plain for Shaw's value term and 'pallas' for
                   encodings its kernel does not compute (xl); such rows
-                  repeat the plain row's numbers instead of timing it again.
+                  repeat the plain row's numbers (or, with no plain row,
+                  the first fallback's) instead of timing it again.
                   'pallas' runs the Triton kernels until the Hopper ones
                   have run on a GPU (pallas_attention.AUTO_TAKES_HOPPER).
   selfattn:pallas_hopper
@@ -308,6 +309,13 @@ def selfattn_path(impl: str, relative) -> str:
     if not pallas_attention.supports(relative):
       return 'plain (fallback: not in kernel)'
   return impl
+
+
+def code_run(path: str) -> str:
+  """The code a row's path runs, for reusing its numbers: a fallback to the
+  plain path ('plain (fallback: ...)') runs 'plain', so the first such row
+  of an encoding (xl has one per impl) times it and the rest repeat it."""
+  return 'plain' if path.startswith('plain (fallback') else path
 
 
 @dataclasses.dataclass
@@ -784,7 +792,7 @@ def main(argv):
                for i in _IMPLS.value]
   x, x_length, references = None, None, {}
   # Rows whose numbers a fallback row repeats (resumed ones too).
-  measured = {(r['length'], r['causal'], r['encoding'], r['path']): r
+  measured = {(r['length'], r['causal'], r['encoding'], code_run(r['path'])): r
               for r in rows if r.get('path') and r['impl'].startswith(
                   row_impl(''))}
   for length, causal, encoding, impl in plan:
@@ -860,7 +868,8 @@ def main(argv):
           except Exception as e:  # noqa: BLE001
             row['rel_err_error'] = _short(e)
         if encoding != 'peer':
-          measured[(length, causal, encoding, case.path)] = dict(row)
+          measured[(length, causal, encoding, code_run(case.path))] = dict(
+              row)
       if row.get('status') == 'ok':
         if peak:
           row['of_peak'] = row['tflops'] / peak

@@ -67,3 +67,16 @@ def test_device_alive_runs_a_computation(monkeypatch):
 
   monkeypatch.setattr(measure.jnp, "arange", lost)
   assert not measure.device_alive()
+
+
+def test_fallbacks_to_the_plain_path_are_timed_once_per_encoding(tmp_path):
+  # xl is in no kernel: its pallas and pallas_hopper rows both run the plain
+  # path, and the second repeats the first's numbers instead of a re-run.
+  rows = _bench(tmp_path, '--encodings=xl', '--impls=pallas,pallas_hopper',
+                '--peers=')
+  first, second = rows
+  assert first['path'].startswith('plain (fallback')
+  assert second['path'].startswith('plain (fallback')
+  assert first['status'] == second['status'] == 'ok'
+  assert second['ms'] == first['ms'] and second['compile_s'] == first[
+      'compile_s']
