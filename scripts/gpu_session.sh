@@ -13,11 +13,15 @@
 #   suite       pytest -m "not slow" --extended on the GPU, log, JUnit XML.
 #               SUITE_MARK (default "not slow"), SUITE_ARGS (default
 #               "--maxfail=25 -q"), SUITE_WORKERS (default 4).      <= 9 min
-#   bench       scripts/bench_gpu.py at L = 8k, 1k, 2k, 4k (bidirectional),
-#               every encoding, impl and peer; ARGS go to bench_gpu.py
-#               (e.g. --causal=true --name=bench_gpu_causal). A run that
-#               loses its device to a row's fault (exit status 75) is
-#               resumed in a fresh process (--resume).             <= 8 min
+#   bench       scripts/bench_gpu.py at BENCH_LENGTHS (default 8192,1024,
+#               2048,4096; bidirectional), every encoding, impl and peer,
+#               within BENCH_BUDGET s (default 400; the process is ended
+#               80 s after); ARGS go to bench_gpu.py (e.g. --causal=true
+#               --name=bench_gpu_causal). A run that loses its device to a
+#               row's fault (exit status 75) is resumed in a fresh process
+#               (--resume). A short second call on the machine the kernel
+#               step left warm: BENCHMARKS.md, "The next GPU session".
+#                                                                  <= 8 min
 #   bench_long  the same at L = 16k, 32k (bench_gpu_long.*).        <= 8 min
 #   kernel      issue 32's one-call session: info, then the Pallas and
 #               attention tests on the GPU (tests/nn/test_pallas.py runs the
@@ -484,7 +488,10 @@ case "$STEP" in
   info) setup; info ;;
   suite) setup; info >/dev/null; suite ;;
   # 8192 first: the issue's targets are at 8k, and a spent budget cuts the end.
-  bench) setup; info >/dev/null; bench bench_gpu 8192,1024,2048,4096 480 400 "$@" ;;
+  bench) setup; info >/dev/null
+    budget=${BENCH_BUDGET:-400}
+    bench bench_gpu "${BENCH_LENGTHS:-8192,1024,2048,4096}" $(( budget + 80 )) \
+      "$budget" "$@" ;;
   bench_long) setup; info >/dev/null
     bench bench_gpu_long 16384,32768 480 400 --check=false "$@" ;;
   music) setup; info >/dev/null; music "$@" ;;
