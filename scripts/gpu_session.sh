@@ -20,7 +20,8 @@
 #               --name=bench_gpu_causal). A run that loses its device to a
 #               row's fault (exit status 75) is resumed in a fresh process
 #               (--resume). A short second call on the machine the kernel
-#               step left warm: BENCHMARKS.md, "The next GPU session".
+#               step left warm (INFO=0 skips `info`): BENCHMARKS.md, "The
+#               next GPU session".
 #                                                                  <= 8 min
 #   bench_long  the same at L = 16k, 32k (bench_gpu_long.*).        <= 8 min
 #   kernel      issue 32's one-call session: info, then the Pallas and
@@ -488,7 +489,9 @@ case "$STEP" in
   info) setup; info ;;
   suite) setup; info >/dev/null; suite ;;
   # 8192 first: the issue's targets are at 8k, and a spent budget cuts the end.
-  bench) setup; info >/dev/null
+  bench) setup
+    # INFO=0: a second call on a machine whose env.txt the first one read.
+    [ "${INFO:-1}" = 1 ] && info >/dev/null
     budget=${BENCH_BUDGET:-400}
     bench bench_gpu "${BENCH_LENGTHS:-8192,1024,2048,4096}" $(( budget + 80 )) \
       "$budget" "$@" ;;
