@@ -839,14 +839,12 @@ def main(argv):
       row.update(encoding=case.encoding, impl=case.impl)
       g = x['g'] if case.layout == 'bhld' else x['g_t']
       flops = attention_flops(batch, heads, length, head_dim, causal)
-      reuse = None
-      if case.path.startswith('plain (fallback'):
-        reuse = measured.get((length, causal, encoding, 'plain'))
-      elif impl == 'pallas_hopper_fused' and case.path == HOPPER_PATH:
-        # No one-kernel backward for this encoding: pallas_hopper's run.
-        reuse = measured.get((length, causal, encoding, HOPPER_PATH))
+      # A row whose code an earlier row ran (a fallback to plain; a
+      # pallas_hopper_fused row of an encoding with no one-kernel backward)
+      # repeats that row's numbers.
+      ran = (length, causal, encoding, code_run(case.path))
+      reuse = measured.get(ran) if encoding != 'peer' else None
       if reuse is not None:
-        # The fallback runs the plain row's code: its numbers, not a re-run.
         row.update({k: v for k, v in reuse.items()
                     if k not in ('path', 'impl', 'encoding')})
         row['path'] = case.path
@@ -868,8 +866,7 @@ def main(argv):
           except Exception as e:  # noqa: BLE001
             row['rel_err_error'] = _short(e)
         if encoding != 'peer':
-          measured[(length, causal, encoding, code_run(case.path))] = dict(
-              row)
+          measured[ran] = dict(row)
       if row.get('status') == 'ok':
         if peak:
           row['of_peak'] = row['tflops'] / peak
