@@ -625,7 +625,7 @@ def dkdv_scratch(cfg: HopperConfig, width: int, dtype):
   bq, bk, stages = cfg.block_q, cfg.block_k, cfg.stages
   shaw = cfg.kind == 'shaw'
   values = shaw and cfg.shaw_values
-  fused = cfg.fused_dq and cfg.kind in FUSED_KINDS
+  fused = cfg.fused_dq      # as the kernel reads it (takes_fused settles it)
   paired = fused and pairs_queries(cfg)
   rows = kernels.num_rows(cfg) if shaw else 0
   buckets = kernels.num_rows(cfg) if fused and cfg.kind == 't5' else 0
@@ -662,14 +662,21 @@ def backward_computes(kind: str, head_dim: int, clip: int = 0,
   dK/dV streams QA and DA per stage), so its backward fits only for narrow
   heads and moderate k: with values up to k = 30 at 64-wide heads and
   k = 6 at 128-wide ones (dQ is the limit), keys only up to 62 and 14."""
-  if kind not in BACKWARD_KINDS:
+  return backward_fits(
+      tuned_config(kind, 'backward', clip, values, causal)._replace(
+          num_buckets=num_buckets), head_dim)
+
+
+def backward_fits(cfg: HopperConfig, head_dim: int) -> bool:
+  """backward_computes at cfg's shapes (a call's routing, at the shapes
+  its forward was traced with): the fused kernel where cfg asks for it and
+  it fits, else the two kernels where their scratch fits on a GPU."""
+  if cfg.kind not in BACKWARD_KINDS:
     return False
   width = round_up(head_dim, HEAD_MULTIPLE)
-  cfg = tuned_config(kind, 'backward', clip, values, causal)._replace(
-      num_buckets=num_buckets)
-  split = cfg._replace(fused_dq=False)
   if takes_fused(cfg, width, jnp.bfloat16):
     return True
+  split = cfg._replace(fused_dq=False, interpret=False)
   return (fits(dq_scratch(split, width, jnp.bfloat16))
           and fits(dkdv_scratch(split, width, jnp.bfloat16)))
 
@@ -817,5 +824,6 @@ def backward(cfg: HopperConfig, q: jax.Array, k: jax.Array, v: jax.Array,
   return dq, dk[:, :, :lk, :d], dv[:, :, :lk, :dv_width], dtable
 
 
-__all__ = ['FUSED_KINDS', 'backward', 'backward_computes', 'deterministic_ops',
-           'dkdv_scratch', 'dq_scratch', 'fused_in_tuned', 'takes_fused']
+__all__ = ['FUSED_KINDS', 'backward', 'backward_computes', 'backward_fits',
+           'deterministic_ops', 'dkdv_scratch', 'dq_scratch', 'fused_in_tuned',
+           'takes_fused']

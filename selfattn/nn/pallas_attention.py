@@ -362,41 +362,40 @@ def _compiler_params(backend: str, cfg: Config, lay: kernels.Layout,
 # The pallas_calls of one backend.
 # --------------------------------------------------------------------------
 
-def _hopper_args(cfg: Config, interpret: bool, key_valid, table,
-                 pass_name: str):
-  """(HopperConfig, key lengths, the encoding's tables) of a call the Hopper
-  kernels compute, with hopper.TUNED's shapes for the pass as the call's
-  forward was traced with them (Config.hopper_shapes): key_valid is a
-  prefix mask there (built from key lengths), so its row sums are the
-  lengths."""
-  lengths = None if key_valid is None else key_valid.sum(-1, dtype=jnp.int32)
-  shape = (dict(cfg.hopper_shapes)[pass_name] if cfg.hopper_shapes
-           else hopper.TUNED[pass_name, cfg.causal].items())
-  hcfg = hopper.HopperConfig(kind=cfg.kind, symmetric=cfg.symmetric,
+def _hopper_config(cfg: Config, interpret: bool,
+                   pass_name: str) -> hopper.HopperConfig:
+  """The HopperConfig of a pass of a call the Hopper kernels compute, with
+  hopper.TUNED's shapes for it as the call's forward was traced with them
+  (Config.hopper_shapes): the backward, traced later, runs and is routed
+  by the same ones."""
+  return hopper.HopperConfig(kind=cfg.kind, symmetric=cfg.symmetric,
                              causal=cfg.causal, scale=cfg.scale,
                              num_buckets=cfg.num_buckets,
                              max_distance=cfg.max_distance,
-                             clip=cfg.clip, interpret=interpret,
-                             **dict(shape))
-  return hcfg, lengths, table
+                             clip=cfg.clip, shaw_values=cfg.shaw_values,
+                             interpret=interpret,
+                             **dict(dict(cfg.hopper_shapes)[pass_name]))
+
+
+def _key_lengths(key_valid):
+  """Each row's key length: key_valid is a prefix mask where the Hopper
+  kernels run (built from key lengths), so its row sums are the lengths."""
+  return None if key_valid is None else key_valid.sum(-1, dtype=jnp.int32)
 
 
 def _hopper_forward(cfg: Config, interpret: bool, q, k, v, key_valid, table):
   """_forward_call's result from the Hopper kernel."""
-  hcfg, lengths, slopes = _hopper_args(cfg, interpret, key_valid, table,
-                                       'forward')
-  out, lse = hopper.forward(hcfg, q, k, v, lengths, slopes)
+  out, lse = hopper.forward(_hopper_config(cfg, interpret, 'forward'), q, k,
+                            v, _key_lengths(key_valid), table)
   return out.astype(v.dtype), lse
 
 
-def _hopper_backward(cfg: Config, interpret: bool, q, k, v, key_valid, table,
+def _hopper_backward(hcfg: hopper.HopperConfig, q, k, v, key_valid, table,
                      g, lse, delta):
-  """_backward_call's result from the Hopper dQ and dK/dV kernels: T5's
-  and Shaw's table gradients with them (ALiBi's slopes are constants)."""
-  hcfg, lengths, table = _hopper_args(cfg, interpret, key_valid, table,
-                                      'backward')
-  dq, dk, dv, dtable = hopper_backward.backward(hcfg, q, k, v, lengths, table,
-                                                g, lse, delta)
+  """_backward_call's result from the Hopper backward kernels: T5's and
+  Shaw's table gradients with them (ALiBi's slopes are constants)."""
+  dq, dk, dv, dtable = hopper_backward.backward(
+      hcfg, q, k, v, _key_lengths(key_valid), table, g, lse, delta)
   if dtable is not None:
     dtable = jax.tree.map(lambda g, t: g.astype(t.dtype), dtable, table)
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dtable
@@ -434,12 +433,9 @@ def _backward_call(cfg: Config, backend: str, q, k, v, key_valid, table, g,
   kernel (with the tables' gradients, summed here over batch and query
   blocks) and the dK/dV kernel."""
   if backend in ('hopper', 'hopper_interpret'):
-    if hopper_backward.backward_computes(cfg.kind,
-                                         max(q.shape[-1], v.shape[-1]),
-                                         cfg.clip, cfg.shaw_values,
-                                         cfg.causal, cfg.num_buckets):
-      return _hopper_backward(cfg, backend == 'hopper_interpret', q, k, v,
-                              key_valid, table, g, lse, delta)
+    hcfg = _hopper_config(cfg, backend == 'hopper_interpret', 'backward')
+    if hopper_backward.backward_fits(hcfg, max(q.shape[-1], v.shape[-1])):
+      return _hopper_backward(hcfg, q, k, v, key_valid, table, g, lse, delta)
     # Shaw whose table rows (or T5 whose buckets' sums) would not fit the
     # backward kernels' shared memory: the Hopper forward's out and lse,
     # Triton's backward with the tables' gradients.
