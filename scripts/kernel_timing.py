@@ -216,11 +216,11 @@ def output_stem(out_dir: str, stem: str, kind: str) -> str:
   return os.path.join(out_dir, stem + ('' if kind == 'none' else f'_{kind}'))
 
 
-def stop_if_device_lost(save) -> None:
-  """After a row failed: if the GPU no longer computes, save() and exit
-  with LOST_DEVICE for gpu_session.sh to resume in a fresh process."""
+def stop_if_device_lost() -> None:
+  """After a row failed (and the caller saved its rows): if the GPU no
+  longer computes, exit with LOST_DEVICE for gpu_session.sh to resume in a
+  fresh process."""
   if jax.default_backend() == 'gpu' and not device_alive():
-    save()
     print(f'the device was lost: exiting with status {LOST_DEVICE} '
           '(--resume continues in a fresh process)', flush=True)
     raise SystemExit(LOST_DEVICE)

@@ -158,7 +158,7 @@ def main(argv):
 
   def failed():
     save()
-    shared.stop_if_device_lost(save)
+    shared.stop_if_device_lost()
 
   probe = probe_verdicts.load(_PROBE.value)
   for causal, flops, base, out_of_time in shared.causal_rounds(

@@ -271,7 +271,7 @@ def main(argv):
     earlier = [r for r in result['rows'] if r['causal'] == causal]
     for blocks in blocks_list:
       sweep(timer, blocks, launches, flops, base, record, out_of_time,
-            earlier, lambda: shared.stop_if_device_lost(save))
+            earlier, shared.stop_if_device_lost)   # record() saved
   save()
   print(markdown(result))
   failed = [r for r in result['rows'] if r.get('status', 'ok')
