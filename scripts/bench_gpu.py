@@ -53,7 +53,12 @@ time. Rows:
                   gpu_session.sh carries it: scripts/tokamax_peer.py); on
                   the CPU its 'xla' implementation stands in, to check the
                   call.
-  tokamax+bias    the same with cudnn+bias's (1, H, L, L) ALiBi bias: how
+  tokamax_tuned   the same, its forward and backward configured as its own
+                  tuning data chose them on an H100 at the nearest shape
+                  (tokamax_peer.tuned_op; the plain row runs its heuristic
+                  config wherever that data has no entry: on an H200, and
+                  at H = 16); GPU only.
+  tokamax+bias    the same as tokamax with cudnn+bias's (1, H, L, L) ALiBi bias: how
                   tokamax takes a relative encoding (its backward writes a
                   (B, H, L, L) score gradient in the bias's dtype and sums
                   it to the bias's shape, as cudnn+bias computes dbias).
@@ -137,8 +142,8 @@ HOPPER_PATH = 'pallas (hopper where it applies)'
 # pallas_hopper row's numbers.
 FUSED_ENCODINGS = hopper_backward.FUSED_KINDS + ('rope',)
 PEERS = ('flax', 'cudnn', 'cudnn+bias', 'pallas_mha', 'pallas_mgpu', 'tokamax',
-         'tokamax+bias')
-GPU_ONLY = ('cudnn', 'cudnn+bias', 'pallas_mgpu')
+         'tokamax_tuned', 'tokamax+bias')
+GPU_ONLY = ('cudnn', 'cudnn+bias', 'pallas_mgpu', 'tokamax_tuned')
 
 _OUT = flags.DEFINE_string(
     'out', os.environ.get('OUT'),
@@ -436,12 +441,25 @@ def peer_case(peer, x, causal, gpu: bool) -> Case | str:
     path = 'pallas mosaic-gpu' + (
         f' ({jnp.dtype(dtype).name})' if dtype != x['q'].dtype else '')
     return Case('pallas_mgpu', 'none', path, forward, args, (0, 1, 2), 'blhd')
-  if peer in ('tokamax', 'tokamax+bias'):
+  if peer in ('tokamax', 'tokamax_tuned', 'tokamax+bias'):
     try:
       tokamax = tokamax_peer.load()
     except Exception as e:  # noqa: BLE001
       return f'unsupported: tokamax does not import here ({_short(e)})'
     implementation = 'mosaic' if gpu else 'xla'
+    if peer == 'tokamax_tuned':    # GPU_ONLY: its configs are Mosaic GPU's
+      capability = getattr(jax.devices()[0], 'compute_capability', '?')
+      if not capability.startswith('9.'):
+        return (f'unsupported: tokamax\'s H100 configs are sm90 kernels\' '
+                f'(compute capability {capability})')
+      tuned = tokamax_peer.tuned_op(tokamax, blhd[0].shape,
+                                    jnp.dtype(blhd[0].dtype).name, causal)
+      if isinstance(tuned, str):
+        return tuned
+      op, path = tuned
+      return Case('tokamax_tuned', 'none', path,
+                  tokamax_peer.attention(tokamax, op, causal), blhd,
+                  (0, 1, 2), 'blhd')
     forward = tokamax_peer.attention(tokamax, implementation, causal)
     path = f'tokamax {implementation}'
     if peer == 'tokamax':

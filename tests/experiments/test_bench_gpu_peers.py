@@ -79,3 +79,42 @@ def test_jax_mosaic_gpu_attention_gets_float16_in_a_bfloat16_run():
     return
   assert out.splitlines() == ['pallas mosaic-gpu (float16) float16',
                               'True True']
+
+
+def test_tokamax_tuned_takes_the_nearest_matching_entry_of_its_h100_data():
+  # tokamax_tuned runs the configs tokamax's H100 data chose at the shape
+  # nearest bench_gpu's (2 x 8192 x 16 x 64): the same dtype, L, D, mask
+  # and scale without bias, then batch x heads nearest in ratio, then the
+  # forward called for a gradient (with residuals).
+  from scripts.tokamax_peer import Entry, nearest
+  scale = 1 / 8
+
+  def entry(shape, config, dtype='bfloat16', same_kv=True, causal=False,
+            other_mask=False, has_bias=False, s=scale, residuals=True):
+    return Entry(shape, dtype, same_kv, causal, other_mask, has_bias, s,
+                 residuals, config)
+
+  length = 8192
+  near = (2, length, 32, 64)
+  entries = [
+      entry((2, length, 16, 64), 'float16', dtype='float16'),
+      entry((2, length, 16, 64), 'grouped kv', same_kv=False),
+      entry((2, length, 16, 64), 'causal', causal=True),
+      entry((2, length, 16, 64), 'window', other_mask=True),
+      entry((2, length, 16, 64), 'bias', has_bias=True),
+      entry((2, length, 16, 64), 'other scale', s=0.1),
+      entry((2, 4096, 16, 64), 'other length'),
+      entry((2, length, 16, 128), 'other width', s=128 ** -0.5),
+      entry(near, 'near, no residuals', residuals=False),
+      entry(near, 'near'),
+      entry((16, length, 32, 64), 'far'),
+  ]
+  at = lambda shape, causal=False: getattr(
+      nearest(entries, shape, 'bfloat16', causal), 'config', None)
+  assert at((2, length, 16, 64)) == 'near'
+  assert at((2, length, 16, 64), causal=True) == 'causal'
+  assert at((32, length, 16, 64)) == 'far'   # 512 heads x batch: 1x, not 8x
+  assert at((2, length, 16, 128)) == 'other width'
+  assert at((2, 1024, 16, 64)) is None
+  assert nearest(entries[-3:-2], (2, length, 16, 64), 'bfloat16',
+                 False).config == 'near, no residuals'
