@@ -41,8 +41,9 @@
 #               than 180 s would be left for tune; ARGS default
 #               --encodings=none,alibi,t5,shaw,rope,xl
 #               --impls=pallas_hopper,pallas_hopper_fused,pallas,fused:
-#               the peers, then the targets' rows, at each length; any
-#               ARGS replace both defaults),
+#               flax's and cuDNN's rows, the targets' rows, then the
+#               other peers, at each length; any ARGS replace both
+#               defaults),
 #               then `tune` (TUNE_BUDGET, default 80, less where the
 #               deadline is near; TUNE_ARGS), bench and tune skipping
 #               the rows the probe found hanging or faulting, then
@@ -527,10 +528,11 @@ case "$STEP" in
     budget=${KERNEL_BENCH_BUDGET:-200}
     cap=$(( $(left) - 120 - 60 ))
     [ "$cap" -lt "$budget" ] && budget=$(( cap > 60 ? cap : 60 ))
-    # At each length the peers come first (cuDNN's row is the targets'
-    # denominator; each peer compiled in about 1 s and ran in 5-20 ms on
-    # the H100 and H200), then the targets' encodings: if the budget ends,
-    # it cuts rope, xl and the 2048 rows, not Shaw's kernels.
+    # At each length flax's and cuDNN's rows come first (cuDNN's is the
+    # targets' denominator; each compiled in about 1 s and ran in 5-20 ms
+    # on the H100 and H200), then the targets' encodings, then the other
+    # peers (bench_gpu.row_plan; tokamax's may take up to 30 s each): if
+    # the budget ends, it cuts those, then xl, rope and the 2048 rows.
     [ $# -eq 0 ] && set -- --encodings=none,alibi,t5,shaw,rope,xl \
       --impls=pallas_hopper,pallas_hopper_fused,pallas,fused
     for mode in ${KERNEL_MODES:-train}; do

@@ -80,3 +80,24 @@ def test_fallbacks_to_the_plain_path_are_timed_once_per_encoding(tmp_path):
   assert first['status'] == second['status'] == 'ok'
   assert second['ms'] == first['ms'] and second['compile_s'] == first[
       'compile_s']
+
+
+def test_the_context_peers_run_after_the_targets_rows():
+  # A time budget stops new rows: the peers that are not a ratio's
+  # denominator (tokamax's rows compile for up to half a minute) come
+  # after the encodings' rows of their length and mask, so an early end
+  # cuts them, not a target's row.
+  script = (
+      'import sys; sys.argv = ["bench_gpu"]\n'
+      'from absl import flags\n'
+      'from scripts import bench_gpu\n'
+      'flags.FLAGS(sys.argv)\n'
+      'plan = bench_gpu.row_plan([8192, 2048], [False], ["tokamax", "cudnn",'
+      ' "cudnn+bias", "flax"], ["none", "t5"], ["pallas"])\n'
+      'print(*(f"{l}:{e}:{i}" for l, c, e, i in plan))\n')
+  out = subprocess.run([sys.executable, '-c', script], cwd=ROOT, check=True,
+                       env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+                       capture_output=True, text=True).stdout.split()
+  per_length = ['peer:cudnn', 'peer:flax', 'none:pallas', 't5:pallas',
+                'peer:tokamax', 'peer:cudnn+bias']
+  assert out == [f'{n}:{row}' for n in (8192, 2048) for row in per_length]
