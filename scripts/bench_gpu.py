@@ -58,10 +58,11 @@ time. Rows:
                   (tokamax_peer.tuned_op; the plain row runs its heuristic
                   config wherever that data has no entry: on an H200, and
                   at H = 16); GPU only.
-  tokamax+bias    the same as tokamax with cudnn+bias's (1, H, L, L) ALiBi bias: how
-                  tokamax takes a relative encoding (its backward writes a
-                  (B, H, L, L) score gradient in the bias's dtype and sums
-                  it to the bias's shape, as cudnn+bias computes dbias).
+  tokamax+bias    the same as tokamax with cudnn+bias's (1, H, L, L) ALiBi
+                  bias: how tokamax takes a relative encoding (its backward
+                  writes a (B, H, L, L) score gradient in the bias's dtype
+                  and sums it to the bias's shape, as cudnn+bias computes
+                  dbias).
 
 Columns: median ms over --repeats runs after --warmup (each run ends in
 block_until_ready); TFLOP/s and its fraction of the GPU's bf16 dense peak
