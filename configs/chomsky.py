@@ -4,7 +4,7 @@ batch, evaluation on every length above the training range, the reference's
 post-LN encoder.
 
 Run one task (any of the 15; see docs/training.md's task table):
-  python -m selfattn.main --config=configs/chomsky.py --workdir=runs/bucket_sort \
+  python -m selfattn.main --config=configs/chomsky.py:small --workdir=runs/bucket_sort \
       --config.task.name=bucket_sort --config.model.position=rope \
       --config.model.randomize_positions=True
 The run prints its score: accuracy averaged over the evaluated lengths above
@@ -13,7 +13,9 @@ config.task.max_len (summary.json: `score`).
 Scales (`--config=configs/chomsky.py:small`):
   full   the papers': train 1-40, test 41-500, 5 layers of width 64 with 8
          heads, dropout 0.1, batch 128, 1,000,000 steps (Deletang et al.; they
-         sweep lr over 1e-4, 3e-4, 5e-4), positions randomized from [0, 2048).
+         sweep lr over 1e-4, 3e-4, 5e-4); with
+         --config.model.randomize_positions=True, positions drawn from
+         [0, 2048).
          Weeks on a CPU; meant for accelerators.
   small  what experiments/length_generalization.py runs on a 2-core CPU
          (EXPERIMENTS.md justifies it): train 1-16, test 17-48, 2 layers.
