@@ -17,11 +17,13 @@ Sections:
              Huang (skew) and naive Huang memory; every encoding's time ratio.
   pope       PoPE vs RoPE: time, temporary memory and the extra q.k^T FLOPs
              of one attention layer (scripts/bench_pope.py).
-  train      the default config: loop vs compiled step on pre-generated
+  train      configs/default.py (tiny.py with --quick or --smoke): loop vs
+             compiled step on pre-generated
              batches (overhead), tokens/s, bfloat16 vs float32, peak RSS.
   chunked    attention_impl='chunked' vs 'plain': temporary memory and time of
-             one layer's forward+backward per encoding and length (plot
-             BENCHMARKS_chunked.png with --plot), the longest trainable length
+             one layer's forward+backward per encoding and length (a plot
+             with --plot=PATH; committed as
+             experiments/results/bench_chunked.png), the longest trainable length
              of a 4-layer shaw encoder within 16 GiB, compile time vs depth
              with and without scan_layers (scripts/bench_long.py); causal
              over bidirectional chunked attention (skipped key blocks).

@@ -12,7 +12,9 @@
 #               can install, a tiny cuDNN attention call.            ~1 min
 #   suite       pytest -m "not slow" --extended on the GPU, log, JUnit XML.
 #               SUITE_MARK (default "not slow"), SUITE_ARGS (default
-#               "--maxfail=25 -q"), SUITE_WORKERS (default 4).      <= 9 min
+#               "--maxfail=25 -q"), SUITE_WORKERS (default 4),
+#               SUITE_TIMEOUT (default 480 s, then interrupted),
+#               SUITE_XML (default 1; 0: no suite.xml).             <= 9 min
 #   bench       scripts/bench_gpu.py at BENCH_LENGTHS (default 8192,1024,
 #               2048,4096; bidirectional), every encoding, impl and peer,
 #               within BENCH_BUDGET s (default 400; the process is ended
@@ -120,10 +122,11 @@
 # A lent GPU gives 15 minutes of device time, machine start included: one
 # such call. Files back: at most 8 per call, so each step writes 3-5.
 #
-# Why wheels: the GPU image (KINDS.md) has JAX 0.11.2 with the CUDA 13 plugin
+# Why wheels: the GPU image (/work/.library/device/KINDS.md, the device
+# tool's notes, not in this repository) has JAX 0.11.2 with the CUDA 13 plugin
 # (jax-cuda13-plugin/-pjrt), Flax, Optax, Orbax, pytest, TensorBoard, but not
 # ml-collections, tensorboardX, pretty_midi, soundfile, mypy, and it cannot
-# reach PyPI. `prepare` downloads those wheels (about 27 MB) into the
+# reach PyPI. `prepare` downloads those wheels (about 33 MB) into the
 # git-ignored .whl/ and copies the JSB Chorales file into .whl/data/jsb/.
 # The image's own JAX, Flax, Optax and Orbax are used: its JAX 0.11.2 and Flax
 # 0.12.10 are inside pyproject's ranges, which the suite is checked against
@@ -153,7 +156,7 @@ usage() {
 # --------------------------------------------------------------------------
 # prepare: on the CPU machine, with PyPI.
 # --------------------------------------------------------------------------
-# Missing from the GPU image (KINDS.md's list); versions from requirements.txt
+# Missing from the GPU image (the device notes' KINDS.md list); versions from requirements.txt
 # where it pins them.
 MISSING="ml-collections tensorboardX pretty_midi mido importlib_resources soundfile cffi pycparser mypy ast-serialize librt sentencepiece sacrebleu portalocker regex tabulate colorama lxml"
 PINS="flax optax orbax-checkpoint"

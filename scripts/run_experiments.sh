@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Runs every study EXPERIMENTS.md reports, at five seeds, one after another,
+# Runs every study EXPERIMENTS.md reports but section 8's (translation: its
+# own commands, EXPERIMENTS.md), at five seeds where a study has seeds, one
+# after another,
 # into runs/<study> (or $1/<study>); then `tensorboard --logdir runs` compares
 # them. Every driver is resumable: rerunning this script skips finished runs,
 # resumes unfinished ones from their checkpoints and re-collects the tables,

@@ -163,9 +163,10 @@ def _scores(workdir):
 
 # Extended with the other trained study runs (tests/README.md): a killed
 # run resumes in test_train.py::test_killed_run_resumes_to_the_same_parameters,
-# and the study runner trains, skips what is finished and reports in
-# test_study.py (the skeleton's runs, a diverged run not retrained); what
-# only this test runs is --shard and a kill between two runs of a study.
+# and the study runner selects (--shard included), skips what is finished
+# and reports in test_study.py (the skeleton's runs, execution stubbed; a
+# diverged run not retrained); what only this test runs is a shard process
+# training its share and a kill between two runs of a study.
 @EXTENDED
 def test_length_generalization_quick_survives_a_kill_and_shards(tmp_path):
   """The study runner: a shard trains only its share, and a collecting
