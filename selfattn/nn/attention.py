@@ -75,10 +75,14 @@ def masked_softmax(X: jax.Array, valid_lens: jax.Array | None = None, *,
     Weights of X's shape and dtype. Rows sum to 1 over the kept keys; a row
     with no kept key is all zeros (never NaN).
   """
+  X = jnp.asarray(X)
+  if not jnp.issubdtype(X.dtype, jnp.floating):
+    raise TypeError(f'X must be float logits; got {X.dtype}')
+  if X.ndim < 1:
+    raise ValueError('X must have at least one axis (the keys); got a scalar')
   if valid_lens is not None and X.ndim < 3:
     raise ValueError(f'with valid_lens, X must be (B, ..., Lq, Lk) logits, '
                      f'at least 3 axes; got shape {tuple(X.shape)}')
-  num_queries, num_keys = X.shape[-2], X.shape[-1]
   full_mask = None
   if mask is not None:
     full_mask = jnp.asarray(mask)
@@ -90,7 +94,8 @@ def masked_softmax(X: jax.Array, valid_lens: jax.Array | None = None, *,
                        f'{X.ndim} axes of X {X.shape}, each 1 or equal')
   if valid_lens is not None:
     valid_lens = masks.check_valid_lens(valid_lens, X.shape[0])
-    lens_mask = masks.make_length_mask(valid_lens, num_queries, num_keys)[:, 0]
+    lens_mask = masks.make_length_mask(valid_lens, X.shape[-2],
+                                       X.shape[-1])[:, 0]
     # (B, Lq|1, Lk) -> (B, 1, ..., Lq|1, Lk) to broadcast over middle axes.
     lens_mask = lens_mask.reshape(
         lens_mask.shape[:1] + (1,) * (X.ndim - 3) + lens_mask.shape[1:])
@@ -132,6 +137,13 @@ def dot_product_attention(
   """
   q, k, v = q_BxHxLqxD, k_BxHxLkxD, v_BxHxLkxD
   masks.check_heads(q, k, v, broadcast=True)
+  for name, x in (('q', q), ('k', k), ('v', v)):
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+      # An int q would take the 1/sqrt(D) scale as 0: uniform weights.
+      raise TypeError(f'{name} must be float; got {x.dtype}')
+  masks.check_positions(q_positions, q.shape[0], q.shape[2], 'q_positions')
+  masks.check_positions(k_positions, q.shape[0], k.shape[2], 'k_positions')
+  _check_built_for(relative, q.shape[1], q.shape[-1])
   target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
   mask = masks.attention_mask(target, mask=mask, causal=causal)
   k, v = masks.clear_unused_keys(k, v, mask)    # padding holding NaN / inf
@@ -572,6 +584,8 @@ class MultiHeadAttention(nnx.Module):
                          'tokens as queries only')
       k, v, positions, key_positions, step_mask, overflow = self._decode_step(
           q, k, v, positions, start=cache_start)
+      if mask is not None:   # over the whole cache: (B, H, Lq, max_length)
+        mask = masks.check_mask(mask, q.shape[:3] + k.shape[2:3])
       mask = step_mask if mask is None else mask & step_mask
       causal = False                 # step_mask is the causal mask over the cache
       out = self._attend(

@@ -131,9 +131,9 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
         type(self).__name__, position, position_options, norm=norm,
         num_hiddens=num_hiddens, num_heads=num_heads, num_layers=num_layers,
         norm_type=norm_type)
-    if tie_output and vocab_size is None:
-      raise ValueError('tie_output=True needs a token embedding: give a '
-                       'vocab_size')
+    if vocab_size is None:
+      raise ValueError('TransformerDecoder needs a vocab_size: its output '
+                       'head gives logits over the vocabulary')
     self.has_cross_attention = cross_attention
 
     def block(relative, rngs):
@@ -240,6 +240,12 @@ def greedy_decode(decoder: TransformerDecoder, prompt: jax.Array,
   prompt). Jit-able (nnx.jit) with static num_steps; the caches are
   re-initialised on every call.
   """
+  if not isinstance(decoder, TransformerDecoder):
+    # A causal encoder also decodes, but its outputs are features, not
+    # logits: their argmax is no token.
+    raise TypeError(f'greedy_decode needs a TransformerDecoder (logits over '
+                    f'the vocabulary); got {type(decoder).__name__}')
+  prompt = jnp.asarray(prompt)
   if prompt.ndim != 2 or not jnp.issubdtype(prompt.dtype, jnp.integer):
     raise ValueError(f'prompt must be (B, P) int token ids; got shape '
                      f'{tuple(prompt.shape)} and dtype {prompt.dtype}')

@@ -60,12 +60,16 @@ class PositionWiseFFN(nnx.Module):
       raise ValueError(f'PositionWiseFFN needs positive widths; got '
                        f'num_inputs={num_inputs}, ffn_num_hiddens='
                        f'{ffn_num_hiddens}, ffn_num_outputs={ffn_num_outputs}')
+    self.num_inputs = num_inputs
     self.dense1 = nnx.Linear(num_inputs, ffn_num_hiddens, dtype=dtype,
                              param_dtype=param_dtype, rngs=rngs)
     self.dense2 = nnx.Linear(ffn_num_hiddens, ffn_num_outputs, dtype=dtype,
                              param_dtype=param_dtype, rngs=rngs)
 
   def __call__(self, X: jax.Array) -> jax.Array:
+    if jnp.shape(X)[-1:] != (self.num_inputs,):
+      raise ValueError(f'X must have num_inputs = {self.num_inputs} features '
+                       f'on its last axis; got shape {tuple(jnp.shape(X))}')
     return self.dense2(jax.nn.relu(self.dense1(X)))
 
 
@@ -92,6 +96,7 @@ class AddNorm(nnx.Module):
     check_norm_type(norm_type)
     self.norm = norm
     self.residual = residual
+    self.num_hiddens = num_hiddens
     self.ln = (make_norm(norm_type, num_hiddens, dtype=dtype,
                          param_dtype=param_dtype, rngs=rngs)
                if norm != 'none' else None)
@@ -99,8 +104,16 @@ class AddNorm(nnx.Module):
 
   def __call__(self, X: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
                *, deterministic: bool | None = None) -> jax.Array:
+    if self.ln is not None and jnp.shape(X)[-1:] != (self.num_hiddens,):
+      raise ValueError(f'X must have num_hiddens = {self.num_hiddens} '
+                       f'features (the norm\'s width) on its last axis; got '
+                       f'shape {tuple(jnp.shape(X))}')
     Y = sublayer(self.ln(X) if self.norm == 'pre' else X)
     Y = self.dropout(Y, deterministic=deterministic)
     if self.residual:
+      if jnp.shape(Y) != jnp.shape(X):
+        raise ValueError(f'the sublayer must keep X\'s shape for the residual '
+                         f'X + f(X); X is {tuple(jnp.shape(X))}, f(X) '
+                         f'{tuple(jnp.shape(Y))}')
       Y = X + Y
     return self.ln(Y) if self.norm == 'post' else Y

@@ -33,7 +33,12 @@ def make_padding_mask(valid_BxL: jax.Array) -> jax.Array:
   if valid.ndim != 2:
     raise ValueError(f'make_padding_mask takes a (B, L) boolean array; got '
                      f'shape {valid.shape}')
-  return valid.astype(bool)[:, None, None, :]
+  if valid.dtype != jnp.bool_:
+    # An additive float mask (0 keep, -inf drop) or 0/1 ints would be read
+    # as truth values: -inf as True, the opposite of what it meant.
+    raise TypeError(f'make_padding_mask takes a (B, L) boolean array (True = '
+                    f'real token); got {valid.dtype}')
+  return valid[:, None, None, :]
 
 
 def make_causal_mask(num_queries: int, num_keys: int | None = None
@@ -128,6 +133,11 @@ def check_positions(positions: jax.Array | None, batch: int, length: int,
   if len(shape) != 2 or shape[1] != length or shape[0] not in (1, batch):
     raise ValueError(f'{what} must be (B, L) = {(batch, length)} (or (1, L) '
                      f'for every example); got shape {tuple(shape)}')
+  dtype = jnp.result_type(positions)
+  if not jnp.issubdtype(dtype, jnp.integer):
+    # Tables index by them and offset encodings truncate them: 0.5 would
+    # silently read as 0.
+    raise TypeError(f'{what} must be integers; got {dtype}')
 
 
 def check_heads(q: jax.Array, k: jax.Array, v: jax.Array, *,

@@ -166,8 +166,9 @@ class EmbeddingMixin:
 def check_token_ids(ids: jax.Array, vocab_size: int) -> None:
   """Refuses token ids outside [0, vocab_size) where they are concrete
   (eager calls, and the host before a jitted step): the embedding lookup
-  would clamp them to the table's edge rows, silently. Under jit the ids
-  are traced and cannot be checked; call this on the batch first."""
+  would read NaN for an id >= vocab_size and wrap a negative one around to
+  a row from the end, silently. Under jit the ids are traced and cannot be
+  checked; call this on the batch first."""
   if isinstance(ids, jax.core.Tracer):
     return
   concrete = np.asarray(ids)

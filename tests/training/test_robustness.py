@@ -385,3 +385,96 @@ def test_rank_one_token_arrays_name_the_argument():
     enc(toks((5,)))
   with pytest.raises(ValueError, match='inputs must be .B, L, num_hiddens'):
     enc(jnp.ones((5, 16)))
+
+
+# --------------------------------------------------------------------------
+# Inputs a Flax user could pass by mistake (a helper's probe of the public
+# API, 2026-11-30): each gave a silent wrong answer or a deep JAX error.
+# --------------------------------------------------------------------------
+
+def _heads(shape=(2, 2, 4, 8), seed=0, dtype=jnp.float32):
+  return jax.random.normal(jax.random.key(seed), shape, dtype)
+
+
+def test_an_additive_float_mask_is_refused_not_read_as_truth_values():
+  # [0, -inf] meant "keep, drop"; as truth values it reads "drop, keep".
+  with pytest.raises(TypeError, match='boolean'):
+    selfattn.make_padding_mask(jnp.array([[0.0, -jnp.inf]]))
+  assert selfattn.make_padding_mask(jnp.array([[True, False]])).shape == (
+      1, 1, 1, 2)
+
+
+def test_integer_queries_and_logits_are_refused():
+  # An int q took the 1/sqrt(D) scale as 0: uniform weights, silently.
+  q = jnp.ones((2, 2, 4, 8), jnp.int32)
+  with pytest.raises(TypeError, match='q must be float'):
+    selfattn.dot_product_attention(q, q, _heads())
+  with pytest.raises(TypeError, match='X must be float'):
+    selfattn.masked_softmax(jnp.ones((2, 3, 4), jnp.int32))
+  # A 1-D row of logits is a softmax over its one axis.
+  np.testing.assert_allclose(selfattn.masked_softmax(jnp.zeros(4)),
+                             jnp.full(4, 0.25))
+
+
+def test_dot_product_attention_checks_positions_and_the_encoding_s_heads():
+  q = _heads()
+  alibi = positions.ALiBi(4)       # built for 4 heads; q has 2
+  with pytest.raises(ValueError, match='built for 4 heads'):
+    selfattn.dot_product_attention(q, q, q, relative=alibi)
+  rope = positions.RotaryEncoding(8)
+  with pytest.raises(ValueError, match='q_positions must be'):
+    selfattn.dot_product_attention(q, q, q, relative=rope,
+                                   q_positions=jnp.zeros((2, 5), jnp.int32))
+  with pytest.raises(TypeError, match='k_positions must be integers'):
+    selfattn.dot_product_attention(
+        q, q, q, relative=rope, k_positions=jnp.zeros((2, 4), jnp.float32))
+  # Shared positions, (1, L), still pass.
+  out, _ = selfattn.dot_product_attention(
+      q, q, q, relative=rope, q_positions=jnp.arange(4)[None],
+      k_positions=jnp.arange(4)[None])
+  assert out.shape == q.shape
+
+
+def test_float_positions_are_refused_not_truncated():
+  # ALiBi, T5 and Shaw read 0.5 as 0; a learned table failed deep inside.
+  enc = selfattn.TransformerEncoder(11, 16, 32, 2, 1, position='alibi',
+                                    rngs=nnx.Rngs(0))
+  with pytest.raises(TypeError, match='positions must be integers'):
+    enc(toks((1, 3)), positions=jnp.array([[0.0, 0.5, 1.0]]))
+
+
+def test_a_decode_step_s_mask_is_checked_against_the_whole_cache():
+  dec = make_decoder()
+  dec.init_cache(2, 6)
+  with pytest.raises(ValueError, match='does not broadcast'):
+    dec(toks((2, 2)), mask=jnp.ones((2, 1, 1, 2), bool), decode=True)
+
+
+def test_constructions_that_failed_on_their_first_call_fail_at_once():
+  with pytest.raises(ValueError, match='even model width'):
+    selfattn.TransformerEncoder(11, 15, 32, 3, 1, position='xl',
+                                rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='needs a vocab_size'):
+    selfattn.TransformerDecoder(None, 16, 32, 2, 1, rngs=nnx.Rngs(0))
+
+
+def test_layers_name_a_wrong_input_width():
+  ffn = selfattn.PositionWiseFFN(8, 16, 8, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='num_inputs = 8'):
+    ffn(jnp.ones((2, 3, 6)))
+  add_norm = selfattn.AddNorm(8, 0.0, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match='num_hiddens = 8'):
+    add_norm(jnp.ones((2, 3, 6)), lambda x: x)
+  with pytest.raises(ValueError, match='keep X.s shape'):
+    add_norm(jnp.ones((2, 3, 8)), lambda x: x[..., :4])
+  none = selfattn.NoEncoding(8, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r'X must be \(B, L, 8\)'):
+    none(jnp.ones((2, 3, 5)))
+
+
+def test_greedy_decode_refuses_a_model_whose_outputs_are_not_logits():
+  # A causal encoder decodes too, but the argmax of its features is no token.
+  enc = selfattn.TransformerEncoder(11, 16, 32, 2, 1, causal=True,
+                                    rngs=nnx.Rngs(0))
+  with pytest.raises(TypeError, match='needs a TransformerDecoder'):
+    selfattn.greedy_decode(enc, toks((2, 3)), 2)

@@ -158,14 +158,15 @@ class LearnedEncoding(nnx.Module):
 class NoEncoding(nnx.Module):
   """No position information: dropout only (so every variant sees dropout).
 
-  Args: num_hiddens (unused, for a uniform signature), dropout rate, rngs.
+  Args: num_hiddens (the width X must have, as for the other absolute
+  encodings), dropout rate, rngs.
   """
 
   trainable = False
 
   def __init__(self, num_hiddens: int, dropout: float = 0.0, *,
                rngs: nnx.Rngs):
-    del num_hiddens
+    self.num_hiddens = num_hiddens
     self.dropout = dropout_layer(dropout, rngs)
 
   def picture(self) -> None:
@@ -173,5 +174,5 @@ class NoEncoding(nnx.Module):
 
   def __call__(self, X: jax.Array, *, positions: jax.Array | None = None,
                deterministic: bool | None = None) -> jax.Array:
-    del positions
+    _check_input(X, positions, self.num_hiddens)
     return self.dropout(X, deterministic=deterministic)

@@ -45,6 +45,10 @@ class TransformerXLRelative(RelativePosition):
       raise ValueError(f'max_len must be >= 1 (offsets are clipped to '
                        f'+-(max_len - 1)); got {max_len}')
     width = num_heads * head_dim
+    if width % 2:
+      # phi is [sin, cos] halves of the model width.
+      raise ValueError(f'xl needs an even model width num_heads * head_dim; '
+                       f'got {num_heads} x {head_dim} = {width}')
     self.num_heads, self.head_dim, self.max_len = num_heads, head_dim, max_len
     self.W_r = nnx.Linear(width, width, use_bias=False,
                           param_dtype=param_dtype, rngs=rngs)
