@@ -3,7 +3,10 @@ the valid choices. Runs before anything is compiled or written."""
 
 from __future__ import annotations
 
+import math
+
 import ml_collections
+from absl import logging
 
 from selfattn.nn import positions
 from selfattn import tasks
@@ -26,6 +29,18 @@ def _positive(config, *fields):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ConfigError(f'config.{field} must be a positive integer; '
                         f'got {value!r}')
+
+
+def _finite(config, *fields):
+  """Refuses a float field that is not a finite number (a string from a
+  hand-written config, inf, nan), before its range check compares it."""
+  for field in fields:
+    section, name = field.split('.')
+    value = config[section][name]
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+        or not math.isfinite(value)):
+      raise ConfigError(f'config.{field} must be a finite number; got '
+                        f'{value!r}')
 
 
 def _model_problem(model: ml_collections.ConfigDict, message: str) -> str:
@@ -182,8 +197,11 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
   if m.dtype not in DTYPES:
     raise ConfigError(f'config.model.dtype={m.dtype!r} is unknown; valid: '
                       f'{", ".join(DTYPES)}')
+  _finite(config, 'model.dropout')
   if not 0.0 <= m.dropout < 1.0:
     raise ConfigError(f'config.model.dropout must be in [0, 1); got {m.dropout}')
+  if 'rope_base' in position_options(m):
+    _finite(config, 'model.rope_base')
   if m.meter_period < 0 or m.meter_step_tokens < 1:
     raise ConfigError(f'config.model.meter_period must be >= 0 (0: no meter) '
                       f'and config.model.meter_step_tokens >= 1; got '
@@ -203,6 +221,9 @@ def _check_training(config: ml_collections.ConfigDict) -> None:
   _positive(config, 'train.num_steps', 'train.batch_size', 'train.log_every',
             'train.checkpoint_every', 'train.keep_checkpoints', 'eval.every',
             'eval.num_examples')
+  _finite(config, 'train.learning_rate', 'train.grad_clip',
+          'train.final_lr_fraction', 'train.b2', 'train.weight_decay',
+          'train.label_smoothing')
   if not config.train.learning_rate > 0:
     raise ConfigError(f'config.train.learning_rate must be > 0; got '
                       f'{config.train.learning_rate}')
@@ -222,6 +243,9 @@ def _check_training(config: ml_collections.ConfigDict) -> None:
   if not 0.0 < config.train.b2 < 1.0:
     raise ConfigError(f'config.train.b2 must be in (0, 1); got '
                       f'{config.train.b2}')
+  if config.train.weight_decay < 0:
+    raise ConfigError(f'config.train.weight_decay must be >= 0 (AdamW\'s '
+                      f'decoupled decay); got {config.train.weight_decay}')
   batch_tokens = config.train.batch_tokens
   if not isinstance(batch_tokens, int) or isinstance(batch_tokens, bool) or (
       batch_tokens < 0):
@@ -241,8 +265,16 @@ def _check_training(config: ml_collections.ConfigDict) -> None:
   if not isinstance(config.train.init_from, str):
     raise ConfigError(f'config.train.init_from must be a workdir path or \'\'; '
                       f'got {config.train.init_from!r}')
-  if config.train.warmup_steps < 0:
-    raise ConfigError('config.train.warmup_steps must be >= 0')
+  warmup = config.train.warmup_steps
+  if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+    raise ConfigError(f'config.train.warmup_steps must be an integer >= 0; '
+                      f'got {warmup!r}')
+  if warmup >= config.train.num_steps:
+    # The schedule clamps it (steps.learning_rate_schedule): say so.
+    logging.warning('config.train.warmup_steps=%d is not below '
+                    'config.train.num_steps=%d: the warmup is cut to %d '
+                    'steps and the decay to one', warmup,
+                    config.train.num_steps, config.train.num_steps - 1)
   early_stopping.check_config(config)
 
 
@@ -292,6 +324,14 @@ def _check_lengths(config: ml_collections.ConfigDict, task: tasks.Task,
         f'config.eval.lengths reach sequence length {longest}, above the '
         f'learned encoding\'s config.model.max_len={m.max_len}: raise '
         f'max_len or drop the longer lengths')
+  if (m.position == 'xl' and task.layout == 'autoregressive'
+      and config.eval.free_running == 'cache' and m.max_len < longest):
+    raise ConfigError(
+        f'config.model.max_len={m.max_len} is below the longest sequence, '
+        f'{longest}: xl\'s cached decoding (config.eval.free_running='
+        f'\'cache\') clips offsets to +-(max_len - 1), which training and '
+        f'teacher forcing do not; raise max_len to {longest} or use '
+        f'free_running=\'fixed_point\'')
 
 
 

@@ -23,8 +23,10 @@ def table_reach_note(config: ml_collections.ConfigDict,
   evaluations reuse the edge rows (as shaw's clipping does by design). Say
   so, instead of silently (learned, which cannot, is rejected in validation).
   xl needs no note: without randomized positions its offsets are unbounded on
-  every attention path, and with them validation asks max_len to cover
-  every position drawn."""
+  every attention path but cached decoding, which clips them to
+  +-(max_len - 1) and for which validation asks max_len to cover the longest
+  sequence; with them validation asks max_len to cover every position
+  drawn."""
   position = config.model.position
   longest = task.seq_len(max(list(config.eval.lengths) + [config.task.max_len]))
   if position == 'huang' and longest > config.model.max_len:

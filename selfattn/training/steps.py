@@ -405,6 +405,21 @@ class Trainer:
       chunk -= devices
     return chunk
 
+  def eval_padding(self, length: int) -> int:
+    """The task length an evaluation at `length` runs at: eval_padded_length,
+    but no longer than the model's positions reach (a learned table's
+    max_len rows, or the randomized range max_random_len), which
+    validate_config checks `length` itself against: padding past them
+    would ask for rows the table does not have."""
+    padded = eval_padded_length(length)
+    m = self.config.model
+    reach = (m.max_random_len if m.randomize_positions
+             else m.max_len if m.position == 'learned' else None)
+    while reach is not None and padded > length and (
+        self.task.seq_len(padded) > reach):
+      padded -= 1
+    return padded
+
   def extra_summaries(self) -> list[tuple[str, str, Any]]:
     """(kind, tag, value) the latest evaluation adds beyond its metrics:
     none for the sequence tasks."""
@@ -415,7 +430,7 @@ class Trainer:
     config = self.config
     results = {}
     for length in (config.eval.lengths if lengths is None else lengths):
-      padded = eval_padded_length(length)
+      padded = self.eval_padding(length)
       chunk = self.eval_chunk_size(padded)
       total = None
       for start in range(0, config.eval.num_examples, chunk):

@@ -229,6 +229,24 @@ def test_switches_that_are_not_booleans_are_refused_by_name(tiny_config):
       config_checks.validate_config(ml_collections.ConfigDict(values))
 
 
+def test_numbers_of_the_wrong_type_are_refused_by_name(tiny_config):
+  """A config file (ConfigDict keeps an override's type, a file's dict
+  does not) with a string for a rate or a float for a count: refused by
+  name, where a range check used to fail inside the validator."""
+  import ml_collections
+  from selfattn.training import config_checks
+  for field, value, message in (
+      ('model.dropout', '0.1',
+       "config.model.dropout must be a finite number; got '0.1'"),
+      ('train.warmup_steps', 1.5,
+       'config.train.warmup_steps must be an integer >= 0; got 1.5')):
+    section, name = field.split('.')
+    values = tiny_config.to_dict()
+    values[section][name] = value
+    with pytest.raises(ConfigError, match=message):
+      config_checks.validate_config(ml_collections.ConfigDict(values))
+
+
 @pytest.mark.parametrize('settings, message', [
     ({'train.grad_clip': 0.0}, r'config.train.grad_clip must be > 0'),
     ({'train.grad_clip': -1.0}, r'config.train.grad_clip must be > 0'),
@@ -244,6 +262,16 @@ def test_switches_that_are_not_booleans_are_refused_by_name(tiny_config):
     ({'eval.lengths': [8, True]},
      r'config.eval.lengths must be a non-empty list of integers'),
     ({'seed': 99999999999}, r'config.seed must be an integer in \[0, 2\*\*31\)'),
+    # A helper's fuzzing (2026-11-30): these trained, or failed at step 2
+    # with a misleading message, or deep inside the validator.
+    ({'train.weight_decay': -1.0}, r'config.train.weight_decay must be >= 0'),
+    ({'train.learning_rate': float('inf')},
+     r'config.train.learning_rate must be a finite number'),
+    ({'model.position': 'rope', 'model.rope_base': float('inf')},
+     r'config.model.rope_base must be a finite number'),
+    ({'task.layout': 'autoregressive', 'model.position': 'xl',
+      'eval.free_running': 'cache', 'model.max_len': 2},
+     r"max_len=2 is below the longest sequence.*xl's cached decoding"),
 ])
 def test_values_that_would_train_wrongly_fail_first(tiny_config, tmp_path,
                                                    settings, message):
@@ -263,6 +291,22 @@ def test_eval_length_beyond_learned_table_is_rejected(tiny_config, tmp_path):
   tiny_config.eval.lengths = [8, 100]
   with pytest.raises(ConfigError, match='sequence length 100.*max_len=64'):
     train.train_and_evaluate(tiny_config, str(tmp_path / 'run'))
+
+
+def test_evaluation_padding_stops_at_the_positions_the_model_has(tiny_config):
+  """Evaluation pads a length up to a bucket (steps.eval_padded_length: 12
+  -> 16) to share compiled programs; a learned table of 12 rows, or a
+  randomized range of 12, passes validation at length 12 and used to fail
+  at the first evaluation, after training, asking for row 16."""
+  from selfattn.training import steps
+  tiny_config.model.position = 'learned'
+  tiny_config.model.max_len = 12
+  tiny_config.eval.lengths = [4, 12]
+  trainer = steps.Trainer(tiny_config)
+  assert steps.eval_padded_length(12) == 16
+  assert trainer.eval_padding(12) == 12 and trainer.eval_padding(4) == 8
+  results = trainer.evaluate(trainer.init_state()['params'])
+  assert set(results) == {4, 12}
 
 
 def test_table_reach_is_stated_for_huang_beyond_max_len(tiny_config):
