@@ -593,6 +593,12 @@ class MultiHeadAttention(nnx.Module):
           positions=positions, key_positions=key_positions,
           deterministic=deterministic)
       return out if cache_start is not None else poison(overflow, out)
+    if getattr(self.relative, 'causal', False) and not causal:
+      # Huang's causal skew keeps only offsets <= 0; above the diagonal it
+      # reads leftover entries, which only a causal mask hides.
+      raise ValueError(f'relative={type(self.relative).__name__}(causal=True) '
+                       f'uses the causal skew: call with causal=True (or '
+                       f'build it with causal=False)')
     return self._attend(q, k, v, valid_lens, mask=mask, bias=bias,
                         causal=causal, positions=positions,
                         key_positions=key_positions,

@@ -478,3 +478,15 @@ def test_greedy_decode_refuses_a_model_whose_outputs_are_not_logits():
                                     rngs=nnx.Rngs(0))
   with pytest.raises(TypeError, match='needs a TransformerDecoder'):
     selfattn.greedy_decode(enc, toks((2, 3)), 2)
+
+
+def test_huang_s_causal_skew_is_refused_in_bidirectional_attention():
+  # Above the diagonal the causal skew reads leftover entries that only a
+  # causal mask hides: a bidirectional call got numbers from them.
+  huang = positions.HuangRelative(2, 8, max_len=16, causal=True,
+                                  rngs=nnx.Rngs(0))
+  attn = selfattn.MultiHeadAttention(16, 2, relative=huang, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(0), (2, 5, 16))
+  with pytest.raises(ValueError, match=r'causal skew: call with causal=True'):
+    attn(x)
+  assert attn(x, causal=True).shape == (2, 5, 16)
