@@ -202,9 +202,11 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
     elif enc_valid_lens is not None and enc_outputs is None:
       raise ValueError('enc_valid_lens was passed without enc_outputs')
     if enc_outputs is not None and (
-        enc_outputs.ndim != 3 or enc_outputs.shape[0] != b):
-      raise ValueError(f'enc_outputs must be (B, Lk, features) with B = {b} '
-                       f'(the tokens\' batch); got shape '
+        enc_outputs.ndim != 3 or enc_outputs.shape[0] != b
+        or enc_outputs.shape[2] != self.num_hiddens):
+      raise ValueError(f'enc_outputs must be (B, Lk, num_hiddens) with B = '
+                       f'{b} (the tokens\' batch) and num_hiddens = '
+                       f'{self.num_hiddens}; got shape '
                        f'{tuple(enc_outputs.shape)}')
     overflow = start = None
     if decode:

@@ -122,6 +122,9 @@ def test_inputs_that_do_not_fit_together_are_refused_by_name():
     dec(tokens, jnp.ones((2, 4, 16)), jnp.array([3]))
   with pytest.raises(ValueError, match='enc_outputs must be'):
     dec(tokens, jnp.ones((3, 4, 16)), jnp.array([3, 3, 3]))
+  # Another width was reported as the cross-attention's 'keys'.
+  with pytest.raises(ValueError, match='enc_outputs must be .* num_hiddens = 16'):
+    dec(tokens, jnp.ones((2, 4, 8)))
 
 
 def test_per_query_valid_lens_are_respected_by_the_encoder():
