@@ -136,6 +136,7 @@ class Exercise2(skeleton.TaskSweep):
   """--scale: cpu (reverse and sort, five variants); quick (reverse, one
   seed, 200 steps)."""
   tasks, quick_tasks = TASKS, QUICK_TASKS
+  takes_steps = True
 
   def sweep_runs(self, tasks, seeds, quick):
     return common.variant_runs(tasks, seeds, SETTINGS + DROPOUT_SETTINGS,

@@ -82,6 +82,7 @@ class Exercise3(skeleton.TaskSweep):
   """--scale: cpu (three tasks, thirteen variants); quick (shift, three
   variants, one seed)."""
   tasks, quick_tasks = TASKS, QUICK_TASKS
+  takes_steps = True
 
   def sweep_runs(self, tasks, seeds, quick):
     # <task>/<variant with underscores>,seed=<seed>: the committed folders.

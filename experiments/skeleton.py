@@ -54,6 +54,9 @@ class Study:
   # Tags of the runs that --positions / --tasks filter, with their valid
   # values (`filter_values`).
   filters: tuple[str, ...] = ('position',)
+  # Whether --steps sets its runs' length (common.study_steps; not in
+  # quick mode, which has its own).
+  takes_steps: bool = False
 
   def filter_values(self) -> dict[str, Sequence[str]]:
     """{tag: every valid value} for each tag in `filters`."""
@@ -143,6 +146,26 @@ def _refuse_arguments(argv: list[str]) -> None:
           f'--name=value)')
 
 
+# The skeleton's flags and --steps, which a one-function study (main_of)
+# does not read.
+STUDY_FLAGS = ('scale', 'positions', 'tasks', 'shard', 'collect_only', 'steps')
+
+
+def _refuse_flags(names: Sequence[str], why: str) -> None:
+  """A flag given on the command line that this study would ignore."""
+  given = [f'--{name}' for name in names if flags.FLAGS[name].present]
+  if given:
+    _fail(f'{", ".join(given)}: {why}')
+
+
+def _check_workdir(workdir: str, collect_only: bool) -> None:
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    _fail(f'--workdir={workdir} is a file, not a directory')
+  if collect_only and not os.path.isdir(workdir):
+    _fail(f'--collect_only: {workdir} does not exist, so there is nothing '
+          f'to collect (a mistyped --workdir?)')
+
+
 def _fail(message: str, status: int = 1) -> None:
   import sys
   print(f'error: {message}', file=sys.stderr)
@@ -177,6 +200,11 @@ def chosen_filters(spec: Study) -> dict[str, list[str] | None]:
   out, problems = {}, []
   for tag, flag in FILTER_FLAGS.items():
     requested = flag.value
+    if flag.present and not requested:
+      # An empty shell variable, say: it would have meant "every run".
+      problems.append(f'--{flag.name} is empty: name at least one, or leave '
+                      f'it out for all')
+      continue
     if tag not in spec.filters:
       if requested:
         problems.append(f'--{flag.name}: this study has no {tag}s to filter')
@@ -222,6 +250,11 @@ def main_of(fn: Callable[[str, int, bool], Any]):
     configure_logging()
     if not common.WORKDIR.value:
       _fail('--workdir is required')
+    _refuse_flags(STUDY_FLAGS, 'this study takes only --workdir, --seeds and '
+                  '--quick')
+    if common.SEEDS.value < 1:
+      _fail(f'--seeds={common.SEEDS.value}: a study needs at least one seed')
+    _check_workdir(common.WORKDIR.value, collect_only=False)
     try:
       with study.stops_in_one_line():
         fn(common.WORKDIR.value, common.SEEDS.value, common.QUICK.value)
@@ -235,6 +268,13 @@ def _main(spec: Study) -> None:
   workdir = common.WORKDIR.value
   if not workdir:
     _fail('--workdir is required')
+  if common.QUICK.value and flags.FLAGS['scale'].present:
+    _fail('--quick is --scale=quick: give one of them')
+  if flags.FLAGS['steps'].present and (
+      not spec.takes_steps or common.QUICK.value):
+    _fail('--steps: this study\'s runs have their length set by its scale'
+          + (' (here --quick)' if spec.takes_steps else ''))
+  _check_workdir(workdir, COLLECT_ONLY.value)
   scale = chosen_scale(spec)
   seeds = chosen_seeds(scale, spec.default_seeds)
   filters = chosen_filters(spec)

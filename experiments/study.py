@@ -129,8 +129,13 @@ def stops_in_one_line() -> Iterator[None]:
 
 def finished_summary(run: Run, workdir: str) -> dict[str, Any] | None:
   """The run's summary if it trained to its last step, {'diverged': message}
-  if it stopped on a non-finite loss; else None."""
+  if it stopped on a non-finite loss; else None. A run directory whose
+  stored config is not the one the study would train under that name (the
+  same workdir given another --task, a driver's runs in another's workdir)
+  raises ConfigError, as resuming it would: its numbers are not this run's."""
   path = os.path.join(workdir, run.name)
+  if os.path.isdir(path):
+    workdir_lib.check_or_store_config(path, run.config, write=False)
   marker = os.path.join(path, DIVERGED_FILE)
   if os.path.exists(marker):
     try:

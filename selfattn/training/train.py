@@ -110,6 +110,14 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
   _publish_summary(summary, workdir, is_main, events.writer)
   events.writer.close()
   start.mngr.close()
+  if stop.signum is not None:
+    # Asked to stop after the last step (during the final evaluation): the
+    # run is finished and published, but the caller (a study about to
+    # train its next run) must stop too, not lose the request.
+    raise TrainingInterrupted(
+        f'{signal.Signals(stop.signum).name} received: the run in {workdir} '
+        f'finished first (its summary is written); rerun the same command to '
+        f'go on', stop.signum)
   return summary
 
 

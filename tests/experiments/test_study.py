@@ -285,6 +285,11 @@ class _TwoEncodings(skeleton.Study):
     (['--shard=abc'], "--shard='abc' must look like i/n"),
     (['--scale=huge'], "--scale='huge' is not a scale of this study; valid: "
                        'small, quick'),
+    # A helper's probe (2026-11-30): each of these ran the study.
+    (['--positions='], '--positions is empty: name at least one'),
+    (['--quick', '--scale=small'], '--quick is --scale=quick: give one'),
+    (['--steps=7'], "--steps: this study's runs have their length set by its "
+                    'scale'),
 ])
 def test_the_skeleton_refuses_bad_flags_in_one_line(tmp_path, monkeypatch,
                                                     capsys, argv, message):
@@ -300,6 +305,69 @@ def test_the_skeleton_refuses_bad_flags_in_one_line(tmp_path, monkeypatch,
   err = capsys.readouterr().err.strip()
   assert err.startswith(f'error: {message}') and '\n' not in err
   assert not spec.reported
+
+
+@pytest.mark.parametrize('make, flag, message', [
+    (lambda d: d / 'missing', '--collect_only', 'does not exist, so there is '
+     'nothing to collect'),
+    (lambda d: (d / 'a_file').write_text('x') and d / 'a_file', None,
+     'is a file, not a directory'),
+])
+def test_the_skeleton_refuses_a_workdir_it_cannot_use(tmp_path, monkeypatch,
+                                                     capsys, make, flag,
+                                                     message):
+  """--collect_only on a mistyped workdir wrote an empty report there; a
+  workdir that is a file ended in a traceback."""
+  spec = _TwoEncodings()
+  monkeypatch.setattr(study, 'execute', lambda *a, **k: pytest.fail('ran'))
+  workdir = make(tmp_path)
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', f'--workdir={workdir}'] + ([flag] if flag else []))
+    with pytest.raises(SystemExit):
+      skeleton.main(spec)([])
+  assert message in capsys.readouterr().err
+  assert not spec.reported
+  assert not (tmp_path / 'missing').exists()
+
+
+def test_a_one_function_study_refuses_the_flags_it_would_ignore(tmp_path,
+                                                               capsys):
+  """chapter and exercise 1 take --workdir, --seeds and --quick; a --shard
+  or --positions given to them used to be accepted and ignored."""
+  ran = []
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', f'--workdir={tmp_path}', '--shard=1/2',
+                 '--positions=a'])
+    with pytest.raises(SystemExit):
+      skeleton.main_of(lambda *args: ran.append(args))([])
+  assert not ran
+  assert ('--positions, --shard: this study takes only --workdir, --seeds '
+          'and --quick') in capsys.readouterr().err
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', f'--workdir={tmp_path}', '--seeds=0'])
+    with pytest.raises(SystemExit):
+      skeleton.main_of(lambda *args: ran.append(args))([])
+  assert not ran and 'at least one seed' in capsys.readouterr().err
+
+
+def test_a_finished_run_of_another_config_is_refused_not_reused(tmp_path,
+                                                                tiny_config):
+  """The same workdir given another --task: the finished run's name was
+  the same and its numbers were reported as the new task's."""
+  from selfattn.errors import ConfigError
+  from selfattn.training import workdir as workdir_lib
+  path = tmp_path / 'position=none,seed=0'
+  workdir_lib.check_or_store_config(str(path), tiny_config, write=True)
+  (path / 'summary.json').write_text(
+      '{"step": %d}' % tiny_config.train.num_steps)
+  run = study.Run(path.name, tiny_config, {'seed': 0})
+  assert study.finished_summary(run, str(tmp_path)) is not None
+  other = tiny_config.copy_and_resolve_references()
+  other.task.name = 'sort'
+  with pytest.raises(ConfigError, match="config.task.name: stored 'reverse', "
+                     "now 'sort'"):
+    study.finished_summary(study.Run(path.name, other, {'seed': 0}),
+                           str(tmp_path))
 
 
 def test_the_skeleton_runs_scores_and_reports_the_chosen_runs(tmp_path,

@@ -512,3 +512,25 @@ def test_scanned_layers_train_and_resume_exactly(tiny_config, tmp_path):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
   # Stacked: one array per parameter with a leading layer axis of 2.
   assert any(p.ndim >= 2 and p.shape[0] == 2 for p in saved_params(straight))
+
+
+def test_a_stop_during_the_final_evaluation_is_not_lost(tiny_config, tmp_path,
+                                                        monkeypatch):
+  """SIGTERM after the last step (while the run evaluates and writes its
+  summary) used to be dropped: the run returned normally and a study went
+  on to train its next run. Now the run finishes and publishes, then says
+  it was stopped."""
+  from selfattn.errors import TrainingInterrupted
+  run_loop = train._TrainingLoop.run
+
+  def run_then_stop(loop):
+    run_loop(loop)
+    os.kill(os.getpid(), signal.SIGTERM)   # the loop is past its last step
+  monkeypatch.setattr(train._TrainingLoop, 'run', run_then_stop)
+  tiny_config.train.num_steps = 20
+  tiny_config.train.checkpoint_every = tiny_config.eval.every = 20
+  workdir = tmp_path / 'run'
+  with pytest.raises(TrainingInterrupted, match='SIGTERM received: the run '
+                     'in .* finished first'):
+    train.train_and_evaluate(tiny_config, str(workdir))
+  assert json.loads((workdir / 'summary.json').read_text())['step'] == 20
