@@ -294,6 +294,10 @@ def _main(spec: Study) -> None:
     spec.results(runs, workdir, context, score_missing=True)
     study.execute(chosen, workdir, after_each=lambda r, _: spec.score(
         r, os.path.join(workdir, r.name), context))
+  if COLLECT_ONLY.value and not study.collect(runs, workdir):
+    # An empty report would replace whatever results.md the folder holds.
+    _fail(f'--collect_only: {workdir} holds no finished run of this study '
+          f'at --scale={scale}; nothing to collect')
   results = spec.results(runs, workdir, context,
                          score_missing=not COLLECT_ONLY.value)
   print(spec.report(workdir, runs, results, scale, context))

@@ -312,6 +312,8 @@ def test_the_skeleton_refuses_bad_flags_in_one_line(tmp_path, monkeypatch,
      'nothing to collect'),
     (lambda d: (d / 'a_file').write_text('x') and d / 'a_file', None,
      'is a file, not a directory'),
+    (lambda d: (d / 'empty').mkdir() or d / 'empty', '--collect_only',
+     'holds no finished run of this study at --scale=small'),
 ])
 def test_the_skeleton_refuses_a_workdir_it_cannot_use(tmp_path, monkeypatch,
                                                      capsys, make, flag,
