@@ -271,8 +271,10 @@ def plot_accuracy_vs_length(results: dict[str, list[dict]], lengths: list[int],
 def write_results(workdir: str, title: str, sections: list[tuple[str, str]],
                   data: Any = None) -> str:
   """workdir/results.md (and results.json with `data`); returns the markdown.
-  Under --quick both say, in the file itself, that they are a smoke test."""
-  quick = flags.FLAGS.is_parsed() and QUICK.value
+  Under --quick (or --scale=quick) both say, in the file itself, that they
+  are a smoke test."""
+  quick = flags.FLAGS.is_parsed() and (QUICK.value or (
+      'scale' in flags.FLAGS and flags.FLAGS['scale'].value == 'quick'))
   banner = (QUICK_BANNER + '\n\n') if quick else ''
   text = (f'# {title}\n\n' + banner
           + '\n\n'.join(f'## {h}\n\n{body}' for h, body in sections) + '\n')

@@ -458,3 +458,15 @@ def test_a_truncated_music_score_is_one_line_naming_the_file(tmp_path):
   run = study.Run('run', ml_collections.ConfigDict(), {})
   with pytest.raises(ConfigError, match=r"music\.json.*delete it to rescore"):
     music.evaluate_run(run, str(tmp_path), data={})
+
+
+def test_scale_quick_marks_its_results_as_a_smoke_test(tmp_path):
+  """--scale=quick runs what --quick runs; its results.md lacked the banner
+  and its results.json the marker that say these numbers are not results."""
+  import json
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', '--scale=quick'])
+    text = common.write_results(str(tmp_path), 'T', [('h', 'b')], {'x': 1})
+  assert common.QUICK_BANNER in text
+  assert json.loads((tmp_path / 'results.json').read_text())[
+      'quick_mode_smoke_test'] is True
