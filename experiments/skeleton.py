@@ -18,6 +18,7 @@ from every finished run (those other shards finished too).
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Callable, Sequence
 
 from absl import flags
@@ -166,8 +167,19 @@ def _check_workdir(workdir: str, collect_only: bool) -> None:
           f'to collect (a mistyped --workdir?)')
 
 
+def finished_elsewhere(workdir: str, runs: Sequence[study.Run]) -> int:
+  """How many run folders under workdir hold a summary but are not among
+  `runs` (a rerun with fewer --seeds, say, whose report silently shrank)."""
+  names, count = {run.name for run in runs}, 0
+  for root, dirs, files in os.walk(workdir):
+    dirs[:] = [d for d in dirs if not d.startswith('.')]   # .xla_cache
+    if 'summary.json' in files:
+      count += os.path.relpath(root, workdir) not in names
+      dirs[:] = []            # a run's own subfolders (checkpoints)
+  return count
+
+
 def _fail(message: str, status: int = 1) -> None:
-  import sys
   print(f'error: {message}', file=sys.stderr)
   raise SystemExit(status)
 
@@ -298,6 +310,11 @@ def _main(spec: Study) -> None:
     # An empty report would replace whatever results.md the folder holds.
     _fail(f'--collect_only: {workdir} holds no finished run of this study '
           f'at --scale={scale}; nothing to collect')
+  left_out = finished_elsewhere(workdir, runs)
+  if left_out:
+    print(f'[study] note: {left_out} finished run(s) in {workdir} are not '
+          f'runs of this selection (other seeds or settings): the report '
+          f'leaves them out', file=sys.stderr)
   results = spec.results(runs, workdir, context,
                          score_missing=not COLLECT_ONLY.value)
   print(spec.report(workdir, runs, results, scale, context))

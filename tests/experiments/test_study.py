@@ -470,3 +470,19 @@ def test_scale_quick_marks_its_results_as_a_smoke_test(tmp_path):
   assert common.QUICK_BANNER in text
   assert json.loads((tmp_path / 'results.json').read_text())[
       'quick_mode_smoke_test'] is True
+
+
+def test_a_report_that_leaves_finished_runs_out_says_so(tmp_path, capsys):
+  """Rerun with fewer --seeds, a study's report shrank without a word."""
+  spec = _TwoEncodings()
+  for name in ('position=a,seed=0', 'position=a,seed=1', 'position=b,seed=1'):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / 'summary.json').write_text('{"step": 10}')
+  (tmp_path / '.xla_cache' / 'x').mkdir(parents=True)
+  (tmp_path / '.xla_cache' / 'x' / 'summary.json').write_text('{}')
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', f'--workdir={tmp_path}', '--seeds=1',
+                 '--collect_only'])
+    skeleton.main(spec)([])
+  assert spec.reported == [('small', 2, ['position=a,seed=0'])]
+  assert ('note: 2 finished run(s) in' in capsys.readouterr().err)
