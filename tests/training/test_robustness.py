@@ -490,3 +490,10 @@ def test_huang_s_causal_skew_is_refused_in_bidirectional_attention():
   with pytest.raises(ValueError, match=r'causal skew: call with causal=True'):
     attn(x)
   assert attn(x, causal=True).shape == (2, 5, 16)
+
+
+def test_shaw_s_value_term_names_a_value_width_it_cannot_add_to():
+  shaw = positions.ShawRelative(2, 4, relative_values=True, rngs=nnx.Rngs(0))
+  q = _heads((2, 2, 4, 4))
+  with pytest.raises(ValueError, match='a\\^V is 4 wide; v has width 3'):
+    selfattn.dot_product_attention(q, q, _heads((2, 2, 4, 3)), relative=shaw)

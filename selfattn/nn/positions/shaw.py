@@ -112,6 +112,11 @@ class ShawRelative(RelativePosition):
              k_pos: jax.Array | None = None) -> jax.Array | None:
     if self.a_V is None:
       return None
+    if v.shape[-1] != self.a_V.shape[-1]:
+      # The term adds rows of a^V to the output: the value width is its.
+      raise ValueError(f'Shaw\'s value table a^V is {self.a_V.shape[-1]} '
+                       f'wide; v has width {v.shape[-1]} (relative_values '
+                       f'needs values as wide as the keys)')
     if q_pos is None and k_pos is None:
       folded = self.fold_weights(weights)                     # (B, H, Lq, 2k+1)
     else:
