@@ -144,6 +144,8 @@ def dot_product_attention(
   masks.check_positions(q_positions, q.shape[0], q.shape[2], 'q_positions')
   masks.check_positions(k_positions, q.shape[0], k.shape[2], 'k_positions')
   _check_built_for(relative, q.shape[1], q.shape[-1])
+  _check_causal_skew(relative, causal, mask,
+                     q_positions if q_positions is not None else k_positions)
   target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
   mask = masks.attention_mask(target, mask=mask, causal=causal)
   k, v = masks.clear_unused_keys(k, v, mask)    # padding holding NaN / inf
@@ -349,6 +351,20 @@ def poison(overflow: jax.Array, out: jax.Array) -> jax.Array:
   be wrong (writes past the end are clamped onto the last slots), so they
   are made impossible to miss instead."""
   return jnp.where(overflow, jnp.asarray(jnp.nan, out.dtype), out)
+
+
+def _check_causal_skew(relative: RelativeTerms | None, causal: bool,
+                       mask: jax.Array | None, positions) -> None:
+  """Refuses Huang's causal skew (HuangRelative(causal=True)) in a call
+  that is plainly not causal: the skew keeps only offsets <= 0, and above
+  the diagonal reads leftover entries that only a causal mask hides. A call
+  with a mask (which may be causal) or explicit positions (Huang then
+  gathers per offset, right for any) is left alone."""
+  if (getattr(relative, 'causal', False) and not causal and mask is None
+      and positions is None):
+    raise ValueError(f'relative={type(relative).__name__}(causal=True) uses '
+                     f'the causal skew: call with causal=True (or build it '
+                     f'with causal=False)')
 
 
 def _check_built_for(relative: RelativeTerms | None, num_heads: int,
@@ -582,10 +598,13 @@ class MultiHeadAttention(nnx.Module):
       if keys is not queries:
         raise ValueError('decode=True is for self-attention: pass the new '
                          'tokens as queries only')
+      if mask is not None and self.cache is not None:
+        # Over the whole cache, (B, H, Lq, max_length); checked before the
+        # step writes the cache, so a refused call changes nothing.
+        mask = masks.check_mask(
+            mask, q.shape[:3] + self.cache['key'].shape[2:3])
       k, v, positions, key_positions, step_mask, overflow = self._decode_step(
           q, k, v, positions, start=cache_start)
-      if mask is not None:   # over the whole cache: (B, H, Lq, max_length)
-        mask = masks.check_mask(mask, q.shape[:3] + k.shape[2:3])
       mask = step_mask if mask is None else mask & step_mask
       causal = False                 # step_mask is the causal mask over the cache
       out = self._attend(
@@ -593,12 +612,7 @@ class MultiHeadAttention(nnx.Module):
           positions=positions, key_positions=key_positions,
           deterministic=deterministic)
       return out if cache_start is not None else poison(overflow, out)
-    if getattr(self.relative, 'causal', False) and not causal:
-      # Huang's causal skew keeps only offsets <= 0; above the diagonal it
-      # reads leftover entries, which only a causal mask hides.
-      raise ValueError(f'relative={type(self.relative).__name__}(causal=True) '
-                       f'uses the causal skew: call with causal=True (or '
-                       f'build it with causal=False)')
+    _check_causal_skew(self.relative, causal, mask, positions)
     return self._attend(q, k, v, valid_lens, mask=mask, bias=bias,
                         causal=causal, positions=positions,
                         key_positions=key_positions,

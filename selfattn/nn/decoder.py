@@ -210,7 +210,8 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
                        f'{tuple(enc_outputs.shape)}')
     overflow = start = None
     if decode:
-      positions, start, overflow = self._start_decode(b, length, positions)
+      positions, start, overflow = self._start_decode(b, length, positions,
+                                                      mask)
     enc_mask = None
     if enc_valid_lens is not None:
       enc_valid_lens = masks.check_valid_lens(enc_valid_lens, b,

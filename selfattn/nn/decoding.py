@@ -129,7 +129,11 @@ def _start(model: nnx.Module, prompt: jax.Array, num_steps: int, k: int, *,
   if positions is not None:
     # (1, ...) is every example's: spread to (B, ...) before the beams, so
     # each row's cache records its own positions.
-    positions = jnp.asarray(positions, jnp.int32)
+    positions = jnp.asarray(positions)
+    if not jnp.issubdtype(positions.dtype, jnp.integer):
+      # The model refuses them too; the cast below would truncate first.
+      raise TypeError(f'positions must be integers; got {positions.dtype}')
+    positions = positions.astype(jnp.int32)
     positions = _repeat(jnp.broadcast_to(positions, (b, positions.shape[1])), k)
 
   def call(model, tokens, start, length):

@@ -33,12 +33,12 @@ def make_padding_mask(valid_BxL: jax.Array) -> jax.Array:
   if valid.ndim != 2:
     raise ValueError(f'make_padding_mask takes a (B, L) boolean array; got '
                      f'shape {valid.shape}')
-  if valid.dtype != jnp.bool_:
-    # An additive float mask (0 keep, -inf drop) or 0/1 ints would be read
-    # as truth values: -inf as True, the opposite of what it meant.
+  if jnp.issubdtype(valid.dtype, jnp.floating):
+    # An additive float mask (0 keep, -inf drop) would be read as truth
+    # values: -inf as True, the opposite of what it meant.
     raise TypeError(f'make_padding_mask takes a (B, L) boolean array (True = '
-                    f'real token); got {valid.dtype}')
-  return valid[:, None, None, :]
+                    f'real token; 0/1 integers too); got {valid.dtype}')
+  return valid.astype(bool)[:, None, None, :]
 
 
 def make_causal_mask(num_queries: int, num_keys: int | None = None
@@ -129,11 +129,12 @@ def check_positions(positions: jax.Array | None, batch: int, length: int,
   """Refuses positions that are not (B, L), or (1, L) for every example."""
   if positions is None:
     return
-  shape = jnp.shape(positions)
+  positions = jnp.asarray(positions)     # a list of lists too
+  shape = positions.shape
   if len(shape) != 2 or shape[1] != length or shape[0] not in (1, batch):
     raise ValueError(f'{what} must be (B, L) = {(batch, length)} (or (1, L) '
                      f'for every example); got shape {tuple(shape)}')
-  dtype = jnp.result_type(positions)
+  dtype = positions.dtype
   if not jnp.issubdtype(dtype, jnp.integer):
     # Tables index by them and offset encodings truncate them: 0.5 would
     # silently read as 0.

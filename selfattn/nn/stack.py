@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from selfattn.nn import masks
 from selfattn.nn.attention import capturing
 from selfattn.nn.attention import check_cache_fit
 from selfattn.nn.layers import NORMS
@@ -141,6 +142,9 @@ class EmbeddingMixin:
   def embed(self, inputs: jax.Array, *, positions: jax.Array | None = None,
             deterministic: bool | None = None) -> jax.Array:
     """(B, L) tokens or (B, L, num_hiddens) features -> (B, L, num_hiddens)."""
+    # Before the meter reads them (its phase is positions mod the period).
+    if inputs.ndim >= 2:
+      masks.check_positions(positions, *inputs.shape[:2])
     if jnp.issubdtype(inputs.dtype, jnp.integer):
       if self.embedding is None:
         raise ValueError('this module was built with vocab_size=None: pass '
@@ -233,7 +237,8 @@ class CacheMixin:
         reorder(blk)
 
   def _start_decode(self, batch: int, length: int,
-                    positions: jax.Array | None
+                    positions: jax.Array | None,
+                    mask: jax.Array | None = None
                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One decode step of `length` new tokens: (their positions, where they
     go in the caches, overflow). The stack owns its layers' caches: this is
@@ -241,9 +246,13 @@ class CacheMixin:
     output once (the layers write at the start given, see
     MultiHeadAttention's cache_start). Positions continue from the cache
     unless given; overflow (a bool scalar) says the step runs past the
-    caches (attention.poison)."""
+    caches (attention.poison). A step's mask is checked here, against the
+    whole cache, before the counter moves: a refused call changes nothing."""
     if self.next_position is None:
       raise ValueError('decode=True needs caches: call init_cache first')
+    if mask is not None:
+      masks.check_mask(mask, (batch, self.num_heads, length,
+                              self.cache_shape.shape[1]))
     start = self.next_position[...]
     overflow = check_cache_fit(batch, length, start, *self.cache_shape.shape)
     if positions is None:

@@ -400,8 +400,9 @@ def test_an_additive_float_mask_is_refused_not_read_as_truth_values():
   # [0, -inf] meant "keep, drop"; as truth values it reads "drop, keep".
   with pytest.raises(TypeError, match='boolean'):
     selfattn.make_padding_mask(jnp.array([[0.0, -jnp.inf]]))
-  assert selfattn.make_padding_mask(jnp.array([[True, False]])).shape == (
-      1, 1, 1, 2)
+  for valid in (jnp.array([[True, False]]), jnp.array([[1, 0]])):
+    np.testing.assert_array_equal(
+        selfattn.make_padding_mask(valid), [[[[True, False]]]])
 
 
 def test_integer_queries_and_logits_are_refused():
@@ -436,18 +437,39 @@ def test_dot_product_attention_checks_positions_and_the_encoding_s_heads():
 
 
 def test_float_positions_are_refused_not_truncated():
-  # ALiBi, T5 and Shaw read 0.5 as 0; a learned table failed deep inside.
+  # ALiBi, T5 and Shaw read 0.5 as 0; a learned table failed deep inside;
+  # decoding cast them to int before the model saw them; a meter failed
+  # first, deep inside.
   enc = selfattn.TransformerEncoder(11, 16, 32, 2, 1, position='alibi',
                                     rngs=nnx.Rngs(0))
+  floats = jnp.array([[0.0, 0.5, 1.0]])
   with pytest.raises(TypeError, match='positions must be integers'):
-    enc(toks((1, 3)), positions=jnp.array([[0.0, 0.5, 1.0]]))
+    enc(toks((1, 3)), positions=floats)
+  metered = selfattn.TransformerEncoder(11, 16, 32, 2, 1, meter_period=4,
+                                        rngs=nnx.Rngs(0))
+  with pytest.raises(TypeError, match='positions must be integers'):
+    metered(toks((1, 3)), positions=floats)
+  from selfattn.nn import decoding
+  with pytest.raises(TypeError, match='positions must be integers'):
+    decoding.greedy_search(make_decoder('alibi'), toks((1, 2)), 1,
+                           positions=floats)
+  # Integer positions as a Python list still work.
+  assert enc(toks((1, 3)), positions=[[0, 2, 4]]).shape == (1, 3, 16)
 
 
 def test_a_decode_step_s_mask_is_checked_against_the_whole_cache():
+  # ... before the step writes the cache or moves its counter: a refused
+  # call changes nothing.
   dec = make_decoder()
   dec.init_cache(2, 6)
   with pytest.raises(ValueError, match='does not broadcast'):
     dec(toks((2, 2)), mask=jnp.ones((2, 1, 1, 2), bool), decode=True)
+  assert int(dec.next_position[...]) == 0
+  attn = selfattn.MultiHeadAttention(8, 2, rngs=nnx.Rngs(0))
+  attn.init_cache(1, 6)
+  with pytest.raises(ValueError, match='does not broadcast'):
+    attn(jnp.ones((1, 2, 8)), mask=jnp.ones((1, 1, 2, 2), bool), decode=True)
+  assert int(attn.cache['index'][...]) == 0
 
 
 def test_constructions_that_failed_on_their_first_call_fail_at_once():
@@ -489,7 +511,15 @@ def test_huang_s_causal_skew_is_refused_in_bidirectional_attention():
   x = jax.random.normal(jax.random.key(0), (2, 5, 16))
   with pytest.raises(ValueError, match=r'causal skew: call with causal=True'):
     attn(x)
-  assert attn(x, causal=True).shape == (2, 5, 16)
+  causal = attn(x, causal=True)
+  # A causal mask, or explicit positions (Huang then gathers per offset),
+  # give the same numbers and are left alone.
+  np.testing.assert_allclose(
+      attn(x, mask=selfattn.make_causal_mask(5)), causal, atol=1e-6)
+  attn(x, positions=jnp.arange(5)[None])
+  q = x.reshape(2, 5, 2, 8).transpose(0, 2, 1, 3)
+  with pytest.raises(ValueError, match=r'causal skew'):
+    selfattn.dot_product_attention(q, q, q, relative=huang)
 
 
 def test_shaw_s_value_term_names_a_value_width_it_cannot_add_to():
