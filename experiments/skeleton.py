@@ -27,6 +27,7 @@ from experiments import common
 from experiments import study
 from selfattn.errors import ConfigError
 from selfattn.errors import DataError
+from selfattn.training import workdir as workdir_lib
 from selfattn.training.log_setup import configure_logging
 
 SCALE = flags.DEFINE_string('scale', None, "The study's scale (each study "
@@ -173,7 +174,7 @@ def finished_elsewhere(workdir: str, runs: Sequence[study.Run]) -> int:
   names, count = {run.name for run in runs}, 0
   for root, dirs, files in os.walk(workdir):
     dirs[:] = [d for d in dirs if not d.startswith('.')]   # .xla_cache
-    if 'summary.json' in files:
+    if workdir_lib.SUMMARY_FILE in files:
       count += os.path.relpath(root, workdir) not in names
       dirs[:] = []            # a run's own subfolders (checkpoints)
   return count

@@ -456,7 +456,7 @@ def peer_case(peer, x, causal, gpu: bool) -> Case | str:
       if not capability.startswith('9.'):
         return (f'unsupported: tokamax\'s H100 configs are sm90 kernels\' '
                 f'(compute capability {capability})')
-      tuned = tokamax_peer.tuned_op(tokamax, blhd[0].shape,
+      tuned = tokamax_peer.tuned_op(blhd[0].shape,
                                     jnp.dtype(blhd[0].dtype).name, causal)
       if isinstance(tuned, str):
         return tuned

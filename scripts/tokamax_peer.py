@@ -134,18 +134,25 @@ def _entries(cache: dict) -> list[Entry]:
   return out
 
 
-def tuned_op(tokamax: Any, shape: tuple[int, ...], dtype: str,
+def _h100_ops_and_entries() -> tuple[Any, list[list[Entry]]]:
+  """tokamax's Mosaic GPU attention op (its backward op is .vjp) and the
+  entries of its H100 tuning data, forward's then backward's."""
+  _stub_xprof()
+  from tokamax._src.ops.attention import pallas_mosaic_gpu
+  base = pallas_mosaic_gpu.PallasMosaicGpuFlashAttention()
+  return base, [_entries(op.get_autotuning_cache(H100_KIND))
+                for op in (base, base.vjp)]
+
+
+def tuned_op(shape: tuple[int, ...], dtype: str,
              causal: bool) -> tuple[Any, str] | str:
   """(op, what it runs) for tokamax's Mosaic GPU attention configured, forward
   and backward, as its H100 tuning data chose at the nearest shape
   (`nearest`); a string saying why not where the data has no such entry."""
-  del tokamax   # loaded: its modules import
-  from tokamax._src.ops.attention import pallas_mosaic_gpu
-  base = pallas_mosaic_gpu.PallasMosaicGpuFlashAttention()
+  base, caches = _h100_ops_and_entries()
   found = []
-  for op in (base, base.vjp):
-    entry = nearest(_entries(op.get_autotuning_cache(H100_KIND)), shape,
-                    dtype, causal)
+  for op, entries in zip((base, base.vjp), caches):
+    entry = nearest(entries, shape, dtype, causal)
     if entry is None:
       b, length, h, d = shape
       return (f'unsupported: tokamax\'s H100 tuning data has no '
@@ -166,11 +173,7 @@ def h100_report(shape: tuple[int, ...], dtype: str) -> list[str]:
   (B, L, H, D), as markdown: per mask, the forward's and the backward's
   config, median ms and TFLOP/s (forward 4BHL^2D, backward 2.5x that,
   halved causal), and their sum."""
-  _stub_xprof()
-  from tokamax._src.ops.attention import pallas_mosaic_gpu
-  base = pallas_mosaic_gpu.PallasMosaicGpuFlashAttention()
-  caches = [_entries(op.get_autotuning_cache(H100_KIND))
-            for op in (base, base.vjp)]
+  _, caches = _h100_ops_and_entries()
   lines = [f'tokamax {sys.modules["tokamax"].__version__}: its packaged '
            f'tuning data for {H100_KIND}, the entries nearest '
            f'{"x".join(map(str, shape))} {dtype}', '',

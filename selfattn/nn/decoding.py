@@ -41,6 +41,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from selfattn.nn import masks
+
 METHODS = ('greedy', 'sample', 'beam')
 
 
@@ -129,11 +131,8 @@ def _start(model: nnx.Module, prompt: jax.Array, num_steps: int, k: int, *,
   if positions is not None:
     # (1, ...) is every example's: spread to (B, ...) before the beams, so
     # each row's cache records its own positions.
-    positions = jnp.asarray(positions)
-    if not jnp.issubdtype(positions.dtype, jnp.integer):
-      # The model refuses them too; the cast below would truncate first.
-      raise TypeError(f'positions must be integers; got {positions.dtype}')
-    positions = positions.astype(jnp.int32)
+    # Checked before the cast, which would truncate floats first.
+    positions = masks.integer_positions(positions).astype(jnp.int32)
     positions = _repeat(jnp.broadcast_to(positions, (b, positions.shape[1])), k)
 
   def call(model, tokens, start, length):

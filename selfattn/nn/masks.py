@@ -134,11 +134,16 @@ def check_positions(positions: jax.Array | None, batch: int, length: int,
   if len(shape) != 2 or shape[1] != length or shape[0] not in (1, batch):
     raise ValueError(f'{what} must be (B, L) = {(batch, length)} (or (1, L) '
                      f'for every example); got shape {tuple(shape)}')
-  dtype = positions.dtype
-  if not jnp.issubdtype(dtype, jnp.integer):
-    # Tables index by them and offset encodings truncate them: 0.5 would
-    # silently read as 0.
-    raise TypeError(f'{what} must be integers; got {dtype}')
+  integer_positions(positions, what)
+
+
+def integer_positions(positions, what: str = 'positions') -> jax.Array:
+  """positions as an array, refused unless integer: tables index by them and
+  offset encodings truncate them (0.5 would silently read as 0)."""
+  positions = jnp.asarray(positions)
+  if not jnp.issubdtype(positions.dtype, jnp.integer):
+    raise TypeError(f'{what} must be integers; got {positions.dtype}')
+  return positions
 
 
 def check_heads(q: jax.Array, k: jax.Array, v: jax.Array, *,

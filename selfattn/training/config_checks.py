@@ -200,7 +200,7 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
   _finite(config, 'model.dropout')
   if not 0.0 <= m.dropout < 1.0:
     raise ConfigError(f'config.model.dropout must be in [0, 1); got {m.dropout}')
-  if 'rope_base' in position_options(m):
+  if 'rope_base' in options:
     _finite(config, 'model.rope_base')
   if m.meter_period < 0 or m.meter_step_tokens < 1:
     raise ConfigError(f'config.model.meter_period must be >= 0 (0: no meter) '
