@@ -433,15 +433,19 @@ class MultiHeadAttention(nnx.Module):
     if attention_impl not in IMPLEMENTATIONS:
       raise ValueError(f'attention_impl={attention_impl!r} is unknown; valid: '
                        f'{", ".join(IMPLEMENTATIONS)}')
-    if num_heads < 1 or num_hiddens < 1:
-      raise ValueError(f'num_hiddens={num_hiddens} and num_heads={num_heads} '
-                       f'must be positive')
+    # Integers (16.0 failed deep in nnx.Linear; num_heads=2.0 ran with float
+    # head widths), then num_heads | num_hiddens.
+    num_hiddens = masks.check_size(num_hiddens, 'num_hiddens')
+    num_heads = masks.check_size(num_heads, 'num_heads')
     if num_hiddens % num_heads:
       raise ValueError(f'num_hiddens={num_hiddens} is not divisible by '
                        f'num_heads={num_heads}')
-    in_features = num_hiddens if in_features is None else in_features
-    kv_features = in_features if kv_features is None else kv_features
-    out_features = num_hiddens if out_features is None else out_features
+    in_features = (num_hiddens if in_features is None
+                   else masks.check_size(in_features, 'in_features'))
+    kv_features = (in_features if kv_features is None
+                   else masks.check_size(kv_features, 'kv_features'))
+    out_features = (num_hiddens if out_features is None
+                    else masks.check_size(out_features, 'out_features'))
     self.num_heads = num_heads
     self.num_hiddens = num_hiddens
     self.dtype = dtype

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from selfattn.nn import decoding
@@ -129,8 +128,9 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
                **position_options):
     kind, options = check_stack(
         type(self).__name__, position, position_options, norm=norm,
-        num_hiddens=num_hiddens, num_heads=num_heads, num_layers=num_layers,
-        norm_type=norm_type)
+        vocab_size=vocab_size, num_hiddens=num_hiddens,
+        ffn_num_hiddens=ffn_num_hiddens, num_heads=num_heads,
+        num_layers=num_layers, max_len=max_len, norm_type=norm_type)
     if vocab_size is None:
       raise ValueError('TransformerDecoder needs a vocab_size: its output '
                        'head gives logits over the vocabulary')
@@ -192,7 +192,7 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
     Returns:
       logits (B, L, vocab_size), float32.
     """
-    check_tokens(tokens)
+    tokens = check_tokens(tokens)
     b, length = tokens.shape[:2]
     if not self.has_cross_attention:
       for name, value in (('enc_outputs', enc_outputs),
@@ -217,7 +217,7 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
       enc_valid_lens = masks.check_valid_lens(enc_valid_lens, b,
                                               'enc_valid_lens')
       enc_mask = masks.make_length_mask(enc_valid_lens, length,
-                                        enc_outputs.shape[1])
+                                        enc_outputs.shape[1], 'enc_valid_lens')
     X = self.embed(tokens, positions=positions, deterministic=deterministic)
 
     def run(blk, X, enc_outputs, enc_mask, mask, positions, start):
@@ -252,9 +252,7 @@ def greedy_decode(decoder: TransformerDecoder, prompt: jax.Array,
   if prompt.ndim != 2 or not jnp.issubdtype(prompt.dtype, jnp.integer):
     raise ValueError(f'prompt must be (B, P) int token ids; got shape '
                      f'{tuple(prompt.shape)} and dtype {prompt.dtype}')
-  if not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
-    raise ValueError(f'num_steps must be an int >= 0; got {num_steps!r}')
-  if num_steps == 0:
+  if masks.check_size(num_steps, 'num_steps', 0) == 0:
     return prompt
   # The one decode loop (decoding.generate), greedy.
   args = () if enc_outputs is None else (enc_outputs, enc_valid_lens)

@@ -33,7 +33,6 @@ caches follow the live hypotheses (CacheMixin.reorder_cache).
 from __future__ import annotations
 
 import math
-import operator
 
 from typing import Callable, NamedTuple
 
@@ -100,12 +99,7 @@ class _Start(NamedTuple):
 def _start(model: nnx.Module, prompt: jax.Array, num_steps: int, k: int, *,
            pad: int, positions: jax.Array | None, call_args: tuple
            ) -> _Start:
-  try:
-    num_steps = operator.index(num_steps)     # any integer type, not 2.5
-  except TypeError:
-    raise TypeError(f'num_steps must be an integer; got {num_steps!r}') from None
-  if num_steps < 1:
-    raise ValueError(f'num_steps must be >= 1; got {num_steps}')
+  num_steps = masks.check_size(num_steps, 'num_steps')    # any int, not 2.5
   prompt = jnp.asarray(prompt)
   if not jnp.issubdtype(prompt.dtype, jnp.integer):
     raise TypeError(f'prompt must be integer token ids; got dtype '
@@ -241,8 +235,7 @@ def beam_search(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
   """Continues prompt (B, P) by up to num_steps tokens: the best hypothesis
   of a beam of beam_size under GNMT's length penalty with exponent alpha
   (the module doc says how; `generate` the other arguments)."""
-  if beam_size < 1:
-    raise ValueError(f'beam_size must be >= 1; got {beam_size}')
+  beam_size = masks.check_size(beam_size, 'beam_size')
   if not math.isfinite(alpha):
     raise ValueError(f'alpha must be a finite number; got {alpha}')
   k = beam_size

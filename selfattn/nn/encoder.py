@@ -128,8 +128,9 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
                param_dtype=jnp.float32, rngs: nnx.Rngs, **position_options):
     kind, options = check_stack(
         type(self).__name__, position, position_options, norm=norm,
-        num_hiddens=num_hiddens, num_heads=num_heads, num_layers=num_layers,
-        norm_type=norm_type)
+        vocab_size=vocab_size, num_hiddens=num_hiddens,
+        ffn_num_hiddens=ffn_num_hiddens, num_heads=num_heads,
+        num_layers=num_layers, max_len=max_len, norm_type=norm_type)
     self.position = position
     self.causal = causal
 
@@ -212,7 +213,7 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
       (B, L, num_hiddens); with return_hidden=True the pair (that, the list
       of per-layer inputs).
     """
-    check_tokens(inputs, 'inputs')
+    inputs = check_tokens(inputs, 'inputs')
     if decode:
       return self._decode(inputs, valid_lens, mask=mask, bias=bias,
                           causal=causal, positions=positions,
@@ -224,6 +225,8 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
       raise ValueError('causal=False on an encoder built with causal=True: '
                        'build it with causal=False for bidirectional calls')
     causal = bool(causal)
+    if valid_lens is not None:
+      valid_lens = jnp.asarray(valid_lens)     # [2] too, as token lists are
     length = inputs.shape[1]
     target = (inputs.shape[0], self.num_heads, length, length)
     # causal stays a flag (not an (L, L) mask) down to the attention, so the

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from selfattn.nn.masks import check_size
+
 NORMS = ('post', 'pre', 'none')
 # LayerNorm (the chapter's) or RMSNorm (no centring, no bias: Zhang & Sennrich
 # 2019; PoPE's JSB recipe and most recent language models use it).
@@ -54,12 +56,11 @@ class PositionWiseFFN(nnx.Module):
 
   def __init__(self, num_inputs: int, ffn_num_hiddens: int, ffn_num_outputs: int,
                *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
-    if min(num_inputs, ffn_num_hiddens, ffn_num_outputs) < 1:
-      # A zero-width layer runs and adds only a bias: an FFN that silently
-      # does nothing.
-      raise ValueError(f'PositionWiseFFN needs positive widths; got '
-                       f'num_inputs={num_inputs}, ffn_num_hiddens='
-                       f'{ffn_num_hiddens}, ffn_num_outputs={ffn_num_outputs}')
+    # Positive: a zero-width layer runs and adds only a bias, an FFN that
+    # silently does nothing.
+    num_inputs = check_size(num_inputs, 'num_inputs')
+    ffn_num_hiddens = check_size(ffn_num_hiddens, 'ffn_num_hiddens')
+    ffn_num_outputs = check_size(ffn_num_outputs, 'ffn_num_outputs')
     self.num_inputs = num_inputs
     self.dense1 = nnx.Linear(num_inputs, ffn_num_hiddens, dtype=dtype,
                              param_dtype=param_dtype, rngs=rngs)
@@ -94,6 +95,7 @@ class AddNorm(nnx.Module):
     if norm not in NORMS:
       raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
     check_norm_type(norm_type)
+    num_hiddens = check_size(num_hiddens, 'num_hiddens')
     self.norm = norm
     self.residual = residual
     self.num_hiddens = num_hiddens

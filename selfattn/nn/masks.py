@@ -20,6 +20,8 @@ additive mask of 0 / -inf read as booleans would keep every key.
 
 from __future__ import annotations
 
+import operator
+
 import jax
 import jax.numpy as jnp
 
@@ -44,13 +46,16 @@ def make_padding_mask(valid_BxL: jax.Array) -> jax.Array:
 def make_causal_mask(num_queries: int, num_keys: int | None = None
                      ) -> jax.Array:
   """(1, 1, Lq, Lk) bool: query i sees keys j <= i + (Lk - Lq)."""
-  num_keys = num_queries if num_keys is None else num_keys
+  # jnp.arange would take -1 (an empty mask) or 2.5 (3 rows) silently.
+  num_queries = check_size(num_queries, 'num_queries', 0)
+  num_keys = (num_queries if num_keys is None
+              else check_size(num_keys, 'num_keys', 0))
   query = jnp.arange(num_queries)[:, None] + (num_keys - num_queries)
   return (jnp.arange(num_keys)[None, :] <= query)[None, None]
 
 
-def make_length_mask(valid_lens: jax.Array, num_queries: int, num_keys: int
-                     ) -> jax.Array:
+def make_length_mask(valid_lens: jax.Array, num_queries: int, num_keys: int,
+                     what: str = 'valid_lens') -> jax.Array:
   """d2l's `valid_lens` as a mask: (B,) -> (B, 1, 1, Lk); (B, Lq) ->
   (B, 1, Lq, Lk) (one length per query).
 
@@ -58,11 +63,12 @@ def make_length_mask(valid_lens: jax.Array, num_queries: int, num_keys: int
   jit): a length <= 0 keeps no key (the query's output is zeros) and a
   length >= Lk keeps every key, as d2l's sequence_mask does. Their dtype
   is static, so it is checked: a float length (2.5 would keep 3 keys) is
-  refused.
+  refused. `what` names the lengths in errors (the decoder's cross-attention
+  takes them as enc_valid_lens).
   """
   valid_lens = jnp.asarray(valid_lens)
   if not jnp.issubdtype(valid_lens.dtype, jnp.integer):
-    raise TypeError(f'valid_lens must be integer token counts; got dtype '
+    raise TypeError(f'{what} must be integer token counts; got dtype '
                     f'{valid_lens.dtype} (a fractional length would keep '
                     f'the keys below it, silently): cast with .astype(int)')
   key_idx = jnp.arange(num_keys)
@@ -70,10 +76,10 @@ def make_length_mask(valid_lens: jax.Array, num_queries: int, num_keys: int
     return (key_idx[None, :] < valid_lens[:, None])[:, None, None, :]
   if valid_lens.ndim == 2:
     if valid_lens.shape[1] != num_queries:
-      raise ValueError(f'valid_lens of shape {valid_lens.shape} does not match '
+      raise ValueError(f'{what} of shape {valid_lens.shape} does not match '
                        f'{num_queries} queries; use (B,) or (B, Lq)')
     return (key_idx[None, None, :] < valid_lens[:, :, None])[:, None]
-  raise ValueError(f'valid_lens must be (B,) or (B, Lq); got shape '
+  raise ValueError(f'{what} must be (B,) or (B, Lq); got shape '
                    f'{valid_lens.shape}')
 
 
@@ -144,6 +150,28 @@ def integer_positions(positions, what: str = 'positions') -> jax.Array:
   if not jnp.issubdtype(positions.dtype, jnp.integer):
     raise TypeError(f'{what} must be integers; got {positions.dtype}')
   return positions
+
+
+def check_size(value, name: str, minimum: int | None = 1) -> int:
+  """A size argument (a width, a count, a table's rows) as a Python int.
+
+  TypeError unless it is an integer: a Python or NumPy one (anything
+  operator.index takes), not a bool (True is no size anyone meant) and not
+  32.0; ValueError below `minimum` (None: the caller checks a range of its
+  own). Sizes become shapes: a float failed deep inside JAX, or
+  (jnp.arange(4.5) has 5 rows) gave an odd shape silently. The message
+  starts `name=value`, as the constructors' others do (config checks read
+  the field's name from it)."""
+  valid = 'an integer' if minimum is None else f'an integer >= {minimum}'
+  try:
+    size = operator.index(value)
+  except TypeError:
+    size = None
+  if size is None or isinstance(value, bool):
+    raise TypeError(f'{name}={value!r} must be {valid}')
+  if minimum is not None and size < minimum:
+    raise ValueError(f'{name}={size} must be {valid}')
+  return size
 
 
 def check_heads(q: jax.Array, k: jax.Array, v: jax.Array, *,

@@ -10,6 +10,7 @@ from flax import nnx
 
 from selfattn.nn.decoder import TransformerDecoder
 from selfattn.nn.encoder import TransformerEncoder
+from selfattn.nn.masks import check_size
 
 
 class SequenceModel(nnx.Module):
@@ -28,6 +29,7 @@ class SequenceModel(nnx.Module):
                causal: bool = False, rngs: nnx.Rngs):
     self.encoder = encoder
     self.causal = causal
+    num_classes = check_size(num_classes, 'num_classes')
     self.head = nnx.Linear(encoder.num_hiddens, num_classes,
                            dtype=encoder.dtype, rngs=rngs)
 
@@ -57,7 +59,7 @@ class LanguageModel(nnx.Module):
 
   def __init__(self, decoder: TransformerDecoder, num_classes: int):
     self.decoder = decoder
-    self.num_classes = num_classes
+    self.num_classes = check_size(num_classes, 'num_classes')
 
   causal = True
 

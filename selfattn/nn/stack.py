@@ -36,31 +36,45 @@ def check_position_options(owner: str, position: str,
 
 
 def check_stack(owner: str, position: str, position_options: dict, *,
-                norm: str, num_hiddens: int, num_heads: int, num_layers: int,
-                norm_type: str = 'layernorm'):
-  """The checks every stack's constructor makes; returns (kind, options)."""
+                norm: str, vocab_size: int | None, num_hiddens: int,
+                ffn_num_hiddens: int, num_heads: int, num_layers: int,
+                max_len: int, norm_type: str = 'layernorm'):
+  """The checks every stack's constructor makes; returns (kind, options).
+
+  Every size is checked here, before anything is built: a float then fails
+  alike whatever the encoding (most ignore max_len) and the depth (no layer,
+  no FFN to refuse ffn_num_hiddens)."""
   check_position_options(owner, position, position_options)
   if norm not in NORMS:
     raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
   check_norm_type(norm_type)
-  if num_heads < 1 or num_hiddens < 1 or num_layers < 0:
-    raise ValueError(f'num_hiddens={num_hiddens}, num_heads={num_heads} '
-                     f'must be positive, num_layers={num_layers} >= 0')
+  if vocab_size is not None:         # None: a features-only stack
+    masks.check_size(vocab_size, 'vocab_size')
+  for name, size in (('num_hiddens', num_hiddens),
+                     ('ffn_num_hiddens', ffn_num_hiddens),
+                     ('num_heads', num_heads), ('max_len', max_len)):
+    masks.check_size(size, name)
+  masks.check_size(num_layers, 'num_layers', 0)
   if num_hiddens % num_heads:
     raise ValueError(f'num_hiddens={num_hiddens} is not divisible by '
                      f'num_heads={num_heads}')
   return get_position(position, position_options)
 
 
-def check_tokens(tokens: jax.Array, name: str = 'tokens') -> None:
-  """ValueError naming `name` unless tokens are (B, L) int ids or (B, L, F)
-  float features (a rank-1 array would fail later with an IndexError)."""
+def check_tokens(tokens: jax.Array, name: str = 'tokens') -> jax.Array:
+  """tokens as an array; ValueError naming `name` unless they are (B, L) int
+  ids or (B, L, F) float features (a rank-1 array would fail later with an
+  IndexError). Nested Python lists are taken, as jnp.asarray reads them
+  ([[1, 2, 3]]: int32 ids)."""
+  if isinstance(tokens, (list, tuple)):
+    tokens = jnp.asarray(tokens)       # jnp.result_type cannot read a list
   shape = jnp.shape(tokens)
   integer = jnp.issubdtype(jnp.result_type(tokens), jnp.integer)
   if len(shape) != (2 if integer else 3):
     want = '(B, L) int token ids' if integer else '(B, L, num_hiddens) features'
     raise ValueError(f'{name} must be {want}; got shape {tuple(shape)} (a '
                      f'single sequence needs a batch axis: {name}[None])')
+  return tokens
 
 
 class EmbeddingMixin:
@@ -89,9 +103,8 @@ class EmbeddingMixin:
                   rngs: nnx.Rngs) -> None:
     """Called last in the stack's constructor, so every other parameter
     draws the values it draws without a meter."""
-    if period < 0 or step_tokens < 1:
-      raise ValueError(f'meter_period={period} must be >= 0 and '
-                       f'meter_step_tokens={step_tokens} >= 1')
+    period = masks.check_size(period, 'meter_period', 0)      # 0: no meter
+    step_tokens = masks.check_size(step_tokens, 'meter_step_tokens')
     if period:
       self.meter = nnx.Embed(period, self.num_hiddens, dtype=dtype,
                              param_dtype=param_dtype,

@@ -153,6 +153,37 @@ def test_cross_attention_sees_only_valid_encoder_positions():
     dec(y)
 
 
+def test_enc_valid_lens_errors_name_enc_valid_lens():
+  """Per-query lengths for the cross-attention: their shape and dtype
+  errors said `valid_lens`, an argument the decoder does not have."""
+  dec = make_decoder('none', cross_attention=True)
+  y, enc_out = toks((2, 3)), jnp.zeros((2, 5, 16))
+  with pytest.raises(ValueError, match=r'^enc_valid_lens of shape \(2, 2\) '
+                     r'does not match 3 queries'):
+    dec(y, enc_out, jnp.full((2, 2), 4))
+  with pytest.raises(TypeError, match='^enc_valid_lens must be integer'):
+    dec(y, enc_out, jnp.array([4.0, 4.0]))
+
+
+def test_decoder_sizes_must_be_integers_and_token_lists_are_taken():
+  """Float sizes failed deep inside JAX; greedy_decode took num_steps=True
+  as one step; [[1, 2, 3]] failed with 'Cannot determine dtype'."""
+  rngs = nnx.Rngs(0)
+  with pytest.raises(TypeError, match='^ffn_num_hiddens=32.0 must be an '
+                     'integer >= 1'):
+    selfattn.TransformerDecoder(11, 16, 32.0, 4, 1, rngs=rngs)
+  dec = selfattn.TransformerDecoder(11, 16, 32, 2, 1, rngs=rngs)
+  with pytest.raises(TypeError, match='^num_classes=5.0 must be an integer'):
+    selfattn.nn.LanguageModel(dec, 5.0)
+  for steps in (2.5, True):
+    with pytest.raises(TypeError, match=f'^num_steps={steps} must be an '
+                       f'integer >= 0'):
+      selfattn.greedy_decode(dec, toks((1, 2)), steps)
+  from_list, from_array = compiled(lambda m: (
+      m([[1, 2, 3]]), m(jnp.array([[1, 2, 3]]))), dec)
+  np.testing.assert_array_equal(from_list, from_array)
+
+
 def test_decode_without_a_cache_says_so():
   with pytest.raises(ValueError, match='init_cache'):
     make_decoder('rope')(toks((1, 2)), decode=True)

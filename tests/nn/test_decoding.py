@@ -267,10 +267,12 @@ def test_bad_requests_say_what_is_wrong():
     decoding.generate(dec, prompt, 2, method='topk')
   with pytest.raises(ValueError, match='needs a key'):
     decoding.generate(dec, prompt, 2, method='sample')
-  with pytest.raises(ValueError, match='num_steps must be >= 1'):
+  with pytest.raises(ValueError, match='num_steps=0 must be an integer >= 1'):
     decoding.generate(dec, prompt, 0)
-  with pytest.raises(TypeError, match='num_steps must be an integer'):
+  with pytest.raises(TypeError, match=r'num_steps=2\.5 must be an integer'):
     decoding.generate(dec, prompt, 2.5)
+  with pytest.raises(TypeError, match=r'beam_size=2\.5 must be an integer'):
+    decoding.generate(dec, prompt, 2, method='beam', beam_size=2.5)
   with pytest.raises(TypeError, match='prompt must be integer token ids'):
     decoding.generate(dec, prompt + 0.7, 2)      # was cast to the ids below
   with pytest.raises(ValueError, match=r'positions must be \(B, P \+ num_steps\)'):

@@ -222,6 +222,54 @@ def test_invalid_arguments_raise_clear_errors():
     selfattn.TransformerEncoder(5, 8, 8, 2, 1, position='xpos', rngs=nnx.Rngs(0))
 
 
+def test_sizes_must_be_integers_and_the_error_names_them():
+  """Float sizes failed deep inside JAX (a shape of floats, a list times a
+  float) or ran: num_heads=2.0 gave float head widths, max_len=100.0 a
+  sinusoidal table. Python and NumPy integers are sizes; bools are not."""
+  rngs = nnx.Rngs(0)
+  encoder = lambda *sizes, **kw: selfattn.TransformerEncoder(
+      *sizes, rngs=rngs, **kw)
+  for name, build in (
+      ('num_hiddens=16.0', lambda: selfattn.MultiHeadAttention(16.0, 2,
+                                                               rngs=rngs)),
+      ('num_heads=2.0', lambda: selfattn.MultiHeadAttention(16, 2.0,
+                                                            rngs=rngs)),
+      ('num_heads=True', lambda: selfattn.MultiHeadAttention(16, True,
+                                                             rngs=rngs)),
+      ('kv_features=8.0', lambda: selfattn.MultiHeadAttention(
+          16, 2, kv_features=8.0, rngs=rngs)),
+      ('ffn_num_hiddens=16.5', lambda: selfattn.PositionWiseFFN(8, 16.5, 8,
+                                                                rngs=rngs)),
+      ('num_hiddens=8.0', lambda: selfattn.AddNorm(8.0, 0.0, rngs=rngs)),
+      ('vocab_size=10.0', lambda: encoder(10.0, 32, 64, 2, 1)),
+      ('num_hiddens=32.5', lambda: encoder(10, 32.5, 64, 2, 1)),
+      ('ffn_num_hiddens=64.0', lambda: encoder(10, 32, 64.0, 2, 1)),
+      ('num_layers=2.5', lambda: encoder(10, 32, 64, 2, 2.5)),
+      ('max_len=100.0', lambda: encoder(10, 32, 64, 2, 1, max_len=100.0)),
+      ('meter_period=4.0', lambda: encoder(10, 32, 64, 2, 1,
+                                           meter_period=4.0)),
+      ('num_classes=3.0', lambda: selfattn.nn.SequenceModel(
+          encoder(10, 16, 32, 2, 0), 3.0, rngs=rngs))):
+    with pytest.raises(TypeError, match=f'^{name} must be an integer >= '):
+      build()
+  with pytest.raises(ValueError, match='num_layers=-1 must be an integer '
+                     '>= 0'):
+    encoder(10, 16, 32, 2, -1)
+  attn = selfattn.MultiHeadAttention(np.int64(16), np.int32(2), rngs=rngs)
+  assert (attn.num_hiddens, attn.num_heads) == (16, 2)
+
+
+def test_token_ids_as_nested_lists_are_taken_as_arrays():
+  """[[1, 2, 3]] failed deep inside JAX ('Cannot determine dtype')."""
+  enc = selfattn.TransformerEncoder(VOCAB, 16, 32, 2, 1, rngs=nnx.Rngs(0))
+  from_list, from_array = compiled(lambda m: (
+      m([[1, 2, 3]], [2]), m(jnp.array([[1, 2, 3]]), jnp.array([2]))), enc)
+  np.testing.assert_array_equal(from_list, from_array)
+  with pytest.raises(ValueError, match=r'inputs must be \(B, L\) int token '
+                     r'ids; got shape \(3,\)'):
+    enc([1, 2, 3])
+
+
 # Shaw --extended (tiers.py): the learned case takes the same remat path
 # (stack.run_blocks wraps every block alike); Shaw's gradients stay in the
 # commit tier in test_fused_path_equals_the_plain_path[shaw] and

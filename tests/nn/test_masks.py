@@ -29,6 +29,21 @@ def test_causal_mask_square_and_end_aligned():
                                 [[1, 1, 1, 0], [1, 1, 1, 1]])
 
 
+def test_causal_mask_refuses_sizes_that_are_not_counts():
+  """jnp.arange took them: -1 gave an empty (1, 1, 0, 0) mask and 2.5 a
+  (1, 1, 3, 3) one, silently."""
+  with pytest.raises(ValueError, match='num_queries=-1 must be an integer '
+                     '>= 0'):
+    selfattn.make_causal_mask(-1)
+  with pytest.raises(TypeError, match=r'num_queries=2\.5 must be an integer'):
+    selfattn.make_causal_mask(2.5)
+  with pytest.raises(ValueError, match='num_keys=-2 must be an integer >= 0'):
+    selfattn.make_causal_mask(3, -2)
+  np.testing.assert_array_equal(
+      selfattn.make_causal_mask(np.int64(2), np.int32(3))[0, 0],
+      [[1, 1, 0], [1, 1, 1]])
+
+
 def test_square_causal_mask_is_not_read_as_key_padding_when_batch_equals_length():
   """The old silent bug: an (L, L) mask with B == L was read as (B, Lk)."""
   attn = _attn()
@@ -54,7 +69,7 @@ def test_float_masks_and_wrong_shapes_raise():
     attn(X, valid_lens=jnp.ones((2, 5, 5), jnp.int32))
   with pytest.raises(ValueError, match='one row per example'):
     attn(X, valid_lens=jnp.array([3]))          # not silently broadcast
-  with pytest.raises(ValueError, match='must be positive'):
+  with pytest.raises(ValueError, match='num_heads=0 must be an integer >= 1'):
     selfattn.MultiHeadAttention(16, 0, rngs=nnx.Rngs(0))
 
 

@@ -65,14 +65,54 @@ def test_encodings_refuse_inputs_and_options_that_do_not_fit_by_name():
     with pytest.raises(ValueError, match=r'positions must be \(B, L\)'):
       enc(jnp.zeros((2, 5, 8)), positions=jnp.arange(5))
   for clip in (2.5, '8'):
-    with pytest.raises(TypeError, match='clip_distance must be an integer'):
+    with pytest.raises(TypeError, match='clip_distance=.* must be an integer'):
       selfattn.ShawRelative(2, 8, clip_distance=clip, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match='max_len must be >= 1'):
+  with pytest.raises(ValueError, match='max_len=0 must be an integer >= 1'):
     selfattn.HuangRelative(2, 8, max_len=0, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match='max_len must be >= 1'):
+  with pytest.raises(ValueError, match='max_len=0 must be an integer >= 1'):
     selfattn.TransformerXLRelative(2, 8, max_len=0, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match='num_steps >= 0'):
+  with pytest.raises(ValueError, match='num_steps=-1 must be an integer >= 0'):
     selfattn.sinusoidal_table(-1, 16)        # was an empty (0, 16) table
+
+
+def test_sinusoidal_table_takes_integer_sizes_only():
+  """jnp.arange rounded a float size up: (4, 4.5) gave a (4, 5) table and
+  (4.5, 4) five rows, silently. An odd width stays valid (the last column
+  is a sine), and so do NumPy integers and zero steps."""
+  with pytest.raises(TypeError, match=r'num_hiddens=4\.5 must be an integer '
+                     r'>= 1'):
+    selfattn.sinusoidal_table(4, 4.5)
+  with pytest.raises(TypeError, match=r'num_steps=4\.5 must be an integer'):
+    selfattn.sinusoidal_table(4.5, 4)
+  with pytest.raises(TypeError, match='num_hiddens=True'):
+    selfattn.sinusoidal_table(4, True)       # a bool is no width
+  assert selfattn.sinusoidal_table(4, 3).shape == (4, 3)
+  assert selfattn.sinusoidal_table(np.int64(2), np.int32(5)).shape == (2, 5)
+  assert selfattn.sinusoidal_table(0, 4).shape == (0, 4)
+  with pytest.raises(TypeError, match=r'max_len=100\.0 must be an integer'):
+    selfattn.SinusoidalEncoding(8, max_len=100.0, rngs=nnx.Rngs(0))
+
+
+def test_encodings_refuse_sizes_that_are_not_integers_by_name():
+  """Float sizes failed deep inside JAX (a shape of floats) or were kept:
+  ALiBi's head count then failed at the first call, RoPE's width never."""
+  rngs = nnx.Rngs(0)
+  for name, build in (
+      ('num_hiddens=8.0', lambda: selfattn.NoEncoding(8.0, rngs=rngs)),
+      ('max_len=12.0', lambda: selfattn.LearnedEncoding(8, max_len=12.0,
+                                                        rngs=rngs)),
+      ('head_dim=8.0', lambda: selfattn.ShawRelative(2, 8.0, rngs=rngs)),
+      ('max_len=8.5', lambda: selfattn.HuangRelative(2, 8, max_len=8.5,
+                                                     rngs=rngs)),
+      ('num_heads=2.0', lambda: selfattn.TransformerXLRelative(2.0, 4,
+                                                               rngs=rngs)),
+      ('num_buckets=32.0', lambda: selfattn.T5RelativeBias(
+          2, num_buckets=32.0, rngs=rngs)),
+      ('num_heads=2.0', lambda: selfattn.ALiBi(2.0)),
+      ('head_dim=8.0', lambda: selfattn.RotaryEncoding(8.0)),
+      ('head_dim=4.0', lambda: selfattn.PolarEncoding(2, 4.0, rngs=rngs))):
+    with pytest.raises(TypeError, match=f'^{name} must be an integer'):
+      build()
 
 
 def test_an_encoding_built_for_other_heads_is_refused_by_the_attention():

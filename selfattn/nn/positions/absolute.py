@@ -19,16 +19,16 @@ def sinusoidal_table(num_steps: int, num_hiddens: int, dtype=jnp.float32
 
   Returns (num_steps, num_hiddens). Works for odd num_hiddens (the last column
   is a sine) and for any number of steps: it is a formula, not a parameter.
+  Both are integers (jnp.arange would round 4.5 up to 5 rows or columns).
   """
-  if num_steps < 0 or num_hiddens < 1:
-    raise ValueError(f'sinusoidal_table needs num_steps >= 0 and num_hiddens '
-                     f'>= 1; got {num_steps} and {num_hiddens}')
+  num_steps = masks.check_size(num_steps, 'num_steps', 0)
   return sinusoid_at(jnp.arange(num_steps), num_hiddens, dtype)
 
 
 def sinusoid_at(positions: jax.Array, num_hiddens: int, dtype=jnp.float32
                 ) -> jax.Array:
   """Rows of the chapter's table at any positions: (...,) -> (..., num_hiddens)."""
+  num_hiddens = masks.check_size(num_hiddens, 'num_hiddens')
   position = jnp.asarray(positions, jnp.float32)[..., None]
   column = jnp.arange(num_hiddens)
   even_column = (column - column % 2).astype(jnp.float32)   # 2j for 2j and 2j+1
@@ -59,8 +59,8 @@ class SinusoidalEncoding(nnx.Module):
 
   def __init__(self, num_hiddens: int, dropout: float = 0.0,
                max_len: int = 1000, *, rngs: nnx.Rngs):
-    self.num_hiddens = num_hiddens
-    self.max_len = max_len
+    self.num_hiddens = masks.check_size(num_hiddens, 'num_hiddens')
+    self.max_len = masks.check_size(max_len, 'max_len')
     self.dropout = dropout_layer(dropout, rngs)
 
   @property
@@ -103,6 +103,8 @@ class LearnedEncoding(nnx.Module):
                param_dtype=jnp.float32, rngs: nnx.Rngs):
     if init not in ('normal', 'sinusoidal'):
       raise ValueError(f'init={init!r} is unknown; valid: normal, sinusoidal')
+    num_hiddens = masks.check_size(num_hiddens, 'num_hiddens')
+    max_len = masks.check_size(max_len, 'max_len')
     if init == 'normal':
       table = jax.random.normal(rngs.params(), (1, max_len, num_hiddens))
       table = table * math.sqrt(0.5)
@@ -166,7 +168,7 @@ class NoEncoding(nnx.Module):
 
   def __init__(self, num_hiddens: int, dropout: float = 0.0, *,
                rngs: nnx.Rngs):
-    self.num_hiddens = num_hiddens
+    self.num_hiddens = masks.check_size(num_hiddens, 'num_hiddens')
     self.dropout = dropout_layer(dropout, rngs)
 
   def picture(self) -> None:

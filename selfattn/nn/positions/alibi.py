@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from selfattn.nn.masks import check_size
 from selfattn.nn.positions.offsets import RelativePosition
 from selfattn.nn.positions.offsets import _per_head
 from selfattn.nn.positions.offsets import position_offsets
@@ -19,8 +20,7 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
   smaller power of two n, then every other slope of 2n for the remaining
   H - n heads (H=3: [1/16, 1/256, 1/4]).
   """
-  if num_heads < 1:
-    raise ValueError(f'num_heads={num_heads} must be positive')
+  num_heads = check_size(num_heads, 'num_heads')
   n = 1 << (num_heads.bit_length() - 1)      # the largest power of 2 <= H
   slopes = 2.0 ** (-8.0 * np.arange(1, n + 1) / n)
   if n == num_heads:
@@ -45,7 +45,7 @@ class ALiBi(RelativePosition):
   """
 
   def __init__(self, num_heads: int, *, symmetric: bool = False):
-    self.num_heads = num_heads
+    self.num_heads = check_size(num_heads, 'num_heads')
     self.symmetric = symmetric
 
   def built_for(self) -> tuple[int | None, int | None]:

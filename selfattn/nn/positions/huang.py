@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from selfattn.nn.masks import check_size
 from selfattn.nn.positions.offsets import RelativePosition
 from selfattn.nn.positions.offsets import _table_init
 from selfattn.nn.positions.offsets import causal_relative_to_absolute
@@ -33,9 +34,9 @@ class HuangRelative(RelativePosition):
   def __init__(self, num_heads: int, head_dim: int, *, max_len: int = 1024,
                shared_heads: bool = False, causal: bool = False,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
-    if max_len < 1:
-      raise ValueError(f'max_len must be >= 1 (its table has 2 max_len - 1 '
-                       f'rows); got {max_len}')
+    num_heads = check_size(num_heads, 'num_heads')
+    head_dim = check_size(head_dim, 'head_dim')
+    max_len = check_size(max_len, 'max_len')    # 2 max_len - 1 table rows
     self.max_len = max_len
     self.causal = causal
     self.shared_heads = shared_heads

@@ -11,6 +11,7 @@ from flax import nnx
 
 from selfattn.nn.bounded import BoundedParam
 from selfattn.nn.bounded import clamp
+from selfattn.nn.masks import check_size
 from selfattn.nn.positions.offsets import RelativePosition
 
 
@@ -26,7 +27,7 @@ class RotaryEncoding(RelativePosition):
   def __init__(self, head_dim: int, *, rope_base: float = 10000.0):
     if not rope_base > 0:
       raise ValueError(f'rope_base must be > 0; got {rope_base}')
-    self.head_dim = head_dim
+    self.head_dim = check_size(head_dim, 'head_dim')
     self.rope_base = rope_base
 
   def _rotate(self, x: jax.Array, pos: jax.Array | None = None) -> jax.Array:
@@ -97,7 +98,8 @@ class PolarEncoding(RelativePosition):
     if delta_init not in POPE_DELTA_INITS:
       raise ValueError(f'pope_delta_init={delta_init!r} is unknown; valid: '
                        f'{", ".join(POPE_DELTA_INITS)}')
-    self.head_dim = head_dim
+    num_heads = check_size(num_heads, 'num_heads')
+    self.head_dim = head_dim = check_size(head_dim, 'head_dim')
     self.rope_base = rope_base
     shape = (num_heads, head_dim)
     if delta_init == 'zero':

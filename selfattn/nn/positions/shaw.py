@@ -3,12 +3,11 @@ clipped offset."""
 
 from __future__ import annotations
 
-import operator
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from selfattn.nn.masks import check_size
 from selfattn.nn.positions.offsets import RelativePosition
 from selfattn.nn.positions.offsets import _table_init
 from selfattn.nn.positions.offsets import fold_by_bucket
@@ -34,13 +33,9 @@ class ShawRelative(RelativePosition):
   def __init__(self, num_heads: int, head_dim: int, *, clip_distance: int = 16,
                relative_values: bool = True, shared_heads: bool = True,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
-    try:
-      clip_distance = operator.index(clip_distance)    # 16, not 16.0 or '16'
-    except TypeError:
-      raise TypeError(f'clip_distance must be an integer; got '
-                      f'{clip_distance!r}') from None
-    if clip_distance < 1:
-      raise ValueError(f'clip_distance must be >= 1; got {clip_distance}')
+    num_heads = check_size(num_heads, 'num_heads')
+    head_dim = check_size(head_dim, 'head_dim')
+    clip_distance = check_size(clip_distance, 'clip_distance')
     self.clip_distance = clip_distance
     self.shared_heads = shared_heads
     shape = ((2 * clip_distance + 1, head_dim) if shared_heads

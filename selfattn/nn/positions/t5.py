@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from selfattn.nn.masks import check_size
 from selfattn.nn.positions.offsets import RelativePosition
 from selfattn.nn.positions.offsets import _table_init
 from selfattn.nn.positions.offsets import position_offsets
@@ -16,6 +17,9 @@ from selfattn.nn.positions.offsets import position_offsets
 def check_buckets(num_buckets: int, max_distance: int) -> None:
   """Refuses a bucketing whose buckets would not all be used or would go
   negative (half per direction, a quarter of them exact)."""
+  # Integers first (32.0 failed as a table shape), then their ranges.
+  check_size(num_buckets, 'num_buckets', None)
+  check_size(max_distance, 'max_distance', None)
   if num_buckets < 4 or num_buckets % 2:
     raise ValueError(f'num_buckets must be even and >= 4; got {num_buckets}')
   if max_distance <= num_buckets // 4:
@@ -55,6 +59,7 @@ class T5RelativeBias(RelativePosition):
                max_distance: int = 128, param_dtype=jnp.float32,
                rngs: nnx.Rngs):
     check_buckets(num_buckets, max_distance)
+    num_heads = check_size(num_heads, 'num_heads')
     self.num_buckets = num_buckets
     self.max_distance = max_distance
     self.bias = nnx.Param(

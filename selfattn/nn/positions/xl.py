@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from selfattn.nn.masks import check_size
 from selfattn.nn.positions.offsets import RelativePosition
 from selfattn.nn.positions.offsets import gather_offsets
 from selfattn.nn.positions.offsets import position_offsets
@@ -41,9 +42,9 @@ class TransformerXLRelative(RelativePosition):
 
   def __init__(self, num_heads: int, head_dim: int, *, max_len: int = 1024,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
-    if max_len < 1:
-      raise ValueError(f'max_len must be >= 1 (offsets are clipped to '
-                       f'+-(max_len - 1)); got {max_len}')
+    num_heads = check_size(num_heads, 'num_heads')
+    head_dim = check_size(head_dim, 'head_dim')
+    max_len = check_size(max_len, 'max_len')   # offsets clip to +-(max_len-1)
     width = num_heads * head_dim
     if width % 2:
       # phi is [sin, cos] halves of the model width.
