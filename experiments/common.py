@@ -22,6 +22,7 @@ from absl import flags  # noqa: E402
 
 from configs import default  # noqa: E402
 from experiments import study  # noqa: E402
+from selfattn.errors import ConfigError  # noqa: E402
 
 WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory: one '
                               'TensorBoard subdirectory per run, results.md, PNGs.')
@@ -268,6 +269,28 @@ def plot_accuracy_vs_length(results: dict[str, list[dict]], lengths: list[int],
   plt.close(fig)
 
 
+def _check_report_owner(path: str, title: str) -> None:
+  """Refuses to replace a results.md that another study wrote (or this one
+  for another task: compare_positions names its task in the title). Its
+  title is the owner's mark; one that the new title extends, or that
+  extends it, is this study's report growing (translation_convergence
+  adds ', and rope' once rope has run)."""
+  try:
+    with open(path) as f:
+      first = f.readline().rstrip('\n')
+  except FileNotFoundError:
+    return
+  old = first[2:] if first.startswith('# ') else first
+  if old.startswith(title) or title.startswith(old):
+    return
+  raise ConfigError(
+      f'{path} is the report {old!r}, not this study\'s ({title!r}): another '
+      f'study, or this one with another task, shares the workdir. It is '
+      f'left as it is; this study\'s finished runs stay in '
+      f'{os.path.dirname(path)}. Give each study its own --workdir (or '
+      f'remove that results.md to replace it)')
+
+
 def write_results(workdir: str, title: str, sections: list[tuple[str, str]],
                   data: Any = None) -> str:
   """workdir/results.md (and results.json with `data`); returns the markdown.
@@ -281,6 +304,7 @@ def write_results(workdir: str, title: str, sections: list[tuple[str, str]],
   if quick and isinstance(data, dict):
     data = {'quick_mode_smoke_test': True, **data}
   os.makedirs(workdir, exist_ok=True)
+  _check_report_owner(os.path.join(workdir, 'results.md'), title)
   with open(os.path.join(workdir, 'results.md'), 'w') as f:
     f.write(text)
   if data is not None:

@@ -472,6 +472,27 @@ def test_scale_quick_marks_its_results_as_a_smoke_test(tmp_path):
       'quick_mode_smoke_test'] is True
 
 
+def test_another_studys_report_is_not_replaced(tmp_path):
+  """Two studies given one --workdir: the second's report replaced the
+  first's results.md (and results.json) without a word."""
+  from selfattn.errors import ConfigError
+  common.write_results(str(tmp_path), 'Indirect indexing', [('h', 'a')],
+                       {'x': 1})
+  before = {name: (tmp_path / name).read_text()
+            for name in ('results.md', 'results.json')}
+  with pytest.raises(ConfigError, match=r"results\.md is the report "
+                     r"'Indirect indexing', not this study's \('Length "
+                     r"generalization'\).*its own --workdir"):
+    common.write_results(str(tmp_path), 'Length generalization',
+                         [('h', 'b')], {'x': 2})
+  assert {name: (tmp_path / name).read_text() for name in before} == before
+  # The same study rewrites its own report, also as its title grows.
+  for title in ('Indirect indexing', 'Indirect indexing, and more',
+                'Indirect indexing'):
+    text = common.write_results(str(tmp_path), title, [('h', title)])
+    assert (tmp_path / 'results.md').read_text() == text
+
+
 def test_a_report_that_leaves_finished_runs_out_says_so(tmp_path, capsys):
   """Rerun with fewer --seeds, a study's report shrank without a word."""
   spec = _TwoEncodings()
