@@ -37,7 +37,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.task.per_batch_length = False  # True: one length per batch, as the reference does
   # Task options (shift: k of `shift`; window: w of `window_sum`; max_shift:
   # the largest |shift| of `indirect_indexing`; transpose, crop_align: the
-  # music task's), from selfattn.tasks.DEFAULT_OPTIONS, the one list.
+  # music task's), from selfattn.tasks.DEFAULT_OPTIONS, the one list; a task
+  # refuses another's option set away from its default (TaskSpec.options).
   for name, default in tasks.DEFAULT_OPTIONS.items():
     config.task[name] = default
 
@@ -54,6 +55,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.max_len = 256            # rows of learned/huang/xl tables; >= longest eval sequence (and translation pair)
   config.model.dtype = 'float32'        # activations: float32 or bfloat16 (params stay float32)
   config.model.attention_impl = 'plain'  # or fused (cuDNN on GPUs in bfloat16), chunked (O(L) memory), auto, pallas (flash kernels)
+  # With attention_impl='pallas' on a CUDA GPU: auto (selfattn's choice per
+  # call), or insist on triton, hopper (sm90, bfloat16) or cudnn (no logit
+  # term, bfloat16); no effect on the CPU or a TPU except that cudnn needs a GPU.
+  config.model.gpu_kernel = 'auto'
   config.model.remat = False            # recompute block activations in the backward pass
   config.model.scan_layers = False      # stacked blocks run by nnx.scan (no attention images)
   # A learned embedding of the step phase, (position // meter_step_tokens) %

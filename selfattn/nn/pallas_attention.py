@@ -67,6 +67,7 @@ from selfattn.nn import hopper_backward
 from selfattn.nn import masks
 from selfattn.nn import pallas_kernels as kernels
 from selfattn.nn import positions
+from selfattn.nn.gpu_kernels import GPU_KERNELS
 from selfattn.nn.cudnn_flash import cudnn_traceable
 from selfattn.nn.pallas_kernels import Config
 from selfattn.nn.pallas_kernels import TritonLaunch
@@ -74,7 +75,6 @@ from selfattn.nn.pallas_kernels import TritonTuning
 
 BLOCK_Q = 128
 BLOCK_K = 128
-GPU_KERNELS = ('auto', 'cudnn', 'hopper', 'triton')
 _default_gpu_kernel = ['auto']
 # 'auto' hands the calls with no logit term (none, rotations) to cuDNN
 # (cudnn_flash.py) only once that route has run on a GPU. cuDNN's kernel
@@ -160,30 +160,41 @@ def _is_rotation_only(relative) -> bool:
           and cls.blockwise_logits is base.blockwise_logits)
 
 
+def kernel_kind(relative) -> str | None:
+  """The kernels' name for an encoding ('none' for no encoding, an absolute
+  one or a rotation; 'alibi', 't5', 'shaw'), or None where they do not
+  compute it. Reads only the encoding's type, so an abstract module
+  (nnx.eval_shape) answers too."""
+  if relative is None or _is_rotation_only(relative):
+    return 'none'
+  for kind, cls, hooks in (('alibi', positions.ALiBi, ('logits',)),
+                           ('t5', positions.T5RelativeBias, ('logits',)),
+                           ('shaw', positions.ShawRelative,
+                            ('logits', 'values'))):
+    # A subclass that overrides a hook computes something else.
+    if isinstance(relative, cls) and all(
+        getattr(type(relative), hook) is getattr(cls, hook) for hook in hooks):
+      return kind
+  return None
+
+
 def _describe(relative):
   """(kind, table, options) of a supported encoding, or None if it is not."""
-  if relative is None:
-    return 'none', None, {}
-  if (isinstance(relative, positions.ALiBi)
-      and type(relative).logits is positions.ALiBi.logits):
+  kind = kernel_kind(relative)
+  if kind == 'alibi':
     slopes = jnp.asarray(positions.alibi_slopes(relative.num_heads),
                          jnp.float32)
     return 'alibi', slopes, {'symmetric': bool(relative.symmetric)}
-  if (isinstance(relative, positions.T5RelativeBias)
-      and type(relative).logits is positions.T5RelativeBias.logits):
+  if kind == 't5':
     return 't5', relative.bias[...], {
         'num_buckets': int(relative.num_buckets),
         'max_distance': int(relative.max_distance)}
-  if (isinstance(relative, positions.ShawRelative)
-      and type(relative).logits is positions.ShawRelative.logits
-      and type(relative).values is positions.ShawRelative.values):
+  if kind == 'shaw':
     a_v = None if relative.a_V is None else relative.a_V[...]
     return 'shaw', (relative.a_K[...], a_v), {
         'clip': int(relative.clip_distance),
         'shared_heads': bool(relative.shared_heads)}
-  if _is_rotation_only(relative):
-    return 'none', None, {}
-  return None
+  return None if kind is None else ('none', None, {})
 
 
 def supports(relative) -> bool:
@@ -191,6 +202,60 @@ def supports(relative) -> bool:
   forms), T5, Shaw (key and value terms), and rotation-only encodings (RoPE,
   PoPE)."""
   return _describe(relative) is not None
+
+
+def gpu_kernel_problem(gpu_kernel: str, relative, dtype, num_heads: int,
+                       head_dim: int, causal: tuple[bool, ...] = (False,)
+                       ) -> str | None:
+  """Why `gpu_kernel` would refuse a model's self-attention, or None: what
+  pallas_attention checks when a call is traced, asked of the model before
+  any work (config validation). relative: the model's encoding hooks (None
+  for none or an absolute encoding), built with its parameters; dtype: the
+  activations'; causal: the values the model's calls take. Lengths, which
+  no kernel refuses, are not asked about."""
+  if gpu_kernel not in GPU_KERNELS:
+    return f'gpu_kernel={gpu_kernel!r}; choose one of {GPU_KERNELS}'
+  kind = kernel_kind(relative)
+  if kind is None:
+    return (f'the Pallas kernels do not compute {type(relative).__name__} '
+            f'(they compute none, alibi, t5, shaw, rope and pope); '
+            f'attention_impl=pallas runs the plain path for it')
+  if gpu_kernel in ('auto', 'triton'):
+    return None
+  q = jax.ShapeDtypeStruct((1, num_heads, BLOCK_Q, head_dim), dtype)
+  if relative is not None:
+    q, _ = jax.eval_shape(lambda q, k: relative.rotate(q, k), q, q)
+  width = max(q.shape[-1], head_dim)
+  v = jax.ShapeDtypeStruct((1, num_heads, BLOCK_Q, head_dim), dtype)
+  for is_causal in causal:
+    if gpu_kernel == 'hopper':
+      options = {} if kind != 'shaw' else dict(
+          clip=int(relative.clip_distance),
+          values=relative.a_V is not None)
+      if not hopper.supports(kind, dtype, width, causal=is_causal, **options):
+        return (f"gpu_kernel='hopper' computes {hopper.KINDS} in bfloat16 "
+                f'or float16 with heads up to {hopper.MAX_HEAD} wide, where '
+                f'its shared memory fits (for Shaw, by its clip distance); '
+                f'(none: no encoding, an absolute one, RoPE or PoPE); got '
+                f'{kind}, {jnp.dtype(dtype).name}, heads {width} wide'
+                f"{f', clip {relative.clip_distance}' if kind == 'shaw' else ''}")
+    elif not cudnn_flash.computes(q, q, v, kind=kind, causal=is_causal,
+                                  key_mask=False):
+      return ("gpu_kernel='cudnn' computes no encoding, an absolute one or "
+              'RoPE (no logit term, one head width: PoPE widens q and k) in '
+              'bfloat16 or float16, heads a multiple of 8 up to 128 wide; '
+              f'got {type(relative).__name__ if relative else "no term"} '
+              f'({kind}), {jnp.dtype(dtype).name}, q/k heads {q.shape[-1]} '
+              f'and v heads {head_dim} wide')
+  if (gpu_kernel == 'hopper' and cudnn_traceable()
+      and not hopper.lowering_for_hopper()):
+    return ("gpu_kernel='hopper' needs an sm90 GPU (H100, H200) and JAX "
+            f'0.11 or later; this process has {jax.devices("cuda")[0].device_kind}'
+            f' and JAX {jax.__version__}')
+  if gpu_kernel == 'cudnn' and not cudnn_traceable():
+    return ("gpu_kernel='cudnn' needs a CUDA GPU in this process (cuDNN is "
+            f'traced there); this one has {jax.default_backend()}')
+  return None
 
 
 # --------------------------------------------------------------------------
@@ -744,5 +809,5 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
 
 __all__ = ['AUTO_TAKES_CUDNN', 'AUTO_TAKES_HOPPER', 'BLOCK_Q', 'BLOCK_K',
            'GPU_KERNELS', 'TritonLaunch', 'TritonTuning',
-           'default_gpu_kernel', 'hopper_in_auto',
-           'pallas_attention', 'supports']
+           'default_gpu_kernel', 'gpu_kernel_problem', 'hopper_in_auto',
+           'kernel_kind', 'pallas_attention', 'supports']

@@ -102,6 +102,9 @@ class TaskSpec:
   # max_shift, transpose, crop_align) for training up to max_len, as one
   # line naming the field; None when nothing. Config validation calls it.
   options_problem: Callable[[dict[str, Any], int], str | None] | None = None
+  # The options of DEFAULT_OPTIONS the task reads; config validation
+  # refuses another's set away from its default (it would be ignored).
+  options: tuple[str, ...] = ()
   default_vocab: int = 8
   min_length: int = 1
   # The longest task length the alphabet allows (None: any), e.g. strings of

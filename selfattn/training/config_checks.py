@@ -119,6 +119,7 @@ def _validate(config: ml_collections.ConfigDict,
   _check_seed(config)
   task = _check_task(config)
   _check_model(config)
+  _check_gpu_kernel(config, task)
   _check_training(config)
   _check_lengths(config, task, num_devices)
   _check_built(config, task)
@@ -159,6 +160,16 @@ def _check_task(config: ml_collections.ConfigDict) -> tasks.Task:
   if config.task.max_len < config.task.min_len:
     raise ConfigError(f'config.task.max_len={config.task.max_len} is below '
                       f'config.task.min_len={config.task.min_len}')
+  for name, default in tasks.DEFAULT_OPTIONS.items():
+    value = config.task[name]
+    if name not in task.spec.options and value != default:
+      users = [n for n in tasks.TASK_NAMES
+               if name in tasks.TASKS[n].options]
+      raise ConfigError(
+          f'config.task.{name}={value!r} is an option of {", ".join(users)}, '
+          f'not of task {task.name!r}, which would ignore it (its options: '
+          f'{", ".join(task.spec.options) or "none"}); leave it at '
+          f'{default!r}')
   # Each task checks its own options (tasks/*: TaskSpec.options_problem).
   if task.spec.options_problem is not None:
     problem = task.spec.options_problem(
@@ -214,6 +225,45 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
   except (ValueError, TypeError) as e:
     raise ConfigError(f'config.model.{e}') from None
 
+
+
+def _check_gpu_kernel(config: ml_collections.ConfigDict, task: tasks.Task
+                      ) -> None:
+  """config.model.gpu_kernel: a choice other than 'auto' insists on its
+  kernels, so one that the config's attention would never reach, or that
+  would refuse its calls when the first step is traced, fails here."""
+  from selfattn.nn.gpu_kernels import GPU_KERNELS
+  m = config.model
+  if m.gpu_kernel not in GPU_KERNELS:
+    raise ConfigError(f'config.model.gpu_kernel={m.gpu_kernel!r} is unknown; '
+                      f'valid: {", ".join(GPU_KERNELS)}')
+  if m.gpu_kernel == 'auto' or m.num_hiddens % m.num_heads:
+    return            # a width the heads do not divide: _check_built names it
+  if m.attention_impl != 'pallas':
+    raise ConfigError(
+        f'config.model.gpu_kernel={m.gpu_kernel!r} chooses among the kernels '
+        f"of attention_impl='pallas' on a CUDA GPU; config.model."
+        f'attention_impl is {m.attention_impl!r} (set it to pallas, or '
+        f'gpu_kernel to auto)')
+  import jax.numpy as jnp
+  from flax import nnx
+  from selfattn.nn import pallas_attention   # Pallas loads only when asked
+  kind, options = positions.get_position(m.position, position_options(m))
+  head_dim = m.num_hiddens // m.num_heads
+  relative = None
+  if kind.relative:
+    relative = kind.build(num_heads=m.num_heads, head_dim=head_dim,
+                          max_len=m.max_len, param_dtype=jnp.float32,
+                          rngs=nnx.Rngs(0), **options)
+  spec = task.spec
+  causal = ((False, True) if spec.seq2seq else (True,)
+            if spec.language_model else (bool(task.causal),))
+  problem = pallas_attention.gpu_kernel_problem(
+      m.gpu_kernel, relative, jnp.dtype(m.dtype), m.num_heads, head_dim,
+      causal)
+  if problem is not None:
+    raise ConfigError(f'config.model.gpu_kernel={m.gpu_kernel!r} cannot run '
+                      f'position={m.position!r} here: {problem}')
 
 
 def _check_training(config: ml_collections.ConfigDict) -> None:
@@ -303,6 +353,12 @@ def _check_lengths(config: ml_collections.ConfigDict, task: tasks.Task,
     raise ConfigError('config.model.tie_embeddings=True is for the '
                       'encoder_decoder layout (translation), which has a '
                       'token table to tie; unset it')
+  elif config.train.batch_tokens:
+    raise ConfigError(f'config.train.batch_tokens={config.train.batch_tokens} '
+                      f'sizes the length-bucketed batches of the '
+                      f'encoder_decoder layout (translation); task '
+                      f'{task.name!r} batches config.train.batch_size '
+                      f'examples: leave it at 0')
   if m.randomize_positions:
     random_len = m.max_random_len
     if m.position == 'none':

@@ -73,8 +73,8 @@ from selfattn.nn import positions
 # Fields that change how a run is executed, not what it computes (the
 # attention implementations and layer scanning give the same numbers).
 NOT_HPARAMS = ('mesh.', 'eval.', 'train.log_every', 'train.checkpoint_every',
-               'train.keep_checkpoints', 'model.attention_impl', 'model.remat',
-               'model.scan_layers')
+               'train.keep_checkpoints', 'model.attention_impl',
+               'model.gpu_kernel', 'model.remat', 'model.scan_layers')
 
 
 def eval_tag(metric: str, length: int) -> str:

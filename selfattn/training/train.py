@@ -7,6 +7,7 @@ steps.py; this file drives them, checkpoints, logs and summarises.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -87,8 +88,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   task = validate_config(config, num_devices=jax.device_count())
   is_main = jax.process_index() == 0
   with workdir_lib.workdir_lock(workdir, enabled=is_main), \
-      _StopRequests() as stop:
+      _StopRequests() as stop, _gpu_kernel(config):
     return _run(config, workdir, is_main, stop, task)
+
+
+def _gpu_kernel(config: ml_collections.ConfigDict
+                ) -> contextlib.AbstractContextManager:
+  """config.model.gpu_kernel around everything the run traces (its steps,
+  evaluation and decoding are traced inside _run)."""
+  if config.model.gpu_kernel == 'auto':
+    return contextlib.nullcontext()       # Pallas loads only when asked for
+  from selfattn.nn import pallas_attention
+  return pallas_attention.default_gpu_kernel(config.model.gpu_kernel)
 
 
 def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,

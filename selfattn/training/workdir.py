@@ -46,7 +46,9 @@ _ADDED_FIELDS = {'model.attention_impl': 'plain', 'model.remat': False,
                  'train.batch_tokens': 0,
                  # 2026-11-27: early stopping (issue 49's convergence runs).
                  'train.early_stop_patience': 0,
-                 'train.early_stop_metric': 'loss'}
+                 'train.early_stop_metric': 'loss',
+                 # 2026-11-30: the GPU kernel preference (issue 47).
+                 'model.gpu_kernel': 'auto'}
 
 
 def write_json(path: str, value: Any, sort_keys: bool = False) -> None:
@@ -183,7 +185,7 @@ def init_from_problem(config: ml_collections.ConfigDict) -> str | None:
       path, f'the config of config.train.init_from={source!r}'))
   current = json.loads(config.to_json_best_effort())
   # How attention is executed and dropout do not shape the parameters.
-  free = ('attention_impl', 'remat', 'dropout')
+  free = ('attention_impl', 'gpu_kernel', 'remat', 'dropout')
   shaping = lambda model: {k: v for k, v in model.items() if k not in free}
   differences = _differences(shaping(stored.get('model', {})),
                              shaping(current['model']), 'model.')

@@ -193,13 +193,13 @@ def test_unraisable_hook_drops_only_closed_loop_callbacks(monkeypatch):
 
 def test_config_stored_before_a_field_existed_still_resumes(tiny_config,
                                                              tmp_path):
-  """A run stored by an older selfattn (no model.attention_impl, remat or
-  scan_layers) resumes when the new fields hold the old behaviour, and is
+  """A run stored by an older selfattn (no model.attention_impl, remat,
+  scan_layers or gpu_kernel) resumes when the new fields hold the old behaviour, and is
   refused when they do not."""
   workdir_lib.check_or_store_config(str(tmp_path), tiny_config, write=True)
   path = tmp_path / workdir_lib.CONFIG_FILE
   stored = json.loads(path.read_text())
-  for field in ('attention_impl', 'remat', 'scan_layers'):
+  for field in ('attention_impl', 'remat', 'scan_layers', 'gpu_kernel'):
     del stored['model'][field]
   path.write_text(json.dumps(stored))
   workdir_lib.check_or_store_config(str(tmp_path), tiny_config, write=False)

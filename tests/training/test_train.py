@@ -198,6 +198,16 @@ def test_bfloat16_activations_train_with_float32_parameters(tiny_config, tmp_pat
     ('task.vocab_size', 3, None),
     ('model.attention_impl', 'flash',
      'config.model.attention_impl.*valid: plain, fused'),
+    # An option of another task would be ignored.
+    ('task.shift', 3, "config.task.shift=3 is an option of shift, not of "
+     "task 'reverse', which would ignore it"),
+    ('train.batch_tokens', 4096,
+     "config.train.batch_tokens=4096 sizes the length-bucketed batches"),
+    ('model.gpu_kernel', 'flash',
+     'config.model.gpu_kernel.*valid: auto, cudnn, hopper, triton'),
+    ('model.gpu_kernel', 'triton',
+     "gpu_kernel='triton' chooses among the kernels of "
+     "attention_impl='pallas'.*attention_impl is 'plain'"),
 ])
 def test_invalid_configs_fail_before_any_work(tiny_config, tmp_path, field,
                                               value, message):

@@ -104,5 +104,6 @@ JSB_TASKS: dict[str, TaskSpec] = {
         language_model=True, fixed_vocab=jsb.NUM_TARGETS,
         input_symbols=lambda V: V + 1,        # + START; PAD is input_symbols
         num_classes=lambda V: V, min_length=4,
-        options_problem=_options_problem),
+        options_problem=_options_problem,
+        options=('transpose', 'crop_align')),
 }

@@ -95,5 +95,5 @@ INDIRECT_TASKS: dict[str, TaskSpec] = {
         input_symbols=lambda V: V + EXTRA_SYMBOLS, num_classes=lambda V: V,
         input_length=_input_length, default_vocab=DEFAULT_ALPHABET,
         min_length=2, max_length=lambda V: V,
-        options_problem=_options_problem),
+        options_problem=_options_problem, options=('max_shift',)),
 }

@@ -101,11 +101,11 @@ ORDER_TASKS: dict[str, TaskSpec] = {
     'shift': TaskSpec(
         description='output i = input i-k (task.shift = k)',
         make_sampler=_shift, level='selfattn', aligned=True,
-        options_problem=_shift_problem),
+        options_problem=_shift_problem, options=('shift',)),
     'window_sum': TaskSpec(
         description='output i = sum of inputs i-w..i+w mod V (task.window = w)',
         make_sampler=_window_sum, level='selfattn', aligned=True,
-        options_problem=_window_problem),
+        options_problem=_window_problem, options=('window',)),
     'precedes': TaskSpec(
         description='whether marker A occurs before marker B',
         make_sampler=_precedes, level='selfattn', classification=True,

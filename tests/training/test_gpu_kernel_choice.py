@@ -1,0 +1,76 @@
+"""config.model.gpu_kernel: a run's choice among attention_impl='pallas''s
+GPU kernels. What the choice could not run is refused at validation, and a
+run traces its attention under the choice (on this CPU no GPU kernel runs,
+so the tests read which kernel the tracing asked for)."""
+
+import pytest
+
+from selfattn.errors import ConfigError
+from selfattn.training import config_checks
+from selfattn.training import train
+
+
+def _pallas_config(config, **model):
+  config.model.attention_impl = 'pallas'
+  for name, value in model.items():
+    config.model[name] = value
+  return config
+
+
+@pytest.mark.parametrize('model, message', [
+    # Huang's skewed term is not one the kernels compute: the preference
+    # would never be used (attention_impl='pallas' runs the plain path).
+    (dict(gpu_kernel='triton', position='huang'),
+     "gpu_kernel='triton' cannot run position='huang' here: the Pallas "
+     'kernels do not compute HuangRelative'),
+    (dict(gpu_kernel='hopper', dtype='float32'),
+     r"gpu_kernel='hopper' computes .* in bfloat16 .* got none, float32"),
+    # Shaw's 2k + 1 rows of both tables overflow the shared memory.
+    (dict(gpu_kernel='hopper', dtype='bfloat16', position='shaw',
+          clip_distance=400),
+     r'got shaw, bfloat16, heads 8 wide, clip 400'),
+    # PoPE's rotation doubles q's and k's width, which cuDNN cannot pair
+    # with v's.
+    (dict(gpu_kernel='cudnn', dtype='bfloat16', position='pope'),
+     r"gpu_kernel='cudnn' computes .* got PolarEncoding \(none\), bfloat16, "
+     r'q/k heads 16 and v heads 8 wide'),
+    (dict(gpu_kernel='cudnn', dtype='bfloat16', position='rope'),
+     r"gpu_kernel='cudnn' needs a CUDA GPU in this process .* has cpu"),
+])
+def test_a_kernel_choice_that_cannot_run_the_model_is_refused(
+    tiny_config, model, message):
+  config = _pallas_config(tiny_config, **model)
+  with pytest.raises(ConfigError, match=message):
+    config_checks.validate_config(config)
+
+
+@pytest.mark.parametrize('model', [
+    dict(gpu_kernel='triton', position='shaw'),
+    dict(gpu_kernel='hopper', dtype='bfloat16', position='pope'),
+    dict(gpu_kernel='hopper', dtype='bfloat16', position='t5'),
+])
+def test_a_kernel_choice_that_runs_the_model_passes(tiny_config, model):
+  config_checks.validate_config(_pallas_config(tiny_config, **model))
+
+
+def test_a_run_traces_its_attention_under_the_chosen_kernel(
+    tiny_config, tmp_path, monkeypatch):
+  """The kernel choice is read when a step is traced, so the run wraps its
+  tracing in it; the first pallas_attention call it traces stops the run
+  here (nothing compiles), recording the choice in force."""
+  from selfattn.nn import pallas_attention
+  seen = []
+
+  class Traced(Exception):
+    pass
+
+  def spy(*args, gpu_kernel=None, **kwargs):
+    seen.append((gpu_kernel, pallas_attention._default_gpu_kernel[-1]))
+    raise Traced
+
+  monkeypatch.setattr(pallas_attention, 'pallas_attention', spy)
+  config = _pallas_config(tiny_config, gpu_kernel='triton')
+  with pytest.raises(Traced):
+    train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert seen == [(None, 'triton')]
+  assert pallas_attention._default_gpu_kernel == ['auto']   # restored
