@@ -57,7 +57,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.attention_impl = 'plain'  # or fused (cuDNN on GPUs in bfloat16), chunked (O(L) memory), auto, pallas (flash kernels)
   # With attention_impl='pallas' on a CUDA GPU: auto (selfattn's choice per
   # call), or insist on triton, hopper (sm90, bfloat16) or cudnn (no logit
-  # term, bfloat16); no effect on the CPU or a TPU except that cudnn needs a GPU.
+  # term, bfloat16). The kernels run only on a GPU, but validation refuses,
+  # anywhere, a choice the model could not use (and cudnn without a GPU).
   config.model.gpu_kernel = 'auto'
   config.model.remat = False            # recompute block activations in the backward pass
   config.model.scan_layers = False      # stacked blocks run by nnx.scan (no attention images)

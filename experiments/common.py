@@ -269,19 +269,18 @@ def plot_accuracy_vs_length(results: dict[str, list[dict]], lengths: list[int],
   plt.close(fig)
 
 
-def _check_report_owner(path: str, title: str) -> None:
+def _check_report_owner(path: str, title: str, stem: str | None) -> None:
   """Refuses to replace a results.md that another study wrote (or this one
   for another task: compare_positions names its task in the title). Its
-  title is the owner's mark; one that the new title extends, or that
-  extends it, is this study's report growing (translation_convergence
-  adds ', and rope' once rope has run)."""
+  title is the owner's mark: the same title, or one under the same `stem`
+  (a title that grows with the study's runs), is this study's report."""
   try:
     with open(path) as f:
       first = f.readline().rstrip('\n')
   except FileNotFoundError:
     return
-  old = first[2:] if first.startswith('# ') else first
-  if old.startswith(title) or title.startswith(old):
+  old = first.removeprefix('# ')
+  if old == title or (stem is not None and old.startswith(stem)):
     return
   raise ConfigError(
       f'{path} is the report {old!r}, not this study\'s ({title!r}): another '
@@ -292,10 +291,12 @@ def _check_report_owner(path: str, title: str) -> None:
 
 
 def write_results(workdir: str, title: str, sections: list[tuple[str, str]],
-                  data: Any = None) -> str:
+                  data: Any = None, stem: str | None = None) -> str:
   """workdir/results.md (and results.json with `data`); returns the markdown.
   Under --quick (or --scale=quick) both say, in the file itself, that they
-  are a smoke test."""
+  are a smoke test. A results.md there under another title is another
+  study's and is refused (ConfigError), unless its title starts with
+  `stem`: the fixed part of a title that grows with the study's runs."""
   quick = flags.FLAGS.is_parsed() and (QUICK.value or (
       'scale' in flags.FLAGS and flags.FLAGS['scale'].value == 'quick'))
   banner = (QUICK_BANNER + '\n\n') if quick else ''
@@ -304,7 +305,7 @@ def write_results(workdir: str, title: str, sections: list[tuple[str, str]],
   if quick and isinstance(data, dict):
     data = {'quick_mode_smoke_test': True, **data}
   os.makedirs(workdir, exist_ok=True)
-  _check_report_owner(os.path.join(workdir, 'results.md'), title)
+  _check_report_owner(os.path.join(workdir, 'results.md'), title, stem)
   with open(os.path.join(workdir, 'results.md'), 'w') as f:
     f.write(text)
   if data is not None:

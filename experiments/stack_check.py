@@ -29,6 +29,7 @@ from absl import flags
 
 from experiments import common
 from selfattn.training import train
+from selfattn.errors import ConfigError
 from selfattn.training import workdir as workdir_lib
 from selfattn.training.log_setup import configure_logging
 
@@ -127,9 +128,16 @@ def main(argv) -> None:
     old[name] = workdir_lib.read_json_object(
         os.path.join(path, workdir_lib.SUMMARY_FILE), "a committed run's summary")
     new[name] = _retrain(path, os.path.join(common.WORKDIR.value, name))
-  title = f'{_STUDY.value}/{_RUNS.value} on the installed stack'
-  print(common.write_results(common.WORKDIR.value, title,
-                             [('Committed against retrained', report(old, new))]))
+  # The study as one spelling (a trailing slash, ./ or an absolute path
+  # name the same runs): the title is the report's owner mark.
+  title = f'{os.path.relpath(_STUDY.value)}/{_RUNS.value} on the installed stack'
+  try:
+    text = common.write_results(
+        common.WORKDIR.value, title,
+        [('Committed against retrained', report(old, new))])
+  except ConfigError as e:
+    raise SystemExit(f'error: {e}') from None
+  print(text)
 
 
 if __name__ == '__main__':

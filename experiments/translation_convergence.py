@@ -191,9 +191,10 @@ def report(workdir: str, runs: list[study.Run], results: dict,
                                        greedy_curve(os.path.join(workdir, name)).items()},
                  'bleu': {s: r['splits'][s]['bleu'] for s in r['splits']}}
               for name, r in results.items()}
+  title = 'Translation to convergence: shaw against sinusoidal'
   return common.write_results(
-      workdir, 'Translation to convergence: shaw against sinusoidal'
-      + (', and rope' if long_by.get('rope') else ''), body, json_out)
+      workdir, title + (', and rope' if long_by.get('rope') else ''), body,
+      json_out, stem=title)
 
 
 def plot_curves(workdir: str, results: dict, short_by: dict, labels,

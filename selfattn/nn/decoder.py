@@ -76,7 +76,11 @@ class TransformerDecoderBlock(nnx.Module):
                positions: jax.Array | None = None,
                deterministic: bool | None = None,
                decode: bool = False,
-               cache_start: jax.Array | None = None) -> jax.Array:
+               cache_start: jax.Array | None = None,
+               enc_lens: jax.Array | None = None) -> jax.Array:
+    """enc_mask: the cross-attention's mask; or enc_lens, (B,) encoder
+    lengths kept as lengths, which attention_impl='pallas''s Hopper and
+    cuDNN kernels take (they take no mask)."""
     X = self.addnorm1(
         X, lambda Z: self.self_attention(
             Z, mask=mask, causal=not decode, positions=positions,
@@ -84,7 +88,8 @@ class TransformerDecoderBlock(nnx.Module):
             cache_start=cache_start),
         deterministic=deterministic)
     if self.cross_attention is None:
-      if enc_outputs is not None or enc_mask is not None:
+      if (enc_outputs is not None or enc_mask is not None
+          or enc_lens is not None):
         raise ValueError(NO_CROSS_ATTENTION.format(
             'enc_outputs' if enc_outputs is not None else 'enc_mask'))
     else:
@@ -92,7 +97,7 @@ class TransformerDecoderBlock(nnx.Module):
         raise ValueError('this decoder has cross-attention: pass enc_outputs')
       X = self.addnorm2(
           X, lambda Z: self.cross_attention(Z, enc_outputs, enc_outputs,
-                                            mask=enc_mask,
+                                            enc_lens, mask=enc_mask,
                                             deterministic=deterministic),
           deterministic=deterministic)
     return self.addnorm3(X, self.ffn, deterministic=deterministic)
@@ -212,22 +217,29 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
     if decode:
       positions, start, overflow = self._start_decode(b, length, positions,
                                                       mask)
-    enc_mask = None
+    enc_mask = enc_lens = None
     if enc_valid_lens is not None:
       enc_valid_lens = masks.check_valid_lens(enc_valid_lens, b,
                                               'enc_valid_lens')
-      enc_mask = masks.make_length_mask(enc_valid_lens, length,
-                                        enc_outputs.shape[1], 'enc_valid_lens')
+      if enc_valid_lens.ndim == 1:
+        # Lengths stay lengths down to the attention (as the encoder's do),
+        # which builds the same mask itself; attention_impl='pallas' hands
+        # them to the Hopper or cuDNN kernels, which take no mask.
+        enc_lens = masks.integer_lengths(enc_valid_lens, 'enc_valid_lens')
+      else:
+        enc_mask = masks.make_length_mask(enc_valid_lens, length,
+                                          enc_outputs.shape[1],
+                                          'enc_valid_lens')
     X = self.embed(tokens, positions=positions, deterministic=deterministic)
 
-    def run(blk, X, enc_outputs, enc_mask, mask, positions, start):
+    def run(blk, X, enc_outputs, enc_mask, enc_lens, mask, positions, start):
       return blk(X, enc_outputs, enc_mask, mask=mask, positions=positions,
                  deterministic=deterministic, decode=decode,
-                 cache_start=start)
+                 cache_start=start, enc_lens=enc_lens)
 
     # remat is for training passes; a decode step has no backward pass.
-    X, _ = run_blocks(self, run, X, enc_outputs, enc_mask, mask, positions,
-                      start, remat=self.remat and not decode)
+    X, _ = run_blocks(self, run, X, enc_outputs, enc_mask, enc_lens, mask,
+                      positions, start, remat=self.remat and not decode)
     logits = (self.embedding.attend(X) if self.dense is None
               else self.dense(X)).astype(jnp.float32)
     return logits if overflow is None else poison(overflow, logits)

@@ -66,11 +66,7 @@ def make_length_mask(valid_lens: jax.Array, num_queries: int, num_keys: int,
   refused. `what` names the lengths in errors (the decoder's cross-attention
   takes them as enc_valid_lens).
   """
-  valid_lens = jnp.asarray(valid_lens)
-  if not jnp.issubdtype(valid_lens.dtype, jnp.integer):
-    raise TypeError(f'{what} must be integer token counts; got dtype '
-                    f'{valid_lens.dtype} (a fractional length would keep '
-                    f'the keys below it, silently): cast with .astype(int)')
+  valid_lens = integer_lengths(valid_lens, what)
   key_idx = jnp.arange(num_keys)
   if valid_lens.ndim == 1:
     return (key_idx[None, :] < valid_lens[:, None])[:, None, None, :]
@@ -114,6 +110,17 @@ def check_bias(bias: jax.Array, target: tuple[int, int, int, int]) -> jax.Array:
                     f'{bias.dtype} (a boolean mask goes in mask=)')
   _check_broadcast(bias, 'bias', target)
   return bias
+
+
+def integer_lengths(valid_lens, what: str = 'valid_lens') -> jax.Array:
+  """valid_lens as an array of an integer dtype; a float one is refused
+  (static, so checked even under jit): 2.5 would keep 3 keys, silently."""
+  valid_lens = jnp.asarray(valid_lens)
+  if not jnp.issubdtype(valid_lens.dtype, jnp.integer):
+    raise TypeError(f'{what} must be integer token counts; got dtype '
+                    f'{valid_lens.dtype} (a fractional length would keep '
+                    f'the keys below it, silently): cast with .astype(int)')
+  return valid_lens
 
 
 def check_valid_lens(valid_lens: jax.Array, batch: int,

@@ -245,6 +245,18 @@ def _check_gpu_kernel(config: ml_collections.ConfigDict, task: tasks.Task
         f"of attention_impl='pallas' on a CUDA GPU; config.model."
         f'attention_impl is {m.attention_impl!r} (set it to pallas, or '
         f'gpu_kernel to auto)')
+  # What MultiHeadAttention sends to the plain path whatever the choice.
+  for field, value, why in (
+      ('model.randomize_positions', m.randomize_positions,
+       'explicit positions'),
+      ('model.dropout', m.dropout > 0,
+       'dropout on the attention weights, in every training step')):
+    if value:
+      raise ConfigError(
+          f'config.model.gpu_kernel={m.gpu_kernel!r} would never run: the '
+          f'Pallas kernels compute no {why}, so config.{field} sends '
+          f'attention to the plain path (set gpu_kernel to auto, or unset '
+          f'{field})')
   import jax.numpy as jnp
   from flax import nnx
   from selfattn.nn import pallas_attention   # Pallas loads only when asked

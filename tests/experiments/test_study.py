@@ -486,10 +486,17 @@ def test_another_studys_report_is_not_replaced(tmp_path):
     common.write_results(str(tmp_path), 'Length generalization',
                          [('h', 'b')], {'x': 2})
   assert {name: (tmp_path / name).read_text() for name in before} == before
-  # The same study rewrites its own report, also as its title grows.
+  # A task whose name starts with another's is another task.
+  common.write_results(str(tmp_path / 'b'), 'Every encoding on reverse', [])
+  with pytest.raises(ConfigError, match='Every encoding on reverse_string'):
+    common.write_results(str(tmp_path / 'b'),
+                         'Every encoding on reverse_string', [])
+  # The same study rewrites its own report, also as its title grows
+  # under its stem, and back.
   for title in ('Indirect indexing', 'Indirect indexing, and more',
                 'Indirect indexing'):
-    text = common.write_results(str(tmp_path), title, [('h', title)])
+    text = common.write_results(str(tmp_path), title, [('h', title)],
+                                stem='Indirect indexing')
     assert (tmp_path / 'results.md').read_text() == text
 
 

@@ -36,6 +36,13 @@ def _pallas_config(config, **model):
      r'q/k heads 16 and v heads 8 wide'),
     (dict(gpu_kernel='cudnn', dtype='bfloat16', position='rope'),
      r"gpu_kernel='cudnn' needs a CUDA GPU in this process .* has cpu"),
+    # Explicit positions and active dropout take the plain path.
+    (dict(gpu_kernel='triton', position='rope', randomize_positions=True,
+          max_random_len=64),
+     r"gpu_kernel='triton' would never run: .* no explicit positions, so "
+     r'config.model.randomize_positions'),
+    (dict(gpu_kernel='triton', dropout=0.1),
+     r"would never run: the Pallas kernels compute no dropout"),
 ])
 def test_a_kernel_choice_that_cannot_run_the_model_is_refused(
     tiny_config, model, message):
@@ -74,3 +81,28 @@ def test_a_run_traces_its_attention_under_the_chosen_kernel(
     train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert seen == [(None, 'triton')]
   assert pallas_attention._default_gpu_kernel == ['auto']   # restored
+
+
+def test_translation_reaches_the_hopper_kernels_with_its_lengths(tiny_config):
+  """The decoder's cross-attention took the source lengths as a mask, which
+  the Hopper (and cuDNN) kernels refuse: a translation model that passed
+  validation under gpu_kernel='hopper' failed when its step was traced.
+  They now stay lengths; tracing the model's loss under the choice (no
+  compile) finds no refusal."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  from configs import translation
+  from selfattn.nn import pallas_attention
+  from selfattn.training.build import build_model
+  config = _pallas_config(translation.get_config('quick'),
+                          gpu_kernel='hopper', dtype='bfloat16')
+  config.model.num_hiddens, config.model.ffn_num_hiddens = 32, 32
+  task = config_checks.validate_config(config)
+  model = build_model(config, task, nnx.Rngs(0))
+  src = jnp.ones((2, 6), jnp.int32)
+  tgt = jnp.ones((2, 5), jnp.int32)
+  lengths = jnp.array([6, 3])
+  with pallas_attention.default_gpu_kernel('hopper'):
+    out = jax.eval_shape(lambda: model(src, lengths, decoder_inputs=tgt))
+  assert out.shape[:2] == (2, 5)
