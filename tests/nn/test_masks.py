@@ -42,6 +42,10 @@ def test_causal_mask_refuses_sizes_that_are_not_counts():
   np.testing.assert_array_equal(
       selfattn.make_causal_mask(np.int64(2), np.int32(3))[0, 0],
       [[1, 1, 0], [1, 1, 1]])
+  # A traced size is an integer, but no shape can be built from it.
+  with pytest.raises(TypeError, match='num_queries must be an integer >= 0 '
+                     'known when tracing; got a traced value'):
+    jax.jit(selfattn.make_causal_mask)(3)
 
 
 def test_square_causal_mask_is_not_read_as_key_padding_when_batch_equals_length():
