@@ -375,6 +375,10 @@ def _check_built_for(relative: RelativeTerms | None, num_heads: int,
   if built_for is None:
     return
   heads, width = built_for()
+  if any(isinstance(n, jax.core.Tracer) for n in (heads, width)):
+    # Every method traced (nnx.tabulate jits each one): not sizes to
+    # compare here; the module's construction compared them.
+    return
   if heads not in (None, num_heads) or width not in (None, head_dim):
     raise ValueError(
         f'relative={type(relative).__name__} was built for '
@@ -481,6 +485,12 @@ class MultiHeadAttention(nnx.Module):
         'value': nnx.Cache(jnp.zeros(shape, dtype)),
         'positions': nnx.Cache(jnp.zeros((batch_size, max_length), jnp.int32)),
         'index': nnx.Cache(jnp.zeros((), jnp.int32))})
+
+  def drop_cache(self) -> None:
+    """Removes the cache init_cache made: the module's state is then what
+    it was before decoding (a checkpoint of it restores into a fresh
+    module; a jitted step over it does not carry the cache)."""
+    self.cache = None
 
   def _decode_step(self, q, k, v, positions, start=None):
     """Writes k, v (B, H, Lq, D) into the cache at `start`; returns every

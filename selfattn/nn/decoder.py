@@ -100,7 +100,10 @@ class TransformerDecoderBlock(nnx.Module):
                                             enc_lens, mask=enc_mask,
                                             deterministic=deterministic),
           deterministic=deterministic)
-    return self.addnorm3(X, self.ffn, deterministic=deterministic)
+    # A function, not the module: nnx.tabulate cannot describe a module
+    # given as an argument.
+    return self.addnorm3(X, lambda Z: self.ffn(Z),
+                         deterministic=deterministic)
 
 
 class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):

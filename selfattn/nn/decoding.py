@@ -11,7 +11,8 @@ example); `generate(method=...)` picks one. They share how they start
 `model(tokens, *call_args, decode=True, deterministic=True)` must return
 logits (B, L, V) for the L new tokens and advance the caches that its
 stack's `init_cache(B, max_length)` made: a TransformerDecoder, a causal
-TransformerEncoder, or a wrapper with a `stack` (nn/models.py's). The loop is an
+TransformerEncoder, or a wrapper with a `stack` (nn/models.py's). When a
+loop returns, the stack's `drop_cache()` (where it has one) removes them. The loop is an
 nnx.while_loop: one traced step, however many steps, and it stops early
 once every sequence has produced `eos`.
 
@@ -146,6 +147,14 @@ def _stack_of(model: nnx.Module) -> nnx.Module:
   return getattr(model, 'stack', model)   # a wrapper's, or the stack
 
 
+def _drop_caches(model: nnx.Module) -> None:
+  """The model's state as it was before the loop: its stack's drop_cache,
+  where the stack has one (selfattn's do)."""
+  drop = getattr(_stack_of(model), 'drop_cache', None)
+  if drop is not None:
+    drop()
+
+
 def greedy_search(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
                   eos: int | None = None, pad: int = 0,
                   forced: jax.Array | None = None,
@@ -222,6 +231,7 @@ def _one_token_a_step(model, prompt, num_steps: int, choose, *, eos, pad,
   carry = (model, jnp.zeros((), jnp.int32), start.logits, start.tokens,
            jnp.zeros((b,), jnp.float32), jnp.zeros((b,), bool), kept)
   _, _, logits, tokens, scores, _, kept = nnx.while_loop(more, step, carry)
+  _drop_caches(model)
   return Generated(tokens, scores,
                    jnp.concatenate([kept, logits[:, None]], axis=1)
                    if return_logits else None)
@@ -303,6 +313,7 @@ def beam_search(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
            scores, jnp.zeros((b,), bool), done_tokens, done_scores)
   (_, steps, _, tokens, scores, finished, done_tokens,
    done_scores) = nnx.while_loop(more, step, carry)
+  _drop_caches(model)
   # The live hypotheses, at the length reached, against the finished set;
   # a settled example's live ones are out (with alpha < 0 a prefix cut
   # short could otherwise beat every finished hypothesis).

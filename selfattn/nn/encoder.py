@@ -68,7 +68,10 @@ class TransformerEncoderBlock(nnx.Module):
                                     deterministic=deterministic,
                                     decode=decode, cache_start=cache_start),
         deterministic=deterministic)
-    return self.addnorm2(X, self.ffn, deterministic=deterministic)
+    # A function, not the module: nnx.tabulate cannot describe a module
+    # given as an argument.
+    return self.addnorm2(X, lambda Z: self.ffn(Z),
+                         deterministic=deterministic)
 
 
 class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
@@ -105,8 +108,8 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
       attention weights.
     scan_layers: stack the blocks' parameters on a leading layer axis and run
       them with nnx.scan (compile time independent of depth). `blks` is then
-      one stacked block, not a list: per-layer attention weights are not
-      captured.
+      one stacked block, not a list (attention_weights still returns the
+      weights per layer).
     meter_period, meter_step_tokens: a learned embedding of the step phase
       (position // meter_step_tokens) % meter_period added to the inputs
       (0: none; see stack.EmbeddingMixin).
@@ -281,7 +284,24 @@ def attention_weights(model: nnx.Module, *args, **kwargs
   layer's (B, H, Lq, Lk) weights in module order), via nnx.capture: nothing is
   left on the model."""
   out, inter = nnx.capture(model, nnx.Intermediate)(*args, **kwargs)
-  found = [(path, value) for path, value in nnx.to_flat_state(inter)
+  found = [(path, value[...] if hasattr(value, 'get_value') else value)
+           for path, value in nnx.to_flat_state(inter)
            if path[-1] == 'attention_weights']
-  return out, [value[...] if hasattr(value, 'get_value') else value
-               for _, value in found]
+  weights, i = [], 0
+  while i < len(found):
+    path, value = found[i]
+    if value.ndim == 4:
+      weights.append(value)
+      i += 1
+      continue
+    # A scanned stack (scan_layers) sows each of its attention modules'
+    # weights once, stacked on a leading layer axis: per layer, in the order
+    # the unscanned stack's modules would give them.
+    stack = path[:-2]
+    j = i
+    while j < len(found) and found[j][0][:-2] == stack:
+      j += 1
+    group = [w for _, w in found[i:j]]
+    weights += [w[layer] for layer in range(group[0].shape[0]) for w in group]
+    i = j
+  return out, weights

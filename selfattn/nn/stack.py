@@ -233,6 +233,18 @@ class CacheMixin:
     # plain int attributes, travel through nnx.jit as state.
     self.cache_shape = nnx.Cache(jnp.zeros((batch_size, max_length), bool))
 
+  def drop_cache(self) -> None:
+    """Removes what init_cache made, every layer's cache included: the
+    stack's state is then what it was before decoding (the decode loops
+    of decoding.py call it when they finish)."""
+    if self.scan_layers:
+      getattr(self.blks, self._self_attention).drop_cache()   # stacked
+    else:
+      for blk in self.blks:
+        getattr(blk, self._self_attention).drop_cache()
+    self.next_position = None
+    self.cache_shape = None
+
   def reorder_cache(self, rows: jax.Array) -> None:
     """Row i of every cache becomes row rows[i] (beam search: each
     surviving hypothesis continues its parent's keys and values)."""

@@ -89,6 +89,23 @@ def test_scanned_decoder_equals_the_loop_and_decodes_from_stacked_caches(
   np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
 
 
+def test_attention_weights_of_scanned_layers_come_per_layer_as_the_loops():
+  """A scanned stack sows each attention module's weights once, stacked on
+  a layer axis: attention_weights returned one (layers, B, H, Lq, Lk) array
+  per module where the loop gives a list per layer. Now the same list."""
+  loop = make_decoder('t5', cross_attention=True)
+  scanned = make_decoder('t5', cross_attention=True, scan_layers=True)
+  stack_loop_into_scan(loop, scanned)
+  x = toks((2, 7))
+  enc = jax.random.normal(jax.random.key(2), (2, 5, 16))
+  enc_lens = jnp.array([5, 3])
+  _, want = selfattn.attention_weights(loop, x, enc, enc_lens)
+  _, got = selfattn.attention_weights(scanned, x, enc, enc_lens)
+  assert len(want) == 2 * len(loop.blks) and len(got) == len(want)
+  for w, g in zip(want, got):
+    np.testing.assert_allclose(g, w, atol=1e-6)
+
+
 # RoPE in the commit tier; Shaw and ALiBi --extended (tiers.py): the cache
 # stores given positions the same way for every encoding (the rope case), and
 # their terms at explicit positions are checked in test_positions.py

@@ -316,3 +316,25 @@ def test_generating_past_a_learned_table_is_refused_like_a_full_pass():
                  dec, prompt)
   full = compiled(lambda m, t: m(t, deterministic=True), dec, out.tokens)
   np.testing.assert_allclose(out.logits[:, :7], full[:, :7], atol=1e-5)
+
+
+@pytest.mark.parametrize('scan', [False, True], ids=['loop', 'scan'])
+def test_decoding_leaves_the_model_state_as_it_found_it(scan):
+  """The caches a decode loop makes stayed on the model: a checkpoint of
+  its state no longer restored into a fresh model, and a jitted training
+  step retraced and carried them. Greedy and beam search, eager and under
+  nnx.jit, now remove them when they return; drop_cache after decoding by
+  hand."""
+  dec = _decoder(position='alibi', scan_layers=scan)
+  before = jax.tree.structure(nnx.state(dec))
+  prompt = _tokens((2, 3))
+  decoding.generate(dec, prompt, 4, method='greedy')
+  assert jax.tree.structure(nnx.state(dec)) == before
+  nnx.jit(lambda m, p: decoding.generate(m, p, 4, method='beam',
+                                         beam_size=2).tokens)(dec, prompt)
+  assert jax.tree.structure(nnx.state(dec)) == before
+  dec.init_cache(2, 8)
+  dec(prompt, decode=True)
+  assert jax.tree.structure(nnx.state(dec)) != before
+  dec.drop_cache()
+  assert jax.tree.structure(nnx.state(dec)) == before

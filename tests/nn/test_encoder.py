@@ -303,6 +303,22 @@ def test_remat_gives_the_same_outputs_and_gradients(position):
   assert 'remat' not in jaxpr and 'checkpoint' not in jaxpr
 
 
+def test_nnx_tabulate_describes_an_encoder_and_leaves_its_classes_working():
+  """nnx.tabulate jits every method: built_for() returned traced sizes that
+  the attention compared in Python, and a block handed its feed-forward
+  module as an argument, which tabulate cannot describe. Both failed, and
+  Flax left its wrappers on the classes, so a fresh module failed after."""
+  enc = selfattn.TransformerEncoder(12, 16, 32, 2, 1, position='alibi',
+                                    rngs=nnx.Rngs(0))
+  table = nnx.tabulate(enc, jnp.ones((2, 8), jnp.int32), jnp.array([8, 5]),
+                       console_kwargs=dict(width=250))
+  for name in ('MultiHeadAttention', 'ALiBi', 'PositionWiseFFN', 'W_q'):
+    assert name in table
+  fresh = selfattn.MultiHeadAttention(16, 2, relative=selfattn.ALiBi(2),
+                                      rngs=nnx.Rngs(0))
+  assert fresh(jnp.ones((2, 8, 16))).shape == (2, 8, 16)
+
+
 # Shaw in the commit tier; the others --extended (tiers.py): the same scan
 # (stack.build_blocks, run_blocks) with another encoding, each layer's
 # relative module stacked as Shaw's is (T5 scanned is also the [t5-2-True]
