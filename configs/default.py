@@ -61,7 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # anywhere, a choice the model could not use (and cudnn without a GPU).
   config.model.gpu_kernel = 'auto'
   config.model.remat = False            # recompute block activations in the backward pass
-  config.model.scan_layers = False      # stacked blocks run by nnx.scan (no attention images)
+  config.model.scan_layers = False      # stacked blocks run by nnx.scan (compile time flat in depth)
   # A learned embedding of the step phase, (position // meter_step_tokens) %
   # meter_period, added to every token (0: off; the music study's meter
   # rows use 16 steps of 4 tokens, with bar-aligned crops).

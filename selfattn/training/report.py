@@ -110,8 +110,7 @@ class AttentionProbe:
     @jax.jit
     def attention(params):
       model = trainer.model(params)
-      if model.stack.scan_layers:
-        return []        # nnx.scan's stacked block has no per-layer capture
+      # attention_weights gives a scanned stack's weights per layer too.
       _, weights = attention_weights(model.stack if seq2seq else model,
                                      batch.inputs, batch.valid_lens,
                                      positions=batch.positions)

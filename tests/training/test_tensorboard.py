@@ -418,6 +418,31 @@ def test_randomized_runs_draw_attention_at_the_positions_they_used(tiny_config):
   assert np.abs(drawn - weights(None)).max() > 1e-3
 
 
+def test_scanned_runs_draw_each_layers_attention_as_the_loop_would(
+    tiny_config):
+  """A run with scan_layers drew no attention images: the stacked block's
+  weights came as one array. They now come per layer, the loop's for the
+  same parameters."""
+  import numpy as np
+  from flax import nnx
+  from reference import stack_loop_into_scan
+  from selfattn.training import steps
+  tiny_config.model.position = 't5'
+  tiny_config.model.num_layers = 2
+  loop = steps.Trainer(tiny_config)
+  tiny_config.model.scan_layers = True
+  scanned = steps.Trainer(tiny_config)
+  loop_params = loop.init_state()['params']
+  scanned_model = scanned.model(scanned.init_state()['params'])
+  stack_loop_into_scan(loop.model(loop_params).stack, scanned_model.stack)
+  drawn = report.AttentionProbe(scanned).attention(
+      nnx.state(scanned_model, nnx.Param))
+  want = report.AttentionProbe(loop).attention(loop_params)
+  assert len(drawn) == len(want) == 2
+  for d, w in zip(drawn, want):
+    np.testing.assert_allclose(d, w, atol=1e-6)
+
+
 def test_the_screenshot_script_names_what_it_lacks_before_training(
     tmp_path, monkeypatch):
   """Issue 50: it trained for minutes, then died in CalledProcessError
