@@ -4,7 +4,9 @@
   tensorboard --logdir runs/compare      # one run per encoding and seed, HParams tab
 
 Trains each encoding with configs/default.py (lengths 1-16) and evaluates at
-8, 16, 32 and 64. --quick: a small model, four encodings, one seed.
+8, 16, 32 and 64 (a task whose output is not aligned with its input reads it
+after the input: layout placeholders). --quick: a small model, four
+encodings, one seed.
 A study like the others (experiments/skeleton.py): rerunning the command
 skips finished runs and resumes the unfinished one; --positions trains only
 those encodings; --shard splits the runs; --collect_only trains nothing. The
@@ -25,6 +27,7 @@ from experiments import skeleton
 from experiments import study
 from selfattn.nn.positions import POSITION_NAMES
 from selfattn.tasks import TASK_NAMES
+from selfattn.tasks import TASKS
 from selfattn.tasks import get_task
 
 _TASK = flags.DEFINE_enum('task', 'reverse', list(TASK_NAMES), 'Task to train on.')
@@ -37,6 +40,12 @@ def task_config(task: str, quick: bool):
   config = common.base_config(name=task)
   if task in BINARY:
     config.task.vocab_size = 2
+  layouts = TASKS[task].layouts
+  if config.task.layout not in layouts:
+    # A task whose output is not aligned with its input (duplicate_string,
+    # say): outputs read after the input, as the suite's paper lays it out.
+    config.task.layout = 'placeholders' if 'placeholders' in layouts else (
+        layouts[0])
   return common.small(config) if quick else config
 
 

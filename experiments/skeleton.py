@@ -232,6 +232,24 @@ def chosen_filters(spec: Study) -> dict[str, list[str] | None]:
   return out
 
 
+def _check_filters_in_plan(runs: Sequence[study.Run],
+                           filters: dict[str, list[str] | None],
+                           scale: str) -> None:
+  """A requested value that no run of this scale carries (--quick trains
+  four encodings): refused by name, where it used to be dropped silently
+  and the others trained."""
+  problems = []
+  for tag, requested in filters.items():
+    planned = list(dict.fromkeys(run.tags[tag] for run in runs))
+    missing = [v for v in requested or () if v not in planned]
+    if missing:
+      problems.append(f'--{FILTER_FLAGS[tag].name}: {", ".join(missing)} '
+                      f'not among this study\'s runs at --scale={scale} '
+                      f'(there: {", ".join(planned)})')
+  if problems:
+    _fail('; '.join(problems))
+
+
 def chosen_shard() -> tuple[int, int]:
   try:
     return study.parse_shard(SHARD.value)
@@ -297,6 +315,7 @@ def _main(spec: Study) -> None:
   except StudyError as e:
     _fail(str(e), status=2)
   runs = spec.runs(scale, seeds, context)
+  _check_filters_in_plan(runs, filters, scale)
   chosen = study.select(runs, tasks=filters.get('task'),
                         positions=filters.get('position'), shard=shard)
   if not COLLECT_ONLY.value:

@@ -419,7 +419,8 @@ class MultiHeadAttention(nnx.Module):
       interpret mode on the CPU, so for correctness there, not speed).
       'fused' falls back to 'plain' while dropout is active and for Shaw's
       value term; 'pallas' falls back to 'plain' unless the encoding is none,
-      alibi, t5, shaw or rotation-only (rope, pope), there are no explicit
+      alibi, t5, shaw (those classes, not subclasses) or rotation-only
+      (rope, pope, a user's), there are no explicit
       positions, no float bias, no dropout and no decode step, and the masks
       are key padding only (valid_lens (B,), a mask of shape (B|1, 1, 1,
       Lk)) plus `causal`; every implementation falls back to 'plain' while

@@ -162,18 +162,18 @@ def _is_rotation_only(relative) -> bool:
 
 def kernel_kind(relative) -> str | None:
   """The kernels' name for an encoding ('none' for no encoding, an absolute
-  one or a rotation; 'alibi', 't5', 'shaw'), or None where they do not
-  compute it. Reads only the encoding's type, so an abstract module
+  one or a rotation-only one, RoPE, PoPE or a user's; 'alibi', 't5',
+  'shaw' for exactly those classes), or None where they do not compute it. Reads only the encoding's type, so an abstract module
   (nnx.eval_shape) answers too."""
   if relative is None or _is_rotation_only(relative):
     return 'none'
-  for kind, cls, hooks in (('alibi', positions.ALiBi, ('logits',)),
-                           ('t5', positions.T5RelativeBias, ('logits',)),
-                           ('shaw', positions.ShawRelative,
-                            ('logits', 'values'))):
-    # A subclass that overrides a hook computes something else.
-    if isinstance(relative, cls) and all(
-        getattr(type(relative), hook) is getattr(cls, hook) for hook in hooks):
+  # The class itself, not a subclass: the kernels recompute its term from
+  # its tables with their own copy of its bucketing, which a subclass may
+  # have changed anywhere (a private helper included).
+  for kind, cls in (('alibi', positions.ALiBi),
+                    ('t5', positions.T5RelativeBias),
+                    ('shaw', positions.ShawRelative)):
+    if type(relative) is cls:
       return kind
   return None
 

@@ -241,7 +241,7 @@ def get_task(name: str, vocab_size: int | None = None, *,
     ignored.
   """
   if name not in TASKS:
-    raise ValueError(f'unknown task {name!r}; valid: {", ".join(TASK_NAMES)}')
+    raise ValueError(f'unknown task {name!r}; valid: {", ".join(TASKS)}')
   spec = TASKS[name]
   if layout not in LAYOUTS:
     raise ValueError(f'unknown layout {layout!r}; valid: {", ".join(LAYOUTS)}')

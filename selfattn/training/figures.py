@@ -114,6 +114,7 @@ class TableAxes:
 
 # Per encoding (positions/*.py, picture()). heads_in_rows applies only when
 # the encoding keeps one table per head (its shared_heads option is False).
+# An encoding with a picture() and no entry here is drawn with plain axes.
 TABLE_AXES: dict[str, TableAxes] = {
     'sinusoidal': TableAxes('P (fixed)', 'position', 'feature', limit=1.0,
                             bounded=True),
@@ -152,7 +153,10 @@ def table_figure(table: np.ndarray, position: str, options: Mapping[str, Any],
   encoding's fixed symmetric scale [-limit, limit], one panel per head where
   the table stacks heads, labelled axes and a colour bar; titled
   '<what the table is> of <title>'."""
-  axes_info = TABLE_AXES[position]
+  # An encoding added without an entry gets plain axes: a figure must not
+  # end a run at its first evaluation, after its training.
+  axes_info = TABLE_AXES.get(position) or TableAxes(
+      f'{position} table', 'row', 'column')
   table = np.asarray(table, np.float64)
   panels = _table_panels(table, axes_info, num_heads,
                          bool(options.get('shared_heads', True)))

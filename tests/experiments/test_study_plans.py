@@ -53,6 +53,18 @@ def test_every_run_a_study_would_train_has_a_valid_config(module, scale):
     validate_config(run.config, num_devices=1)
 
 
+def test_compare_positions_lays_out_a_task_its_default_layout_cannot():
+  """--task=duplicate_string failed validation: its output is not aligned
+  with its input, and the study kept the default in_place layout."""
+  from experiments import compare_positions
+  for task in ('duplicate_string', 'reverse'):
+    config = compare_positions.task_config(task, quick=True)
+    assert validate_config(config, num_devices=1).name == task
+  assert config.task.layout == 'in_place'      # reverse's, as committed
+  assert compare_positions.task_config('duplicate_string', False
+                                       ).task.layout == 'placeholders'
+
+
 @pytest.mark.parametrize('quick', [True, False])
 def test_every_exercise1_training_cell_has_a_valid_config(quick):
   """Exercise 1 is one function, not a Study: its trainability cells are

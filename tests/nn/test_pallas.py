@@ -562,6 +562,14 @@ def test_supports_and_errors():
   assert pa.supports(_relative('shaw')) and pa.supports(_relative('t5'))
   huang = positions.HuangRelative(H, D, max_len=16, rngs=nnx.Rngs(0))
   assert not pa.supports(huang)
+  # A subclass may change the term anywhere, here a private helper that
+  # the kernels' own copy of Shaw's bucketing would not see: plain path.
+
+  class LogShaw(positions.ShawRelative):
+    def _bucket(self, q_pos, k_pos, lq, lk):
+      return super()._bucket(q_pos // 2, k_pos // 2, lq, lk)
+
+  assert not pa.supports(LogShaw(H, D, clip_distance=4, rngs=nnx.Rngs(0)))
   q, k, v, _ = _qkv(8, 8)
   with pytest.raises(ValueError, match='HuangRelative'):
     pa.pallas_attention(q, k, v, relative=huang)

@@ -384,3 +384,24 @@ def test_a_task_reads_the_options_it_declares_and_no_other(name):
     other = batch(**{option: value})
     same = all(np.array_equal(x, y) for x, y in zip(base[:4], other[:4]))
     assert same == (option not in spec.options), option
+
+
+@pytest.mark.parametrize('name', [
+    _batch_case(n) for n in tasks.TASK_NAMES if not tasks.TASKS[n].seq2seq])
+def test_examples_fit_the_sizes_their_task_declares(name):
+  """TaskSpec.input_length / output_length size the padded arrays, and
+  the layouts cut a sampler's arrays to them: an example with more inputs
+  or outputs than its task declares for its length lost the rest, and its
+  valid length ran past the padded one, silently (a helper's new task did,
+  with output_length left at its default). Every task's examples, at every
+  length up to 9, fit."""
+  spec = tasks.TASKS[name]
+  task = tasks.get_task(name, layout=spec.layouts[0])
+  raw = spec.make_sampler(task.vocab_size, dict(tasks.DEFAULT_OPTIONS))
+  lo = max(task.min_length, 1)
+  for length in range(lo, 10):
+    ex = raw(jax.random.key(length), jnp.int32(length), 9)
+    assert int(ex.num_inputs) <= spec.input_length(length), length
+    assert int(ex.num_outputs) <= spec.output_length(length), length
+    assert ex.inputs.shape[0] >= spec.input_length(length)
+    assert ex.outputs.shape[0] >= spec.output_length(length)

@@ -89,6 +89,16 @@ def test_every_encoding_with_a_picture_has_table_axes():
       assert name in figures.TABLE_AXES, name
 
 
+def test_an_encoding_without_table_axes_is_drawn_with_plain_ones():
+  """An encoding a researcher registered, with a picture() and no
+  TABLE_AXES entry: the first evaluation's figure raised KeyError after the
+  whole training, and the run ended without a summary."""
+  fig = figures.table_figure(np.ones((3, 4)), 'kerple', {}, 2, 'kerple on sort')
+  ax = fig.axes[0]
+  assert (ax.get_xlabel(), ax.get_ylabel()) == ('column', 'row')
+  assert fig._suptitle.get_text() == 'kerple table of kerple on sort'
+
+
 def test_pitch_names():
   assert [figures.pitch_name(p) for p in (21, 60, 61, 69, 108)] == [
       'A0', 'C4', 'C#4', 'A4', 'C8']

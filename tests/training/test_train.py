@@ -224,6 +224,18 @@ def test_invalid_configs_fail_before_any_work(tiny_config, tmp_path, field,
   assert not workdir.exists()
 
 
+def test_a_task_added_to_the_registry_at_run_time_is_valid(tiny_config,
+                                                          monkeypatch):
+  """validate_config read TASK_NAMES, a tuple fixed at import: a task a
+  researcher put in tasks.TASKS was built by get_task but refused as
+  unknown by the config check."""
+  from selfattn import tasks
+  from selfattn.training import config_checks
+  monkeypatch.setitem(tasks.TASKS, 'my_reverse', tasks.TASKS['reverse'])
+  tiny_config.task.name = 'my_reverse'
+  assert config_checks.validate_config(tiny_config).name == 'my_reverse'
+
+
 def test_switches_that_are_not_booleans_are_refused_by_name(tiny_config):
   """A config file (not an override: ConfigDict keeps a field's type) that
   sets a switch to something else than True or False is refused by
