@@ -240,8 +240,12 @@ def _check_filters_in_plan(runs: Sequence[study.Run],
   and the others trained."""
   problems = []
   for tag, requested in filters.items():
-    planned = list(dict.fromkeys(run.tags[tag] for run in runs))
-    missing = [v for v in requested or () if v not in planned]
+    if not requested:
+      continue
+    # A run without the tag is kept by any filter (study.select).
+    planned = list(dict.fromkeys(run.tags[tag] for run in runs
+                                 if tag in run.tags))
+    missing = [v for v in requested if v not in planned]
     if missing:
       problems.append(f'--{FILTER_FLAGS[tag].name}: {", ".join(missing)} '
                       f'not among this study\'s runs at --scale={scale} '

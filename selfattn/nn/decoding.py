@@ -33,6 +33,7 @@ caches follow the live hypotheses (CacheMixin.reorder_cache).
 
 from __future__ import annotations
 
+import functools
 import math
 
 from typing import Callable, NamedTuple
@@ -147,12 +148,19 @@ def _stack_of(model: nnx.Module) -> nnx.Module:
   return getattr(model, 'stack', model)   # a wrapper's, or the stack
 
 
-def _drop_caches(model: nnx.Module) -> None:
-  """The model's state as it was before the loop: its stack's drop_cache,
-  where the stack has one (selfattn's do)."""
-  drop = getattr(_stack_of(model), 'drop_cache', None)
-  if drop is not None:
-    drop()
+def _dropping_caches(loop: Callable[..., Generated]) -> Callable[..., Generated]:
+  """`loop(model, ...)`, after which, returned or raised, the model's state
+  is as it was before: its stack's drop_cache, where the stack has one
+  (selfattn's do), removes the caches the loop made."""
+  @functools.wraps(loop)
+  def run(model: nnx.Module, *args, **kwargs) -> Generated:
+    try:
+      return loop(model, *args, **kwargs)
+    finally:
+      drop = getattr(_stack_of(model), 'drop_cache', None)
+      if drop is not None:
+        drop()
+  return run
 
 
 def greedy_search(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
@@ -194,6 +202,7 @@ def sample(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
       choice_offset=choice_offset)
 
 
+@_dropping_caches
 def _one_token_a_step(model, prompt, num_steps: int, choose, *, eos, pad,
                       forced, forced_mask, positions, call_args,
                       return_logits: bool, choice_offset: int) -> Generated:
@@ -231,12 +240,12 @@ def _one_token_a_step(model, prompt, num_steps: int, choose, *, eos, pad,
   carry = (model, jnp.zeros((), jnp.int32), start.logits, start.tokens,
            jnp.zeros((b,), jnp.float32), jnp.zeros((b,), bool), kept)
   _, _, logits, tokens, scores, _, kept = nnx.while_loop(more, step, carry)
-  _drop_caches(model)
   return Generated(tokens, scores,
                    jnp.concatenate([kept, logits[:, None]], axis=1)
                    if return_logits else None)
 
 
+@_dropping_caches
 def beam_search(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
                 beam_size: int = 4, alpha: float = 0.6,
                 eos: int | None = None, pad: int = 0,
@@ -313,7 +322,6 @@ def beam_search(model: nnx.Module, prompt: jax.Array, num_steps: int, *,
            scores, jnp.zeros((b,), bool), done_tokens, done_scores)
   (_, steps, _, tokens, scores, finished, done_tokens,
    done_scores) = nnx.while_loop(more, step, carry)
-  _drop_caches(model)
   # The live hypotheses, at the length reached, against the finished set;
   # a settled example's live ones are out (with alpha < 0 a prefix cut
   # short could otherwise beat every finished hypothesis).

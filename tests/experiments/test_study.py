@@ -399,6 +399,26 @@ def test_the_skeleton_runs_scores_and_reports_the_chosen_runs(tmp_path,
   assert spec.reported == [('small', 6, [])]
 
 
+def test_a_run_without_a_filter_tag_is_kept_and_checked_by_none(
+    tmp_path, monkeypatch):
+  """study.select keeps a run that lacks a filter's tag (a baseline, say);
+  the check that a requested value is in the plan read every run's tag and
+  raised KeyError before training, filter or not."""
+  spec = _TwoEncodings()
+  plan = spec.runs
+  spec.runs = lambda *args: plan(*args) + [_run('baseline', 0)]
+  executed = []
+  monkeypatch.setattr(study, 'execute', lambda runs, workdir, after_each:
+                      executed.extend(r.name for r in runs))
+  for argv in ([], ['--positions=b']):
+    executed.clear()
+    with flagsaver.flagsaver():
+      flags.FLAGS(['study', f'--workdir={tmp_path}', '--seeds=1'] + argv)
+      skeleton.main(spec)([])
+    assert 'baseline' in executed and ('position=a,seed=0' in executed) == (
+        not argv)
+
+
 def test_an_unreadable_diverged_record_still_means_diverged(tmp_path,
                                                             monkeypatch):
   """A kill while an older version wrote diverged.json left it empty, and

@@ -106,6 +106,19 @@ def test_attention_weights_of_scanned_layers_come_per_layer_as_the_loops():
     np.testing.assert_allclose(g, w, atol=1e-6)
 
 
+def test_nnx_tabulate_describes_a_decoder_with_cross_attention():
+  """As the encoder's (test_encoder.py): its blocks handed their FFN module
+  to AddNorm, which nnx.tabulate cannot describe, and a fresh decoder then
+  failed too (Flax leaves its wrappers on the classes)."""
+  dec = make_decoder('t5', cross_attention=True)
+  enc = jnp.ones((2, 5, 16))
+  table = nnx.tabulate(dec, toks((2, 7)), enc, jnp.array([5, 3]),
+                       console_kwargs=dict(width=250))
+  assert 'cross_attention' in table and 'PositionWiseFFN' in table
+  fresh = make_decoder('t5', cross_attention=True)
+  assert fresh(toks((2, 7)), enc, jnp.array([5, 3])).shape[:2] == (2, 7)
+
+
 # RoPE in the commit tier; Shaw and ALiBi --extended (tiers.py): the cache
 # stores given positions the same way for every encoding (the rope case), and
 # their terms at explicit positions are checked in test_positions.py

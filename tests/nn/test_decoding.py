@@ -333,6 +333,10 @@ def test_decoding_leaves_the_model_state_as_it_found_it(scan):
   nnx.jit(lambda m, p: decoding.generate(m, p, 4, method='beam',
                                          beam_size=2).tokens)(dec, prompt)
   assert jax.tree.structure(nnx.state(dec)) == before
+  # Also when the loop raises after making them (an id past the vocabulary).
+  with pytest.raises(ValueError, match='token ids'):
+    decoding.generate(dec, jnp.full((2, 3), 20), 4, method='greedy')
+  assert jax.tree.structure(nnx.state(dec)) == before
   dec.init_cache(2, 8)
   dec(prompt, decode=True)
   assert jax.tree.structure(nnx.state(dec)) != before
