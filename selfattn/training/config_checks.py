@@ -74,9 +74,7 @@ def _check_translation(config: ml_collections.ConfigDict,
       ('model.randomize_positions', m.randomize_positions,
        'randomized positions are not implemented for translation'),
       ('task.per_batch_length', config.task.per_batch_length,
-       'translation batches are length-bucketed already'),
-      ('model.scan_layers', m.scan_layers,
-       'the cross-attention picture needs per-layer modules')):
+       'translation batches are length-bucketed already')):
     if value:
       raise ConfigError(f'config.{field}=True: {why}; unset it')
   if m.meter_period:

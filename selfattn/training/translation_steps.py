@@ -261,9 +261,12 @@ def _capture_cross(model, sources: jax.Array, decoder_inputs: jax.Array):
   lens = jnp.asarray([sources.shape[1]], jnp.int32)
   out, inter = nnx.capture(model, nnx.Intermediate)(
       sources, lens, decoder_inputs=decoder_inputs, deterministic=True)
-  found = [value[...] if hasattr(value, 'get_value') else value
-           for path, value in nnx.to_flat_state(inter)
-           if path[-1] == 'attention_weights' and 'cross_attention' in path]
+  found = []
+  for path, value in nnx.to_flat_state(inter):
+    if path[-1] == 'attention_weights' and 'cross_attention' in path:
+      weights = value[...] if hasattr(value, 'get_value') else value
+      # A scanned decoder (scan_layers) sows them stacked on a layer axis.
+      found += list(weights) if weights.ndim == 5 else [weights]
   return out, found
 
 

@@ -112,9 +112,10 @@ def test_a_batch_is_a_pure_function_of_seed_and_step_and_holds_real_pairs():
 # The model.
 # --------------------------------------------------------------------------
 
-def _model(position='sinusoidal', tie=False, vocab=23):
+def _model(position='sinusoidal', tie=False, vocab=23, scan_layers=False):
   rngs = nnx.Rngs(0)
-  stack = dict(position=position, max_len=64, rngs=rngs)
+  stack = dict(position=position, max_len=64, rngs=rngs,
+               scan_layers=scan_layers)
   enc = TransformerEncoder(vocab, 16, 32, 4, 2, **stack)
   dec = TransformerDecoder(vocab, 16, 32, 4, 2, cross_attention=True,
                            tie_output=tie, **stack)
@@ -277,6 +278,26 @@ def test_english_to_german_trains_and_evaluates_the_other_way(tiny_multi30k):
   target = tok.decode([int(t) for t in bucket.targets[0][:bucket.target_lens[0] - 1]])
   assert source in ENGLISH and target == GERMAN[ENGLISH.index(source)]
   assert translation_data.prepare(300, 64).eval_set('val').sources == GERMAN
+
+
+def test_a_scanned_decoders_cross_attention_comes_per_layer(tiny_multi30k):
+  """Translation refused scan_layers: its cross-attention picture read the
+  captures as one per layer, where a scanned decoder sows one array stacked
+  on a layer axis. They now come per layer, the loop's for the same
+  parameters, and the config is valid."""
+  from reference import stack_loop_into_scan
+  from selfattn.training.translation_steps import _capture_cross
+  loop, scanned = _model(), _model(scan_layers=True)
+  for name in ('encoder', 'decoder'):
+    stack_loop_into_scan(getattr(loop, name), getattr(scanned, name))
+  src = jnp.asarray([[5, 6, 7, 8, 9]], jnp.int32)
+  dec = jnp.asarray([[BOS, 6, 7]], jnp.int32)
+  _, want = _capture_cross(loop, src, dec)
+  _, got = _capture_cross(scanned, src, dec)
+  assert len(got) == len(want) == 2 and got[0].shape == (1, 4, 3, 5)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, atol=1e-6)
+  validate_config(tiny_translation_config(**{'model.scan_layers': True}))
 
 
 def test_translation_configs_refuse_what_they_cannot_do(tiny_multi30k):
