@@ -28,6 +28,7 @@ from experiments import study
 from selfattn.errors import ConfigError
 from selfattn.errors import DataError
 from selfattn.training import workdir as workdir_lib
+from selfattn.training.train import kernel_choice
 from selfattn.training.log_setup import configure_logging
 
 SCALE = flags.DEFINE_string('scale', None, "The study's scale (each study "
@@ -132,7 +133,9 @@ def scored_results(runs: Sequence[study.Run], workdir: str, result_file: str,
     path = os.path.join(workdir, run.name)
     if not score_missing and not os.path.exists(os.path.join(path, result_file)):
       continue
-    out[run.name] = {**evaluate(run, path), 'label': run.tags['position'],
+    with kernel_choice(run.config):       # scored as it was trained
+      scores = evaluate(run, path)
+    out[run.name] = {**scores, 'label': run.tags['position'],
                      'seed': run.tags['seed']}
   return out
 

@@ -37,6 +37,7 @@ from selfattn.errors import NonFiniteError
 from selfattn.errors import TrainingInterrupted
 from selfattn.training.config_checks import validate_config
 from selfattn.training.timing import duration
+from selfattn.training.train import kernel_choice
 from selfattn.training.train import train_and_evaluate
 
 
@@ -258,7 +259,8 @@ def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True,
         say(f'[study] {run.name} diverged (recorded, not retried): {e}')
       else:
         if after_each is not None:
-          after_each(run, summaries[run.name])
+          with kernel_choice(run.config):   # scored as it was trained
+            after_each(run, summaries[run.name])
       spent.append(time.perf_counter() - start)
       left = len(todo) - i - 1
       eta = sum(spent) / len(spent) * left

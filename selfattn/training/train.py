@@ -88,18 +88,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   task = validate_config(config, num_devices=jax.device_count())
   is_main = jax.process_index() == 0
   with workdir_lib.workdir_lock(workdir, enabled=is_main), \
-      _StopRequests() as stop, _gpu_kernel(config):
+      _StopRequests() as stop, kernel_choice(config):
     return _run(config, workdir, is_main, stop, task)
 
 
-def _gpu_kernel(config: ml_collections.ConfigDict
-                ) -> contextlib.AbstractContextManager:
-  """config.model.gpu_kernel around everything the run traces (its steps,
-  evaluation and decoding are traced inside _run)."""
-  if config.model.gpu_kernel == 'auto':
+def kernel_choice(config: ml_collections.ConfigDict
+                  ) -> contextlib.AbstractContextManager:
+  """config.model.gpu_kernel around what is traced inside it: the run's
+  steps, evaluation and decoding (train_and_evaluate), and a study's
+  scoring of the run after it (experiments/)."""
+  # A config without the field (stored before it existed, or a study's
+  # stand-in) chose nothing: 'auto'.
+  choice = config.get('model', {}).get('gpu_kernel', 'auto')
+  if choice == 'auto':
     return contextlib.nullcontext()       # Pallas loads only when asked for
   from selfattn.nn import pallas_attention
-  return pallas_attention.default_gpu_kernel(config.model.gpu_kernel)
+  return pallas_attention.default_gpu_kernel(choice)
 
 
 def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,

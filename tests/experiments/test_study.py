@@ -5,6 +5,7 @@ import math
 import os
 import signal
 import threading
+import unittest.mock
 
 import ml_collections
 import pytest
@@ -417,6 +418,29 @@ def test_a_run_without_a_filter_tag_is_kept_and_checked_by_none(
       skeleton.main(spec)([])
     assert 'baseline' in executed and ('position=a,seed=0' in executed) == (
         not argv)
+
+
+def test_a_run_is_scored_under_the_gpu_kernel_it_was_trained_with(tmp_path):
+  """Scoring (beam search, the music metrics) traces the trained model
+  again; it ran under 'auto' whatever config.model.gpu_kernel chose."""
+  from configs import default
+  from selfattn.nn import pallas_attention
+  config = default.get_config()
+  config.model.gpu_kernel = 'triton'
+  run = study.Run('position=a,seed=0', config, {'position': 'a', 'seed': 0})
+  seen = []
+
+  def evaluate(run, path):
+    seen.append(pallas_attention._default_gpu_kernel[-1])
+    return {}
+
+  # A finished run (its summary as finished_summary reads it).
+  with unittest.mock.patch.object(study, 'finished_summary',
+                                  lambda run, workdir: {'step': 1}):
+    skeleton.scored_results([run], str(tmp_path), 'x.json', evaluate,
+                            score_missing=True)
+  assert seen == ['triton']
+  assert pallas_attention._default_gpu_kernel == ['auto']
 
 
 def test_an_unreadable_diverged_record_still_means_diverged(tmp_path,
