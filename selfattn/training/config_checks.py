@@ -274,7 +274,8 @@ def _check_gpu_kernel(config: ml_collections.ConfigDict, task: tasks.Task
       causal)
   if problem is not None:
     raise ConfigError(f'config.model.gpu_kernel={m.gpu_kernel!r} cannot run '
-                      f'position={m.position!r} here: {problem}')
+                      f'this model (position={m.position!r}, dtype='
+                      f'{m.dtype!r}) here: {problem}')
 
 
 def _check_training(config: ml_collections.ConfigDict) -> None:

@@ -251,8 +251,13 @@ def run_title(config: Mapping[str, Any]) -> tuple[str, str]:
 class Writer:
   """Writes only when enabled (process 0 in multi-process runs)."""
 
-  def __init__(self, logdir: str, enabled: bool = True):
-    self._writer = SummaryWriter(logdir=logdir) if enabled else None
+  def __init__(self, logdir: str, enabled: bool = True,
+               purge_step: int | None = None):
+    """purge_step: events of earlier files at this step and after are
+    hidden from TensorBoard (a resumed run rewrites them; a kill left those
+    written after its last checkpoint)."""
+    self._writer = (SummaryWriter(logdir=logdir, purge_step=purge_step)
+                    if enabled else None)
 
   @property
   def enabled(self) -> bool:

@@ -199,7 +199,10 @@ class _EventLog:
 
   def __init__(self, config: ml_collections.ConfigDict, trainer: Trainer,
                workdir: str, is_main: bool, start: int):
-    self.writer = summaries.Writer(workdir, enabled=is_main)
+    # Resumed at `start`: what a killed process wrote after that checkpoint
+    # is rewritten by this one, so TensorBoard hides the old copies.
+    self.writer = summaries.Writer(workdir, enabled=is_main,
+                                   purge_step=start + 1 if start else None)
     self._trainer = trainer
     self._config = config.to_dict()
     self._chance = trainer.task.chance
@@ -312,8 +315,8 @@ class _TrainingLoop:
     note = report.table_reach_note(config, task)
     if self._is_main and note:
       logging.warning(note)
-    if self._early is not None and self.start > 0:
-      self._resume_early_stopping()
+    if self.start > 0:
+      self._resume_evaluation()
       if self.stopped_early is not None:
         return
     for step in range(self.start, self._num_steps):
@@ -409,18 +412,21 @@ class _TrainingLoop:
         f'{name} received: stopped after step {done} with a checkpoint in '
         f'{self._workdir}; rerun the same command to resume', signum)
 
-  def _resume_early_stopping(self) -> None:
-    """A resumed run counts the evaluations an uninterrupted one would
-    have: the one at its starting checkpoint, when a stop request or a kill
-    came between that checkpoint and its evaluation, is made now; and a
+  def _resume_evaluation(self) -> None:
+    """A resumed run makes the evaluations an uninterrupted one would have:
+    the one at its starting checkpoint, when a stop request or a kill came
+    between that checkpoint and its evaluation (its TensorBoard scalars and
+    images, and early stopping's count), is made now; and an early-stopping
     record that already says stop (a kill after the decision) stops."""
     early = self._early
-    assert early is not None
     evaluated_here = (self.start % self._eval_every == 0
                       or self.start == self._num_steps)
-    if evaluated_here and not early.has(self.start):
+    made = (early.has(self.start) if early is not None
+            else workdir_lib.last_evaluated(self._workdir) >= self.start)
+    if evaluated_here and not made:
       self._evaluate(self.start)
-    elif early.should_stop() and self.start < self._num_steps:
+    elif (early is not None and early.should_stop()
+          and self.start < self._num_steps):
       self.stopped_early = early.outcome()
 
   def _evaluate(self, done: int) -> None:
@@ -431,6 +437,10 @@ class _TrainingLoop:
     self._events.write_eval(done, params, results)
     if self._is_main:
       logging.info('eval at step %d: %s', done, report.short(results))
+      self._writer.flush()      # its events on disk before it counts as made
+      workdir_lib.write_json(
+          os.path.join(self._workdir, workdir_lib.EVALUATED_FILE),
+          {'step': done})
     if self._early is not None and self._early.observe(
         done, results, write=self._is_main) and done < self._num_steps:
       self.stopped_early = self._early.outcome()

@@ -19,13 +19,18 @@ from selfattn.errors import ConfigError
 CONFIG_FILE = 'config.json'
 SUMMARY_FILE = 'summary.json'
 LOCK_FILE = '.lock'
+# The step of the run's latest evaluation: a resume from a checkpoint at an
+# evaluation step knows whether that evaluation was made before the stop.
+EVALUATED_FILE = 'evaluated.json'
 # Fields that shape the parameters, the data or the schedule: a resumed run
 # must agree on them or it would not continue the same run.
 _MUST_MATCH = ('seed', 'task', 'model', 'train.batch_size', 'train.num_steps',
                'train.learning_rate', 'train.warmup_steps',
                'train.weight_decay', 'train.grad_clip', 'train.schedule',
                'train.final_lr_fraction', 'train.b2', 'train.init_from',
-               'train.early_stop_patience', 'train.early_stop_metric')
+               'train.early_stop_patience', 'train.early_stop_metric',
+               # The loss of every step; translation's batches.
+               'train.label_smoothing', 'train.batch_tokens')
 
 # Fields added to the config after runs were already stored, with the value
 # that reproduces what those runs computed: a stored config without the field
@@ -49,6 +54,18 @@ _ADDED_FIELDS = {'model.attention_impl': 'plain', 'model.remat': False,
                  'train.early_stop_metric': 'loss',
                  # 2026-11-30: the GPU kernel preference (issue 47).
                  'model.gpu_kernel': 'auto'}
+
+
+def last_evaluated(workdir: str) -> int:
+  """The step of the workdir's latest evaluation (EVALUATED_FILE), or -1
+  without a readable record (a run from before the record: its evaluation
+  at the resumed step is made again, to the same numbers)."""
+  try:
+    with open(os.path.join(workdir, EVALUATED_FILE)) as f:
+      step = json.load(f).get('step')
+  except (OSError, ValueError, AttributeError):
+    return -1
+  return step if isinstance(step, int) else -1
 
 
 def write_json(path: str, value: Any, sort_keys: bool = False) -> None:

@@ -60,6 +60,49 @@ def test_sigterm_saves_a_checkpoint_flushes_events_and_resumes(tmp_path):
   assert f'Resumed from checkpoint at step {step}' in again.stderr
 
 
+def test_a_stop_between_a_checkpoint_and_its_evaluation_loses_nothing(
+    tiny_config, tmp_path):
+  """A stop request (or a kill) at an evaluation step came after that
+  step's checkpoint and before its evaluation, and the resumed run never
+  made it: its eval scalars and images were missing for good. The resume
+  now makes it first, unless the record says it was made; and TensorBoard
+  hides what the stopped process wrote after its checkpoint (purge_step),
+  so each step's train/loss appears once."""
+  from tensorboard.backend.event_processing import event_accumulator
+  from runs import crashed_copy
+  tiny_config.train.checkpoint_every = tiny_config.eval.every = 10
+  tiny_config.train.log_every = 1
+  straight = tmp_path / 'straight'
+  train.train_and_evaluate(tiny_config, str(straight))
+  assert workdir_lib.last_evaluated(str(straight)) == 20
+
+  tag = 'eval/token_accuracy/len_0008'
+
+  def steps(workdir, tag):
+    events = event_accumulator.EventAccumulator(str(workdir),
+                                                purge_orphaned_data=True)
+    events.Reload()
+    return [e.step for e in events.Scalars(tag)]
+
+  missed = crashed_copy(straight, tmp_path / 'missed', 10)
+  again = train.train_and_evaluate(tiny_config, str(missed))
+  assert [h['step'] for h in again['history']] == [10, 20]
+  assert steps(missed, tag) == [10, 20]
+
+  # Killed after the evaluation at 10 and later steps: the stopped
+  # process's events (its steps past the checkpoint included) are kept up
+  # to the checkpoint and replaced after it.
+  made = crashed_copy(straight, tmp_path / 'made', 10)
+  workdir_lib.write_json(str(made / workdir_lib.EVALUATED_FILE), {'step': 10})
+  for name in os.listdir(straight):
+    if name.startswith('events.'):
+      shutil.copy(straight / name, made / name)
+  again = train.train_and_evaluate(tiny_config, str(made))
+  assert [h['step'] for h in again['history']] == [20]
+  assert steps(made, tag) == [10, 20]
+  assert steps(made, 'train/loss') == list(range(1, 21))
+
+
 def test_a_second_live_run_on_a_workdir_is_refused(tiny_config, tmp_path):
   with workdir_lib.workdir_lock(str(tmp_path)):
     with pytest.raises(ConfigError, match=f'in use by another live run '
@@ -207,6 +250,20 @@ def test_config_stored_before_a_field_existed_still_resumes(tiny_config,
   tiny_config.model.scan_layers = True
   with pytest.raises(ConfigError,
                      match='config.model.scan_layers: stored False, now True'):
+    workdir_lib.check_or_store_config(str(tmp_path), tiny_config, write=False)
+
+
+@pytest.mark.parametrize('field, value', [('label_smoothing', 0.1),
+                                          ('batch_tokens', 4096)])
+def test_a_resume_refuses_another_loss_or_batching(tiny_config, tmp_path,
+                                                   field, value):
+  """label_smoothing (every step's loss) and batch_tokens (translation's
+  batches) were missing from the fields a resume must match: a rerun with
+  another value resumed and rewrote config.json as if steps 1..N had
+  trained with it."""
+  workdir_lib.check_or_store_config(str(tmp_path), tiny_config, write=True)
+  tiny_config.train[field] = value
+  with pytest.raises(ConfigError, match=f'config.train.{field}: stored'):
     workdir_lib.check_or_store_config(str(tmp_path), tiny_config, write=False)
 
 

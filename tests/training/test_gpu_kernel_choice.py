@@ -21,8 +21,9 @@ def _pallas_config(config, **model):
     # Huang's skewed term is not one the kernels compute: the preference
     # would never be used (attention_impl='pallas' runs the plain path).
     (dict(gpu_kernel='triton', position='huang'),
-     "gpu_kernel='triton' cannot run position='huang' here: the Pallas "
-     'kernels do not compute HuangRelative'),
+     r"gpu_kernel='triton' cannot run this model \(position='huang', "
+     r"dtype='float32'\) here: the Pallas kernels do not compute "
+     'HuangRelative'),
     (dict(gpu_kernel='hopper', dtype='float32'),
      r"gpu_kernel='hopper' computes .* in bfloat16 .* got none, float32"),
     # Shaw's 2k + 1 rows of both tables overflow the shared memory.
