@@ -95,6 +95,33 @@ def override_problem(argv: list[str], config: Any) -> str | None:
         return (f'--config.{dotted}: {walked} has no field {name!r}{hint} '
                 f'(its fields: {", ".join(sorted(fields))})')
       node, walked = node[name], f'{walked}.{name}'
+    if '=' in arg:
+      problem = _value_problem(walked, node, arg.split('=', 1)[1])
+      if problem:
+        return problem
+  return None
+
+
+# What absl's parsers take for a boolean field of a config.
+_BOOLEANS = ('true', 't', '1', 'false', 'f', '0')
+
+
+def _value_problem(field: str, current: Any, text: str) -> str | None:
+  """An override whose value cannot become the field's type (absl would
+  print a FATAL flags-parsing error and its help line, exit 1)."""
+  if isinstance(current, bool):
+    if text.lower() not in _BOOLEANS:
+      return f'--{field}={text}: {field} is True or False; got {text!r}'
+  elif isinstance(current, int):
+    try:
+      int(text)
+    except ValueError:
+      return f'--{field}={text}: {field} is an integer; got {text!r}'
+  elif isinstance(current, float):
+    try:
+      float(text)
+    except ValueError:
+      return f'--{field}={text}: {field} is a number; got {text!r}'
   return None
 
 

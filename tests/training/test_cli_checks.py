@@ -52,6 +52,26 @@ def test_misspelt_fields_and_sections_are_named_with_the_ones_that_exist():
       '--config', TINY, '--config.model.postion=shaw')
 
 
+def test_override_values_that_cannot_become_the_fields_type():
+  """absl printed a FATAL flags-parsing error and its help line, exit 1,
+  for these (a helper's probe); now one line naming the field and its type.
+  Values of the type pass: an int for a float field, any case of a
+  boolean."""
+  for arg, message in (
+      ('--config.train.num_steps=abc',
+       "config.train.num_steps is an integer; got 'abc'"),
+      ('--config.mesh.data=2.0', "config.mesh.data is an integer; got '2.0'"),
+      ('--config.model.scan_layers=yes',
+       "config.model.scan_layers is True or False; got 'yes'"),
+      ('--config.train.learning_rate=fast',
+       "config.train.learning_rate is a number; got 'fast'")):
+    assert message in _problem(f'--config={TINY}', arg)
+  config, _, problem = cli_checks.config_from_argv([
+      f'--config={TINY}', '--config.train.learning_rate=1',
+      '--config.model.scan_layers=FALSE', '--config.train.num_steps=-3'])
+  assert problem is None and config is not None
+
+
 def test_config_files_that_are_missing_broken_or_fail(tmp_path):
   assert _problem('--workdir=w') == ('--config is required '
                                      '(e.g. --config=configs/default.py)')
