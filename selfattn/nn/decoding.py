@@ -12,9 +12,9 @@ example); `generate(method=...)` picks one. They share how they start
 logits (B, L, V) for the L new tokens and advance the caches that its
 stack's `init_cache(B, max_length)` made: a TransformerDecoder, a causal
 TransformerEncoder, or a wrapper with a `stack` (nn/models.py's). When a
-loop returns, the stack's `drop_cache()` (where it has one) removes them. The loop is an
-nnx.while_loop: one traced step, however many steps, and it stops early
-once every sequence has produced `eos`.
+loop returns or raises, the stack's `drop_cache()` (where it has one)
+removes them. The loop is an nnx.while_loop: one traced step, however many
+steps, and it stops early once every sequence has produced `eos`.
 
 Beam search keeps, per example, `beam_size` live hypotheses ranked by
 their summed log-probabilities and, apart from them, the `beam_size` best
