@@ -284,24 +284,31 @@ def attention_weights(model: nnx.Module, *args, **kwargs
   layer's (B, H, Lq, Lk) weights in module order), via nnx.capture: nothing is
   left on the model."""
   out, inter = nnx.capture(model, nnx.Intermediate)(*args, **kwargs)
+  return out, [weights for _, weights in captured_attention(inter)]
+
+
+def captured_attention(inter) -> list[tuple[tuple, jax.Array]]:
+  """(path, (B, H, Lq, Lk) weights) of every attention call nnx.capture
+  recorded in `inter`, in module order; a scanned stack's (scan_layers),
+  sown once per module stacked on a leading layer axis, come per layer as
+  the unscanned stack's would, each path with its layer index after the
+  stack's."""
   found = [(path, value[...] if hasattr(value, 'get_value') else value)
            for path, value in nnx.to_flat_state(inter)
            if path[-1] == 'attention_weights']
-  weights, i = [], 0
+  out, i = [], 0
   while i < len(found):
     path, value = found[i]
     if value.ndim == 4:
-      weights.append(value)
+      out.append((path, value))
       i += 1
       continue
-    # A scanned stack (scan_layers) sows each of its attention modules'
-    # weights once, stacked on a leading layer axis: per layer, in the order
-    # the unscanned stack's modules would give them.
     stack = path[:-2]
     j = i
     while j < len(found) and found[j][0][:-2] == stack:
       j += 1
-    group = [w for _, w in found[i:j]]
-    weights += [w[layer] for layer in range(group[0].shape[0]) for w in group]
+    group = found[i:j]
+    out += [(stack + (layer,) + p[-2:], w[layer])
+            for layer in range(group[0][1].shape[0]) for p, w in group]
     i = j
-  return out, weights
+  return out

@@ -170,14 +170,14 @@ def check_size(value, name: str, minimum: int | None = 1) -> int:
   starts `name=value`, as the constructors' others do (config checks read
   the field's name from it)."""
   valid = 'an integer' if minimum is None else f'an integer >= {minimum}'
+  if isinstance(value, jax.core.Tracer):
+    # Perhaps an integer, but traced (a jit argument): sizes are shapes.
+    raise TypeError(f'{name} must be {valid} known when tracing; got a '
+                    f'traced value (pass it as a static argument)')
   try:
     size = operator.index(value)
   except TypeError:
     size = None
-  if isinstance(value, jax.core.Tracer):
-    # An integer, but traced (a jit argument): sizes are shapes, static.
-    raise TypeError(f'{name} must be {valid} known when tracing; got a '
-                    f'traced value (pass it as a static argument)')
   if size is None or isinstance(value, bool):
     raise TypeError(f'{name}={value!r} must be {valid}')
   if minimum is not None and size < minimum:

@@ -163,8 +163,9 @@ def _is_rotation_only(relative) -> bool:
 def kernel_kind(relative) -> str | None:
   """The kernels' name for an encoding ('none' for no encoding, an absolute
   one or a rotation-only one, RoPE, PoPE or a user's; 'alibi', 't5',
-  'shaw' for exactly those classes), or None where they do not compute it. Reads only the encoding's type, so an abstract module
-  (nnx.eval_shape) answers too."""
+  'shaw' for exactly those classes), or None where they do not compute it.
+  Reads only the encoding's type, so an abstract module (nnx.eval_shape)
+  answers too."""
   if relative is None or _is_rotation_only(relative):
     return 'none'
   # The class itself, not a subclass: the kernels recompute its term from
@@ -233,10 +234,10 @@ def gpu_kernel_problem(gpu_kernel: str, relative, dtype, num_heads: int,
           clip=int(relative.clip_distance),
           values=relative.a_V is not None)
       if not hopper.supports(kind, dtype, width, causal=is_causal, **options):
-        return (f"gpu_kernel='hopper' computes {hopper.KINDS} in bfloat16 "
-                f'or float16 with heads up to {hopper.MAX_HEAD} wide, where '
-                f'its shared memory fits (for Shaw, by its clip distance); '
-                f'(none: no encoding, an absolute one, RoPE or PoPE); got '
+        return (f"gpu_kernel='hopper' computes {hopper.KINDS} ('none': no "
+                f'encoding, an absolute one, RoPE or PoPE) in bfloat16 or '
+                f'float16 with heads up to {hopper.MAX_HEAD} wide, where its '
+                f'shared memory fits (for Shaw, by its clip distance); got '
                 f'{kind}, {jnp.dtype(dtype).name}, heads {width} wide'
                 f"{f', clip {relative.clip_distance}' if kind == 'shaw' else ''}")
     elif not cudnn_flash.computes(q, q, v, kind=kind, causal=is_causal,

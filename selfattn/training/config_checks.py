@@ -259,13 +259,12 @@ def _check_gpu_kernel(config: ml_collections.ConfigDict, task: tasks.Task
   import jax.numpy as jnp
   from flax import nnx
   from selfattn.nn import pallas_attention   # Pallas loads only when asked
-  kind, options = positions.get_position(m.position, position_options(m))
   head_dim = m.num_hiddens // m.num_heads
-  relative = None
-  if kind.relative:
-    relative = kind.build(num_heads=m.num_heads, head_dim=head_dim,
-                          max_len=m.max_len, param_dtype=jnp.float32,
-                          rngs=nnx.Rngs(0), **options)
+  relative = None               # none or an absolute encoding: no hooks
+  if positions.POSITIONS[m.position].relative:
+    relative = positions.build_encoding(
+        m.position, position_options(m), num_hiddens=m.num_hiddens,
+        num_heads=m.num_heads, max_len=m.max_len, rngs=nnx.Rngs(0))
   spec = task.spec
   causal = ((False, True) if spec.seq2seq else (True,)
             if spec.language_model else (bool(task.causal),))

@@ -39,6 +39,7 @@ from selfattn.tasks import Task
 from selfattn.tasks.translation.data import BOS
 from selfattn.tasks.translation.data import PAD
 from selfattn.tasks.translation.batches import TrainingBatches
+from selfattn.nn.encoder import captured_attention
 
 NUM_SAMPLES = 4          # validation sentences shown as text per evaluation
 
@@ -261,13 +262,8 @@ def _capture_cross(model, sources: jax.Array, decoder_inputs: jax.Array):
   lens = jnp.asarray([sources.shape[1]], jnp.int32)
   out, inter = nnx.capture(model, nnx.Intermediate)(
       sources, lens, decoder_inputs=decoder_inputs, deterministic=True)
-  found = []
-  for path, value in nnx.to_flat_state(inter):
-    if path[-1] == 'attention_weights' and 'cross_attention' in path:
-      weights = value[...] if hasattr(value, 'get_value') else value
-      # A scanned decoder (scan_layers) sows them stacked on a layer axis.
-      found += list(weights) if weights.ndim == 5 else [weights]
-  return out, found
+  return out, [weights for path, weights in captured_attention(inter)
+               if 'cross_attention' in path]
 
 
 def translation_summaries(latest: dict[str, Any] | None):

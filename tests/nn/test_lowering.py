@@ -380,6 +380,42 @@ def test_cached_decode_step_lowers(platform, impl):
   assert f'2x{HEADS}x{STEP_LENGTH}x{HEAD_DIM}xbf16' in text   # the cache
 
 
+@pytest.mark.parametrize('platform', PLATFORMS)
+def test_translation_step_lowers_with_cross_attention_on_the_kernels(
+    platform):
+  """An encoder-decoder (translation): the source lengths reach the
+  decoder's cross-attention as lengths, so on the abstract H100 every
+  attention call (the encoder's, the causal decoder's, the cross) lowers to
+  the Hopper kernels and none to Triton; on a TPU, to Mosaic TPU. No
+  (Lq, Lk) array of scores in either."""
+  from selfattn.nn.models import Seq2SeqModel
+  src_len, tgt_len = 320, 192   # neither a model width (128, 256)
+  stack = dict(position='t5', max_len=src_len, attention_impl='pallas',
+               dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  sizes = (32, HEADS * HEAD_DIM, 2 * HEADS * HEAD_DIM, HEADS, 1, 0.0)
+  model = Seq2SeqModel(TransformerEncoder(*sizes, **stack),
+                       TransformerDecoder(*sizes, cross_attention=True,
+                                          **stack))
+  graphdef, state = nnx.split(model)
+
+  def loss(state, sources, lens, targets):
+    logits = nnx.merge(graphdef, state)(sources, lens,
+                                        decoder_inputs=targets)
+    return logits.astype(jnp.float32).sum()
+
+  text = lowered_text(jax.grad(loss), _abstract(state),
+                      jax.ShapeDtypeStruct((2, src_len), jnp.int32),
+                      jax.ShapeDtypeStruct((2,), jnp.int32),
+                      jax.ShapeDtypeStruct((2, tgt_len), jnp.int32),
+                      platform=platform)
+  if platform == 'cuda':
+    assert text.count(HOPPER_CALL) >= 9 and KERNEL_CALL['cuda'] not in text
+  else:
+    assert text.count(KERNEL_CALL['tpu']) >= 9
+  for lq, lk in ((src_len, src_len), (tgt_len, tgt_len), (tgt_len, src_len)):
+    assert not re.search(rf'[<x]{lq}x{lk}x', text), (lq, lk)
+
+
 @pytest.mark.skipif(
     not attention.cudnn_traceable(),
     reason='needs a CUDA device: jax.nn traces cuDNN attention only where it '

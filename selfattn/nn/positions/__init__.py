@@ -58,5 +58,6 @@ from selfattn.nn.positions.registry import POSITION_NAMES  # noqa: F401
 from selfattn.nn.positions.registry import PositionKind  # noqa: F401
 from selfattn.nn.positions.registry import RELATIVE_NAMES  # noqa: F401
 from selfattn.nn.positions.registry import build_abstract  # noqa: F401
+from selfattn.nn.positions.registry import build_encoding  # noqa: F401
 from selfattn.nn.positions.registry import get_position  # noqa: F401
 from selfattn.nn.positions.registry import option_types  # noqa: F401

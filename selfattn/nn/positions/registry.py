@@ -103,21 +103,27 @@ def option_types() -> dict[str, type]:
   return types
 
 
+def build_encoding(name: str, options: dict[str, Any], *, num_hiddens: int,
+                   num_heads: int, max_len: int, rngs: nnx.Rngs) -> nnx.Module:
+  """The encoding `name` with `options` for a model of these sizes: a
+  relative one's hooks (per head of width num_hiddens // num_heads), or an
+  absolute one (without dropout). Raises the constructor's ValueError."""
+  kind, options = get_position(name, options)
+  shared = dict(max_len=max_len, param_dtype=jnp.float32, rngs=rngs)
+  if kind.relative:
+    return kind.build(num_heads=num_heads, head_dim=num_hiddens // num_heads,
+                      **shared, **options)
+  return kind.build(num_hiddens=num_hiddens, dropout=0.0, **shared, **options)
+
+
 def build_abstract(name: str, options: dict[str, Any], *, num_hiddens: int,
                    num_heads: int, max_len: int) -> None:
   """Builds the encoding without allocating anything (nnx.eval_shape), so
   its constructor's checks of its options run: the one place options are
   validated. Raises the constructor's ValueError."""
-  kind, options = get_position(name, options)
-  shared = dict(max_len=max_len, param_dtype=jnp.float32)
-  if kind.relative:
-    build = lambda: kind.build(num_heads=num_heads,
-                               head_dim=num_hiddens // num_heads,
-                               rngs=nnx.Rngs(0), **shared, **options)
-  else:
-    build = lambda: kind.build(num_hiddens=num_hiddens, dropout=0.0,
-                               rngs=nnx.Rngs(0), **shared, **options)
-  nnx.eval_shape(build)
+  nnx.eval_shape(lambda: build_encoding(
+      name, options, num_hiddens=num_hiddens, num_heads=num_heads,
+      max_len=max_len, rngs=nnx.Rngs(0)))
 
 
 def get_position(name: str, options: dict[str, Any] | None = None
