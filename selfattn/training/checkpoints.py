@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import pathlib
 from typing import Any
 
 import jax
@@ -221,6 +222,54 @@ def saved_steps(workdir: str) -> list[int]:
   # and renames it when the checkpoint is complete.
   return sorted(int(name) for name in names if name.isdigit()
                 and os.path.isdir(os.path.join(directory, name)))
+
+
+def _leaf_name(path) -> str:
+  """A tree path as 'a/b/0': the same for an nnx.State (attribute keys) and
+  orbax's metadata tree of it (dict keys)."""
+  parts = []
+  for key in path:
+    for attribute in ('key', 'name', 'idx'):
+      if hasattr(key, attribute):
+        parts.append(str(getattr(key, attribute)))
+        break
+  # nnx keeps each parameter's array in a `value` attribute: not a name.
+  return '/'.join(parts[:-1] if parts[-1:] == ['value'] else parts)
+
+
+def parameter_shape_differences(workdir: str, params: Any,
+                                limit: int = 4) -> list[str] | None:
+  """How the parameters of workdir's newest checkpoint differ in shape from
+  `params` (arrays or ShapeDtypeStructs), read from orbax's metadata
+  without loading an array: at most `limit` lines, then a count; [] when
+  they match. None when there is no checkpoint or its metadata does not
+  read (a damaged one, which restoring then reports)."""
+  steps = saved_steps(workdir)
+  if not steps:
+    return None
+  path = os.path.join(os.path.abspath(workdir), 'checkpoints', str(steps[-1]),
+                      'default')
+  try:
+    # The handler joins paths with `/`: a pathlib.Path does, a str does not.
+    tree = ocp.PyTreeCheckpointHandler().metadata(pathlib.Path(path)).tree
+    stored_params = tree['params']
+  except Exception:    # noqa: BLE001 - orbax raises many types for damage
+    return None
+  shapes = lambda t: {_leaf_name(p): tuple(leaf.shape) for p, leaf
+                      in jax.tree_util.tree_flatten_with_path(t)[0]}
+  stored, wanted = shapes(stored_params), shapes(params)
+  differences = []
+  for name in sorted(set(stored) | set(wanted)):
+    a, b = stored.get(name), wanted.get(name)
+    if a is None:
+      differences.append(f'{name}: not in the checkpoint')
+    elif b is None:
+      differences.append(f'{name}: not in this model')
+    elif a != b:
+      differences.append(f'{name}: stored {a}, this model {b}')
+  if len(differences) > limit:
+    differences = differences[:limit] + [f'{len(differences) - limit} more']
+  return differences
 
 
 def restore_step_read_only(workdir: str, state: Any, step: int) -> Any:

@@ -11,6 +11,8 @@ The record of every evaluation lives in the workdir (EARLY_STOP_FILE), so a
 resumed run counts the evaluations before its kill: a run stopped and resumed
 any number of times stops at the same step as one that never was. Entries
 past the checkpoint a run resumes from are dropped (they are recomputed).
+So that the record compares like with like, a resume refuses another
+config.eval.lengths, every or num_examples (workdir.check_or_store_config).
 """
 
 from __future__ import annotations

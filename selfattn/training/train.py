@@ -114,6 +114,10 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
     return finished
   trainer = make_trainer(config, task=task)
   start = _starting_point(config, trainer, workdir)
+  # Stored once the run has its starting point: an init_from source whose
+  # parameters do not fit leaves no config.json that would refuse the
+  # corrected command.
+  workdir_lib.check_or_store_config(workdir, config, write=is_main)
   events = _EventLog(config, trainer, workdir, is_main, start.step)
   loop = _TrainingLoop(config, trainer, workdir, is_main, stop, start, events)
   loop.run()
@@ -145,8 +149,8 @@ def _prepare_workdir(config: ml_collections.ConfigDict, workdir: str,
   """Refuses a config that differs from the one the workdir was started
   with, and an unusable init_from for a run that starts now (a resumed or
   finished run no longer reads its source, which may be gone). Returns the
-  summary of a run that already finished; otherwise stores config.json and
-  returns None."""
+  summary of a run that already finished, else None (_run stores
+  config.json once the run has its starting point)."""
   workdir_lib.check_or_store_config(workdir, config, write=False)
   finished = workdir_lib.finished_summary(workdir, config.train.num_steps)
   if finished is not None:
@@ -159,7 +163,6 @@ def _prepare_workdir(config: ml_collections.ConfigDict, workdir: str,
     problem = workdir_lib.init_from_problem(config)
     if problem:
       raise ConfigError(problem)
-  workdir_lib.check_or_store_config(workdir, config, write=is_main)
   return None
 
 
@@ -504,7 +507,19 @@ def _parameters_from(source: str, config: ml_collections.ConfigDict,
   restores and matches its checksum; the optimiser state and the step stay
   fresh (a new schedule from step 0). `source` is another run's workdir:
   it is only read (a damaged checkpoint there is skipped, not moved)."""
-  del config
+  # Checked from orbax's metadata first: a restore into other shapes fails
+  # as if every checkpoint were damaged. The model fields were compared
+  # before any work (init_from_problem), so the cause is elsewhere: often
+  # the task (its vocabulary sizes the embedding and the head).
+  differences = checkpoints.parameter_shape_differences(source, state['params'])
+  if differences:
+    fields = workdir_lib.init_from_differences(config, 'task')
+    raise ConfigError(
+        f'config.train.init_from={source!r} holds parameters of other shapes '
+        f'than this model\'s: ' + '; '.join(differences) + '. '
+        + (f'The configs differ in ' + '; '.join(fields) if fields else
+           'Its config.model and config.task are this run\'s: the code '
+           'that made its parameters differs'))
   try:
     restored = checkpoints.restore_latest_read_only(source, state)
   except CheckpointError as e:

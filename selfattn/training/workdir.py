@@ -31,6 +31,9 @@ _MUST_MATCH = ('seed', 'task', 'model', 'train.batch_size', 'train.num_steps',
                'train.early_stop_patience', 'train.early_stop_metric',
                # The loss of every step; translation's batches.
                'train.label_smoothing', 'train.batch_tokens')
+# With early stopping on, also what its evaluations measure and when: the
+# record from before a resume is compared with the evaluations after it.
+_MUST_MATCH_EARLY_STOPPING = ('eval.lengths', 'eval.every', 'eval.num_examples')
 
 # Fields added to the config after runs were already stored, with the value
 # that reproduces what those runs computed: a stored config without the field
@@ -193,23 +196,32 @@ def init_from_problem(config: ml_collections.ConfigDict) -> str | None:
   source = config.train.init_from
   if not source:
     return None
-  path = os.path.join(source, CONFIG_FILE)
   if not (os.path.isdir(source) and has_checkpoints(source)
-          and os.path.exists(path)):
+          and os.path.exists(os.path.join(source, CONFIG_FILE))):
     return (f'config.train.init_from={source!r} is not a workdir with '
             f'checkpoints and a {CONFIG_FILE}')
-  stored = with_added_fields(read_json_object(
-      path, f'the config of config.train.init_from={source!r}'))
-  current = json.loads(config.to_json_best_effort())
   # How attention is executed and dropout do not shape the parameters.
   free = ('attention_impl', 'gpu_kernel', 'remat', 'dropout')
   shaping = lambda model: {k: v for k, v in model.items() if k not in free}
-  differences = _differences(shaping(stored.get('model', {})),
-                             shaping(current['model']), 'model.')
+  differences = init_from_differences(config, 'model', shaping)
   if differences:
     return (f'config.train.init_from={source!r} holds a different model, '
             f'whose parameters cannot start this one: ' + '; '.join(differences))
   return None
+
+
+def init_from_differences(config: ml_collections.ConfigDict, section: str,
+                          keep=lambda fields: fields) -> list[str]:
+  """How config.<section> differs from the one stored by
+  config.train.init_from's run (its `keep`-filtered fields), one
+  'config.<section>.<field>: stored .., now ..' line each."""
+  source = config.train.init_from
+  stored = with_added_fields(read_json_object(
+      os.path.join(source, CONFIG_FILE),
+      f'the config of config.train.init_from={source!r}'))
+  current = json.loads(config.to_json_best_effort())
+  return _differences(keep(stored.get(section, {})), keep(current[section]),
+                      section + '.')
 
 
 def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
@@ -221,7 +233,9 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
   if os.path.exists(path):
     stored = with_added_fields(read_json_object(path, 'the stored config'))
     problems = []
-    for field in _MUST_MATCH:
+    early_stopping = bool(_lookup(stored, 'train.early_stop_patience'))
+    for field in _MUST_MATCH + (_MUST_MATCH_EARLY_STOPPING if early_stopping
+                                else ()):
       a, b = _lookup(stored, field), _lookup(current, field)
       if isinstance(a, dict) and isinstance(b, dict):
         problems += _differences(a, b, field + '.')
@@ -234,6 +248,10 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
                 f'run cannot be lengthened in place; to train longer, start a '
                 f'new workdir from this one\'s parameters with '
                 f'--config.train.init_from={workdir}')
+      if early_stopping and any(p.startswith('config.eval.') for p in problems):
+        hint += ('. With early stopping on, the evaluations before and after '
+                 'a resume are compared, so they must measure the same thing '
+                 'at the same steps')
       raise ConfigError(
           f'workdir {workdir} holds a run with a different config; use a new '
           f'--workdir or the stored config ({path}). Differences: '

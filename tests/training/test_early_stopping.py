@@ -140,6 +140,18 @@ def test_resumes_that_missed_or_already_made_the_decision_stop_at_the_same_step(
   missed = crashed_copy(straight, tmp_path / 'missed', 20)
   shutil.copy(straight / early_stopping.EARLY_STOP_FILE, missed)
   _record_only(missed, {10})
+  # The record is compared across the resume, so what it measured must not
+  # change: other lengths (here the monitored 8 gone), cadence or sample
+  # is refused before any work, in one line naming the field.
+  before = sorted(os.listdir(missed / 'checkpoints'))
+  for field, value in (('lengths', [4, 12]), ('every', 5),
+                       ('num_examples', 8)):
+    changed = c.copy_and_resolve_references()
+    changed.eval[field] = value
+    with pytest.raises(ConfigError, match=rf'config.eval.{field}: stored .*'
+                       r'With early stopping on'):
+      train.train_and_evaluate(changed, str(missed))
+  assert sorted(os.listdir(missed / 'checkpoints')) == before
   again = train.train_and_evaluate(c, str(missed))
   assert again['step'] == 30 and again['stopped_early'] == summary['stopped_early']
   assert [h['step'] for h in again['history']] == [20, 30]

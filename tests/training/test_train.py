@@ -352,13 +352,18 @@ def test_resume_with_different_model_is_refused(tiny_config, tmp_path):
   tiny_config.model.num_hiddens = 32
   with pytest.raises(ConfigError, match='config.model.num_hiddens: stored 16, now 32'):
     train.train_and_evaluate(tiny_config, str(tmp_path))
+  # What is evaluated is not the run's: without early stopping it may change
+  # (with it, test_early_stopping refuses the change).
+  tiny_config.model.num_hiddens, tiny_config.eval.lengths = 16, [4, 8]
+  assert train.train_and_evaluate(tiny_config, str(tmp_path))['step'] == 10
 
 
 def test_training_longer_goes_through_init_from_and_the_guard_needs_no_config_json(
     tiny_config, tmp_path):
   """A finished run cannot be lengthened in place (the error says why and
   how); init_from starts a new workdir from its parameters, recorded in the
-  stored config; checkpoints without a config.json are refused."""
+  stored config, and refused in one line for another model or other
+  parameter shapes; checkpoints without a config.json are refused."""
   first, longer, copied = (tmp_path / n for n in ('first', 'longer', 'copied'))
   tiny_config.train.num_steps, tiny_config.seed = 10, 1
   train.train_and_evaluate(tiny_config, str(first))
@@ -385,6 +390,22 @@ def test_training_longer_goes_through_init_from_and_the_guard_needs_no_config_js
   with pytest.raises(ConfigError, match='holds a different model.*'
                                         'num_hiddens: stored 16, now 32'):
     train.train_and_evaluate(tiny_config, str(tmp_path / 'other'))
+
+  # The same model on a larger alphabet: the embedding and head differ in
+  # shape. Said before any restore is tried (which would call every
+  # checkpoint damaged), naming the task field; the refused workdir keeps
+  # no config.json, so the corrected command runs there.
+  tiny_config.model.num_hiddens, tiny_config.task.vocab_size = 16, 12
+  other = tmp_path / 'other_alphabet'
+  with pytest.raises(ConfigError, match=r'other shapes than this model.s: '
+                     r'encoder/embedding/embedding: stored \(9, 16\), this '
+                     r'model \(13, 16\);.*config.task.vocab_size: stored '
+                     r'None, now 12'):
+    train.train_and_evaluate(tiny_config, str(other))
+  assert not (other / 'config.json').exists()
+  tiny_config.task.vocab_size = None
+  train.train_and_evaluate(tiny_config, str(other))
+  assert (other / 'config.json').exists()
 
   shutil.copytree(first / 'checkpoints', copied / 'checkpoints')
   tiny_config.model.num_hiddens, tiny_config.train.init_from = 16, ''
