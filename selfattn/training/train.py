@@ -517,7 +517,7 @@ def _parameters_from(source: str, config: ml_collections.ConfigDict,
     raise ConfigError(
         f'config.train.init_from={source!r} holds parameters of other shapes '
         f'than this model\'s: ' + '; '.join(differences) + '. '
-        + (f'The configs differ in ' + '; '.join(fields) if fields else
+        + ('The configs differ in ' + '; '.join(fields) if fields else
            'Its config.model and config.task are this run\'s: the code '
            'that made its parameters differs'))
   try:
