@@ -23,3 +23,4 @@ from selfattn.tasks.registry import get_task
 from selfattn.tasks.registry import make_batch
 from selfattn.tasks.registry import make_eval_batch
 from selfattn.tasks.registry import random_positions
+from selfattn.tasks.registry import register_task

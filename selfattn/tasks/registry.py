@@ -48,6 +48,7 @@ _POSITIONS_STREAM = 2                # randomized positions, per example
 LAYOUTS = ('in_place', 'placeholders', 'autoregressive', 'encoder_decoder')
 TASKS: dict[str, TaskSpec] = {**CHOMSKY_TASKS, **ORDER_TASKS, **INDIRECT_TASKS,
                               **JSB_TASKS, **TRANSLATION_TASKS}
+_BUILT_IN: frozenset[str] = frozenset(TASKS)   # never replaced
 TASK_NAMES: tuple[str, ...] = tuple(TASKS)
 SUITE_NAMES: tuple[str, ...] = tuple(CHOMSKY_TASKS)
 # Options of selfattn's own tasks, with defaults: shift = k of `shift`
@@ -59,6 +60,47 @@ SUITE_NAMES: tuple[str, ...] = tuple(CHOMSKY_TASKS)
 # configs/default.py and config validation read this, the one list.
 DEFAULT_OPTIONS = {'shift': 1, 'window': 1, 'max_shift': 15, 'transpose': 0,
                    'crop_align': 1}
+
+
+def register_task(name: str, spec: TaskSpec,
+                  options: dict[str, Any] | None = None) -> TaskSpec:
+  """Adds a task to TASKS from outside this package, so configs
+  (`--config.task.name=<name>`), their validation, training and the
+  evaluation at other lengths take it by name. `options`: the new options
+  it reads (name -> default, an int like the others), added to
+  DEFAULT_OPTIONS, so each is a `config.task.<option>` field. Call it before
+  a config is built, e.g. at the top of your own config file.
+
+  Registering a name again replaces your earlier entry (a config file
+  loaded twice). Raises ValueError for one of selfattn's own names, a name
+  or option that is not a Python identifier, an option already declared
+  with another default, or a name in spec.options that is not an option.
+  """
+  if name in _BUILT_IN:
+    raise ValueError(f'task {name!r} is one of selfattn\'s own; choose '
+                     f'another name')
+  options = dict(options or {})
+  for field in (name, *options):
+    if not field.isidentifier():
+      raise ValueError(f'{field!r} cannot be a config field name; use a '
+                       f'Python identifier')
+  for option, default in options.items():
+    if not isinstance(default, int) or isinstance(default, bool):
+      raise ValueError(f'option {option!r} of task {name!r}: its default '
+                       f'must be an int (config.task\'s options are); got '
+                       f'{default!r}')
+    if DEFAULT_OPTIONS.get(option, default) != default:
+      raise ValueError(f'option {option!r} of task {name!r} is already an '
+                       f'option with default {DEFAULT_OPTIONS[option]}; use '
+                       f'that default or another name')
+  unknown = sorted(set(spec.options) - set(DEFAULT_OPTIONS) - set(options))
+  if unknown:
+    raise ValueError(f'task {name!r} reads option(s) {", ".join(unknown)}, '
+                     f'which are neither options already nor given in '
+                     f'`options`')
+  DEFAULT_OPTIONS.update(options)
+  TASKS[name] = spec
+  return spec
 
 
 class Batch(NamedTuple):

@@ -58,3 +58,39 @@ def test_a_new_encoding_needs_only_its_registry_entry(toy):
   config.model.toy_slope = 0.5
   with pytest.raises(ConfigError, match='toy_slope is an option of toy'):
     validate_config(config)
+
+
+@pytest.fixture
+def restored_positions():
+  saved = dict(positions.POSITIONS)
+  yield
+  positions.POSITIONS.clear()
+  positions.POSITIONS.update(saved)
+
+
+def test_register_position_adds_an_encoding_and_refuses_a_bad_entry(
+    restored_positions):
+  """register_position is the toy fixture's entry made from outside the
+  package (configs/own_encoding_and_task.py): by name in a config, and a
+  bad entry refused with the reason, the registry unchanged."""
+  build = lambda *, num_heads, head_dim, max_len, param_dtype, rngs, **o: _Toy(**o)
+  kind = positions.register_position(
+      positions.PositionKind('toy', True, {'toy_slope': 1.0}, build))
+  assert positions.POSITIONS['toy'] is kind
+  from configs import tiny
+  config = tiny.get_config()
+  config.model.position, config.model.toy_slope = 'toy', 0.5
+  validate_config(config)
+  before = dict(positions.POSITIONS)
+  for entry, message in (
+      (positions.PositionKind('alibi', True, {}, build),
+       "'alibi' is one of selfattn's own"),
+      (positions.PositionKind('toy', True, {'toy-slope': 1.0}, build),
+       "'toy-slope' cannot be a config field name"),
+      # rope_base is rope's float option: one config field, one type.
+      (positions.PositionKind('toy', True, {'rope_base': 10000}, build),
+       "option 'rope_base' of 'toy' has a int default, but 'rope' declares "
+       "it as float")):
+    with pytest.raises(ValueError, match=message):
+      positions.register_position(entry)
+  assert positions.POSITIONS == before

@@ -61,3 +61,4 @@ from selfattn.nn.positions.registry import build_abstract  # noqa: F401
 from selfattn.nn.positions.registry import build_encoding  # noqa: F401
 from selfattn.nn.positions.registry import get_position  # noqa: F401
 from selfattn.nn.positions.registry import option_types  # noqa: F401
+from selfattn.nn.positions.registry import register_position  # noqa: F401

@@ -88,9 +88,46 @@ POSITIONS: dict[str, PositionKind] = {
                            **o)),
     ]
 }
+# selfattn's own encodings, which register_position never replaces.
+_BUILT_IN: frozenset[str] = frozenset(POSITIONS)
 POSITION_NAMES: tuple[str, ...] = tuple(POSITIONS)
 RELATIVE_NAMES: tuple[str, ...] = tuple(n for n, k in POSITIONS.items()
                                         if k.relative)
+
+
+def register_position(kind: PositionKind) -> PositionKind:
+  """Adds an encoding to POSITIONS from outside this package, so configs
+  (`--config.model.position=<name>`, its options as `config.model.<option>`),
+  their validation and every stack build it by name. Call it before a
+  config is built, e.g. at the top of your own config file: configs/
+  default.py makes a placeholder per option when get_config runs.
+
+  Registering a name again replaces your earlier entry (a config file
+  loaded twice). Raises ValueError for one of selfattn's own names, a name
+  or option that is not a Python identifier (a config field), or an option
+  another encoding declares with another type (a config field has one
+  type). POSITION_NAMES and RELATIVE_NAMES list selfattn's own encodings;
+  POSITIONS is the live registry.
+  """
+  if kind.name in _BUILT_IN:
+    raise ValueError(f'position encoding {kind.name!r} is one of selfattn\'s '
+                     f'own; choose another name')
+  for name in (kind.name, *kind.options):
+    if not name.isidentifier():
+      raise ValueError(f'{name!r} cannot be a config field name; use a '
+                       f'Python identifier')
+  others = {n: k for n, k in POSITIONS.items() if n != kind.name}
+  for option, default in kind.options.items():
+    for other in others.values():
+      if option in other.options and (type(other.options[option])
+                                      is not type(default)):
+        raise ValueError(
+            f'option {option!r} of {kind.name!r} has a {type(default).__name__} '
+            f'default, but {other.name!r} declares it as '
+            f'{type(other.options[option]).__name__}; use the same type or '
+            f'another name')
+  POSITIONS[kind.name] = kind
+  return kind
 
 
 def option_types() -> dict[str, type]:

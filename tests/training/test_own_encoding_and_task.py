@@ -1,0 +1,40 @@
+"""Extending selfattn without editing it: configs/own_encoding_and_task.py
+registers an encoding and a task (positions.register_position,
+tasks.register_task) and the command line trains them, with their options
+as config fields checked like selfattn's own (docs/library.md)."""
+
+import json
+
+import pytest
+
+from runs import cli
+
+pytestmark = pytest.mark.slow
+
+CONFIG = 'configs/own_encoding_and_task.py'
+
+
+def test_a_registered_encoding_and_task_train_from_the_command_line(tmp_path):
+  workdir = tmp_path / 'run'
+  done = cli(workdir, '--config.task.rotation=3', '--config.model.decay=0.5',
+             '--config.eval.figures=False', config=CONFIG)
+  assert done.returncode == 0, done.stderr[-2000:]
+  summary = json.loads((workdir / 'summary.json').read_text())
+  assert summary['step'] == 20
+  config = summary['config']
+  assert (config['model']['position'], config['model']['decay']) == (
+      'decaying_bias', 0.5)
+  assert (config['task']['name'], config['task']['rotation']) == ('rotate', 3)
+  assert 'decaying_bias on rotate' in done.stdout
+
+  # Its options are checked by its own code, reported like selfattn's own:
+  # one line naming the field, exit 2, nothing written.
+  refused = tmp_path / 'refused'
+  for override, message in (
+      ('--config.model.decay=-1', 'error: config.model.decay must be > 0'),
+      ('--config.task.rotation=0', 'error: config.task.rotation must be >= 1'),
+      # Another task's option set away from its default is refused.
+      ('--config.task.shift=2', 'config.task.shift')):
+    result = cli(refused, override, config=CONFIG)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not refused.exists()
