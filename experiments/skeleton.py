@@ -25,8 +25,10 @@ from absl import flags
 
 from experiments import common
 from experiments import study
+from selfattn import tasks
 from selfattn.errors import ConfigError
 from selfattn.errors import DataError
+from selfattn.nn import positions
 from selfattn.training import workdir as workdir_lib
 from selfattn.training.train import kernel_choice
 from selfattn.training.log_setup import configure_logging
@@ -208,6 +210,11 @@ def chosen_seeds(scale: str, default: int = DEFAULT_SEEDS) -> int:
   return common.SEEDS.value
 
 
+# Every value selfattn knows for a filter's tag (the live registries).
+_KNOWN = {'position': lambda: tuple(positions.POSITIONS),
+          'task': lambda: tuple(tasks.TASKS)}
+
+
 def chosen_filters(spec: Study) -> dict[str, list[str] | None]:
   """{tag: requested values or None}, each value checked against the
   study's; a filter flag the study does not take is refused. Every bad
@@ -225,10 +232,16 @@ def chosen_filters(spec: Study) -> dict[str, list[str] | None]:
       if requested:
         problems.append(f'--{flag.name}: this study has no {tag}s to filter')
       continue
-    unknown = [v for v in (requested or ()) if v not in valid[tag]]
-    if unknown:
-      problems.append(f'--{flag.name}: unknown {", ".join(unknown)} '
-                      f'(valid: {", ".join(valid[tag])})')
+    refused = [v for v in (requested or ()) if v not in valid[tag]]
+    # An encoding or task selfattn has but this study does not train is
+    # "not in this study", not "unknown".
+    known = _KNOWN.get(tag, tuple)()
+    for what, values in (('unknown', [v for v in refused if v not in known]),
+                         ('not in this study',
+                          [v for v in refused if v in known])):
+      if values:
+        problems.append(f'--{flag.name}: {", ".join(values)} {what} '
+                        f'(valid: {", ".join(valid[tag])})')
     out[tag] = requested
   if problems:
     _fail('; '.join(problems))

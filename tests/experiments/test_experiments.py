@@ -65,7 +65,7 @@ def test_compare_positions_refuses_an_unknown_position_before_training(
        f'--workdir={tmp_path}', '--positions=rope,shaww'], cwd=ROOT,
       capture_output=True, text=True, timeout=300, env=subprocess_env())
   assert result.returncode != 0
-  assert 'unknown shaww (valid: none, sinusoidal' in result.stderr
+  assert 'shaww unknown (valid: none, sinusoidal' in result.stderr
   assert not list(tmp_path.glob('position=*'))
 
 
@@ -87,7 +87,7 @@ def test_an_exercise_refuses_an_unknown_task_before_training(tmp_path):
        f'--workdir={tmp_path}', '--tasks=shift,revrse'], cwd=ROOT,
       capture_output=True, text=True, timeout=300, env=subprocess_env())
   assert result.returncode != 0
-  assert result.stderr.strip() == ('error: --tasks: unknown revrse (valid: '
+  assert result.stderr.strip() == ('error: --tasks: revrse unknown (valid: '
                                    'reverse, shift, window_sum)')
   assert not list(tmp_path.iterdir())
 

@@ -277,11 +277,14 @@ class _TwoEncodings(skeleton.Study):
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['--positions=c'], '--positions: unknown c (valid: a, b)'),
+    (['--positions=c'], '--positions: c unknown (valid: a, b)'),
+    # An encoding selfattn has that this study does not train.
+    (['--positions=c,shaw'], '--positions: c unknown (valid: a, b); '
+     '--positions: shaw not in this study (valid: a, b)'),
     (['--tasks=x'], '--tasks: this study has no tasks to filter'),
     # Two bad filters: both named (only one used to be).
     (['--tasks=x', '--positions=c,d'],
-     '--positions: unknown c, d (valid: a, b); '
+     '--positions: c, d unknown (valid: a, b); '
      '--tasks: this study has no tasks to filter'),
     (['--seeds=0'], '--seeds=0: a study needs at least one seed'),
     (['--shard=abc'], "--shard='abc' must look like i/n"),
