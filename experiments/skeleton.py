@@ -185,7 +185,8 @@ def finished_elsewhere(workdir: str, runs: Sequence[study.Run]) -> int:
   return count
 
 
-def _fail(message: str, status: int = 1) -> None:
+def _fail(message: str, status: int = 2) -> None:
+  # 2: a usage error, as for a bad config or an absl flag.
   print(f'error: {message}', file=sys.stderr)
   raise SystemExit(status)
 
@@ -287,7 +288,7 @@ def main(spec: Study):
       with study.stops_in_one_line():
         _main(spec)
     except (ConfigError, DataError) as e:
-      _fail(str(e), status=2)
+      _fail(str(e))
   return run
 
 
@@ -310,7 +311,7 @@ def main_of(fn: Callable[[str, int, bool], Any]):
       with study.stops_in_one_line():
         fn(common.WORKDIR.value, common.SEEDS.value, common.QUICK.value)
     except (ConfigError, DataError) as e:
-      _fail(str(e), status=2)
+      _fail(str(e))
   return run
 
 
@@ -333,7 +334,7 @@ def _main(spec: Study) -> None:
   try:
     context = spec.prepare(scale)
   except StudyError as e:
-    _fail(str(e), status=2)
+    _fail(str(e))
   runs = spec.runs(scale, seeds, context)
   _check_filters_in_plan(runs, filters, scale)
   chosen = study.select(runs, tasks=filters.get('task'),

@@ -137,8 +137,8 @@ def _check_seed(config: ml_collections.ConfigDict) -> None:
 
 
 def _check_task(config: ml_collections.ConfigDict) -> tasks.Task:
-  """The task's name, layout and lengths, and its own options; the task
-  built (its data read where it has some)."""
+  """The task's name, layout and lengths, and its own options; then the
+  task built (its data read where it has some)."""
   # The registry itself, not TASK_NAMES (fixed at import): a task a
   # researcher adds to tasks.TASKS at run time is valid too.
   if config.task.name not in tasks.TASKS:
@@ -150,28 +150,27 @@ def _check_task(config: ml_collections.ConfigDict) -> tasks.Task:
   if config.task.vocab_size is not None:
     _positive(config, 'task.vocab_size')
   _positive(config, 'task.min_len', 'task.max_len')
-  try:
-    task = task_from_config(config)
-  except (ValueError, DataError) as e:    # a task's data may be missing
-    raise ConfigError(str(e)) from None
-  if config.task.min_len < task.min_length:
-    raise ConfigError(f'config.task.min_len must be >= {task.min_length} for '
-                      f'task {task.name!r}; got {config.task.min_len}')
+  # Everything the spec can check comes before the task is built: building
+  # reads a data set, whose absence would hide a wrong option behind it.
+  spec = tasks.TASKS[config.task.name]
+  if config.task.min_len < spec.min_length:
+    raise ConfigError(f'config.task.min_len must be >= {spec.min_length} for '
+                      f'task {config.task.name!r}; got {config.task.min_len}')
   if config.task.max_len < config.task.min_len:
     raise ConfigError(f'config.task.max_len={config.task.max_len} is below '
                       f'config.task.min_len={config.task.min_len}')
   for name, default in tasks.DEFAULT_OPTIONS.items():
     value = config.task[name]
-    if name not in task.spec.options and value != default:
-      users = [n for n, spec in tasks.TASKS.items() if name in spec.options]
+    if name not in spec.options and value != default:
+      users = [n for n, s in tasks.TASKS.items() if name in s.options]
       raise ConfigError(
           f'config.task.{name}={value!r} is an option of {", ".join(users)}, '
-          f'not of task {task.name!r}, which would ignore it (its options: '
-          f'{", ".join(task.spec.options) or "none"}); leave it at '
+          f'not of task {config.task.name!r}, which would ignore it (its '
+          f'options: {", ".join(spec.options) or "none"}); leave it at '
           f'{default!r}')
   # Each task checks its own options (tasks/*: TaskSpec.options_problem).
-  if task.spec.options_problem is not None:
-    problem = task.spec.options_problem(
+  if spec.options_problem is not None:
+    problem = spec.options_problem(
         {name: config.task[name] for name in tasks.DEFAULT_OPTIONS},
         config.task.max_len)
     if problem:
@@ -180,7 +179,10 @@ def _check_task(config: ml_collections.ConfigDict) -> tasks.Task:
     raise ConfigError(f'config.task.crop_align must be between 1 and 64 time '
                       f'steps (16: a 4/4 bar of sixteenths); got '
                       f'{config.task.crop_align}')
-
+  try:
+    task = task_from_config(config)
+  except (ValueError, DataError) as e:    # a task's data may be missing
+    raise ConfigError(str(e)) from None
   return task
 
 

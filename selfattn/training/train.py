@@ -135,8 +135,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
     # train its next run) must stop too, not lose the request.
     raise TrainingInterrupted(
         f'{signal.Signals(stop.signum).name} received: the run in {workdir} '
-        f'finished first (its summary is written); rerun the same command to '
-        f'go on', stop.signum)
+        f'finished first (its summary is written), so nothing of it is left '
+        f'to do; a study stops before its next run, which rerunning the '
+        f'study\'s command starts', stop.signum)
   return summary
 
 

@@ -105,7 +105,7 @@ def test_a_one_function_study_refuses_bad_arguments_in_one_line(
       [sys.executable, '-m', 'experiments.chapter',
        *[f.replace('WORKDIR', str(tmp_path)) for f in flags]], cwd=ROOT,
       capture_output=True, text=True, timeout=300, env=subprocess_env())
-  assert result.returncode == 1
+  assert result.returncode == 2      # a usage error, as for a config
   assert result.stderr.strip() == message
   assert not list(tmp_path.iterdir())
 

@@ -309,7 +309,7 @@ def test_the_skeleton_refuses_bad_flags_in_one_line(tmp_path, monkeypatch,
     flags.FLAGS(['study', f'--workdir={tmp_path}'] + argv)
     with pytest.raises(SystemExit) as stop:
       skeleton.main(spec)([])
-  assert stop.value.code == 1
+  assert stop.value.code == 2      # a usage error, as for a config
   err = capsys.readouterr().err.strip()
   assert err.startswith(f'error: {message}') and '\n' not in err
   assert not spec.reported

@@ -14,6 +14,7 @@ import pytest
 from selfattn.training import report
 from selfattn.training import steps
 from selfattn.training import train
+from selfattn.training.config_checks import validate_config
 from selfattn.errors import ConfigError
 from runs import cli, crashed_copy, saved_params
 from tiers import EXTENDED
@@ -306,6 +307,24 @@ def test_values_that_would_train_wrongly_fail_first(tiny_config, tmp_path,
   with pytest.raises(ConfigError, match=message):
     train.train_and_evaluate(tiny_config, str(workdir))
   assert not workdir.exists()
+
+
+@pytest.mark.parametrize('field,value,message', [
+    ('transpose', 13, 'config.task.transpose must be between 0 and 12'),
+    ('shift', 2, 'config.task.shift=2 is an option of shift'),
+])
+def test_a_data_tasks_wrong_option_is_named_before_its_data_is_read(
+    monkeypatch, field, value, message):
+  """Without the JSB file, a wrong music option was hidden behind the
+  missing-data error: the spec's checks come before the task is built."""
+  from configs import music
+  from selfattn.tasks.music import task as music_task
+  monkeypatch.setattr(music_task, 'training_corpus', lambda *a: pytest.fail(
+      'the data set was read before the options were checked'))
+  config = music.get_config('quick')
+  config.task[field] = value
+  with pytest.raises(ConfigError, match=message):
+    validate_config(config)
 
 
 def test_eval_length_beyond_learned_table_is_rejected(tiny_config, tmp_path):
