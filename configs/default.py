@@ -39,8 +39,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # the largest |shift| of `indirect_indexing`; transpose, crop_align: the
   # music task's), from selfattn.tasks.DEFAULT_OPTIONS, the one list; a task
   # refuses another's option set away from its default (TaskSpec.options).
-  for name, default in tasks.DEFAULT_OPTIONS.items():
-    config.task[name] = default
+  _add_options(config.task, 'task', tasks.DEFAULT_OPTIONS)
 
   config.model = ml_collections.ConfigDict()
   config.model.position = 'sinusoidal'  # none, sinusoidal, learned, shaw, huang, rope, pope, alibi, t5, xl
@@ -77,8 +76,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Options of individual encodings (docs/library.md's encoding table lists them with
   # their defaults); None means the encoding's own default. The list comes from
   # selfattn.nn.positions.POSITIONS, so a new encoding's options appear here.
-  for name, kind in positions.option_types().items():
-    config.model[name] = config_dict.placeholder(kind)
+  _add_options(config.model, 'model', {
+      name: config_dict.placeholder(kind)
+      for name, kind in positions.option_types().items()})
 
   config.train = ml_collections.ConfigDict()
   config.train.num_steps = 2000
@@ -126,3 +126,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.mesh = ml_collections.ConfigDict()
   config.mesh.data = -1                  # data-parallel devices; -1 = all
   return config
+
+
+def _add_options(section: ml_collections.ConfigDict, where: str,
+                 options: dict) -> None:
+  """Registered options as fields of config.<where>, after its own: an
+  option named like one of them (from a register_task or
+  register_position outside the package) would overwrite it."""
+  for name, value in options.items():
+    if name in section:
+      owner = 'task' if where == 'task' else 'encoding'
+      raise ValueError(f'option {name!r} of a registered {owner} is named '
+                       f'like the field config.{where}.{name}; rename the '
+                       f'option')
+    section[name] = value

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import statistics
+import sys
 from typing import Any, Callable, Iterable
 
 import matplotlib
@@ -36,6 +37,13 @@ STEPS = flags.DEFINE_integer('steps', None, 'Training steps per run (each '
                              'study has its own default).')
 QUICK_BANNER = ('> **QUICK MODE: a smoke test of the pipeline (few steps, small '
                 'model, one seed). These numbers are not results.**')
+
+
+def fail(message: str, status: int = 2) -> None:
+  """Ends a driver with one line, `error: message`, on stderr; status 2 is
+  a usage error, as for a bad config or an absl flag."""
+  print(f'error: {message}', file=sys.stderr)
+  raise SystemExit(status)
 
 
 def base_config(**task) -> ml_collections.ConfigDict:

@@ -185,10 +185,7 @@ def finished_elsewhere(workdir: str, runs: Sequence[study.Run]) -> int:
   return count
 
 
-def _fail(message: str, status: int = 2) -> None:
-  # 2: a usage error, as for a bad config or an absl flag.
-  print(f'error: {message}', file=sys.stderr)
-  raise SystemExit(status)
+_fail = common.fail
 
 
 def chosen_scale(spec: Study) -> str:

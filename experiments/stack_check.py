@@ -115,12 +115,12 @@ def main(argv) -> None:
   configure_logging()
   for name in ('study', 'runs', 'workdir'):
     if not flags.FLAGS[name].value:
-      raise SystemExit(f'error: --{name} is required')
+      common.fail(f'--{name} is required')
   paths = sorted(p for p in glob.glob(os.path.join(_STUDY.value, _RUNS.value))
                  if os.path.isdir(p))
   if not paths:
-    raise SystemExit(f'error: no run directory matches --runs={_RUNS.value!r} '
-                     f'in --study={_STUDY.value!r}')
+    common.fail(f'no run directory matches --runs={_RUNS.value!r} in '
+                f'--study={_STUDY.value!r}')
   old, new = {}, {}
   for i, path in enumerate(paths, 1):
     name = os.path.basename(path)
@@ -136,7 +136,7 @@ def main(argv) -> None:
         common.WORKDIR.value, title,
         [('Committed against retrained', report(old, new))])
   except ConfigError as e:
-    raise SystemExit(f'error: {e}') from None
+    common.fail(str(e))
   print(text)
 
 

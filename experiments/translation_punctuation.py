@@ -237,8 +237,8 @@ def main(argv):
   workdir = common.WORKDIR.value or DEFAULT_WORKDIR
   text = probe_study(workdir)
   if text is None:
-    raise SystemExit(f'{workdir}: no finished run of the translation study '
-                     f'to probe; run python -m experiments.translation first')
+    common.fail(f'{workdir}: no finished run of the translation study to '
+                f'probe; run python -m experiments.translation first')
   print(text)
 
 

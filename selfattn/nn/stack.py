@@ -210,16 +210,22 @@ class CacheMixin:
   def init_cache(self, batch_size: int, max_length: int, dtype=None) -> None:
     """Empty caches for decode=True calls: every layer's keys and values
     (batch_size, heads, max_length, head_dim), and the next position.
-    Refuses a max_length past what the position encoding can address (a
-    learned table's max_len): under jit, the positions past it would all
-    read its last row, silently."""
-    limit = getattr(getattr(self, 'pos_encoding', None), 'position_limit',
-                    None)
-    if limit is not None and max_length > limit:
-      raise ValueError(f'a decoding cache of {max_length} positions exceeds '
-                       f'the learned encoding\'s max_len={limit}: generate '
-                       f'at most {limit} tokens in all (prompt included), or '
-                       f'build the model with a larger max_len')
+    Refuses a max_length past what the position encoding can address the
+    way the full pass does (its `position_limit`: a learned table's max_len,
+    whose later positions would all read its last row under jit; XL's
+    max_len, past which the cached steps clip offsets that the full pass
+    does not), silently otherwise."""
+    first = self.blks if self.scan_layers else self.blks[0]
+    for encoding in (getattr(self, 'pos_encoding', None),
+                     getattr(getattr(first, self._self_attention), 'relative',
+                             None)):
+      limit = getattr(encoding, 'position_limit', None)
+      if limit is not None and max_length > limit:
+        raise ValueError(
+            f'a decoding cache of {max_length} positions exceeds the '
+            f'{type(encoding).__name__}\'s max_len={limit}: generate at most '
+            f'{limit} tokens in all (prompt included), or build the model '
+            f'with a larger max_len')
     def init(blk):
       getattr(blk, self._self_attention).init_cache(batch_size, max_length,
                                                     dtype)

@@ -34,6 +34,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from selfattn.nn import registration
 from selfattn.tasks.synthetic.chomsky import CHOMSKY_TASKS
 from selfattn.tasks.synthetic.indirect_indexing import INDIRECT_TASKS
 from selfattn.tasks.music.task import JSB_TASKS
@@ -62,6 +63,13 @@ DEFAULT_OPTIONS = {'shift': 1, 'window': 1, 'max_shift': 15, 'transpose': 0,
                    'crop_align': 1}
 
 
+# The options each task registered from outside the package added, so that
+# registering it again replaces them too.
+_ADDED_OPTIONS: dict[str, dict[str, int]] = {}
+# get_task's own arguments, beside which the options are passed.
+RESERVED_OPTION_NAMES = frozenset({'name', 'vocab_size', 'layout'})
+
+
 def register_task(name: str, spec: TaskSpec,
                   options: dict[str, Any] | None = None) -> TaskSpec:
   """Adds a task to TASKS from outside this package, so configs
@@ -69,36 +77,39 @@ def register_task(name: str, spec: TaskSpec,
   evaluation at other lengths take it by name. `options`: the new options
   it reads (name -> default, an int like the others), added to
   DEFAULT_OPTIONS, so each is a `config.task.<option>` field. Call it before
-  a config is built, e.g. at the top of your own config file.
+  a config is built, e.g. at the top of your own config file (configs/
+  default.py refuses an option named like one of its fields).
 
-  Registering a name again replaces your earlier entry (a config file
-  loaded twice). Raises ValueError for one of selfattn's own names, a name
-  or option that is not a Python identifier, an option already declared
-  with another default, or a name in spec.options that is not an option.
+  Registering a name again replaces your earlier entry and its options (a
+  config file loaded twice). Raises ValueError for one of selfattn's own
+  names, a name or option that is not a Python identifier, an option in
+  RESERVED_OPTION_NAMES, an option another task declares with another
+  default, or a name in spec.options that is not an option.
   """
-  if name in _BUILT_IN:
-    raise ValueError(f'task {name!r} is one of selfattn\'s own; choose '
-                     f'another name')
   options = dict(options or {})
-  for field in (name, *options):
-    if not field.isidentifier():
-      raise ValueError(f'{field!r} cannot be a config field name; use a '
-                       f'Python identifier')
+  registration.check_entry('task', name, options, _BUILT_IN,
+                           RESERVED_OPTION_NAMES)
+  # The options as they would be without this name's earlier entry.
+  others = {n: d for n, d in DEFAULT_OPTIONS.items()
+            if n not in _ADDED_OPTIONS.get(name, {})
+            or any(n in o for t, o in _ADDED_OPTIONS.items() if t != name)}
   for option, default in options.items():
     if not isinstance(default, int) or isinstance(default, bool):
       raise ValueError(f'option {option!r} of task {name!r}: its default '
                        f'must be an int (config.task\'s options are); got '
                        f'{default!r}')
-    if DEFAULT_OPTIONS.get(option, default) != default:
+    if others.get(option, default) != default:
       raise ValueError(f'option {option!r} of task {name!r} is already an '
-                       f'option with default {DEFAULT_OPTIONS[option]}; use '
-                       f'that default or another name')
-  unknown = sorted(set(spec.options) - set(DEFAULT_OPTIONS) - set(options))
+                       f'option with default {others[option]}; use that '
+                       f'default or another name')
+  unknown = sorted(set(spec.options) - set(others) - set(options))
   if unknown:
     raise ValueError(f'task {name!r} reads option(s) {", ".join(unknown)}, '
                      f'which are neither options already nor given in '
                      f'`options`')
-  DEFAULT_OPTIONS.update(options)
+  DEFAULT_OPTIONS.clear()
+  DEFAULT_OPTIONS.update({**others, **options})
+  _ADDED_OPTIONS[name] = options
   TASKS[name] = spec
   return spec
 

@@ -249,12 +249,14 @@ def parameter_shape_differences(workdir: str, params: Any,
     return None
   path = os.path.join(os.path.abspath(workdir), 'checkpoints', str(steps[-1]),
                       'default')
+  handler = ocp.PyTreeCheckpointHandler()
   try:
     # The handler joins paths with `/`: a pathlib.Path does, a str does not.
-    tree = ocp.PyTreeCheckpointHandler().metadata(pathlib.Path(path)).tree
-    stored_params = tree['params']
+    stored_params = handler.metadata(pathlib.Path(path)).tree['params']
   except Exception:    # noqa: BLE001 - orbax raises many types for damage
     return None
+  finally:
+    handler.close()
   shapes = lambda t: {_leaf_name(p): tuple(leaf.shape) for p, leaf
                       in jax.tree_util.tree_flatten_with_path(t)[0]}
   stored, wanted = shapes(stored_params), shapes(params)

@@ -109,15 +109,18 @@ def kernel_choice(config: ml_collections.ConfigDict
 def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
          stop: _StopRequests, task: tasks_lib.Task) -> dict[str, Any]:
   """train_and_evaluate inside the workdir lock, with stop requests on."""
-  finished = _prepare_workdir(config, workdir, is_main)
+  finished = _prepare_workdir(config, workdir)
   if finished is not None:
     return finished
   trainer = make_trainer(config, task=task)
-  start = _starting_point(config, trainer, workdir)
-  # Stored once the run has its starting point: an init_from source whose
-  # parameters do not fit leaves no config.json that would refuse the
-  # corrected command.
+  state = trainer.init_state()
+  if config.train.init_from and not workdir_lib.has_checkpoints(workdir):
+    # Before config.json is stored and orbax's manager makes checkpoints/:
+    # refused, the run leaves no trace in a workdir it made (workdir_lock),
+    # so the corrected command runs there.
+    _check_parameter_shapes(config.train.init_from, config, state)
   workdir_lib.check_or_store_config(workdir, config, write=is_main)
+  start = _starting_point(config, state, workdir)
   events = _EventLog(config, trainer, workdir, is_main, start.step)
   loop = _TrainingLoop(config, trainer, workdir, is_main, stop, start, events)
   loop.run()
@@ -136,8 +139,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
     raise TrainingInterrupted(
         f'{signal.Signals(stop.signum).name} received: the run in {workdir} '
         f'finished first (its summary is written), so nothing of it is left '
-        f'to do; a study stops before its next run, which rerunning the '
-        f'study\'s command starts', stop.signum)
+        f'to do (in a study: rerun the study\'s command for its other runs)',
+        stop.signum)
   return summary
 
 
@@ -145,13 +148,13 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
 _Results = dict[int, dict[str, float]]
 
 
-def _prepare_workdir(config: ml_collections.ConfigDict, workdir: str,
-                     is_main: bool) -> dict[str, Any] | None:
+def _prepare_workdir(config: ml_collections.ConfigDict, workdir: str
+                     ) -> dict[str, Any] | None:
   """Refuses a config that differs from the one the workdir was started
   with, and an unusable init_from for a run that starts now (a resumed or
   finished run no longer reads its source, which may be gone). Returns the
   summary of a run that already finished, else None (_run stores
-  config.json once the run has its starting point)."""
+  config.json once an init_from source's parameters are known to fit)."""
   workdir_lib.check_or_store_config(workdir, config, write=False)
   finished = workdir_lib.finished_summary(workdir, config.train.num_steps)
   if finished is not None:
@@ -179,11 +182,10 @@ class _Start:
   last_checkpoint: int | None
 
 
-def _starting_point(config: ml_collections.ConfigDict, trainer: Trainer,
+def _starting_point(config: ml_collections.ConfigDict, state: dict[str, Any],
                     workdir: str) -> _Start:
   """Resumes from the latest checkpoint in `workdir` that restores; without
-  one, starts from fresh parameters or those of config.train.init_from."""
-  state = trainer.init_state()
+  one, starts from `state` (fresh) or config.train.init_from's parameters."""
   mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
   restored = checkpoints.restore_latest(mngr, state)
   if restored is not None:
@@ -502,16 +504,14 @@ def _publish_summary(summary: dict[str, Any], workdir: str, is_main: bool,
       config, summary['chance'], scores.get(summaries.SCORE_TAG), step))
 
 
-def _parameters_from(source: str, config: ml_collections.ConfigDict,
-                     state: dict[str, Any]) -> dict[str, Any]:
-  """`state` with the parameters of `source`'s newest checkpoint that
-  restores and matches its checksum; the optimiser state and the step stay
-  fresh (a new schedule from step 0). `source` is another run's workdir:
-  it is only read (a damaged checkpoint there is skipped, not moved)."""
-  # Checked from orbax's metadata first: a restore into other shapes fails
-  # as if every checkpoint were damaged. The model fields were compared
-  # before any work (init_from_problem), so the cause is elsewhere: often
-  # the task (its vocabulary sizes the embedding and the head).
+def _check_parameter_shapes(source: str, config: ml_collections.ConfigDict,
+                            state: dict[str, Any]) -> None:
+  """ConfigError when the newest checkpoint of init_from's run holds
+  parameters of other shapes than `state`'s, read from orbax's metadata: a
+  restore into other shapes fails as if every checkpoint were damaged. The
+  model fields were compared before any work (init_from_problem), so the
+  cause is elsewhere: often the task (its vocabulary sizes the embedding
+  and the head)."""
   differences = checkpoints.parameter_shape_differences(source, state['params'])
   if differences:
     fields = workdir_lib.init_from_differences(config, 'task')
@@ -521,6 +521,15 @@ def _parameters_from(source: str, config: ml_collections.ConfigDict,
         + ('The configs differ in ' + '; '.join(fields) if fields else
            'Its config.model and config.task are this run\'s: the code '
            'that made its parameters differs'))
+
+
+def _parameters_from(source: str, config: ml_collections.ConfigDict,
+                     state: dict[str, Any]) -> dict[str, Any]:
+  """`state` with the parameters of `source`'s newest checkpoint that
+  restores and matches its checksum; the optimiser state and the step stay
+  fresh (a new schedule from step 0). `source` is another run's workdir:
+  it is only read (a damaged checkpoint there is skipped, not moved)."""
+  del config
   try:
     restored = checkpoints.restore_latest_read_only(source, state)
   except CheckpointError as e:

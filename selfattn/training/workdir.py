@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import ml_collections
 
+from selfattn import tasks
 from selfattn.errors import ConfigError
 
 CONFIG_FILE = 'config.json'
@@ -40,14 +41,16 @@ _MUST_MATCH_EARLY_STOPPING = ('eval.lengths', 'eval.every', 'eval.num_examples')
 # reads as having it, so upgrading selfattn does not strand a half-finished run.
 _ADDED_FIELDS = {'model.attention_impl': 'plain', 'model.remat': False,
                  'model.scan_layers': False, 'train.init_from': '',
-                 # 2026-11-24: PoPE's task, the music task, the published
-                 # recipes' optimiser settings (defaults = the old behaviour).
-                 'task.max_shift': 15, 'task.transpose': 0,
+                 # 2026-11-24: the published recipes' optimiser settings
+                 # (defaults = the old behaviour). The task options added
+                 # since (PoPE's max_shift, the music task's transpose and
+                 # crop_align, a researcher's register_task) are filled from
+                 # tasks.DEFAULT_OPTIONS by with_added_fields.
                  'train.final_lr_fraction': 0.0, 'train.b2': 0.999,
                  # 2026-11-25: RMSNorm for the published recipes.
                  'model.norm_type': 'layernorm',
                  # 2026-11-26: the meter (issue 34).
-                 'task.crop_align': 1, 'model.meter_period': 0,
+                 'model.meter_period': 0,
                  'model.meter_step_tokens': 4,
                  # 2026-11-26: translation (issue 33).
                  'model.tie_embeddings': False, 'train.label_smoothing': 0.0,
@@ -161,8 +164,13 @@ def _lookup(config: dict, dotted: str):
 
 def with_added_fields(stored: dict) -> dict:
   """`stored` (a config.json's dict), with every field added since it was
-  written set to the value that reproduces what it computed; in place."""
-  for dotted, value in _ADDED_FIELDS.items():
+  written set to the value that reproduces what it computed; in place.
+  A task option it lacks reads as its default, which every other task
+  ignores (so a task registered later does not strand older runs)."""
+  added = {**{f'task.{name}': default
+              for name, default in tasks.DEFAULT_OPTIONS.items()},
+           **_ADDED_FIELDS}
+  for dotted, value in added.items():
     *parents, leaf = dotted.split('.')
     node = stored
     for part in parents:
@@ -233,7 +241,11 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
   if os.path.exists(path):
     stored = with_added_fields(read_json_object(path, 'the stored config'))
     problems = []
-    early_stopping = bool(_lookup(stored, 'train.early_stop_patience'))
+    # A finished run evaluates nothing more, so only one that will resume
+    # has a record to protect.
+    early_stopping = (bool(_lookup(stored, 'train.early_stop_patience'))
+                      and finished_summary(workdir, config.train.num_steps)
+                      is None)
     for field in _MUST_MATCH + (_MUST_MATCH_EARLY_STOPPING if early_stopping
                                 else ()):
       a, b = _lookup(stored, field), _lookup(current, field)

@@ -72,16 +72,24 @@ def _main_with(argv):
     stack_check.main(argv)
 
 
-def test_a_cell_that_matches_no_run_is_refused(tmp_path):
-  with pytest.raises(SystemExit, match='no run directory matches'):
-    _main_with(['stack_check', f'--study={ROOT}/experiments/results/compare',
-                '--runs=position=nosuch,seed=*', f'--workdir={tmp_path}'])
+def _refused(argv, capsys, message):
+  """One line naming the problem, exit 2 (a usage error, as in studies)."""
+  with pytest.raises(SystemExit) as stop:
+    _main_with(argv)
+  assert stop.value.code == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith(f'error: {message}') and '\n' not in err, err
 
 
-def test_a_missing_flag_is_refused_by_name(tmp_path):
-  with pytest.raises(SystemExit, match='--runs is required'):
-    _main_with(['stack_check', f'--study={ROOT}/experiments/results/compare',
-                f'--workdir={tmp_path}'])
+def test_a_cell_that_matches_no_run_is_refused(tmp_path, capsys):
+  _refused(['stack_check', f'--study={ROOT}/experiments/results/compare',
+            '--runs=position=nosuch,seed=*', f'--workdir={tmp_path}'],
+           capsys, 'no run directory matches')
+
+
+def test_a_missing_flag_is_refused_by_name(tmp_path, capsys):
+  _refused(['stack_check', f'--study={ROOT}/experiments/results/compare',
+            f'--workdir={tmp_path}'], capsys, '--runs is required')
 
 
 def test_importing_the_driver_leaves_other_flag_parsing_alone():

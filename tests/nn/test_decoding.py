@@ -308,7 +308,7 @@ def test_generating_past_a_learned_table_is_refused_like_a_full_pass():
   with pytest.raises(ValueError, match='exceeds the learned encoding max_len=8'):
     dec(_tokens((1, 21)), deterministic=True)
   with pytest.raises(ValueError, match=r'a decoding cache of 21 positions '
-                     r"exceeds the learned encoding's max_len=8: generate at "
+                     r"exceeds the LearnedEncoding's max_len=8: generate at "
                      r'most 8 tokens'):
     decoding.generate(dec, prompt, 20)
   # Up to the table's end, cached decoding equals the full pass.
@@ -316,6 +316,24 @@ def test_generating_past_a_learned_table_is_refused_like_a_full_pass():
                  dec, prompt)
   full = compiled(lambda m, t: m(t, deterministic=True), dec, out.tokens)
   np.testing.assert_allclose(out.logits[:, :7], full[:, :7], atol=1e-5)
+
+
+@pytest.mark.parametrize('scan', [False, True], ids=['loop', 'scan'])
+def test_generating_past_xls_max_len_is_refused(scan):
+  """XL's cached steps clip offsets at +-(max_len - 1), where the full pass
+  (no positions) does not: past max_len they disagreed silently (a probe:
+  0.14 in a logit at L = 8, max_len = 4). Within it they agree."""
+  dec = selfattn.TransformerDecoder(11, 16, 32, 4, 1, position='xl',
+                                    max_len=4, scan_layers=scan,
+                                    rngs=nnx.Rngs(0))
+  prompt = _tokens((1, 1))
+  with pytest.raises(ValueError, match=r'a decoding cache of 8 positions '
+                     r"exceeds the TransformerXLRelative's max_len=4"):
+    decoding.generate(dec, prompt, 7)
+  out = compiled(lambda m, p: decoding.generate(m, p, 3, return_logits=True),
+                 dec, prompt)
+  full = compiled(lambda m, t: m(t, deterministic=True), dec, out.tokens)
+  np.testing.assert_allclose(out.logits[:, :3], full[:, :3], atol=1e-5)
 
 
 @pytest.mark.parametrize('scan', [False, True], ids=['loop', 'scan'])

@@ -86,11 +86,43 @@ def test_register_position_adds_an_encoding_and_refuses_a_bad_entry(
       (positions.PositionKind('alibi', True, {}, build),
        "'alibi' is one of selfattn's own"),
       (positions.PositionKind('toy', True, {'toy-slope': 1.0}, build),
-       "'toy-slope' cannot be a config field name"),
+       "option 'toy-slope' of position encoding 'toy' must be a Python "
+       "identifier"),
+      (positions.PositionKind('toy-2', True, {}, build),
+       "name 'toy-2' must be a Python identifier"),
+      # Passed beside build's and the stacks' own keywords.
+      (positions.PositionKind('toy', True, {'dropout': 0.5}, build),
+       "option 'dropout' of position encoding 'toy' is taken"),
       # rope_base is rope's float option: one config field, one type.
       (positions.PositionKind('toy', True, {'rope_base': 10000}, build),
-       "option 'rope_base' of 'toy' has a int default, but 'rope' declares "
-       "it as float")):
+       "option 'rope_base' of 'toy' has a default of type int, but 'rope' "
+       "declares it as float")):
     with pytest.raises(ValueError, match=message):
       positions.register_position(entry)
   assert positions.POSITIONS == before
+
+
+def test_reserved_option_names_cover_what_the_options_are_passed_beside():
+  """An option goes to build beside its keywords and to the encoder and
+  decoder beside their own arguments: every one of those is reserved."""
+  import inspect
+  from selfattn.nn.decoder import TransformerDecoder
+  from selfattn.nn.encoder import TransformerEncoder
+  for cls in (TransformerEncoder, TransformerDecoder):
+    names = {n for n, p in inspect.signature(cls.__init__).parameters.items()
+             if n != 'self' and p.kind != p.VAR_KEYWORD}   # the options
+    assert names <= positions.registry.RESERVED_OPTION_NAMES, cls
+
+
+def test_an_option_named_like_a_model_field_is_refused_when_the_config_is_built(
+    restored_positions):
+  """randomize_positions is a config field, not an argument: the config
+  would overwrite it with the option's placeholder."""
+  build = lambda *, num_heads, head_dim, max_len, param_dtype, rngs, **o: _Toy()
+  positions.register_position(positions.PositionKind(
+      'toy', True, {'randomize_positions': False}, build))
+  from configs import tiny
+  with pytest.raises(ValueError, match="option 'randomize_positions' of a "
+                     'registered encoding is named like the field '
+                     'config.model.randomize_positions'):
+    tiny.get_config()

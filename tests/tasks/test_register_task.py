@@ -17,8 +17,12 @@ from selfattn.training.config_checks import validate_config
 @pytest.fixture
 def registries():
   """TASKS and DEFAULT_OPTIONS as they were, after the test."""
+  from selfattn.tasks import registry
   saved_tasks, saved_options = dict(tasks.TASKS), dict(tasks.DEFAULT_OPTIONS)
+  saved_added = dict(registry._ADDED_OPTIONS)
   yield
+  registry._ADDED_OPTIONS.clear()
+  registry._ADDED_OPTIONS.update(saved_added)
   tasks.TASKS.clear()
   tasks.TASKS.update(saved_tasks)
   tasks.DEFAULT_OPTIONS.clear()
@@ -57,16 +61,51 @@ def test_a_registered_task_is_built_by_name_with_its_option(registries):
   config.task.shift = 2
   with pytest.raises(ConfigError, match='config.task.shift'):
     validate_config(config)
-  # Registering again replaces the researcher's own entry (a config file
-  # loaded twice).
+  # Registering again replaces the researcher's own entry and its options
+  # (a config file loaded twice, or edited: another default, another name).
   again = _spec(options=('offset',))
-  tasks.register_task('offset', again, options={'offset': 3})
-  assert tasks.TASKS['offset'] is again
+  tasks.register_task('offset', again, options={'offset': 5})
+  assert tasks.TASKS['offset'] is again and tasks.DEFAULT_OPTIONS['offset'] == 5
+  renamed = _spec(options=('step',))
+  tasks.register_task('offset', renamed, options={'step': 1})
+  assert 'offset' not in tasks.DEFAULT_OPTIONS
+  assert tasks.DEFAULT_OPTIONS['step'] == 1
+
+
+def test_a_run_stored_before_a_task_was_registered_still_resumes(registries,
+                                                                 tmp_path):
+  """Its config.json lacks the new option; it reads as the default, which
+  every other task ignores (workdir.with_added_fields)."""
+  import json
+  from configs import tiny
+  from selfattn.training import workdir as workdir_lib
+  before = tiny.get_config()
+  (tmp_path / 'config.json').write_text(before.to_json_best_effort())
+  tasks.register_task('offset', _spec(options=('offset',)), options={'offset': 3})
+  after = tiny.get_config()
+  assert 'offset' in after.task and 'offset' not in json.loads(
+      (tmp_path / 'config.json').read_text())['task']
+  workdir_lib.check_or_store_config(str(tmp_path), after, write=False)
+  after.task.offset = 4          # a real difference is still one
+  with pytest.raises(ConfigError, match='config.task.offset: stored 3, now 4'):
+    workdir_lib.check_or_store_config(str(tmp_path), after, write=False)
+
+
+def test_an_option_named_like_a_task_field_is_refused_when_the_config_is_built(
+    registries):
+  tasks.register_task('offset', _spec(options=('max_len',)),
+                      options={'max_len': 3})
+  from configs import tiny
+  with pytest.raises(ValueError, match="option 'max_len' of a registered task "
+                     'is named like the field config.task.max_len'):
+    tiny.get_config()
 
 
 @pytest.mark.parametrize('name,options,spec_options,message', [
     ('reverse', {}, (), "'reverse' is one of selfattn's own"),
-    ('my-task', {}, (), "'my-task' cannot be a config field name"),
+    ('my-task', {}, (), "task name 'my-task' must be a Python identifier"),
+    ('mine', {'vocab_size': 4}, ('vocab_size',),
+     "option 'vocab_size' of task 'mine' is taken"),
     ('mine', {'offset': 1.5}, ('offset',), 'its default must be an int'),
     ('mine', {'shift': 4}, ('shift',), "'shift' .* already an option with default 1"),
     ('mine', {}, ('offset',), r'reads option\(s\) offset, which are neither'),

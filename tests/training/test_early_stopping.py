@@ -163,9 +163,12 @@ def test_resumes_that_missed_or_already_made_the_decision_stop_at_the_same_step(
   assert again['history'] == []                 # nothing trained or evaluated
   assert sorted(map(int, os.listdir(decided / 'checkpoints'))) == [30]
 
-  # A stopped run is finished: rerunning it trains nothing.
+  # A stopped run is finished: rerunning it trains nothing, also with
+  # other evaluation settings (nothing is evaluated, so no record to keep).
   rerun = train.train_and_evaluate(c, str(straight))
   assert rerun == json.loads((straight / 'summary.json').read_text())
+  c.eval.lengths = [4, 12]
+  assert train.train_and_evaluate(c, str(straight)) == rerun
   assert sorted(map(int, os.listdir(straight / 'checkpoints'))) == [10, 20, 30]
 
 

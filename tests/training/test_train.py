@@ -412,8 +412,8 @@ def test_training_longer_goes_through_init_from_and_the_guard_needs_no_config_js
 
   # The same model on a larger alphabet: the embedding and head differ in
   # shape. Said before any restore is tried (which would call every
-  # checkpoint damaged), naming the task field; the refused workdir keeps
-  # no config.json, so the corrected command runs there.
+  # checkpoint damaged), naming the task field; the refused run leaves
+  # nothing behind, so the corrected command runs there.
   tiny_config.model.num_hiddens, tiny_config.task.vocab_size = 16, 12
   other = tmp_path / 'other_alphabet'
   with pytest.raises(ConfigError, match=r'other shapes than this model.s: '
@@ -421,7 +421,7 @@ def test_training_longer_goes_through_init_from_and_the_guard_needs_no_config_js
                      r'model \(13, 16\);.*config.task.vocab_size: stored '
                      r'None, now 12'):
     train.train_and_evaluate(tiny_config, str(other))
-  assert not (other / 'config.json').exists()
+  assert not other.exists()
   tiny_config.task.vocab_size = None
   train.train_and_evaluate(tiny_config, str(other))
   assert (other / 'config.json').exists()

@@ -8,6 +8,8 @@ from typing import Any, Callable
 import jax.numpy as jnp
 from flax import nnx
 
+from selfattn.nn import registration
+
 from selfattn.nn.positions.absolute import LearnedEncoding
 from selfattn.nn.positions.absolute import NoEncoding
 from selfattn.nn.positions.absolute import SinusoidalEncoding
@@ -95,35 +97,45 @@ RELATIVE_NAMES: tuple[str, ...] = tuple(n for n, k in POSITIONS.items()
                                         if k.relative)
 
 
+# What an encoding's options are passed beside, which an option must not be
+# named: build's keywords, and the keyword arguments of the encoder and
+# decoder that take the options with their own (tests/nn/test_registry.py
+# holds this to their signatures).
+RESERVED_OPTION_NAMES = frozenset({
+    'num_hiddens', 'num_heads', 'head_dim', 'max_len', 'dropout',
+    'param_dtype', 'rngs', 'causal',
+    'vocab_size', 'ffn_num_hiddens', 'num_layers', 'position', 'norm',
+    'norm_type', 'residual', 'attention_impl', 'remat', 'scan_layers', 'dtype',
+    'meter_period', 'meter_step_tokens', 'cross_attention', 'tie_output',
+    'use_bias', 'deterministic'})
+
+
 def register_position(kind: PositionKind) -> PositionKind:
   """Adds an encoding to POSITIONS from outside this package, so configs
   (`--config.model.position=<name>`, its options as `config.model.<option>`),
   their validation and every stack build it by name. Call it before a
   config is built, e.g. at the top of your own config file: configs/
-  default.py makes a placeholder per option when get_config runs.
+  default.py makes a placeholder per option when get_config runs (and
+  refuses an option named like one of its fields).
 
   Registering a name again replaces your earlier entry (a config file
   loaded twice). Raises ValueError for one of selfattn's own names, a name
-  or option that is not a Python identifier (a config field), or an option
-  another encoding declares with another type (a config field has one
-  type). POSITION_NAMES and RELATIVE_NAMES list selfattn's own encodings;
-  POSITIONS is the live registry.
+  or option that is not a Python identifier, an option in
+  RESERVED_OPTION_NAMES, or an option another encoding declares with
+  another type (a config field has one type). POSITION_NAMES and
+  RELATIVE_NAMES list selfattn's own encodings; POSITIONS is the live
+  registry.
   """
-  if kind.name in _BUILT_IN:
-    raise ValueError(f'position encoding {kind.name!r} is one of selfattn\'s '
-                     f'own; choose another name')
-  for name in (kind.name, *kind.options):
-    if not name.isidentifier():
-      raise ValueError(f'{name!r} cannot be a config field name; use a '
-                       f'Python identifier')
-  others = {n: k for n, k in POSITIONS.items() if n != kind.name}
+  registration.check_entry('position encoding', kind.name, kind.options,
+                           _BUILT_IN, RESERVED_OPTION_NAMES)
+  others = [k for n, k in POSITIONS.items() if n != kind.name]
   for option, default in kind.options.items():
-    for other in others.values():
+    for other in others:
       if option in other.options and (type(other.options[option])
                                       is not type(default)):
         raise ValueError(
-            f'option {option!r} of {kind.name!r} has a {type(default).__name__} '
-            f'default, but {other.name!r} declares it as '
+            f'option {option!r} of {kind.name!r} has a default of type '
+            f'{type(default).__name__}, but {other.name!r} declares it as '
             f'{type(other.options[option]).__name__}; use the same type or '
             f'another name')
   POSITIONS[kind.name] = kind

@@ -59,6 +59,14 @@ class TransformerXLRelative(RelativePosition):
 
   trainable = True
 
+  @property
+  def position_limit(self) -> int:
+    """The longest cache decoding may use (stack.CacheMixin.init_cache):
+    cached steps give positions, so they clip offsets at +-(max_len - 1),
+    where the full pass (no positions, Lq == Lk) does not; within max_len
+    the two agree."""
+    return self.max_len
+
   def built_for(self) -> tuple[int | None, int | None]:
     return self.num_heads, self.head_dim
 
