@@ -299,36 +299,27 @@ def test_bad_requests_say_what_is_wrong():
                   dec, prompt, jax.random.key(0)).tokens.shape == (1, 4)
 
 
-def test_generating_past_a_learned_table_is_refused_like_a_full_pass():
-  """8 learned positions: 21 tokens used to decode with positions 8-20 all
-  reading row 7, where a full pass over them refuses."""
-  dec = selfattn.TransformerDecoder(11, 16, 32, 4, 1, position='learned',
-                                    max_len=8, rngs=nnx.Rngs(0))
-  prompt = _tokens((1, 1))
-  with pytest.raises(ValueError, match='exceeds the learned encoding max_len=8'):
-    dec(_tokens((1, 21)), deterministic=True)
-  with pytest.raises(ValueError, match=r'a decoding cache of 21 positions '
-                     r"exceeds the LearnedEncoding's max_len=8: generate at "
-                     r'most 8 tokens'):
-    decoding.generate(dec, prompt, 20)
-  # Up to the table's end, cached decoding equals the full pass.
-  out = compiled(lambda m, p: decoding.generate(m, p, 7, return_logits=True),
-                 dec, prompt)
-  full = compiled(lambda m, t: m(t, deterministic=True), dec, out.tokens)
-  np.testing.assert_allclose(out.logits[:, :7], full[:, :7], atol=1e-5)
-
-
-@pytest.mark.parametrize('scan', [False, True], ids=['loop', 'scan'])
-def test_generating_past_xls_max_len_is_refused(scan):
-  """XL's cached steps clip offsets at +-(max_len - 1), where the full pass
-  (no positions) does not: past max_len they disagreed silently (a probe:
-  0.14 in a logit at L = 8, max_len = 4). Within it they agree."""
-  dec = selfattn.TransformerDecoder(11, 16, 32, 4, 1, position='xl',
+@pytest.mark.parametrize('position,owner,scan', [
+    ('learned', 'LearnedEncoding', False),
+    ('xl', 'TransformerXLRelative', False),
+    ('xl', 'TransformerXLRelative', True)])
+def test_generating_past_the_encodings_max_len_is_refused(position, owner,
+                                                          scan):
+  """Past max_len = 4, cached decoding would not be the full pass: a
+  learned table's later positions all read its last row (where a full pass
+  refuses), and XL's cached steps clip offsets at max_len - 1 where its
+  full pass does not (a probe: 0.14 in a logit at L = 8). Within max_len
+  the two agree."""
+  dec = selfattn.TransformerDecoder(11, 16, 32, 4, 1, position=position,
                                     max_len=4, scan_layers=scan,
                                     rngs=nnx.Rngs(0))
   prompt = _tokens((1, 1))
-  with pytest.raises(ValueError, match=r'a decoding cache of 8 positions '
-                     r"exceeds the TransformerXLRelative's max_len=4"):
+  if position == 'learned':
+    with pytest.raises(ValueError, match='exceeds the learned encoding max_len=4'):
+      dec(_tokens((1, 8)), deterministic=True)
+  with pytest.raises(ValueError, match=rf'a decoding cache of 8 positions '
+                     rf"exceeds the {owner}'s max_len=4: generate at most 4 "
+                     rf'tokens'):
     decoding.generate(dec, prompt, 7)
   out = compiled(lambda m, p: decoding.generate(m, p, 3, return_logits=True),
                  dec, prompt)
