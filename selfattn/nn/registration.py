@@ -1,6 +1,6 @@
 """The checks shared by the registries a researcher extends from outside
-the package (nn.positions.register_position, tasks.register_task); imports
-nothing of selfattn, so both layers can use it."""
+the package (nn.positions.register_position, tasks.register_task), in the
+library's layer so that the tasks can use it too; imports nothing of selfattn."""
 
 from __future__ import annotations
 

@@ -193,7 +193,7 @@ def _starting_point(config: ml_collections.ConfigDict, state: dict[str, Any],
     logging.info('Resumed from checkpoint at step %d in %s', step, workdir)
     return _Start(mngr, state, step, last_checkpoint=step)
   if config.train.init_from:
-    state = _parameters_from(config.train.init_from, config, state)
+    state = _parameters_from(config.train.init_from, state)
   return _Start(mngr, state, 0, last_checkpoint=None)
 
 
@@ -523,13 +523,11 @@ def _check_parameter_shapes(source: str, config: ml_collections.ConfigDict,
            'that made its parameters differs'))
 
 
-def _parameters_from(source: str, config: ml_collections.ConfigDict,
-                     state: dict[str, Any]) -> dict[str, Any]:
+def _parameters_from(source: str, state: dict[str, Any]) -> dict[str, Any]:
   """`state` with the parameters of `source`'s newest checkpoint that
   restores and matches its checksum; the optimiser state and the step stay
   fresh (a new schedule from step 0). `source` is another run's workdir:
   it is only read (a damaged checkpoint there is skipped, not moved)."""
-  del config
   try:
     restored = checkpoints.restore_latest_read_only(source, state)
   except CheckpointError as e:

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from selfattn.nn import registration
-
 from selfattn.nn.positions.absolute import LearnedEncoding
 from selfattn.nn.positions.absolute import NoEncoding
 from selfattn.nn.positions.absolute import SinusoidalEncoding
