@@ -55,7 +55,9 @@ def _softmax_with_mask(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
   if mask is None:
     return jax.nn.softmax(x, axis=-1)
   x = jnp.where(mask, x, jnp.finfo(jnp.float32).min)
-  x = x - jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+  # `initial`: an empty key axis (Lk = 0) has no max; no row is below it.
+  x = x - jax.lax.stop_gradient(jnp.max(
+      x, axis=-1, keepdims=True, initial=jnp.finfo(jnp.float32).min))
   e = jnp.where(mask, jnp.exp(x), 0.0)
   total = jnp.sum(e, axis=-1, keepdims=True)
   return e / jnp.where(total > 0, total, 1.0)
@@ -143,7 +145,7 @@ def dot_product_attention(
       raise TypeError(f'{name} must be float; got {x.dtype}')
   masks.check_positions(q_positions, q.shape[0], q.shape[2], 'q_positions')
   masks.check_positions(k_positions, q.shape[0], k.shape[2], 'k_positions')
-  _check_built_for(relative, q.shape[1], q.shape[-1])
+  masks.check_built_for(relative, q.shape[1], q.shape[-1])
   _check_causal_skew(relative, causal, mask,
                      q_positions if q_positions is not None else k_positions)
   target = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
@@ -367,25 +369,6 @@ def _check_causal_skew(relative: RelativeTerms | None, causal: bool,
                      f'with causal=False)')
 
 
-def _check_built_for(relative: RelativeTerms | None, num_heads: int,
-                     head_dim: int) -> None:
-  """Refuses a relative encoding whose tables were made for other heads or
-  another head width (it would fail later inside an einsum)."""
-  built_for = getattr(relative, 'built_for', None)
-  if built_for is None:
-    return
-  heads, width = built_for()
-  if any(isinstance(n, jax.core.Tracer) for n in (heads, width)):
-    # Every method traced (nnx.tabulate jits each one): not sizes to
-    # compare here; the module's construction compared them.
-    return
-  if heads not in (None, num_heads) or width not in (None, head_dim):
-    raise ValueError(
-        f'relative={type(relative).__name__} was built for '
-        f'{heads or "any number of"} heads of width {width or "any"}; this '
-        f'attention has {num_heads} heads of width {head_dim}')
-
-
 class MultiHeadAttention(nnx.Module):
   """d2l's multi-head attention: W_q, W_k, W_v of width num_hiddens, W_o.
 
@@ -464,7 +447,7 @@ class MultiHeadAttention(nnx.Module):
     self.W_v = linear(kv_features, num_hiddens)
     self.W_o = linear(num_hiddens, out_features)
     self.dropout = dropout_layer(dropout, rngs)
-    _check_built_for(relative, num_heads, num_hiddens // num_heads)
+    masks.check_built_for(relative, num_heads, num_hiddens // num_heads)
     self.relative = relative
     self.attention_impl = attention_impl
     self.cache: nnx.Dict | None = nnx.data(None)   # init_cache fills it

@@ -185,6 +185,25 @@ def check_size(value, name: str, minimum: int | None = 1) -> int:
   return size
 
 
+def check_built_for(relative, num_heads: int, head_dim: int) -> None:
+  """Refuses a relative encoding whose tables were made for other heads or
+  another head width (its `built_for()`; it would fail later inside an
+  einsum, or, padded into a kernel's layout, give a number)."""
+  built_for = getattr(relative, 'built_for', None)
+  if built_for is None:
+    return
+  heads, width = built_for()
+  if any(isinstance(n, jax.core.Tracer) for n in (heads, width)):
+    # Every method traced (nnx.tabulate jits each one): not sizes to
+    # compare here; the module's construction compared them.
+    return
+  if heads not in (None, num_heads) or width not in (None, head_dim):
+    raise ValueError(
+        f'relative={type(relative).__name__} was built for '
+        f'{heads or "any number of"} heads of width {width or "any"}; this '
+        f'attention has {num_heads} heads of width {head_dim}')
+
+
 def check_heads(q: jax.Array, k: jax.Array, v: jax.Array, *,
                 broadcast: bool = False) -> None:
   """Refuses per-head q (B, H, Lq, D), k (B, H, Lk, D) and v (B, H, Lk, Dv)

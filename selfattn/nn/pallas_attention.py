@@ -691,6 +691,9 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   masks.check_heads(q, k, v)
   b, h, lq, _ = q.shape
   lk = k.shape[2]
+  # The plain path's check: a table for other heads or another width would
+  # be padded into the kernels' layout and give a number.
+  masks.check_built_for(relative, h, q.shape[-1])
   if gpu_kernel is None:
     gpu_kernel = _default_gpu_kernel[-1]
   if gpu_kernel not in GPU_KERNELS:
@@ -717,6 +720,10 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
     used = key_valid[:, None, :, None]
     k = jnp.where(used, k, jnp.zeros((), k.dtype))
     v = jnp.where(used, v, jnp.zeros((), v.dtype))
+  if not b * lq * lk:
+    # An empty axis: no block to launch, and every query (if any) has no
+    # key, so zeros, as on the plain path.
+    return jnp.zeros((b, h, lq, v.shape[-1]), v.dtype)
   if kind == 't5' and table.shape[1] != h:
     raise ValueError(f'the T5 table has {table.shape[1]} heads; q has {h}')
   if kind == 'alibi' and table.shape[0] != h:

@@ -592,6 +592,44 @@ def test_supports_and_errors():
   assert 'pallas' in attention.IMPLEMENTATIONS
 
 
+def test_a_table_for_other_heads_is_refused_like_the_plain_path():
+  """A Shaw table half the heads' width was zero-padded into the kernels'
+  layout and gave a number (a probe): refused now, with the plain path's
+  message; so are other head counts and a rotation for another width."""
+  q, k, v, _ = _qkv(8, 8)
+  for relative in (positions.ShawRelative(H, D // 2, rngs=nnx.Rngs(0)),
+                   positions.ShawRelative(H + 1, D, shared_heads=False,
+                                          rngs=nnx.Rngs(0)),
+                   positions.T5RelativeBias(H + 1, rngs=nnx.Rngs(0)),
+                   positions.PolarEncoding(H, 2 * D, rngs=nnx.Rngs(0))):
+    for path in (lambda r: pa.pallas_attention(q, k, v, relative=r, **BLOCKS),
+                 lambda r: attention.dot_product_attention(q, k, v,
+                                                           relative=r)):
+      with pytest.raises(ValueError, match=rf'relative={type(relative).__name__}'
+                         rf' was built for .*; this attention has {H} heads '
+                         rf'of width {D}'):
+        path(relative)
+
+
+@pytest.mark.parametrize('b,lq,lk', [(0, 8, 8), (B, 0, 8), (B, 8, 0)])
+def test_an_empty_axis_gives_the_shape_and_zeros(b, lq, lk):
+  """Nothing to launch: the kernels raised a slice error (Triton) or a
+  division by zero (Hopper), and the plain path's causal mask a max over
+  no keys. Both return the shape now, zeros where a query has no key (and
+  so zero gradients)."""
+  q, k, v, _ = _qkv(lq, lk)
+  q, k, v = q[:b], k[:b], v[:b]
+  zeros = np.zeros((b, H, lq, D), np.float32)
+  got = pa.pallas_attention(q, k, v, relative=_relative('shaw'), causal=True,
+                            **BLOCKS)
+  np.testing.assert_array_equal(got, zeros)
+  plain, _ = attention.dot_product_attention(q, k, v, causal=True)
+  np.testing.assert_array_equal(plain, zeros)
+  grads = jax.grad(lambda q: pa.pallas_attention(
+      q, k, v, relative=_relative('shaw'), **BLOCKS).sum())(q)
+  assert grads.shape == q.shape and not np.any(grads)
+
+
 def _equations(jaxpr):
   """Every equation of a jaxpr and of all its sub-jaxprs (the kernels'
   bodies included)."""
