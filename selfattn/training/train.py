@@ -114,13 +114,16 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
     return finished
   trainer = make_trainer(config, task=task)
   state = trainer.init_state()
+  started_from = None
   if config.train.init_from and not workdir_lib.has_checkpoints(workdir):
     # Before config.json is stored and orbax's manager makes checkpoints/:
-    # refused, the run leaves no trace in a workdir it made (workdir_lock),
-    # so the corrected command runs there.
+    # a source that does not fit or does not restore leaves no config.json
+    # that would refuse the corrected command (and, refused by config, no
+    # trace in a workdir the run made: workdir_lock).
     _check_parameter_shapes(config.train.init_from, config, state)
+    started_from = _parameters_from(config.train.init_from, state)
   workdir_lib.check_or_store_config(workdir, config, write=is_main)
-  start = _starting_point(config, state, workdir)
+  start = _starting_point(config, state, workdir, started_from)
   events = _EventLog(config, trainer, workdir, is_main, start.step)
   loop = _TrainingLoop(config, trainer, workdir, is_main, stop, start, events)
   loop.run()
@@ -183,16 +186,19 @@ class _Start:
 
 
 def _starting_point(config: ml_collections.ConfigDict, state: dict[str, Any],
-                    workdir: str) -> _Start:
+                    workdir: str, started_from: dict[str, Any] | None) -> _Start:
   """Resumes from the latest checkpoint in `workdir` that restores; without
-  one, starts from `state` (fresh) or config.train.init_from's parameters."""
+  one, starts from config.train.init_from's parameters (`started_from`
+  where _run already read them) or `state` (fresh)."""
   mngr = checkpoints.manager(workdir, config.train.keep_checkpoints)
   restored = checkpoints.restore_latest(mngr, state)
   if restored is not None:
     state, step = restored
     logging.info('Resumed from checkpoint at step %d in %s', step, workdir)
     return _Start(mngr, state, step, last_checkpoint=step)
-  if config.train.init_from:
+  if started_from is not None:
+    state = started_from
+  elif config.train.init_from:    # every checkpoint here was damaged
     state = _parameters_from(config.train.init_from, state)
   return _Start(mngr, state, 0, last_checkpoint=None)
 

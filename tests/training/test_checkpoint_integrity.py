@@ -246,6 +246,9 @@ def test_init_from_never_modifies_the_source_workdir(finished_run, template,
                      r'checkpoint .* restores: step 30 \(.*checksum'):
     train.train_and_evaluate(config, str(tmp_path / 'new2'))
   assert _tree_digest(only) == before
+  # Read before config.json is stored: the command with a good source runs
+  # in the same workdir.
+  assert not (tmp_path / 'new2' / 'config.json').exists()
 
 
 # Extended: init_from's source is read once, at the start, in
