@@ -7,7 +7,9 @@ Run:
 Everything else works as for selfattn's own: `--config.model.decay=0.5`,
 `--config.task.rotation=3`, validation naming the field, checkpoints,
 resuming (rerun this command: the file registers them again), TensorBoard.
-Copy this file next to your own code and import your modules here instead.
+To extend selfattn this way, copy this file within a selfattn checkout (it builds on
+configs/tiny.py; configs/ is not part of the installed package, so run from the checkout's root)
+and import your own modules here instead of defining them inline.
 """
 
 import jax
