@@ -149,8 +149,8 @@ class StudyError(Exception):
 def _refuse_arguments(argv: list[str]) -> None:
   """absl passes on what is not a flag: a study takes none."""
   if len(argv) > 1:
-    _fail(f'unexpected arguments {" ".join(argv[1:])} (flags look like '
-          f'--name=value)')
+    common.fail(f'unexpected arguments {" ".join(argv[1:])} (flags look like '
+                f'--name=value)')
 
 
 # The skeleton's flags and --steps, which a one-function study (main_of)
@@ -162,15 +162,15 @@ def _refuse_flags(names: Sequence[str], why: str) -> None:
   """A flag given on the command line that this study would ignore."""
   given = [f'--{name}' for name in names if flags.FLAGS[name].present]
   if given:
-    _fail(f'{", ".join(given)}: {why}')
+    common.fail(f'{", ".join(given)}: {why}')
 
 
 def _check_workdir(workdir: str, collect_only: bool) -> None:
   if os.path.exists(workdir) and not os.path.isdir(workdir):
-    _fail(f'--workdir={workdir} is a file, not a directory')
+    common.fail(f'--workdir={workdir} is a file, not a directory')
   if collect_only and not os.path.isdir(workdir):
-    _fail(f'--collect_only: {workdir} does not exist, so there is nothing '
-          f'to collect (a mistyped --workdir?)')
+    common.fail(f'--collect_only: {workdir} does not exist, so there is '
+                f'nothing to collect (a mistyped --workdir?)')
 
 
 def finished_elsewhere(workdir: str, runs: Sequence[study.Run]) -> int:
@@ -185,16 +185,13 @@ def finished_elsewhere(workdir: str, runs: Sequence[study.Run]) -> int:
   return count
 
 
-_fail = common.fail
-
-
 def chosen_scale(spec: Study) -> str:
   if common.QUICK.value:
     return 'quick'
   scale = SCALE.value or spec.default_scale
   if scale not in spec.scales:
-    _fail(f'--scale={scale!r} is not a scale of this study; valid: '
-          f'{", ".join(spec.scales)}')
+    common.fail(f'--scale={scale!r} is not a scale of this study; valid: '
+                f'{", ".join(spec.scales)}')
   return scale
 
 
@@ -204,7 +201,8 @@ def chosen_seeds(scale: str, default: int = DEFAULT_SEEDS) -> int:
   if not flags.FLAGS['seeds'].present:
     return 1 if scale == 'quick' else default
   if common.SEEDS.value < 1:
-    _fail(f'--seeds={common.SEEDS.value}: a study needs at least one seed')
+    common.fail(f'--seeds={common.SEEDS.value}: a study needs at least one '
+                f'seed')
   return common.SEEDS.value
 
 
@@ -242,7 +240,7 @@ def chosen_filters(spec: Study) -> dict[str, list[str] | None]:
                         f'(valid: {", ".join(valid[tag])})')
     out[tag] = requested
   if problems:
-    _fail('; '.join(problems))
+    common.fail('; '.join(problems))
   return out
 
 
@@ -265,14 +263,14 @@ def _check_filters_in_plan(runs: Sequence[study.Run],
                       f'not among this study\'s runs at --scale={scale} '
                       f'(there: {", ".join(planned)})')
   if problems:
-    _fail('; '.join(problems))
+    common.fail('; '.join(problems))
 
 
 def chosen_shard() -> tuple[int, int]:
   try:
     return study.parse_shard(SHARD.value)
   except ValueError as e:
-    _fail(str(e))
+    common.fail(str(e))
   raise AssertionError('unreachable')
 
 
@@ -285,7 +283,7 @@ def main(spec: Study):
       with study.stops_in_one_line():
         _main(spec)
     except (ConfigError, DataError) as e:
-      _fail(str(e))
+      common.fail(str(e))
   return run
 
 
@@ -298,17 +296,18 @@ def main_of(fn: Callable[[str, int, bool], Any]):
     _refuse_arguments(argv)
     configure_logging()
     if not common.WORKDIR.value:
-      _fail('--workdir is required')
+      common.fail('--workdir is required')
     _refuse_flags(STUDY_FLAGS, 'this study takes only --workdir, --seeds and '
                   '--quick')
     if common.SEEDS.value < 1:
-      _fail(f'--seeds={common.SEEDS.value}: a study needs at least one seed')
+      common.fail(f'--seeds={common.SEEDS.value}: a study needs at least '
+                  f'one seed')
     _check_workdir(common.WORKDIR.value, collect_only=False)
     try:
       with study.stops_in_one_line():
         fn(common.WORKDIR.value, common.SEEDS.value, common.QUICK.value)
     except (ConfigError, DataError) as e:
-      _fail(str(e))
+      common.fail(str(e))
   return run
 
 
@@ -316,13 +315,13 @@ def _main(spec: Study) -> None:
   configure_logging()
   workdir = common.WORKDIR.value
   if not workdir:
-    _fail('--workdir is required')
+    common.fail('--workdir is required')
   if common.QUICK.value and flags.FLAGS['scale'].present:
-    _fail('--quick is --scale=quick: give one of them')
+    common.fail('--quick is --scale=quick: give one of them')
   if flags.FLAGS['steps'].present and (
       not spec.takes_steps or common.QUICK.value):
-    _fail('--steps: this study\'s runs have their length set by its scale'
-          + (' (here --quick)' if spec.takes_steps else ''))
+    common.fail('--steps: this study\'s runs have their length set by its scale'
+                + (' (here --quick)' if spec.takes_steps else ''))
   _check_workdir(workdir, COLLECT_ONLY.value)
   scale = chosen_scale(spec)
   seeds = chosen_seeds(scale, spec.default_seeds)
@@ -331,23 +330,23 @@ def _main(spec: Study) -> None:
   try:
     context = spec.prepare(scale)
   except StudyError as e:
-    _fail(str(e))
+    common.fail(str(e))
   runs = spec.runs(scale, seeds, context)
   _check_filters_in_plan(runs, filters, scale)
   chosen = study.select(runs, tasks=filters.get('task'),
                         positions=filters.get('position'), shard=shard)
   if not COLLECT_ONLY.value:
     if not chosen:
-      _fail(f'no run of this study at --scale={scale} matches the '
-            f'filters and shard given')
+      common.fail(f'no run of this study at --scale={scale} matches the '
+                  f'filters and shard given')
     # Finished earlier, but stopped before it was scored.
     spec.results(runs, workdir, context, score_missing=True)
     study.execute(chosen, workdir, after_each=lambda r, _: spec.score(
         r, os.path.join(workdir, r.name), context))
   if COLLECT_ONLY.value and not study.collect(runs, workdir):
     # An empty report would replace whatever results.md the folder holds.
-    _fail(f'--collect_only: {workdir} holds no finished run of this study '
-          f'at --scale={scale}; nothing to collect')
+    common.fail(f'--collect_only: {workdir} holds no finished run of this '
+                f'study at --scale={scale}; nothing to collect')
   left_out = finished_elsewhere(workdir, runs)
   if left_out:
     print(f'[study] note: {left_out} finished run(s) in {workdir} are not '

@@ -724,22 +724,12 @@ def pallas_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
     # An empty axis: no block to launch, and every query (if any) has no
     # key, so zeros, as on the plain path.
     return jnp.zeros((b, h, lq, v.shape[-1]), v.dtype)
-  if kind == 't5' and table.shape[1] != h:
-    raise ValueError(f'the T5 table has {table.shape[1]} heads; q has {h}')
-  if kind == 'alibi' and table.shape[0] != h:
-    raise ValueError(f'ALiBi has {table.shape[0]} heads; q has {h}')
-  if kind == 'shaw':
-    # One (H, 2k + 1, D) table per term; a shared table is broadcast here,
-    # outside the custom_vjp, so its gradient sums over the heads.
-    def per_head(t):
-      if t is None:
-        return None
-      if options['shared_heads']:
-        return jnp.broadcast_to(t[None], (h,) + t.shape)
-      if t.shape[0] != h:
-        raise ValueError(f'the Shaw table has {t.shape[0]} heads; q has {h}')
-      return t
-    table = tuple(per_head(t) for t in table)
+  if kind == 'shaw' and options['shared_heads']:
+    # One (H, 2k + 1, D) table per term (check_built_for above held a
+    # per-head one to H); a shared table is broadcast here, outside the
+    # custom_vjp, so its gradient sums over the heads.
+    table = tuple(None if t is None else jnp.broadcast_to(t[None], (h,) + t.shape)
+                  for t in table)
   scale = 1.0 / math.sqrt(q.shape[-1])       # of the head before `rotate`
   if relative is not None:
     q, k = relative.rotate(q, k)
