@@ -15,7 +15,10 @@ except the budget:
     without a new best (config.train.early_stop_patience).
 Encodings: shaw and sinusoidal, the study's comparison, at seeds 0-2
 (seed-major: a study stopped part way has pairs), then rope at the same
-seeds where the budget allows.
+seeds where the budget allows; then the `+short` tier (sinusoidal, shaw and
+rope trained only on pairs whose source has at most SHORT_MAX_LEN tokens,
+seed-major): does the relative lead beyond the trained lengths hold at
+convergence?
 
 Each run is reported beside the same seed's run of the 3,000-step study
 (--short_dir, its committed translation.json), paired by seed.
@@ -23,7 +26,9 @@ Each run is reported beside the same seed's run of the 3,000-step study
 Sized before it ran (2026-11-27, this 2-core CPU): the 3,000-step runs
 trained at 3.4-3.5 steps/s, so a run costs about 5 minutes per 1,000 steps
 plus about 30 s per evaluation: 1.1 h if it stops at 12,000 steps, 1.8 h
-at the cap; six runs, 7 to 11 hours, more than one sitting. Resumable like
+at the cap; six runs, 7 to 11 hours, more than one sitting (the +short
+tier, added 2026-11-30: nine more runs, 10-20 hours at the rates the first
+tiers met). Resumable like
 every study: rerunning the command resumes the unfinished run from its last
 checkpoint and its early-stopping record.
 """
@@ -54,6 +59,12 @@ PATIENCE = 2
 SEEDS = 3
 ENCODINGS = ('shaw', 'sinusoidal', 'rope')
 CORE = ('shaw', 'sinusoidal')
+# The length-generalization tier (the 3,000-step study's `+short` runs),
+# sinusoidal first: every seed's relative runs are compared with it.
+SHORT_LABELS = ('sinusoidal +short', 'shaw +short', 'rope +short')
+SHORT_RELATIVE = ('shaw +short', 'rope +short')
+LABELS = ENCODINGS + SHORT_LABELS
+SHORT_MAX_LEN = translation_study.SHORT_MAX_LEN
 MAIN_TEST = translation_study.MAIN_TEST
 QUICK = {'cap': 40, 'every': 10, 'patience': 1}
 
@@ -70,8 +81,8 @@ def study_runs(scale: str, seeds: int, labels) -> list[study.Run]:
   t.keep_checkpoints = cap // every          # every evaluated step
   t.early_stop_patience = patience
   t.early_stop_metric = 'bleu'
-  encodings = {label: (label, {}, {}) for label in ENCODINGS}
-  return common.encoding_runs(base, seeds, labels, encodings)
+  return common.encoding_runs(base, seeds, labels,
+                              translation_study.ENCODINGS)
 
 
 def greedy_curve(path: str) -> dict[int, float]:
@@ -82,7 +93,8 @@ def greedy_curve(path: str) -> dict[int, float]:
 
 def short_budget(short_dir: str, label: str, seed: int) -> dict | None:
   """The 3,000-step study's translation.json for (label, seed), or None."""
-  path = os.path.join(short_dir, f'position={label},seed={seed}',
+  path = os.path.join(short_dir,
+                      f'position={label.replace(" ", "")},seed={seed}',
                       translation_study.RESULT_FILE)
   if not os.path.exists(path):
     return None
@@ -98,7 +110,7 @@ def _summary_step(workdir: str, name: str) -> int:
 def report(workdir: str, runs: list[study.Run], results: dict,
            short_dir: str) -> str:
   """results.md, results.json and the curves' plot."""
-  labels = [l for l in ENCODINGS if any(r.tags['position'] == l for r in runs)]
+  labels = [l for l in LABELS if any(r.tags['position'] == l for r in runs)]
   long_by: dict[str, dict[int, dict]] = {}
   for name, r in results.items():
     r = {**r, 'stopped_at': _summary_step(workdir, name)}
@@ -161,6 +173,7 @@ def report(workdir: str, runs: list[study.Run], results: dict,
               values, ('rope',), (other,),
               f'{split}, {budget}: rope minus {other}', unit='BLEU',
               digits=2))
+  length_lines = short_tier_lines(long_by, short_by)
   plot = os.path.join(workdir, 'bleu_by_step.png')
   plotted = plot_curves(workdir, results, short_by, labels, plot)
 
@@ -182,6 +195,10 @@ def report(workdir: str, runs: list[study.Run], results: dict,
   if rope_lines:
     body.append(('RoPE against each, paired by seed', '\n'.join(
         f'- {line}' for line in rope_lines)))
+  if length_lines:
+    body.append((f'Beyond the trained lengths (+short: trained on sources of '
+                 f'at most {SHORT_MAX_LEN} tokens), paired by seed',
+                 '\n'.join(f'- {line}' for line in length_lines)))
   if plotted:
     body.append(('Validation BLEU by step',
                  '![greedy validation BLEU by step](bleu_by_step.png)'))
@@ -191,41 +208,101 @@ def report(workdir: str, runs: list[study.Run], results: dict,
                                        greedy_curve(os.path.join(workdir, name)).items()},
                  'bleu': {s: r['splits'][s]['bleu'] for s in r['splits']}}
               for name, r in results.items()}
-  title = 'Translation to convergence: shaw against sinusoidal'
-  return common.write_results(
-      workdir, title + (', and rope' if long_by.get('rope') else ''), body,
-      json_out, stem=title)
+  title = title_shown = 'Translation to convergence: shaw against sinusoidal'
+  if long_by.get('rope'):
+    title_shown = title + ', and rope'
+  if any(long_by.get(label) for label in SHORT_LABELS):
+    title_shown += '; and the +short tier'
+  return common.write_results(workdir, title_shown, body, json_out,
+                              stem=title)
+
+
+def short_tier_lines(long_by: dict, short_by: dict) -> list[str]:
+  """The `+short` tier's comparisons on MAIN_TEST, at each budget and the
+  change between them, paired by seed: on the sources longer than
+  SHORT_MAX_LEN (never trained), on the others, and the difference of the
+  two (does the relative lead grow beyond the trained lengths?). Empty
+  without a converged +short run."""
+  if not any(long_by.get(label) for label in SHORT_LABELS):
+    return []
+  part = lambda r, where: r['splits'][MAIN_TEST][where]['bleu']
+  values = {}      # (budget, group) -> label -> seed -> BLEU
+  for budget, by in (('3,000 steps', short_by), ('to convergence', long_by)):
+    for group in ('long_sources', 'short_sources'):
+      values[budget, group] = {
+          label: {s: part(r, group) for s, r in by.get(label, {}).items()}
+          for label in SHORT_LABELS}
+    values[budget, 'gap'] = {
+        label: {s: v - values[budget, 'short_sources'][label][s]
+                for s, v in values[budget, 'long_sources'][label].items()}
+        for label in SHORT_LABELS}
+  where = {'long_sources': f'sources longer than {SHORT_MAX_LEN} tokens '
+                           f'(never trained)',
+           'short_sources': f'sources of at most {SHORT_MAX_LEN} tokens',
+           'gap': 'long minus short sources (the lead\'s growth beyond the '
+                  'trained lengths)'}
+  sinusoidal = ('sinusoidal +short',)
+  groups = [(SHORT_RELATIVE, 'mean of shaw, rope')] + [
+      ((label,), label.split()[0]) for label in SHORT_RELATIVE]
+  lines = []
+  for group, kind in where.items():
+    for members, name in groups:
+      for budget in ('3,000 steps', 'to convergence'):
+        lines.append(common.paired_by_seed(
+            values[budget, group], members, sinusoidal,
+            f'{MAIN_TEST} {kind}, {budget}: {name} minus sinusoidal',
+            unit='BLEU', digits=2))
+      change = {label: {s: v - values['3,000 steps', group][label][s]
+                        for s, v in values['to convergence', group][label].items()
+                        if s in values['3,000 steps', group][label]}
+                for label in SHORT_LABELS}
+      lines.append(common.paired_by_seed(
+          change, members, sinusoidal,
+          f'{MAIN_TEST} {kind}: {name}\'s lead to convergence minus at '
+          f'3,000 steps', unit='BLEU', digits=2))
+  return lines
 
 
 def plot_curves(workdir: str, results: dict, short_by: dict, labels,
                 path: str) -> bool:
   """Greedy validation BLEU by step: each convergence run (solid) and the
-  same seeds' 3,000-step runs (dashed), one colour per encoding."""
+  same seeds' 3,000-step runs (dashed), one colour per encoding; the
+  `+short` tier, where it has runs, in a second panel."""
   if not results:
     return False
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(7, 4.2))
+  tiers = [('all pairs', [l for l in labels if l in ENCODINGS])]
+  if any(l in SHORT_LABELS for l in labels):
+    tiers.append((f'+short: sources of at most {SHORT_MAX_LEN} tokens',
+                  [l for l in labels if l in SHORT_LABELS]))
+  tiers = [(title, tier) for title, tier in tiers if tier]
+  fig, axes = plt.subplots(1, len(tiers), figsize=(7 * len(tiers), 4.2),
+                           squeeze=False, sharey=True)
   colors = dict(zip(ENCODINGS, ('C0', 'C1', 'C2')))
-  for name, r in sorted(results.items()):
-    curve = greedy_curve(os.path.join(workdir, name))
-    steps = sorted(curve)
-    label = r['label'] if r['seed'] == 0 else None
-    ax.plot(steps, [curve[s] for s in steps], color=colors[r['label']],
-            marker='.', label=label and f'{label}, to convergence')
-  for label in labels:
-    for seed, s in sorted(short_by.get(label, {}).items()):
-      curve = {int(k): v for k, v in s['valid_bleu_greedy_by_step'].items()}
+  for ax, (title, tier) in zip(axes[0], tiers):
+    for name, r in sorted(results.items()):
+      if r['label'] not in tier:
+        continue
+      curve = greedy_curve(os.path.join(workdir, name))
       steps = sorted(curve)
-      ax.plot(steps, [curve[k] for k in steps], color=colors[label],
-              linestyle='--', label=f'{label}, 3,000 steps' if seed == 0
-              else None)
-  ax.set_xlabel('training step')
-  ax.set_ylabel('greedy validation BLEU')
-  ax.set_title('Multi30k de-en: one line per seed')
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
+      label = r['label'] if r['seed'] == 0 else None
+      ax.plot(steps, [curve[s] for s in steps],
+              color=colors[r['label'].split()[0]], marker='.',
+              label=label and f'{label}, to convergence')
+    for label in tier:
+      for seed, s in sorted(short_by.get(label, {}).items()):
+        curve = {int(k): v for k, v in s['valid_bleu_greedy_by_step'].items()}
+        steps = sorted(curve)
+        ax.plot(steps, [curve[k] for k in steps],
+                color=colors[label.split()[0]], linestyle='--',
+                label=f'{label}, 3,000 steps' if seed == 0 else None)
+    ax.set_xlabel('training step')
+    ax.set_title(f'Multi30k de-en, {title}: one line per seed', fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  axes[0][0].set_ylabel('greedy validation BLEU')
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
@@ -239,14 +316,16 @@ class Convergence(skeleton.Study):
   default_seeds = SEEDS
 
   def filter_values(self):
-    return {'position': ENCODINGS}
+    return {'position': LABELS}
 
   def runs(self, scale, seeds, context):
-    # The core pair at every seed first; rope after it, where the budget
-    # allows (a sitting may stop anywhere: the pairs come first).
+    # The core pair at every seed first; rope after it, then the +short
+    # tier, where the budget allows (a sitting may stop anywhere: the pairs
+    # come first).
     runs = study_runs(scale, seeds, CORE)
     if scale != 'quick':
       runs += study_runs(scale, seeds, ('rope',))
+      runs += study_runs(scale, seeds, SHORT_LABELS)
     return runs
 
   def score(self, run, path, context):

@@ -11,13 +11,23 @@ from selfattn.training import workdir as workdir_lib
 
 def test_the_plan_is_the_study_protocol_with_an_early_stopped_budget():
   runs = convergence.Convergence().runs('cpu', 3, None)
-  # The core pair at every seed first, then rope.
+  # The core pair at every seed first, then rope, then the +short tier
+  # (sinusoidal first in each seed: the relative runs compare with it).
   assert [r.name for r in runs[:6]] == [
       f'position={p},seed={s}' for s in range(3) for p in ('shaw', 'sinusoidal')]
-  assert {r.tags['position'] for r in runs[6:]} == {'rope'}
+  assert {r.tags['position'] for r in runs[6:9]} == {'rope'}
+  assert [r.name for r in runs[9:]] == [
+      f'position={p}+short,seed={s}' for s in range(3)
+      for p in ('sinusoidal', 'shaw', 'rope')]
   from configs import translation as translation_config
   study = translation_config.get_config('cpu')
   for run in runs:
+    short = run.tags['position'].endswith('+short')
+    # The +short runs train only on sources of at most SHORT_MAX_LEN tokens,
+    # like the 3,000-step study's runs of the same label.
+    assert run.config.task.max_len == (convergence.SHORT_MAX_LEN if short
+                                       else study.task.max_len)
+    position = run.tags['position'].split()[0]
     t, e = run.config.train, run.config.eval
     assert t.num_steps == convergence.CAP_STEPS
     assert t.early_stop_patience == convergence.PATIENCE
@@ -26,16 +36,22 @@ def test_the_plan_is_the_study_protocol_with_an_early_stopped_budget():
     assert t.keep_checkpoints * e.every == t.num_steps      # every one kept
     # Everything else is the 3,000-step study's.
     assert run.config.model.to_dict() == {**study.model.to_dict(),
-                                          'position': run.tags['position']}
-    assert run.config.task.to_dict() == study.task.to_dict()
+                                          'position': position}
+    assert run.config.task.to_dict() == {**study.task.to_dict(),
+                                         'max_len': run.config.task.max_len}
     for field in ('learning_rate', 'warmup_steps', 'schedule', 'batch_tokens',
                   'label_smoothing', 'final_lr_fraction', 'b2'):
       assert t[field] == study.train[field]
 
 
-def _scores(test, val):
-  return {'splits': {'val': {'bleu': val},
-                     convergence.MAIN_TEST: {'bleu': test}}}
+def _scores(test, val, long=None):
+  """A translation.json's scores; `long`: (BLEU on the sources longer than
+  SHORT_MAX_LEN, BLEU on the others) of the main test split."""
+  main = {'bleu': test}
+  if long is not None:
+    main |= {'long_sources': {'bleu': long[0]},
+             'short_sources': {'bleu': long[1]}}
+  return {'splits': {'val': {'bleu': val}, convergence.MAIN_TEST: main}}
 
 
 def _fake_run(workdir, name, *, stopped_at, curve):
@@ -54,20 +70,27 @@ def _report(tmp_path, made_up, labels, *, stopped_at, curve,
   """(convergence.report's text, its workdir) over made-up runs:
   made_up[seed][label] = (3,000-step test BLEU, converged test BLEU), val
   BLEU the test BLEU + 1 in every run, curve(converged BLEU) the greedy
-  validation curve."""
+  validation curve. A made-up entry of four numbers adds the BLEU of the
+  long and short sources: (3,000 steps long, short, converged long,
+  short), the test BLEU their mean."""
   short_dir, workdir = tmp_path / 'short', tmp_path / 'long'
   runs = convergence.study_runs('quick', len(made_up), labels)
   results = {}
   for run in runs:
     label, seed = run.tags['position'], run.tags['seed']
-    short, long = made_up[seed][label]
+    parts = made_up[seed][label]
+    by_length = (None, None)
+    if len(parts) == 4:
+      by_length = parts[:2], parts[2:]
+      parts = sum(parts[:2]) / 2, sum(parts[2:]) / 2
+    short, long = parts
     os.makedirs(short_dir / run.name)
     (short_dir / run.name / 'translation.json').write_text(json.dumps(
-        {**_scores(short, short + 1), 'selected_step': 3000,
+        {**_scores(short, short + 1, by_length[0]), 'selected_step': 3000,
          'valid_bleu_greedy_by_step': {'1500': short - 5, '3000': short}}))
     _fake_run(str(workdir), run.name, stopped_at=stopped_at,
               curve=curve(long))
-    results[run.name] = {**_scores(long, long + 1),
+    results[run.name] = {**_scores(long, long + 1, by_length[1]),
                          'selected_step': selected_step,
                          'label': label, 'seed': seed}
   return (convergence.report(str(workdir), runs, results, str(short_dir)),
@@ -133,3 +156,48 @@ def test_rope_is_paired_with_each_core_encoding_where_it_has_runs(tmp_path):
   assert ('val, to convergence: rope minus sinusoidal: +1.67 BLEU over 3 '
           'seeds') in section
   assert '| rope | to convergence | 8000, 8000, 8000 |' in text
+
+
+def test_the_short_tier_pairs_the_lead_beyond_the_trained_lengths(tmp_path):
+  # seed -> label -> (3,000 steps: long, short sources; converged: long,
+  # short)
+  made_up = {
+      0: {'sinusoidal +short': (20.0, 40.0, 24.0, 42.0),
+          'shaw +short': (24.0, 41.0, 25.0, 42.0),
+          'rope +short': (25.0, 40.0, 26.0, 43.0)},
+      1: {'sinusoidal +short': (21.0, 40.0, 25.0, 42.0),
+          'shaw +short': (24.0, 40.0, 25.0, 41.0),
+          'rope +short': (26.0, 41.0, 27.0, 42.0)},
+      2: {'sinusoidal +short': (19.0, 39.0, 24.0, 41.0),
+          'shaw +short': (23.0, 40.0, 26.0, 42.0),
+          'rope +short': (24.0, 40.0, 24.0, 41.0)}}
+  text, workdir = _report(tmp_path, made_up, convergence.SHORT_LABELS,
+                          stopped_at=9000,
+                          curve=lambda long: {8000: long, 9000: long - 1},
+                          selected_step=8000)
+  assert text.startswith('# Translation to convergence: shaw against '
+                         'sinusoidal; and the +short tier\n')
+  section = text[text.index('## Beyond the trained lengths'):]
+  long = 'test_2016_flickr sources longer than 18 tokens (never trained)'
+  # Long sources, mean of shaw and rope minus sinusoidal, per seed: at
+  # 3,000 steps +4.5, +4.0, +4.5; converged +1.5, +1.0, +1.0; the change
+  # -3.0, -3.0, -3.5.
+  assert (f'{long}, 3,000 steps: mean of shaw, rope minus sinusoidal: +4.33 '
+          'BLEU over 3 seeds') in section
+  assert (f'{long}, to convergence: mean of shaw, rope minus sinusoidal: '
+          '+1.17 BLEU over 3 seeds') in section
+  assert 'per seed +1.50, +1.00, +1.00' in section
+  assert (f"{long}: mean of shaw, rope's lead to convergence minus at 3,000 "
+          'steps: -3.17 BLEU over 3 seeds') in section
+  # rope alone, converged: +2, +2, 0.
+  assert (f'{long}, to convergence: rope minus sinusoidal: +1.33 BLEU over '
+          '3 seeds') in section
+  # The growth beyond the trained lengths (long minus short sources),
+  # shaw minus sinusoidal at 3,000 steps: (24-41)-(20-40) = +3,
+  # (24-40)-(21-40) = +3, (23-40)-(19-39) = +3.
+  assert ('test_2016_flickr long minus short sources (the lead\'s growth '
+          'beyond the trained lengths), 3,000 steps: shaw minus sinusoidal: '
+          '+3.00 BLEU over 3 seeds (95% t-interval across seeds [+3.00, '
+          '+3.00]; per seed +3.00, +3.00, +3.00)') in section
+  assert '| shaw +short | to convergence | 9000, 9000, 9000 |' in text
+  assert (workdir / 'bleu_by_step.png').exists()
