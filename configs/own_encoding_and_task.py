@@ -7,18 +7,18 @@ Run:
 Everything else works as for selfattn's own: `--config.model.decay=0.5`,
 `--config.task.rotation=3`, validation naming the field, checkpoints,
 resuming (rerun this command: the file registers them again), TensorBoard.
-To extend selfattn this way, copy this file within a selfattn checkout (it builds on
-configs/tiny.py; configs/ is not part of the installed package, so run from the checkout's root)
-and import your own modules here instead of defining them inline.
+To extend selfattn this way, copy this file anywhere (it needs only the installed
+package: it builds on selfattn.training.default_config, not on configs/) and import
+your own modules here instead of defining them inline.
 """
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from configs import tiny
 from selfattn import tasks
 from selfattn.nn import positions
+from selfattn.training import default_config
 from selfattn.tasks.spec import Example
 from selfattn.tasks.spec import TaskSpec
 
@@ -69,7 +69,9 @@ tasks.register_task('rotate', TaskSpec(
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  config = tiny.get_config(arg)        # built after registering: its fields
+  # Built after registering, so its fields include the new options.
+  config = default_config.get_config(arg)
   config.model.position = 'decaying_bias'
   config.task.name = 'rotate'
+  config.train.num_steps = 1000
   return config

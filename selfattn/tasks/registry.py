@@ -58,7 +58,7 @@ SUITE_NAMES: tuple[str, ...] = tuple(CHOMSKY_TASKS)
 # `jsb_chorales` (crops shifted by -r..r semitones; 0: off), crop_align = a
 # of `jsb_chorales` (crops start on a multiple of a time steps: 1 any step,
 # 16 a 4/4 bar of sixteenths).
-# configs/default.py and config validation read this, the one list.
+# selfattn.training.default_config and config validation read this, the one list.
 DEFAULT_OPTIONS = {'shift': 1, 'window': 1, 'max_shift': 15, 'transpose': 0,
                    'crop_align': 1}
 

@@ -99,7 +99,7 @@ def validate_config(config: ml_collections.ConfigDict,
                     num_devices: int | None = None) -> tasks.Task:
   """Raises ConfigError for the first problem found in `config`, also for a
   field the config lacks (a hand-made config, or one from an older
-  version: configs/default.py has every field). Returns the task it built
+  version: selfattn.training.default_config has every field). Returns the task it built
   (the trainer takes it, so the task is built once)."""
   try:
     return _validate(config, num_devices)
@@ -108,7 +108,8 @@ def validate_config(config: ml_collections.ConfigDict,
     # suggests an existing field; the missing name is what matters.
     missing = str(e.args[0] if e.args else e).split('\n')[0].strip('"\' ')
     raise ConfigError(f'the config lacks the field {missing!r} that the run '
-                      f'needs; start from configs/default.py, which has '
+                      f'needs; start from selfattn.training.default_config.'
+                      f'get_config() (configs/default.py), which has '
                       f'every field') from None
 
 

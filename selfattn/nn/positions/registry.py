@@ -143,7 +143,7 @@ def register_position(kind: PositionKind) -> PositionKind:
 
 def option_types() -> dict[str, type]:
   """Every encoding option and its type, from the registry above: the one
-  list that configs/default.py (placeholders) and config validation read."""
+  list that selfattn.training.default_config (placeholders) and config validation read."""
   types: dict[str, type] = {}
   for kind in POSITIONS.values():
     for name, default in kind.options.items():
