@@ -22,6 +22,7 @@ import scipy.stats  # noqa: E402
 from absl import flags  # noqa: E402
 
 from configs import default  # noqa: E402
+from experiments import budget  # noqa: E402
 from experiments import study  # noqa: E402
 from selfattn.errors import ConfigError  # noqa: E402
 
@@ -304,10 +305,15 @@ def write_results(workdir: str, title: str, sections: list[tuple[str, str]],
   Under --quick (or --scale=quick) both say, in the file itself, that they
   are a smoke test. A results.md there under another title is another
   study's and is refused (ConfigError), unless its title starts with
-  `stem`: the fixed part of a title that grows with the study's runs."""
+  `stem`: the fixed part of a title that grows with the study's runs. A
+  last section, "Budget", names the budgets of the finished runs under
+  workdir and how many were still improving (experiments/budget.py)."""
   quick = flags.FLAGS.is_parsed() and (QUICK.value or (
       'scale' in flags.FLAGS and flags.FLAGS['scale'].value == 'quick'))
   banner = (QUICK_BANNER + '\n\n') if quick else ''
+  # Every report names its runs' budgets (experiments/budget.py).
+  budget_of_runs = budget.budget_section(workdir) if os.path.isdir(workdir) else None
+  sections = list(sections) + ([budget_of_runs] if budget_of_runs else [])
   text = (f'# {title}\n\n' + banner
           + '\n\n'.join(f'## {h}\n\n{body}' for h, body in sections) + '\n')
   if quick and isinstance(data, dict):

@@ -1,0 +1,148 @@
+"""What a study's training budget says about its claims: every results.md
+ends with a "Budget" section built here from its runs' summaries.
+
+A comparison of models still improving when their budget ends holds at
+that budget, not necessarily at convergence (EXPERIMENTS.md's rule). So the
+section names each group of runs' budget and says how many were still
+improving at their last evaluation: their mean evaluation loss over the
+trained lengths lower than at the evaluation before, by more than
+IMPROVING. The evaluation
+examples are the same at every evaluation of a run (drawn from its seed), so
+the change is the model's, not the sample's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+
+from selfattn.training import workdir as workdir_lib
+
+# A fall of the loss over the last evaluation interval larger than this
+# (nats per token) counts as still improving: smaller ones are what a
+# converged model's rounding and a decayed learning rate leave.
+IMPROVING = 1e-3
+
+
+def run_summaries(workdir: str) -> dict[str, dict]:
+  """name (relative to workdir) -> summary.json of every finished run under
+  workdir (a run's own subfolders, checkpoints among them, not searched)."""
+  found = {}
+  for root, dirs, files in os.walk(workdir):
+    dirs[:] = sorted(d for d in dirs if not d.startswith('.'))  # .xla_cache
+    if workdir_lib.SUMMARY_FILE in files:
+      found[os.path.relpath(root, workdir)] = workdir_lib.read_json_object(
+          os.path.join(root, workdir_lib.SUMMARY_FILE), 'a run summary')
+      dirs[:] = []
+  return found
+
+
+def trained_range_loss(evaluation: dict[str, dict], train_lengths) -> float | None:
+  """Mean loss over the evaluated lengths inside the trained range (every
+  evaluated length where none is inside it); None without a loss."""
+  lo, hi = train_lengths if train_lengths else (None, None)
+  inside = [m['loss'] for n, m in evaluation.items()
+            if 'loss' in m and lo is not None and lo <= int(n) <= hi]
+  losses = inside or [m['loss'] for m in evaluation.values() if 'loss' in m]
+  return statistics.mean(losses) if losses else None
+
+
+def last_change(summary: dict) -> float | None:
+  """The trained-range loss at the last evaluation minus at the one before
+  (None with fewer than two evaluations); nan when either is not finite."""
+  losses = [trained_range_loss(h['eval'], summary.get('train_lengths'))
+            for h in summary.get('history', []) if h.get('eval')]
+  losses = [x for x in losses if x is not None]
+  if len(losses) < 2:
+    return None
+  before, last = losses[-2], losses[-1]
+  if not (math.isfinite(before) and math.isfinite(last)):
+    return math.nan
+  return last - before
+
+
+def _group_key(summary: dict) -> tuple[int, int, str, int]:
+  train = summary['config']['train']
+  patience = int(train.get('early_stop_patience', 0) or 0)
+  return (int(train['num_steps']), patience,
+          train.get('early_stop_metric', 'loss') if patience else '',
+          int(summary['config']['eval']['every']))
+
+
+def _group_line(key: tuple[int, int, str, int], summaries: list[dict]
+                ) -> tuple[str, int]:
+  """(The line for one budget, how many of its runs were still improving.)"""
+  num_steps, patience, metric, every = key
+  n = len(summaries)
+  runs = f'{n} run{"s" if n != 1 else ""}'
+  if patience:
+    stops = sorted(s['step'] for s in summaries)
+    early = [x for x in stops if x < num_steps]
+    line = (f'{runs} with early stopping on {metric} (patience {patience} '
+            f'evaluations, every {every:,} steps, cap {num_steps:,}): ')
+    if early:
+      stopped = (f'{early[0]:,}' if early[0] == early[-1]
+                 else f'{early[0]:,}-{early[-1]:,}')
+      line += (f'{len(early)} stopped at step {stopped}, after their metric '
+               f'stopped improving')
+    capped = len(stops) - len(early)
+    if capped:
+      line += ('; ' if early else '') + (
+          f'{capped} reached the cap, still improving by their metric')
+    return line + '.', capped
+  head = (f'{runs} of {num_steps:,} steps (the learning-rate schedule\'s '
+          f'length), evaluated every {every:,} steps')
+  changes = [last_change(s) for s in summaries]
+  known = [c for c in changes if c is not None and not math.isnan(c)]
+  diverged = sum(1 for c in changes if c is not None and math.isnan(c))
+  once = n - len(known) - diverged
+  others = ([f'{once} with one evaluation recorded' if once < n
+              else 'evaluated once each'] if once else []) + (
+      [f'{diverged} with a loss that is not finite (diverged)']
+      if diverged else [])
+  if not known:
+    return (f'{head}: {", ".join(others)}, so their summaries do not say '
+            f'whether they were still improving at the end.', 0)
+  falling = sum(1 for c in known if c < -IMPROVING)
+  line = (f'{head}: over the last evaluation interval the loss on the '
+          f'trained lengths fell by more than {IMPROVING} nats in {falling} '
+          f'of {len(known)} (change: median {statistics.median(known):+.2g} '
+          f'nats, from {min(known):+.2g} to {max(known):+.2g})')
+  if others:
+    line += '; ' + '; '.join(others)
+  return line + '.', falling
+
+
+def budget_section(workdir: str) -> tuple[str, str] | None:
+  """("Budget", markdown) for the finished runs under workdir, one line per
+  budget; None when there are none."""
+  groups: dict[tuple, list[dict]] = {}
+  for summary in run_summaries(workdir).values():
+    if 'config' in summary:    # what a run's summary always holds
+      groups.setdefault(_group_key(summary), []).append(summary)
+  if not groups:
+    return None
+  lines, improving = [], 0
+  for key in sorted(groups):
+    line, falling = _group_line(key, groups[key])
+    lines.append(f'- {line}')
+    improving += falling
+  known = any(last_change(s) is not None
+              for key, ss in groups.items() if not key[1] for s in ss)
+  if improving:
+    closing = (f'At least {improving} of these runs were still improving '
+               f'when their budget ended (a lower bound: the schedule had '
+               f'brought the learning rate down over the last interval), so '
+               f'the comparisons above hold at these budgets and may differ at '
+               f'convergence (EXPERIMENTS.md says where convergence was '
+               f'checked).')
+  elif known:
+    closing = ('The comparisons above hold at these budgets: a loss that had '
+               'stopped falling under a decayed learning rate may still fall '
+               'with a longer schedule.')
+  elif any(not key[1] for key in groups):
+    closing = 'The comparisons above hold at these budgets.'
+  else:
+    closing = ''
+  return ('Budget', '\n'.join(lines) + (f'\n\n{closing}' if closing else ''))

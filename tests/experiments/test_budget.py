@@ -1,0 +1,110 @@
+"""Every results.md's "Budget" section (experiments/budget.py), on made-up
+run summaries whose answers are known."""
+
+import json
+import math
+
+from experiments import budget
+from experiments import common
+
+
+def _summary(path, losses, *, num_steps=2000, every=500, patience=0,
+             step=None, lengths=(1, 16)):
+  """A finished run's summary.json: losses[i] maps an evaluated length to
+  its loss at the i-th evaluation."""
+  path.mkdir(parents=True)
+  history = [{'step': every * (i + 1),
+              'eval': {str(n): {'loss': x, 'token_accuracy': 0.5}
+                       for n, x in by_length.items()}}
+             for i, by_length in enumerate(losses)]
+  (path / 'summary.json').write_text(json.dumps({
+      'step': step or num_steps, 'train_lengths': list(lengths),
+      'history': history,
+      'config': {'train': {'num_steps': num_steps,
+                           'early_stop_patience': patience,
+                           'early_stop_metric': 'bleu'},
+                 'eval': {'every': every}}}))
+
+
+def test_the_last_change_is_over_the_trained_lengths_only():
+  summary = {'train_lengths': [1, 16], 'history': [
+      {'eval': {'8': {'loss': 1.0}, '16': {'loss': 3.0}, '64': {'loss': 9.0}}},
+      {'eval': {'8': {'loss': 0.5}, '16': {'loss': 2.5}, '64': {'loss': 20.0}}}]}
+  # Mean over 8 and 16: 2.0, then 1.5; length 64 is beyond the range.
+  assert budget.last_change(summary) == -0.5
+  assert budget.last_change({'train_lengths': [1, 16],
+                             'history': summary['history'][:1]}) is None
+  # No evaluated length inside the range: all of them.
+  assert budget.trained_range_loss({'64': {'loss': 4.0}, '128': {'loss': 6.0}},
+                                   [1, 16]) == 5.0
+  summary['history'][1]['eval']['8']['loss'] = math.nan
+  assert math.isnan(budget.last_change(summary))
+
+
+def test_the_section_counts_runs_still_improving_per_budget(tmp_path):
+  # Three 2,000-step runs: the loss falls by 0.2, by 1e-5 (converged) and
+  # rises by 0.1 over the last interval.
+  for name, last in (('a', 0.8), ('b', 1.0 - 1e-5), ('c', 1.1)):
+    _summary(tmp_path / f'sweep/{name}', [{'8': 2.0}, {'8': 1.0}, {'8': last}])
+  # One 400-step run evaluated once, one that diverged.
+  _summary(tmp_path / 'short', [{'8': 1.0}], num_steps=400, every=200)
+  _summary(tmp_path / 'nan', [{'8': 1.0}, {'8': math.nan}], num_steps=400,
+           every=200)
+  heading, text = budget.budget_section(str(tmp_path))
+  assert heading == 'Budget'
+  lines = text.split('\n')
+  assert lines[0] == (
+      "- 2 runs of 400 steps (the learning-rate schedule's length), evaluated "
+      'every 200 steps: 1 with one evaluation recorded, 1 with a loss that is not finite '
+      '(diverged), so their summaries do not say whether they were still '
+      'improving at the end.')
+  assert lines[1].startswith('- 3 runs of 2,000 steps')
+  assert ('fell by more than 0.001 nats in 1 of 3 (change: median -1e-05 '
+          'nats, from -0.2 to +0.1)') in lines[1]
+  assert 'one evaluation' not in lines[1]
+  assert 'At least 1 of these runs were still improving' in text
+
+
+def test_runs_evaluated_once_are_not_called_converged(tmp_path):
+  _summary(tmp_path / 'a', [{'8': 1.0}], every=2000)
+  _, text = budget.budget_section(str(tmp_path))
+  assert ': evaluated once each, so their summaries do not say' in text
+  assert text.endswith('The comparisons above hold at these budgets.')
+  assert 'may still fall' not in text and 'At least' not in text
+
+
+def test_a_converged_sweep_still_names_its_budget(tmp_path):
+  for name in 'ab':
+    _summary(tmp_path / name, [{'8': 1.0}, {'8': 1.0 - 1e-6}])
+  _, text = budget.budget_section(str(tmp_path))
+  assert 'in 0 of 2' in text
+  assert 'may still fall with a longer schedule' in text
+
+
+def test_early_stopped_runs_name_where_they_stopped(tmp_path):
+  for name, step in (('a', 8000), ('b', 12000)):
+    _summary(tmp_path / name, [{'8': 1.0}, {'8': 0.9}], num_steps=20000,
+             every=1000, patience=2, step=step)
+  _, text = budget.budget_section(str(tmp_path))
+  assert text == ('- 2 runs with early stopping on bleu (patience 2 '
+                  'evaluations, every 1,000 steps, cap 20,000): 2 stopped at '
+                  'step 8,000-12,000, after their metric stopped improving.')
+  # One that ran to the cap never stopped improving by its metric.
+  _summary(tmp_path / 'c', [{'8': 1.0}, {'8': 0.9}], num_steps=20000,
+           every=1000, patience=2, step=20000)
+  _, text = budget.budget_section(str(tmp_path))
+  assert ('2 stopped at step 8,000-12,000, after their metric stopped '
+          'improving; 1 reached the cap, still improving by their metric.'
+          ) in text
+  assert 'At least 1 of these runs were still improving' in text
+
+
+def test_every_report_ends_with_its_budget(tmp_path):
+  _summary(tmp_path / 'run', [{'8': 2.0}, {'8': 1.0}])
+  text = common.write_results(str(tmp_path), 'A study', [('Results', 'x')])
+  assert text.index('## Results') < text.index('## Budget')
+  assert '- 1 run of 2,000 steps' in text
+  assert (tmp_path / 'results.md').read_text() == text
+  # A folder without finished runs (a report of computations) has none.
+  empty = tmp_path / 'empty'
+  assert '## Budget' not in common.write_results(str(empty), 'B', [('R', 'y')])
