@@ -9,7 +9,7 @@ from experiments import common
 
 
 def _summary(path, losses, *, num_steps=2000, every=500, patience=0,
-             step=None, lengths=(1, 16)):
+             step=None, lengths=(1, 16), task='reverse'):
   """A finished run's summary.json: losses[i] maps an evaluated length to
   its loss at the i-th evaluation."""
   path.mkdir(parents=True)
@@ -18,7 +18,7 @@ def _summary(path, losses, *, num_steps=2000, every=500, patience=0,
                        for n, x in by_length.items()}}
              for i, by_length in enumerate(losses)]
   (path / 'summary.json').write_text(json.dumps({
-      'step': step or num_steps, 'train_lengths': list(lengths),
+      'step': step or num_steps, 'train_lengths': list(lengths), 'task': task,
       'history': history,
       'config': {'train': {'num_steps': num_steps,
                            'early_stop_patience': patience,
@@ -108,3 +108,14 @@ def test_every_report_ends_with_its_budget(tmp_path):
   # A folder without finished runs (a report of computations) has none.
   empty = tmp_path / 'empty'
   assert '## Budget' not in common.write_results(str(empty), 'B', [('R', 'y')])
+
+
+def test_music_says_its_loop_measures_the_fit(tmp_path):
+  _summary(tmp_path / 'a', [{'256': 2.0}, {'256': 1.0}], task='jsb_chorales',
+           lengths=(256, 256))
+  _, text = budget.budget_section(str(tmp_path))
+  assert 'in 1 of 1' in text
+  assert 'crops of the training pieces, so this is the fit' in text
+  _summary(tmp_path / 'b', [{'8': 2.0}, {'8': 1.0}])     # a synthetic task
+  _, text = budget.budget_section(str(tmp_path))
+  assert 'training pieces' not in text
