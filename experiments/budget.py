@@ -23,7 +23,8 @@ from selfattn.training import workdir as workdir_lib
 # (nats per token) counts as still improving: smaller ones are what a
 # converged model's rounding and a decayed learning rate leave.
 IMPROVING = 1e-3
-# Tasks whose in-loop evaluation is not on fresh examples: what it measures.
+# Tasks whose in-loop evaluation is not on fresh examples (with their
+# default task.eval_split='train'): what it measures.
 LOOP_EVALUATES = {
     'jsb_chorales': 'the loop evaluates crops of the training pieces, so this '
                     'is the fit still improving (the study scores held-out '
@@ -117,7 +118,9 @@ def _group_line(key: tuple[int, int, str, int], summaries: list[dict]
           f'nats, from {min(known):+.2g} to {max(known):+.2g})')
   if others:
     line += '; ' + '; '.join(others)
-  notes = {LOOP_EVALUATES.get(s.get('task')) for s in summaries}
+  notes = {LOOP_EVALUATES.get(s.get('task'))
+           if s['config']['task'].get('eval_split', 'train') == 'train'
+           else None for s in summaries}
   if len(notes) == 1 and None not in notes:
     line += f'; {notes.pop()}'
   return line + '.', falling

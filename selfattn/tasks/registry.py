@@ -57,10 +57,13 @@ SUITE_NAMES: tuple[str, ...] = tuple(CHOMSKY_TASKS)
 # max_shift = the largest |shift| of `indirect_indexing`, transpose = r of
 # `jsb_chorales` (crops shifted by -r..r semitones; 0: off), crop_align = a
 # of `jsb_chorales` (crops start on a multiple of a time steps: 1 any step,
-# 16 a 4/4 bar of sixteenths).
+# 16 a 4/4 bar of sixteenths), eval_split = which split of `jsb_chorales` the
+# training loop evaluates on (train: crops of the training pieces, a fit
+# measure, as every committed music run did; valid: of the validation
+# pieces, untransposed, a held-out one).
 # selfattn.training.default_config and config validation read this, the one list.
 DEFAULT_OPTIONS = {'shift': 1, 'window': 1, 'max_shift': 15, 'transpose': 0,
-                   'crop_align': 1}
+                   'crop_align': 1, 'eval_split': 'train'}
 
 
 # The options each task registered from outside the package added, so that
@@ -137,7 +140,9 @@ class Task:
 
   sample(key, length, max_length) -> (inputs, targets, weights, valid_len) for
   one example of task length `length` (a traced int), padded to the static
-  sequence length seq_len(max_length).
+  sequence length seq_len(max_length); eval_sample the same for the
+  training loop's evaluation, where the task draws those from elsewhere (a
+  held-out split; None: `sample`'s).
   """
   name: str
   description: str
@@ -152,6 +157,12 @@ class Task:
   sample: Callable
   min_length: int
   spec: TaskSpec
+  eval_sample: Callable | None = None
+
+  @property
+  def evaluation_sample(self) -> Callable:
+    """What the training loop's evaluation draws its examples from."""
+    return self.sample if self.eval_sample is None else self.eval_sample
 
   @property
   def pad(self) -> int:
@@ -316,6 +327,8 @@ def get_task(name: str, vocab_size: int | None = None, *,
          else spec.make_sampler(vocab_size, opts))
   S = spec.input_symbols(vocab_size)
   lay_out = _LAYOUT_BUILDERS[layout]
+  eval_raw = (None if spec.make_eval_sampler is None
+              else spec.make_eval_sampler(vocab_size, opts))
   num_classes = spec.num_classes(vocab_size)
   chance = (spec.chance(vocab_size) if spec.chance is not None
             else 1.0 / num_classes)
@@ -324,7 +337,8 @@ def get_task(name: str, vocab_size: int | None = None, *,
               num_classes=num_classes, classification=spec.classification,
               order_sensitive=spec.order_sensitive, chance=chance,
               sample=lay_out(spec, raw, S), min_length=spec.min_length,
-              spec=spec)
+              spec=spec,
+              eval_sample=None if eval_raw is None else lay_out(spec, eval_raw, S))
 
 
 # --------------------------------------------------------------------------
@@ -427,6 +441,6 @@ def make_eval_batch(task: Task, seed: int, length: int, indices: jax.Array, *,
 def _eval_batch(task: Task, seed: int, length: jax.Array, indices: jax.Array,
                 padded_length: int, max_random_len: int | None) -> Batch:
   keys = example_keys(seed, _EVAL_STREAM, length, indices)
-  batch = Batch(*jax.vmap(lambda k: task.sample(k, length, padded_length))(
+  batch = Batch(*jax.vmap(lambda k: task.evaluation_sample(k, length, padded_length))(
       keys))
   return _with_positions(batch, keys, max_random_len)

@@ -83,6 +83,9 @@ class TaskSpec:
   """
   description: str
   make_sampler: Callable[[int, dict[str, Any]], RawSampler] | None
+  # The examples the training loop evaluates on, where they are not drawn
+  # like training's (a held-out split); None: make_sampler's.
+  make_eval_sampler: Callable[[int, dict[str, Any]], RawSampler] | None = None
   level: str                      # 'selfattn', 'regular', 'dcf' or 'cs'
   classification: bool = False    # one output symbol per example
   aligned: bool = False           # output i belongs to input i (in_place OK)

@@ -37,8 +37,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.task.max_len = 16
   config.task.per_batch_length = False  # True: one length per batch, as the reference does
   # Task options (shift: k of `shift`; window: w of `window_sum`; max_shift:
-  # the largest |shift| of `indirect_indexing`; transpose, crop_align: the
-  # music task's), from selfattn.tasks.DEFAULT_OPTIONS, the one list; a task
+  # the largest |shift| of `indirect_indexing`; transpose, crop_align,
+  # eval_split: the music task's), from selfattn.tasks.DEFAULT_OPTIONS, the one list; a task
   # refuses another's option set away from its default (TaskSpec.options).
   _add_options(config.task, 'task', tasks.DEFAULT_OPTIONS)
 

@@ -9,7 +9,7 @@ from experiments import common
 
 
 def _summary(path, losses, *, num_steps=2000, every=500, patience=0,
-             step=None, lengths=(1, 16), task='reverse'):
+             step=None, lengths=(1, 16), task='reverse', eval_split=None):
   """A finished run's summary.json: losses[i] maps an evaluated length to
   its loss at the i-th evaluation."""
   path.mkdir(parents=True)
@@ -23,7 +23,9 @@ def _summary(path, losses, *, num_steps=2000, every=500, patience=0,
       'config': {'train': {'num_steps': num_steps,
                            'early_stop_patience': patience,
                            'early_stop_metric': 'bleu'},
-                 'eval': {'every': every}}}))
+                 'eval': {'every': every},
+                 # Runs from before the option have none: 'train'.
+                 'task': {} if eval_split is None else {'eval_split': eval_split}}}))
 
 
 def test_the_last_change_is_over_the_trained_lengths_only():
@@ -119,3 +121,9 @@ def test_music_says_its_loop_measures_the_fit(tmp_path):
   _summary(tmp_path / 'b', [{'8': 2.0}, {'8': 1.0}])     # a synthetic task
   _, text = budget.budget_section(str(tmp_path))
   assert 'training pieces' not in text
+  # Evaluated on the validation pieces (task.eval_split='valid'): held out.
+  held_out = tmp_path / 'held_out'
+  _summary(held_out / 'a', [{'256': 2.0}, {'256': 1.0}], task='jsb_chorales',
+           lengths=(256, 256), eval_split='valid')
+  _, text = budget.budget_section(str(held_out))
+  assert 'in 1 of 1' in text and 'training pieces' not in text

@@ -1,5 +1,6 @@
 """The jsb_chorales training task: crops of real pieces, next-token targets."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ from data import REQUIRES_JSB
 from selfattn import tasks
 from selfattn.training import config_checks
 from selfattn.tasks.music import jsb
+from selfattn.tasks.music.task import corpus
 from selfattn.tasks.music.task import training_corpus
 
 pytestmark = REQUIRES_JSB
@@ -120,4 +122,62 @@ def test_config_rejects_a_bad_transposition(tiny_config):
   config_checks.validate_config(config)
   config.task.transpose = 13
   with pytest.raises(config_checks.ConfigError, match='transpose'):
+    config_checks.validate_config(config)
+
+
+def _eval_crops(eval_split, transpose=0, n=24, window=96):
+  """(task, the loop's evaluation batch at length `window`)."""
+  task = tasks.get_task('jsb_chorales', transpose=transpose,
+                        eval_split=eval_split)
+  return task, tasks.make_eval_batch(task, 0, window, jnp.arange(n))
+
+
+def _sequences(split):
+  table, lengths = corpus(split)
+  return [table[i, :n] for i, n in enumerate(lengths)]
+
+
+def test_held_out_evaluation_crops_validation_pieces_untransposed():
+  """eval_split='valid': every evaluation crop is a piece of a validation
+  sequence as it is (no transposition, though training transposes), and
+  the training examples still come from the training split."""
+  task, batch = _eval_crops('valid', transpose=3)
+  valid, train = _sequences('valid'), _sequences('train')
+  found_in_train = 0
+  for x, y, w in zip(np.asarray(batch.inputs), np.asarray(batch.targets),
+                     np.asarray(batch.weights)):
+    n = int(w.sum())
+    crop = np.append(x[:n], y[n - 1])
+    assert _find(crop, valid), 'an evaluation crop not in the validation split'
+    found_in_train += bool(_find(crop, train))
+  assert found_in_train == 0          # 96-token crops: none shared by chance
+  training = tasks.make_batch(task, 0, 0, jnp.arange(8), 96, 96)
+  for x, w in zip(np.asarray(training.inputs), np.asarray(training.weights)):
+    assert not _find(x[:int(w.sum())], valid)
+
+
+def test_the_default_evaluation_is_the_training_crops_as_before():
+  """eval_split='train' (the default, what every committed music run
+  evaluated on): the evaluation batch is the training sampler's examples
+  under the evaluation keys, transposition included."""
+  task, batch = _eval_crops('train', transpose=3)
+  keys = tasks.example_keys(0, tasks.registry._EVAL_STREAM, 96, jnp.arange(24))
+  expected = jax.vmap(lambda k: task.sample(k, 96, 96))(keys)
+  np.testing.assert_array_equal(batch.inputs, expected[0])
+  np.testing.assert_array_equal(batch.targets, expected[1])
+  assert tasks.DEFAULT_OPTIONS['eval_split'] == 'train'
+
+
+def test_config_names_the_evaluation_splits():
+  from configs import music
+  from configs import tiny
+  config = music.get_config('quick')
+  config.task.eval_split = 'test'
+  with pytest.raises(config_checks.ConfigError,
+                     match=r"config.task.eval_split='test' .*valid: train, valid"):
+    config_checks.validate_config(config)
+  config = tiny.get_config()           # reverse: not its option
+  config.task.eval_split = 'valid'
+  with pytest.raises(config_checks.ConfigError,
+                     match='config.task.eval_split.*jsb_chorales'):
     config_checks.validate_config(config)

@@ -361,15 +361,16 @@ def test_random_positions_are_sorted_distinct_in_range_and_reproducible():
 # A value away from each option's default, still valid for the tasks that
 # read it (and at lengths up to 9).
 _OTHER_OPTION_VALUES = {'shift': 2, 'window': 2, 'max_shift': 3,
-                        'transpose': 1, 'crop_align': 2}
+                        'transpose': 1, 'crop_align': 2, 'eval_split': 'valid'}
 
 
 @pytest.mark.parametrize('name', ['reverse', 'shift', 'window_sum',
                                   'indirect_indexing'])
 def test_a_task_reads_the_options_it_declares_and_no_other(name):
   """TaskSpec.options is what config validation lets a config set away from
-  its default: an undeclared option must not change the batches (else a
-  refused config would have meant something), a declared one must."""
+  its default: an undeclared option must not change the training or the
+  evaluation batches (else a refused config would have meant something), a
+  declared one must."""
   spec = tasks.TASKS[name]
   assert set(spec.options) <= set(tasks.DEFAULT_OPTIONS)
   assert set(_OTHER_OPTION_VALUES) == set(tasks.DEFAULT_OPTIONS)
@@ -377,12 +378,13 @@ def test_a_task_reads_the_options_it_declares_and_no_other(name):
   def batch(**opts):
     task = tasks.get_task(name, **opts)
     lo = max(task.min_length, 3)
-    return tasks.make_batch(task, 0, jnp.int32(5), jnp.arange(8), lo, 9)
+    return (tasks.make_batch(task, 0, jnp.int32(5), jnp.arange(8), lo, 9)[:4]
+            + tasks.make_eval_batch(task, 0, 9, jnp.arange(8))[:4])
 
   base = batch()
   for option, value in _OTHER_OPTION_VALUES.items():
     other = batch(**{option: value})
-    same = all(np.array_equal(x, y) for x, y in zip(base[:4], other[:4]))
+    same = all(np.array_equal(x, y) for x, y in zip(base, other))
     assert same == (option not in spec.options), option
 
 

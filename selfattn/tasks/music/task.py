@@ -22,8 +22,11 @@ the crop on the keyboard.
 
 The model attends causally (TaskSpec.language_model) and predicts the next
 token at every position. The training loop's periodic evaluation draws
-crops of the *training* pieces (a fit metric); validation and test NLL over
-whole pieces come from experiments/music.py.
+crops of the *training* pieces by default (a fit metric, as every committed
+music run did), transposed like training's; option `eval_split='valid'`
+draws them from the validation pieces instead, untransposed (held out: what
+early stopping and a TensorBoard comparison of encodings want).
+Validation and test NLL over whole pieces come from experiments/music.py.
 """
 
 from __future__ import annotations
@@ -39,12 +42,21 @@ from selfattn.tasks.spec import Example
 from selfattn.tasks.spec import TaskSpec
 
 
-@functools.lru_cache(maxsize=4)
+EVAL_SPLITS = ('train', 'valid')
+
+
 def training_corpus(data_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
   """(pieces (N, longest) int32 of [START] + tokens padded with PAD, lengths
   (N,) of each sequence): the training split, read once per process."""
+  return corpus('train', data_dir)
+
+
+@functools.lru_cache(maxsize=8)
+def corpus(split: str, data_dir: str | None = None
+           ) -> tuple[np.ndarray, np.ndarray]:
+  """training_corpus's arrays for any split of jsb.SPLITS."""
   pieces = [np.concatenate([[jsb.START], jsb.serialize(g)]).astype(np.int32)
-            for g in jsb.load(data_dir)['train']]
+            for g in jsb.load(data_dir)[split]]
   longest = max(len(p) for p in pieces)
   table = np.full((len(pieces), longest), jsb.PAD, np.int32)
   for i, p in enumerate(pieces):
@@ -52,12 +64,15 @@ def training_corpus(data_dir: str | None = None) -> tuple[np.ndarray, np.ndarray
   return table, np.array([len(p) for p in pieces], np.int32)
 
 
-def _make_sampler(V: int, options: dict):
+def _make_sampler(V: int, options: dict, split: str = 'train',
+                  transpose: bool = True):
+  """Crops of `split`'s pieces, each piece drawn in proportion to its
+  length; shifted by up to `transpose` semitones when `transpose`."""
   del V
-  table, lengths = training_corpus()
+  table, lengths = (training_corpus() if split == 'train' else corpus(split))
   table, lengths = jnp.asarray(table), jnp.asarray(lengths)
   log_weight = jnp.log(lengths.astype(jnp.float32))
-  r = int(options.get('transpose', 0))
+  r = int(options.get('transpose', 0)) if transpose else 0
   stride = jsb.NUM_VOICES * int(options.get('crop_align', 1))  # tokens
   pitches = jsb.NUM_PITCHES
 
@@ -87,11 +102,24 @@ def _make_sampler(V: int, options: dict):
   return sample
 
 
+def _make_eval_sampler(V: int, options: dict):
+  """The loop's evaluation examples: training's crops (eval_split='train',
+  the same sampler, as before the option existed) or untransposed crops of
+  the validation pieces."""
+  if options.get('eval_split', 'train') == 'train':
+    return _make_sampler(V, options)
+  return _make_sampler(V, options, split=options['eval_split'],
+                       transpose=False)
+
+
 def _options_problem(options: dict, max_len: int) -> str | None:
   del max_len
   if not 0 <= options['transpose'] <= 12:
     return (f'config.task.transpose must be between 0 and 12 semitones; got '
             f'{options["transpose"]}')
+  if options['eval_split'] not in EVAL_SPLITS:
+    return (f'config.task.eval_split={options["eval_split"]!r} is not a split '
+            f'the loop can evaluate on; valid: {", ".join(EVAL_SPLITS)}')
   return None
 
 
@@ -100,10 +128,11 @@ JSB_TASKS: dict[str, TaskSpec] = {
         description='next token of JSB Chorales (SATB, 16th notes, the Music '
                     'Transformer serialization), random crops of the training '
                     'split',
-        make_sampler=_make_sampler, level='music', aligned=True,
+        make_sampler=_make_sampler, make_eval_sampler=_make_eval_sampler,
+        level='music', aligned=True,
         language_model=True, fixed_vocab=jsb.NUM_TARGETS,
         input_symbols=lambda V: V + 1,        # + START; PAD is input_symbols
         num_classes=lambda V: V, min_length=4,
         options_problem=_options_problem,
-        options=('transpose', 'crop_align')),
+        options=('transpose', 'crop_align', 'eval_split')),
 }
