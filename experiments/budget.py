@@ -87,7 +87,8 @@ def _group_line(key: tuple[int, int, str, int], summaries: list[dict]
     stops = sorted(s['step'] for s in summaries)
     early = [x for x in stops if x < num_steps]
     line = (f'{runs} with early stopping on {metric} (patience {patience} '
-            f'evaluations, every {every:,} steps, cap {num_steps:,}): ')
+            f'evaluation{"s" if patience != 1 else ""}, every {every:,} '
+            f'steps, cap {num_steps:,}): ')
     if early:
       stopped = (f'{early[0]:,}' if early[0] == early[-1]
                  else f'{early[0]:,}-{early[-1]:,}')

@@ -95,15 +95,19 @@ def sequences(grids: list[np.ndarray]) -> list[np.ndarray]:
           for g in grids]
 
 
-def evaluate_run(run: study.Run, path: str, data: dict) -> dict:
-  """The run's music.json: NLLs, NLL by position, samples (computed once)."""
+def evaluate_run(run: study.Run, path: str, data: dict,
+                 step: int | None = None) -> dict:
+  """The run's music.json: NLLs, NLL by position, samples (computed once),
+  of its last checkpoint or, given `step`, of that one (recorded as
+  'selected_step')."""
   target = os.path.join(path, 'music.json')
   if os.path.exists(target):
     return workdir_lib.read_json_object(
         target, "the run's music scores; delete it to rescore")
   window = run.config.task.max_len
-  model = common.trained_model(run.config, path)
-  result = {}
+  model = common.trained_model(run.config, path, step)
+  result = {} if step is None else {'selected_step': step}
+  at_step = run.config.train.num_steps if step is None else step
   for split in ('valid', 'test'):
     total, count = lm_eval.score(model, sequences(data[split]), window)
     result[f'{split}_nll'] = total / count
@@ -123,10 +127,8 @@ def evaluate_run(run: study.Run, path: str, data: dict) -> dict:
   from tensorboardX import SummaryWriter
   writer = SummaryWriter(logdir=path)
   for split in ('valid', 'test'):
-    writer.add_scalar(f'music/{split}_nll', result[f'{split}_nll'],
-                      run.config.train.num_steps)
-  music_samples.save(grids, os.path.join(path, 'samples'), writer,
-                     run.config.train.num_steps,
+    writer.add_scalar(f'music/{split}_nll', result[f'{split}_nll'], at_step)
+  music_samples.save(grids, os.path.join(path, 'samples'), writer, at_step,
                      label=run.tags.get('position', run.config.model.position),
                      seed=run.config.seed)
   writer.close()

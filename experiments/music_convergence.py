@@ -1,0 +1,279 @@
+"""Does the music study's relative lead hold when the models train until a
+held-out loss stops improving? (EXPERIMENTS.md section 6 measured it at
+1,000 steps, with every run still improving.)
+
+  python -m experiments.music_convergence \
+      --workdir=experiments/results/music_convergence
+  python -m experiments.music_convergence --workdir=... --quick
+
+The music study's first-pass protocol (configs/music.py:cpu without the
+meter, experiments/music.ENCODINGS; whole-piece validation and test NLL
+and samples by experiments/music.evaluate_run), except the budget:
+  * the cosine schedule is built for CAP_STEPS, the cap;
+  * the loop evaluates EVAL_EXAMPLES crops of the *validation* pieces
+    (task.eval_split='valid', untransposed) every EVAL_EVERY steps, each
+    step a kept checkpoint, and training stops after PATIENCE evaluations
+    in a row without a new lowest loss (config.train.early_stop_patience);
+  * the checkpoint with the lowest of those losses is scored.
+Encodings: shaw and sinusoidal, the section's comparison, at seeds 0-2
+(seed-major: a study stopped part way has pairs), then rope and learned at
+the same seeds where the budget allows (the other relative and absolute
+encoding of the section's headline).
+
+Each run is reported beside the same seed's run of the 1,000-step study
+(--short_dir, its committed music.json), paired by seed.
+
+Sized before it ran (2026-11-30, this 2-core CPU): the 1,000-step runs
+trained in a median 220 s, so a run costs about 4 minutes per 1,000 steps
+plus its evaluations and scoring: about 35 minutes at the cap, the ten
+runs at most about 6 hours. Resumable like every study.
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import app
+from absl import flags
+
+from configs import music as music_config
+from experiments import common
+from experiments import music as music_study
+from experiments import skeleton
+from experiments import study
+from selfattn.tasks.music import jsb
+from selfattn.training import early_stopping
+from selfattn.training import workdir as workdir_lib
+
+SHORT_DIR = flags.DEFINE_string(
+    'short_dir', 'experiments/results/music',
+    "The 1,000-step study's workdir, whose runs of the same seeds are the "
+    'short budget.')
+
+CAP_STEPS = 8_000
+EVAL_EVERY = 500
+EVAL_EXAMPLES = 256
+PATIENCE = 3
+SEEDS = 3
+CORE = ('shaw', 'sinusoidal')
+MORE = ('rope', 'learned')
+ENCODINGS = CORE + MORE
+RELATIVE, ABSOLUTE = ('shaw', 'rope'), ('sinusoidal', 'learned')
+QUICK = {'cap': 40, 'every': 10, 'patience': 1}
+
+
+def study_runs(scale: str, seeds: int, labels) -> list[study.Run]:
+  """Seed-major runs of `labels` with the convergence budget."""
+  base = music_config.get_config(scale)
+  cap, every, patience = ((QUICK['cap'], QUICK['every'], QUICK['patience'])
+                          if scale == 'quick' else
+                          (CAP_STEPS, EVAL_EVERY, PATIENCE))
+  t = base.train
+  t.num_steps = cap
+  t.checkpoint_every = base.eval.every = every
+  t.keep_checkpoints = cap // every          # every evaluated step
+  t.early_stop_patience = patience
+  t.early_stop_metric = 'loss'
+  base.task.eval_split = 'valid'
+  if scale != 'quick':
+    base.eval.num_examples = EVAL_EXAMPLES
+  return common.encoding_runs(base, seeds, labels, music_study.ENCODINGS)
+
+
+def held_out_curve(path: str) -> dict[int, float]:
+  """step -> the loop's loss on validation crops (the early-stopping
+  record, written at every evaluation)."""
+  return {e['step']: e['value'] for e in early_stopping.read_record(path)}
+
+
+def chosen_step(path: str) -> int:
+  """The evaluated step with the lowest validation-crop loss (the earlier
+  of a tie)."""
+  curve = held_out_curve(path)
+  if not curve:
+    raise FileNotFoundError(f'no early-stopping record in {path}')
+  return min(curve, key=lambda s: (curve[s], s))
+
+
+def short_budget(short_dir: str, label: str, seed: int) -> dict | None:
+  """The 1,000-step study's music.json for (label, seed), or None."""
+  path = os.path.join(short_dir,
+                      f'position={label.replace(" ", "")},seed={seed}',
+                      'music.json')
+  if not os.path.exists(path):
+    return None
+  return workdir_lib.read_json_object(path, "a 1,000-step run's scores")
+
+
+def _summary_step(workdir: str, name: str) -> int:
+  return workdir_lib.read_json_object(
+      os.path.join(workdir, name, workdir_lib.SUMMARY_FILE),
+      'a run summary')['step']
+
+
+def report(workdir: str, runs: list[study.Run], results: dict,
+           short_dir: str) -> str:
+  """results.md, results.json and the curves' plot."""
+  labels = [l for l in ENCODINGS if any(r.tags['position'] == l for r in runs)]
+  long_by: dict[str, dict[int, dict]] = {}
+  for name, r in results.items():
+    r = {**r, 'stopped_at': _summary_step(workdir, name)}
+    long_by.setdefault(r['label'], {})[r['seed']] = r
+  short_by = {label: {seed: s for seed in long_by.get(label, {})
+                      if (s := short_budget(short_dir, label, seed))}
+              for label in labels}
+  budgets = (('1,000 steps', short_by), ('to convergence', long_by))
+
+  rows = []
+  for label in labels:
+    for budget, by_seed in budgets:
+      if not by_seed.get(label):
+        continue
+      rs = list(by_seed[label].values())
+      converged = budget == 'to convergence'
+      rows.append([
+          label, budget,
+          ', '.join(str(r['stopped_at']) if converged else '1000'
+                    for r in rs),
+          ', '.join(str(r['selected_step']) if converged else '1000'
+                    for r in rs),
+          common.mean_std([r['valid_nll'] for r in rs]),
+          common.mean_std([r['test_nll'] for r in rs]), len(rs)])
+  table = common.markdown_table(
+      ['encoding', 'budget', 'stopped at (per seed)', 'scored step',
+       'valid NLL (nats/token)', 'test NLL', 'runs'], rows)
+
+  lines = []
+  for split in ('valid', 'test'):
+    values = {budget: {label: {s: r[f'{split}_nll']
+                               for s, r in by.get(label, {}).items()}
+                       for label in labels}
+              for budget, by in budgets}
+    change = {label: {s: v - values['1,000 steps'][label][s]
+                      for s, v in values['to convergence'][label].items()
+                      if s in values['1,000 steps'][label]}
+              for label in labels}
+    comparisons = [(('shaw',), ('sinusoidal',), 'shaw minus sinusoidal')]
+    if all(long_by.get(label) for label in ENCODINGS):
+      comparisons.append((RELATIVE, ABSOLUTE,
+                          'mean of shaw, rope minus mean of sinusoidal, '
+                          'learned'))
+    for a, b, name in comparisons:
+      for budget, _ in budgets:
+        lines.append(common.paired_by_seed(
+            values[budget], a, b, f'{split} NLL, {budget}: {name}',
+            unit='nats'))
+      lines.append(common.paired_by_seed(
+          change, a, b,
+          f'{split} NLL: {name}, to convergence minus at 1,000 steps',
+          unit='nats'))
+  plot = os.path.join(workdir, 'valid_loss_by_step.png')
+  plotted = plot_curves(workdir, results, plot)
+  # The budget as the runs were configured (--quick shrinks it).
+  t = runs[0].config.train
+  cap, every, patience = t.num_steps, runs[0].config.eval.every, t.early_stop_patience
+  examples = runs[0].config.eval.num_examples
+
+  body = [
+      ('Protocol', f"The music study's first-pass protocol with a longer "
+       f'budget: cosine schedule built for {cap:,} steps (the cap), '
+       f'the loop\'s loss on {examples} crops of the validation pieces '
+       f'every {every:,} steps, training stopped after {patience} '
+       f'evaluation(s) in a row without a new lowest; the checkpoint with the '
+       f'lowest is scored on whole validation and test pieces (NLL per '
+       f'token, experiments/music.evaluate_run). The 1,000-step rows are the '
+       f'same seeds of {short_dir}. Negative differences favour the first '
+       f'encoding (lower NLL). Intervals: 95% t-intervals across seeds, the '
+       f'unit of replication.'),
+      ('Scores (mean ± std over seeds)', table),
+      ('Paired by seed', '\n'.join(f'- {line}' for line in lines)),
+  ]
+  if plotted:
+    body.append(('Validation-crop loss by step',
+                 '![validation-crop loss by step](valid_loss_by_step.png)'))
+  json_out = {name: {k: r[k] for k in ('label', 'seed', 'selected_step',
+                                       'valid_nll', 'test_nll')}
+              | {'stopped_at': _summary_step(workdir, name),
+                 'valid_crop_loss': {str(k): v for k, v in held_out_curve(
+                     os.path.join(workdir, name)).items()}}
+              for name, r in results.items()}
+  title = 'Music to convergence: shaw against sinusoidal'
+  shown = title + (', and rope and learned'
+                   if any(long_by.get(label) for label in MORE) else '')
+  return common.write_results(workdir, shown, body, json_out, stem=title)
+
+
+def plot_curves(workdir: str, results: dict, path: str) -> bool:
+  """The loop's validation-crop loss by step, one line per run, one colour
+  per encoding, the scored step marked."""
+  if not results:
+    return False
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(7, 4.2))
+  colors = dict(zip(ENCODINGS, ('C0', 'C1', 'C2', 'C3')))
+  for name, r in sorted(results.items()):
+    curve = held_out_curve(os.path.join(workdir, name))
+    steps = sorted(curve)
+    ax.plot(steps, [curve[s] for s in steps], color=colors[r['label']],
+            marker='.', label=r['label'] if r['seed'] == 0 else None)
+    best = r['selected_step']
+    if best in curve:
+      ax.plot([best], [curve[best]], color=colors[r['label']], marker='*',
+              markersize=10)
+  ax.set_xlabel('training step')
+  ax.set_ylabel('loss on validation crops (nats/token)')
+  ax.set_title('JSB Chorales: one line per seed, * the scored checkpoint')
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
+class MusicConvergence(skeleton.Study):
+  """--scale: cpu (the CPU study) or quick."""
+  scales = ('cpu', 'quick')
+  default_scale = 'cpu'
+  default_seeds = SEEDS
+
+  def filter_values(self):
+    return {'position': ENCODINGS}
+
+  def prepare(self, scale):
+    try:
+      return {'data': jsb.load()}
+    except jsb.DataError as e:
+      raise skeleton.StudyError(str(e)) from None
+
+  def runs(self, scale, seeds, context):
+    # The core pair at every seed first (a sitting may stop anywhere: the
+    # pairs come first), then the other two.
+    runs = study_runs(scale, seeds, CORE)
+    if scale != 'quick':
+      runs += study_runs(scale, seeds, MORE)
+    return runs
+
+  def _evaluate(self, run, path, context):
+    return music_study.evaluate_run(run, path, context['data'],
+                                    step=chosen_step(path))
+
+  def score(self, run, path, context):
+    self._evaluate(run, path, context)
+
+  def results(self, runs, workdir, context, *, score_missing):
+    return skeleton.scored_results(
+        runs, workdir, 'music.json',
+        lambda run, path: self._evaluate(run, path, context),
+        score_missing=score_missing)
+
+  def report(self, workdir, runs, results, scale, context):
+    return report(workdir, runs, results, SHORT_DIR.value)
+
+
+STUDY = MusicConvergence()
+
+if __name__ == '__main__':
+  app.run(skeleton.main(STUDY))

@@ -1,0 +1,107 @@
+"""The music convergence check: its plan, its choice of checkpoint and its
+report, on made-up scores whose paired differences are known."""
+
+import json
+import os
+
+from data import REQUIRES_JSB
+from experiments import music as music_study
+from experiments import music_convergence as convergence
+from experiments import study
+from selfattn.training import early_stopping
+from selfattn.training import workdir as workdir_lib
+from selfattn.training.config_checks import validate_config
+
+
+def test_the_plan_is_the_first_pass_protocol_with_a_held_out_stop():
+  runs = convergence.MusicConvergence().runs('cpu', 3, None)
+  # The core pair at every seed first, then rope and learned.
+  assert [r.name for r in runs[:6]] == [
+      f'position={p},seed={s}' for s in range(3) for p in ('shaw', 'sinusoidal')]
+  assert {r.tags['position'] for r in runs[6:]} == {'rope', 'learned'}
+  short = {r.name: r.config for r in music_study.study_runs(
+      'cpu', 3, convergence.ENCODINGS)}
+  for run in runs:
+    t, e = run.config.train, run.config.eval
+    assert t.num_steps == convergence.CAP_STEPS
+    assert (t.early_stop_patience, t.early_stop_metric) == (
+        convergence.PATIENCE, 'loss')
+    assert t.checkpoint_every == e.every == convergence.EVAL_EVERY
+    assert t.keep_checkpoints * e.every == t.num_steps      # every one kept
+    # The loop evaluates held-out crops, the stop's measure.
+    assert run.config.task.eval_split == 'valid'
+    assert e.num_examples == convergence.EVAL_EXAMPLES
+    # Everything else is the 1,000-step study's run of the same name (its
+    # first pass: no meter, crops on any step).
+    same = short[run.name]
+    assert run.config.model.to_dict() == same.model.to_dict()
+    assert run.config.model.meter_period == 0
+    assert run.config.task.to_dict() == {**same.task.to_dict(),
+                                         'eval_split': 'valid'}
+    for field in ('learning_rate', 'warmup_steps', 'schedule', 'batch_size',
+                  'final_lr_fraction', 'b2', 'weight_decay'):
+      assert t[field] == same.train[field]
+
+
+@REQUIRES_JSB
+def test_every_planned_run_passes_validation():
+  """What a run checks before it trains, for each distinct config of the
+  plan (the validation crops' option included)."""
+  runs = convergence.MusicConvergence().runs('cpu', 1, None)
+  for run in study.distinct_but_seed(runs):
+    validate_config(run.config, num_devices=1)
+
+
+def _record(path, curve, stopped_at):
+  os.makedirs(path)
+  workdir_lib.write_json(os.path.join(path, 'summary.json'),
+                         {'step': stopped_at})
+  workdir_lib.write_json(
+      os.path.join(path, early_stopping.EARLY_STOP_FILE),
+      {'metric': 'loss', 'patience': 3, 'evaluations': [
+          {'step': s, 'length': 256, 'value': v} for s, v in curve.items()]})
+
+
+def test_the_scored_checkpoint_has_the_lowest_held_out_loss(tmp_path):
+  _record(tmp_path / 'a', {500: 0.9, 1000: 0.7, 1500: 0.65, 2000: 0.65,
+                           2500: 0.66}, 2500)
+  assert convergence.chosen_step(str(tmp_path / 'a')) == 1500  # earlier tie
+
+
+def test_the_report_pairs_the_lead_at_both_budgets_by_seed(tmp_path):
+  # seed -> label -> (1,000-step test NLL, converged test NLL); valid NLL
+  # is the test NLL - 0.02 in every run.
+  made_up = {0: {'shaw': (0.60, 0.55), 'sinusoidal': (0.78, 0.58)},
+             1: {'shaw': (0.61, 0.56), 'sinusoidal': (0.77, 0.60)},
+             2: {'shaw': (0.59, 0.54), 'sinusoidal': (0.79, 0.55)}}
+  short_dir, workdir = tmp_path / 'short', tmp_path / 'long'
+  runs = convergence.study_runs('quick', 3, convergence.CORE)
+  results = {}
+  for run in runs:
+    label, seed = run.tags['position'], run.tags['seed']
+    short, long = made_up[seed][label]
+    os.makedirs(short_dir / run.name)
+    (short_dir / run.name / 'music.json').write_text(json.dumps(
+        {'valid_nll': short - 0.02, 'test_nll': short}))
+    _record(workdir / run.name, {10: long + 0.1, 20: long, 30: long + 0.01,
+                                 40: long + 0.02}, 40)
+    results[run.name] = {'valid_nll': long - 0.02, 'test_nll': long,
+                         'selected_step': 20, 'label': label, 'seed': seed}
+  text = convergence.report(str(workdir), runs, results, str(short_dir))
+  # Per seed, shaw minus sinusoidal: at 1,000 steps -0.18, -0.16, -0.20;
+  # converged -0.03, -0.04, -0.01; the change +0.15, +0.12, +0.19.
+  assert ('test NLL, 1,000 steps: shaw minus sinusoidal: -0.1800 nats over '
+          '3 seeds') in text
+  assert ('test NLL, to convergence: shaw minus sinusoidal: -0.0267 nats '
+          'over 3 seeds') in text
+  assert ('test NLL: shaw minus sinusoidal, to convergence minus at 1,000 '
+          'steps: +0.1533 nats over 3 seeds') in text
+  assert 'per seed +0.1500, +0.1200, +0.1900' in text
+  assert 'valid NLL, to convergence: shaw minus sinusoidal: -0.0267' in text
+  assert '| shaw | to convergence | 40, 40, 40 | 20, 20, 20 |' in text
+  assert 'cosine schedule built for 40 steps' in text       # the runs' own
+  assert 'mean of shaw, rope' not in text        # no rope or learned runs
+  assert (workdir / 'valid_loss_by_step.png').exists()
+  stored = json.loads((workdir / 'results.json').read_text())
+  assert stored['position=shaw,seed=1']['valid_crop_loss']['20'] == 0.56
+  assert stored['position=shaw,seed=1']['stopped_at'] == 40
