@@ -34,21 +34,18 @@ from __future__ import annotations
 import os
 
 from absl import app
-from absl import flags
 
 from configs import music as music_config
 from experiments import common
+from experiments import convergence
 from experiments import music as music_study
 from experiments import skeleton
 from experiments import study
 from selfattn.tasks.music import jsb
-from selfattn.training import early_stopping
-from selfattn.training import workdir as workdir_lib
 
-SHORT_DIR = flags.DEFINE_string(
-    'short_dir', 'experiments/results/music',
-    "The 1,000-step study's workdir, whose runs of the same seeds are the "
-    'short budget.')
+# The 1,000-step study, whose runs of the same seeds are the short budget
+# (--short_dir replaces it).
+SHORT_DIR = 'experiments/results/music'
 
 CAP_STEPS = 8_000
 EVAL_EVERY = 500
@@ -59,31 +56,21 @@ CORE = ('shaw', 'sinusoidal')
 MORE = ('rope', 'learned')
 ENCODINGS = CORE + MORE
 RELATIVE, ABSOLUTE = ('shaw', 'rope'), ('sinusoidal', 'learned')
-QUICK = {'cap': 40, 'every': 10, 'patience': 1}
 
 
 def study_runs(scale: str, seeds: int, labels) -> list[study.Run]:
   """Seed-major runs of `labels` with the convergence budget."""
-  base = music_config.get_config(scale)
-  cap, every, patience = ((QUICK['cap'], QUICK['every'], QUICK['patience'])
-                          if scale == 'quick' else
-                          (CAP_STEPS, EVAL_EVERY, PATIENCE))
-  t = base.train
-  t.num_steps = cap
-  t.checkpoint_every = base.eval.every = every
-  t.keep_checkpoints = cap // every          # every evaluated step
-  t.early_stop_patience = patience
-  t.early_stop_metric = 'loss'
+  base = convergence.with_budget(
+      music_config.get_config(scale), scale, cap=CAP_STEPS, every=EVAL_EVERY,
+      patience=PATIENCE, metric='loss')
   base.task.eval_split = 'valid'
   if scale != 'quick':
     base.eval.num_examples = EVAL_EXAMPLES
   return common.encoding_runs(base, seeds, labels, music_study.ENCODINGS)
 
 
-def held_out_curve(path: str) -> dict[int, float]:
-  """step -> the loop's loss on validation crops (the early-stopping
-  record, written at every evaluation)."""
-  return {e['step']: e['value'] for e in early_stopping.read_record(path)}
+# step -> the loop's loss on validation crops (the early-stopping record).
+held_out_curve = convergence.record_curve
 
 
 def chosen_step(path: str) -> int:
@@ -97,18 +84,11 @@ def chosen_step(path: str) -> int:
 
 def short_budget(short_dir: str, label: str, seed: int) -> dict | None:
   """The 1,000-step study's music.json for (label, seed), or None."""
-  path = os.path.join(short_dir,
-                      f'position={label.replace(" ", "")},seed={seed}',
-                      'music.json')
-  if not os.path.exists(path):
-    return None
-  return workdir_lib.read_json_object(path, "a 1,000-step run's scores")
+  return convergence.same_seed_result(short_dir, label, seed, 'music.json',
+                                      "a 1,000-step run's scores")
 
 
-def _summary_step(workdir: str, name: str) -> int:
-  return workdir_lib.read_json_object(
-      os.path.join(workdir, name, workdir_lib.SUMMARY_FILE),
-      'a run summary')['step']
+_summary_step = convergence.stopped_at
 
 
 def report(workdir: str, runs: list[study.Run], results: dict,
@@ -270,7 +250,7 @@ class MusicConvergence(skeleton.Study):
         score_missing=score_missing)
 
   def report(self, workdir, runs, results, scale, context):
-    return report(workdir, runs, results, SHORT_DIR.value)
+    return report(workdir, runs, results, convergence.short_dir(SHORT_DIR))
 
 
 STUDY = MusicConvergence()

@@ -38,20 +38,17 @@ from __future__ import annotations
 import os
 
 from absl import app
-from absl import flags
 
 from configs import translation as translation_config
 from experiments import common
+from experiments import convergence
 from experiments import skeleton
 from experiments import study
 from experiments import translation as translation_study
-from selfattn.training import early_stopping
-from selfattn.training import workdir as workdir_lib
 
-SHORT_DIR = flags.DEFINE_string(
-    'short_dir', 'experiments/results/translation',
-    "The 3,000-step study's workdir, whose runs of the same seeds are the "
-    'short budget.')
+# The 3,000-step study, whose runs of the same seeds are the short budget
+# (--short_dir replaces it).
+SHORT_DIR = 'experiments/results/translation'
 
 CAP_STEPS = 20_000
 EVAL_EVERY = 1_000
@@ -66,45 +63,30 @@ SHORT_RELATIVE = ('shaw +short', 'rope +short')
 LABELS = ENCODINGS + SHORT_LABELS
 SHORT_MAX_LEN = translation_study.SHORT_MAX_LEN
 MAIN_TEST = translation_study.MAIN_TEST
-QUICK = {'cap': 40, 'every': 10, 'patience': 1}
 
 
 def study_runs(scale: str, seeds: int, labels) -> list[study.Run]:
   """Seed-major runs of `labels` with the convergence budget."""
-  base = translation_config.get_config(scale)
-  cap, every, patience = ((QUICK['cap'], QUICK['every'], QUICK['patience'])
-                          if scale == 'quick' else
-                          (CAP_STEPS, EVAL_EVERY, PATIENCE))
-  t = base.train
-  t.num_steps = cap
-  t.checkpoint_every = base.eval.every = every
-  t.keep_checkpoints = cap // every          # every evaluated step
-  t.early_stop_patience = patience
-  t.early_stop_metric = 'bleu'
+  base = convergence.with_budget(
+      translation_config.get_config(scale), scale, cap=CAP_STEPS,
+      every=EVAL_EVERY, patience=PATIENCE, metric='bleu')
   return common.encoding_runs(base, seeds, labels,
                               translation_study.ENCODINGS)
 
 
-def greedy_curve(path: str) -> dict[int, float]:
-  """step -> greedy validation BLEU of a convergence run (its early-stopping
-  record, written at every evaluation)."""
-  return {e['step']: e['value'] for e in early_stopping.read_record(path)}
+# step -> greedy validation BLEU of a convergence run (its early-stopping
+# record).
+greedy_curve = convergence.record_curve
 
 
 def short_budget(short_dir: str, label: str, seed: int) -> dict | None:
   """The 3,000-step study's translation.json for (label, seed), or None."""
-  path = os.path.join(short_dir,
-                      f'position={label.replace(" ", "")},seed={seed}',
-                      translation_study.RESULT_FILE)
-  if not os.path.exists(path):
-    return None
-  return workdir_lib.read_json_object(path, 'a 3,000-step run\'s scores')
+  return convergence.same_seed_result(short_dir, label, seed,
+                                      translation_study.RESULT_FILE,
+                                      "a 3,000-step run's scores")
 
 
-def _summary_step(workdir: str, name: str) -> int:
-  summary = workdir_lib.read_json_object(
-      os.path.join(workdir, name, workdir_lib.SUMMARY_FILE), 'a run summary')
-  return summary['step']
+_summary_step = convergence.stopped_at
 
 
 def report(workdir: str, runs: list[study.Run], results: dict,
@@ -339,7 +321,7 @@ class Convergence(skeleton.Study):
         score_missing=score_missing)
 
   def report(self, workdir, runs, results, scale, context):
-    return report(workdir, runs, results, SHORT_DIR.value)
+    return report(workdir, runs, results, convergence.short_dir(SHORT_DIR))
 
 
 STUDY = Convergence()

@@ -1,0 +1,69 @@
+"""What the convergence studies share (translation_convergence.py,
+music_convergence.py): a study's protocol with its budget replaced by
+early stopping, and the same seeds' runs of the fixed-budget study beside
+them."""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+from absl import flags
+
+from selfattn.training import early_stopping
+from selfattn.training import workdir as workdir_lib
+
+# --scale=quick: a smoke test of the whole path.
+QUICK = {'cap': 40, 'every': 10, 'patience': 1}
+# One flag for both drivers (absl refuses a flag defined twice in a process).
+SHORT_DIR = flags.DEFINE_string(
+    'short_dir', None,
+    "The fixed-budget study's workdir, whose runs of the same seeds are the "
+    "short budget (default: that study's committed results folder).")
+
+
+def short_dir(default: str) -> str:
+  """--short_dir, or the driver's default."""
+  return SHORT_DIR.value or default
+
+
+def with_budget(config: ml_collections.ConfigDict, scale: str, *, cap: int,
+                every: int, patience: int, metric: str
+                ) -> ml_collections.ConfigDict:
+  """`config` (in place) with the schedule built for `cap` steps, an
+  evaluation and a kept checkpoint every `every` steps, and training
+  stopped after `patience` evaluations in a row without a new best
+  `metric`; QUICK's numbers under --scale=quick."""
+  if scale == 'quick':
+    cap, every, patience = QUICK['cap'], QUICK['every'], QUICK['patience']
+  t = config.train
+  t.num_steps = cap
+  t.checkpoint_every = config.eval.every = every
+  t.keep_checkpoints = cap // every          # every evaluated step
+  t.early_stop_patience = patience
+  t.early_stop_metric = metric
+  return config
+
+
+def record_curve(path: str) -> dict[int, float]:
+  """step -> the early-stopping metric of a run in `path` (its record,
+  written at every evaluation)."""
+  return {e['step']: e['value'] for e in early_stopping.read_record(path)}
+
+
+def same_seed_result(short_dir: str, label: str, seed: int, result_file: str,
+                     what: str) -> dict | None:
+  """The fixed-budget study's `result_file` for (label, seed), or None."""
+  path = os.path.join(short_dir,
+                      f'position={label.replace(" ", "")},seed={seed}',
+                      result_file)
+  if not os.path.exists(path):
+    return None
+  return workdir_lib.read_json_object(path, what)
+
+
+def stopped_at(workdir: str, name: str) -> int:
+  """The step run `name` under workdir ended at (its summary)."""
+  return workdir_lib.read_json_object(
+      os.path.join(workdir, name, workdir_lib.SUMMARY_FILE),
+      'a run summary')['step']
