@@ -67,3 +67,20 @@ def stopped_at(workdir: str, name: str) -> int:
   return workdir_lib.read_json_object(
       os.path.join(workdir, name, workdir_lib.SUMMARY_FILE),
       'a run summary')['step']
+
+
+def by_budget(workdir: str, runs, results: dict, order, short_result
+              ) -> tuple[list[str], dict, dict]:
+  """(The labels of `order` that have runs, label -> seed -> converged
+  result with its 'stopped_at', label -> seed -> short_result(label,
+  seed): the fixed-budget run of each converged one's seed, where it
+  exists.)"""
+  labels = [l for l in order if any(r.tags['position'] == l for r in runs)]
+  long_by: dict[str, dict[int, dict]] = {}
+  for name, r in results.items():
+    r = {**r, 'stopped_at': stopped_at(workdir, name)}
+    long_by.setdefault(r['label'], {})[r['seed']] = r
+  short_by = {label: {seed: s for seed in long_by.get(label, {})
+                      if (s := short_result(label, seed))}
+              for label in labels}
+  return labels, long_by, short_by

@@ -88,20 +88,13 @@ def short_budget(short_dir: str, label: str, seed: int) -> dict | None:
                                       "a 1,000-step run's scores")
 
 
-_summary_step = convergence.stopped_at
-
 
 def report(workdir: str, runs: list[study.Run], results: dict,
            short_dir: str) -> str:
   """results.md, results.json and the curves' plot."""
-  labels = [l for l in ENCODINGS if any(r.tags['position'] == l for r in runs)]
-  long_by: dict[str, dict[int, dict]] = {}
-  for name, r in results.items():
-    r = {**r, 'stopped_at': _summary_step(workdir, name)}
-    long_by.setdefault(r['label'], {})[r['seed']] = r
-  short_by = {label: {seed: s for seed in long_by.get(label, {})
-                      if (s := short_budget(short_dir, label, seed))}
-              for label in labels}
+  labels, long_by, short_by = convergence.by_budget(
+      workdir, runs, results, ENCODINGS,
+      lambda label, seed: short_budget(short_dir, label, seed))
   budgets = (('1,000 steps', short_by), ('to convergence', long_by))
 
   rows = []
@@ -173,7 +166,7 @@ def report(workdir: str, runs: list[study.Run], results: dict,
                  '![validation-crop loss by step](valid_loss_by_step.png)'))
   json_out = {name: {k: r[k] for k in ('label', 'seed', 'selected_step',
                                        'valid_nll', 'test_nll')}
-              | {'stopped_at': _summary_step(workdir, name),
+              | {'stopped_at': convergence.stopped_at(workdir, name),
                  'valid_crop_loss': {str(k): v for k, v in held_out_curve(
                      os.path.join(workdir, name)).items()}}
               for name, r in results.items()}

@@ -86,20 +86,13 @@ def short_budget(short_dir: str, label: str, seed: int) -> dict | None:
                                       "a 3,000-step run's scores")
 
 
-_summary_step = convergence.stopped_at
-
 
 def report(workdir: str, runs: list[study.Run], results: dict,
            short_dir: str) -> str:
   """results.md, results.json and the curves' plot."""
-  labels = [l for l in LABELS if any(r.tags['position'] == l for r in runs)]
-  long_by: dict[str, dict[int, dict]] = {}
-  for name, r in results.items():
-    r = {**r, 'stopped_at': _summary_step(workdir, name)}
-    long_by.setdefault(r['label'], {})[r['seed']] = r
-  short_by = {label: {seed: s for seed in long_by.get(label, {})
-                      if (s := short_budget(short_dir, label, seed))}
-              for label in labels}
+  labels, long_by, short_by = convergence.by_budget(
+      workdir, runs, results, LABELS,
+      lambda label, seed: short_budget(short_dir, label, seed))
 
   def score(r, split=MAIN_TEST):
     return r['splits'][split]['bleu']
@@ -185,7 +178,7 @@ def report(workdir: str, runs: list[study.Run], results: dict,
     body.append(('Validation BLEU by step',
                  '![greedy validation BLEU by step](bleu_by_step.png)'))
   json_out = {name: {k: r[k] for k in ('label', 'seed', 'selected_step')}
-              | {'stopped_at': _summary_step(workdir, name),
+              | {'stopped_at': convergence.stopped_at(workdir, name),
                  'greedy_valid_bleu': {str(k): v for k, v in
                                        greedy_curve(os.path.join(workdir, name)).items()},
                  'bleu': {s: r['splits'][s]['bleu'] for s in r['splits']}}
