@@ -192,7 +192,11 @@ def forward(graphdef: nnx.GraphDef, rest: nnx.State, params, batch: tasks_lib.Ba
   """
   model = nnx.merge(graphdef, params, rest, copy=True)
   if dropout_key is not None:
-    nnx.reseed(model, dropout=jax.random.fold_in(dropout_key, step))
+    # match_shape: scanned layers (model.scan_layers) hold one dropout key
+    # per layer, which it splits from the step's key; a model's scalar keys
+    # take that key as it is, as they always did.
+    nnx.reseed(model, policy='match_shape',
+               dropout=jax.random.fold_in(dropout_key, step))
   # A translation batch also holds the decoder's inputs (tasks.Batch).
   extra = ({} if batch.decoder_inputs is None
            else {'decoder_inputs': batch.decoder_inputs})

@@ -212,9 +212,11 @@ class _EventLog:
   def __init__(self, config: ml_collections.ConfigDict, trainer: Trainer,
                workdir: str, is_main: bool, start: int):
     # Resumed at `start`: what a killed process wrote after that checkpoint
-    # is rewritten by this one, so TensorBoard hides the old copies.
+    # is rewritten by this one, so TensorBoard hides the old copies. From
+    # step 0 (no checkpoint yet), all of a killed process's events are:
+    # step 0's description and hparams too, which this one writes again.
     self.writer = summaries.Writer(workdir, enabled=is_main,
-                                   purge_step=start + 1 if start else None)
+                                   purge_step=start + 1 if start else 0)
     self._trainer = trainer
     self._config = config.to_dict()
     self._chance = trainer.task.chance

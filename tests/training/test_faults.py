@@ -103,6 +103,29 @@ def test_a_stop_between_a_checkpoint_and_its_evaluation_loses_nothing(
   assert steps(made, 'train/loss') == list(range(1, 21))
 
 
+def test_a_kill_before_the_first_checkpoint_leaves_each_step_once(
+    tiny_config, tmp_path):
+  """A process killed before its first checkpoint left its events; the
+  rerun starts from step 0 and used to write every step again beside them
+  (no purge from step 0): train/loss twice per step in TensorBoard."""
+  from tensorboard.backend.event_processing import event_accumulator
+  tiny_config.train.log_every = 1
+  straight = tmp_path / 'straight'
+  train.train_and_evaluate(tiny_config, str(straight))
+  killed = tmp_path / 'killed'            # its events, no checkpoint yet
+  killed.mkdir()
+  for name in os.listdir(straight):
+    if name.startswith('events.'):
+      shutil.copy(straight / name, killed / name)
+  train.train_and_evaluate(tiny_config, str(killed))
+  events = event_accumulator.EventAccumulator(str(killed),
+                                              purge_orphaned_data=True)
+  events.Reload()
+  assert [e.step for e in events.Scalars('train/loss')] == list(range(1, 21))
+  assert [e.step for e in events.Scalars('eval/token_accuracy/len_0008')
+          ] == [20]
+
+
 def test_a_second_live_run_on_a_workdir_is_refused(tiny_config, tmp_path):
   with workdir_lib.workdir_lock(str(tmp_path)):
     with pytest.raises(ConfigError, match=f'in use by another live run '

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from selfattn.training import steps
 
@@ -53,6 +54,30 @@ def test_dropout_masks_change_with_the_step(tiny_config):
   logits = lambda: steps.forward(trainer.graphdef, trainer.rest, state['params'],
                                  batch)
   np.testing.assert_array_equal(logits(), logits())
+
+
+def test_scanned_layers_train_with_dropout(tiny_config):
+  """model.scan_layers with dropout crashed on its first step: the per-layer
+  dropout keys of the scanned blocks refused nnx.reseed's default policy.
+  Now each layer's key is split from the step's: the loss is a function of
+  the step, and the scanned layers draw masks of their own."""
+  tiny_config.model.dropout = 0.3
+  tiny_config.model.scan_layers = True
+  tiny_config.model.num_layers = 2
+  trainer, step = _pieces(tiny_config)
+  state = trainer.init_state()
+  batch = trainer.train_batch(0)
+  at = lambda s: float(step({**state, 'step': jnp.int32(s)}, batch)[1]['loss'])
+  assert np.isfinite(at(0)) and at(0) == at(0)
+  assert abs(at(0) - at(7)) > 1e-4
+  model = nnx.merge(trainer.graphdef, state['params'], trainer.rest,
+                    copy=True)
+  nnx.reseed(model, policy='match_shape', dropout=jax.random.key(1))
+  keys = [np.asarray(jax.random.key_data(v.key.get_value()))
+          for _, v in nnx.iter_graph(model)
+          if isinstance(v, nnx.RngStream) and v.key.tag == 'dropout']
+  per_layer = [k for k in keys if k.ndim == 2]    # (layers, key words)
+  assert per_layer and all(len(np.unique(k, axis=0)) == 2 for k in per_layer)
 
 
 def test_step_timer_leaves_compilation_out_of_the_warm_rate(monkeypatch):
