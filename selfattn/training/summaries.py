@@ -62,6 +62,8 @@ import json
 from typing import Any, Mapping
 
 import numpy as np
+import tensorboardX
+from absl import logging
 from tensorboardX import SummaryWriter
 from tensorboardX.summary import hparams as hparams_summary
 
@@ -248,6 +250,9 @@ def run_title(config: Mapping[str, Any]) -> tuple[str, str]:
           + randomized)
 
 
+_TBX_VERSION = getattr(tensorboardX, '__version__', 'unknown')
+
+
 def _write_in_the_callers_thread(writer: SummaryWriter) -> None:
   """Makes `writer.flush()` put every event added so far on disk.
 
@@ -261,8 +266,16 @@ def _write_in_the_callers_thread(writer: SummaryWriter) -> None:
   few figures per evaluation): the caller's thread loses nothing to this.
   """
   events = writer._get_file_writer().event_writer
-  events._worker.stop()
-  events.add_event = events._ev_writer.write_event
+  worker = getattr(events, '_worker', None)
+  sink = getattr(events, '_ev_writer', None)
+  if worker is None or not hasattr(sink, 'write_event'):
+    # Another tensorboardX than requirements.txt's: its own writing, whose
+    # flush may or may not reach the disk.
+    logging.warning('tensorboardX %s: events keep its own queue; a kill may '
+                    'lose those written since its last flush', _TBX_VERSION)
+    return
+  worker.stop()
+  events.add_event = sink.write_event
 
 
 class Writer:

@@ -485,3 +485,16 @@ def test_a_flush_puts_every_event_on_disk_before_a_kill(tmp_path):
   events.Reload()
   assert sorted(events.Tags()['scalars']) == [f'eval/metric_{i:02d}'
                                                for i in range(14)]
+
+
+def test_another_tensorboardx_keeps_its_own_writing_with_a_warning(caplog):
+  """The synchronous writing reaches into tensorboardX 2.6.5's event writer;
+  one without those parts (another version) is left as it is, said once."""
+  import types
+  events = types.SimpleNamespace(add_event=print)       # no worker, no sink
+  writer = types.SimpleNamespace(_get_file_writer=lambda: types.SimpleNamespace(
+      event_writer=events))
+  with caplog.at_level('WARNING'):
+    summaries._write_in_the_callers_thread(writer)
+  assert events.add_event is print
+  assert 'keep its own queue' in caplog.text
