@@ -42,10 +42,23 @@ def config_file_problem(spec: str) -> str | None:
       tree = ast.parse(f.read(), filename=path)
   except SyntaxError as e:
     return f'--config={path}: syntax error on line {e.lineno}: {e.msg}'
-  if not any(isinstance(node, ast.FunctionDef) and node.name == 'get_config'
-             for node in tree.body):
+  if not any(_defines_get_config(node) for node in tree.body):
     return f'--config={path}: defines no get_config() function'
   return None
+
+
+def _defines_get_config(node: ast.stmt) -> bool:
+  """Whether a top-level statement binds the name get_config: a def, an
+  import of it (configs/default.py takes selfattn's) or an assignment."""
+  if isinstance(node, ast.FunctionDef):
+    return node.name == 'get_config'
+  if isinstance(node, (ast.Import, ast.ImportFrom)):
+    return any((alias.asname or alias.name) == 'get_config'
+               for alias in node.names)
+  if isinstance(node, ast.Assign):
+    return any(isinstance(t, ast.Name) and t.id == 'get_config'
+               for t in node.targets)
+  return False
 
 
 def load_config(spec: str) -> tuple[Any, str | None]:

@@ -112,3 +112,32 @@ def test_workdirs_that_cannot_hold_a_run(tmp_path):
     os.chmod(readonly, 0o500)
     assert 'is not writable' in cli_checks.workdir_problem(
         str(readonly / 'run'))
+
+
+def test_every_shipped_config_file_passes_the_checks_before_absl():
+  """configs/default.py, the README's first command, was refused as
+  defining no get_config() once it imported selfattn's instead of defining
+  its own (the check read only `def`s). Every file in configs/ is checked
+  as the command line checks it, at its default scale."""
+  names = sorted(n for n in os.listdir(os.path.join(ROOT, 'configs'))
+                 if n.endswith('.py') and n != '__init__.py')
+  assert 'default.py' in names
+  for name in names:
+    path = os.path.join(ROOT, 'configs', name)
+    config, _, problem = cli_checks.config_from_argv([f'--config={path}'])
+    assert problem is None and config is not None, (name, problem)
+
+
+def test_get_config_may_be_imported_or_assigned(tmp_path):
+  for body in ('from selfattn.training.default_config import get_config\n',
+               'from selfattn.training import default_config\n'
+               'get_config = default_config.get_config\n',
+               'from selfattn.training.default_config import (\n'
+               '    get_config as get_config)\n'):
+    path = _config_file(tmp_path, body)
+    config, _, problem = cli_checks.config_from_argv([f'--config={path}'])
+    assert problem is None and config.task.name == 'reverse', (body, problem)
+  # Imported under another name, it is not get_config.
+  other = _config_file(
+      tmp_path, 'from selfattn.training.default_config import get_config as g\n')
+  assert 'defines no get_config() function' in _problem('--config=' + other)
