@@ -73,6 +73,24 @@ _ADDED_OPTIONS: dict[str, dict[str, int]] = {}
 RESERVED_OPTION_NAMES = frozenset({'name', 'vocab_size', 'layout'})
 
 
+def layout_problem(name: str, layout: str) -> str | None:
+  """Why task `name` cannot use `layout` (one of LAYOUTS), with the layouts
+  it can use; None when it can."""
+  spec = TASKS[name]
+  if layout in spec.layouts:
+    return None
+  if spec.language_model:
+    why = 'a language model predicts the next token in place'
+  elif spec.seq2seq:
+    why = 'translation needs an encoder and a decoder'
+  elif layout == 'encoder_decoder':
+    why = 'only translation has a source and a target sequence'
+  else:
+    why = 'its output is not aligned with its input'
+  return (f'task {name!r} cannot use layout {layout!r} ({why}); valid: '
+          f'{", ".join(spec.layouts)}')
+
+
 def register_task(name: str, spec: TaskSpec,
                   options: dict[str, Any] | None = None) -> TaskSpec:
   """Adds a task to TASKS from outside this package, so configs
@@ -309,10 +327,9 @@ def get_task(name: str, vocab_size: int | None = None, *,
   spec = TASKS[name]
   if layout not in LAYOUTS:
     raise ValueError(f'unknown layout {layout!r}; valid: {", ".join(LAYOUTS)}')
-  if layout not in spec.layouts:
-    raise ValueError(f'task {name!r} cannot use layout {layout!r} (its output '
-                     f'is not aligned with its input); valid: '
-                     f'{", ".join(spec.layouts)}')
+  problem = layout_problem(name, layout)
+  if problem:
+    raise ValueError(problem)
   if spec.fixed_vocab is not None:
     if vocab_size not in (None, spec.fixed_vocab):
       raise ValueError(f'task {name!r} has a fixed alphabet of '

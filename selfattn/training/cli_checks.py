@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any
 
+from selfattn.training import list_flag
+
 
 def config_argument(argv: list[str]) -> tuple[str | None, list[str]]:
   """(the --config value, argv without it): `--config=PATH[:ARG]` or
@@ -97,7 +99,7 @@ def override_problem(argv: list[str], config: Any) -> str | None:
     if not arg.startswith('--config.'):
       continue
     dotted = arg[len('--config.'):].split('=', 1)[0]
-    node, walked = config, 'config'
+    node, walked, parent = config, 'config', None
     for name in dotted.split('.'):
       fields = list(node.keys()) if hasattr(node, 'keys') else None
       if fields is None:
@@ -107,34 +109,51 @@ def override_problem(argv: list[str], config: Any) -> str | None:
         hint = f'; did you mean {walked}.{close[0]}?' if close else ''
         return (f'--config.{dotted}: {walked} has no field {name!r}{hint} '
                 f'(its fields: {", ".join(sorted(fields))})')
-      node, walked = node[name], f'{walked}.{name}'
+      parent, node, walked = node, node[name], f'{walked}.{name}'
     if '=' in arg:
-      problem = _value_problem(walked, node, arg.split('=', 1)[1])
+      problem = _value_problem(walked, _field_type(parent, name, node),
+                               arg.split('=', 1)[1])
       if problem:
         return problem
   return None
+
+
+def _field_type(parent: Any, name: str, value: Any) -> type:
+  """The type a field takes: its value's, or for an unset one (None, an
+  ml_collections placeholder) the type it was declared with."""
+  if value is None and hasattr(parent, 'get_ref'):
+    try:
+      return parent.get_ref(name).get_type()
+    except (AttributeError, KeyError, TypeError):
+      return type(None)
+  return type(value)
 
 
 # What absl's parsers take for a boolean field of a config.
 _BOOLEANS = ('true', 't', '1', 'false', 'f', '0')
 
 
-def _value_problem(field: str, current: Any, text: str) -> str | None:
-  """An override whose value cannot become the field's type (absl would
-  print a FATAL flags-parsing error and its help line, exit 1)."""
-  if isinstance(current, bool):
+def _value_problem(field: str, kind: type, text: str) -> str | None:
+  """An override whose value cannot become the field's type `kind` (absl
+  would print a FATAL flags-parsing error and its help line, exit 1)."""
+  if issubclass(kind, bool):
     if text.lower() not in _BOOLEANS:
       return f'--{field}={text}: {field} is True or False; got {text!r}'
-  elif isinstance(current, int):
+  elif issubclass(kind, int):
     try:
       int(text)
     except ValueError:
       return f'--{field}={text}: {field} is an integer; got {text!r}'
-  elif isinstance(current, float):
+  elif issubclass(kind, float):
     try:
       float(text)
     except ValueError:
       return f'--{field}={text}: {field} is a number; got {text!r}'
+  elif issubclass(kind, (list, tuple)):
+    try:
+      list_flag.ListParser().parse(text)
+    except ValueError as e:
+      return f'--{field}={text}: {e}'
   return None
 
 

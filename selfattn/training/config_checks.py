@@ -83,9 +83,12 @@ def _check_translation(config: ml_collections.ConfigDict,
   from selfattn.tasks.translation import task as translation_task
   devices = (max(int(config.mesh.data), 1) if num_devices is None
              else _data_parallel(config, num_devices))
+  # Unset: the task's own vocabulary size, as the trainer builds it.
+  vocab_size = (tasks.TASKS[config.task.name].default_vocab
+                if config.task.vocab_size is None else config.task.vocab_size)
   try:
     problem = translation_task.config_problem(
-        config.task.name, vocab_size=config.task.vocab_size,
+        config.task.name, vocab_size=vocab_size,
         max_source_len=config.task.max_len,
         batch_tokens=config.train.batch_tokens, model_max_len=m.max_len,
         devices=devices)
@@ -115,6 +118,7 @@ def validate_config(config: ml_collections.ConfigDict,
 
 def _validate(config: ml_collections.ConfigDict,
               num_devices: int | None = None) -> tasks.Task:
+  _check_types(config)
   _check_seed(config)
   task = _check_task(config)
   _check_model(config)
@@ -125,6 +129,58 @@ def _validate(config: ml_collections.ConfigDict,
   if num_devices is not None:
     _check_devices(config, num_devices)
   return task
+
+
+# Randomized positions draw a permutation of [0, max_random_len) per example
+# and step: 2**20 of them for a batch of 64 is 256 MiB of int32.
+MAX_RANDOM_LEN = 2 ** 20
+
+_KINDS = {bool: 'True or False', int: 'an integer', float: 'a number',
+          str: 'a string', list: 'a list'}
+
+
+def _check_types(config: ml_collections.ConfigDict) -> None:
+  """Every field of selfattn.training.default_config that `config` has holds
+  a value of that field's type (None where the default is unset): a config
+  file can set any value, and a wrong type used to surface as a traceback
+  deep in a task or a module, or, for a fraction where an integer belongs,
+  to be truncated without a word."""
+  from selfattn.training import default_config
+  _check_section_types(config, default_config.get_config(), 'config')
+
+
+def _check_section_types(config, reference, where: str) -> None:
+  for name in reference.keys():
+    if name not in config:
+      continue                  # validate_config names a missing field
+    value, field = config[name], f'{where}.{name}'
+    if isinstance(reference[name], ml_collections.ConfigDict):
+      if not isinstance(value, ml_collections.ConfigDict):
+        raise ConfigError(f'{field} must be a section of fields; got '
+                          f'{value!r}')
+      _check_section_types(value, reference[name], field)
+      continue
+    kind = reference.get_ref(name).get_type()
+    if value is None:
+      if reference[name] is None:
+        continue                # unset: the default
+      raise ConfigError(f'{field} must be {_KINDS.get(kind, kind.__name__)}; '
+                        f'got None')
+    if kind is bool:
+      ok = isinstance(value, bool)
+    elif kind is int:
+      ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is float:
+      ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+    elif kind in (list, tuple):
+      ok = isinstance(value, (list, tuple))
+    else:
+      ok = isinstance(value, kind)
+    if not ok:
+      raise ConfigError(f'{field} must be '
+                        f'{"a finite number" if kind is float else _KINDS.get(kind, kind.__name__)}'
+                        f'; got {value!r}')
 
 
 def _check_seed(config: ml_collections.ConfigDict) -> None:
@@ -154,6 +210,18 @@ def _check_task(config: ml_collections.ConfigDict) -> tasks.Task:
   # Everything the spec can check comes before the task is built: building
   # reads a data set, whose absence would hide a wrong option behind it.
   spec = tasks.TASKS[config.task.name]
+  problem = tasks.registry.layout_problem(config.task.name, config.task.layout)
+  if problem:
+    raise ConfigError(f'config.task.layout={config.task.layout!r}: {problem}')
+  vocab_size = config.task.vocab_size
+  if vocab_size is not None and spec.fixed_vocab is not None and (
+      vocab_size != spec.fixed_vocab):
+    raise ConfigError(f'config.task.vocab_size={vocab_size}: task '
+                      f'{config.task.name!r} has a fixed alphabet of '
+                      f'{spec.fixed_vocab} symbols; leave it unset')
+  if vocab_size is not None and vocab_size < 2:
+    raise ConfigError(f'config.task.vocab_size must be >= 2 (or unset: the '
+                      f"task's own); got {vocab_size}")
   if config.task.min_len < spec.min_length:
     raise ConfigError(f'config.task.min_len must be >= {spec.min_length} for '
                       f'task {config.task.name!r}; got {config.task.min_len}')
@@ -219,6 +287,11 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(f'config.model.meter_period must be >= 0 (0: no meter) '
                       f'and config.model.meter_step_tokens >= 1; got '
                       f'{m.meter_period} and {m.meter_step_tokens}')
+  # Before the encoding is built: it reads num_hiddens // num_heads, and a
+  # head width of 0 (more heads than dims) was reported as its own option.
+  if m.num_hiddens % m.num_heads:
+    raise ConfigError(f'config.model.num_hiddens={m.num_hiddens} is not '
+                      f'divisible by num_heads={m.num_heads}')
   # The encoding's constructor checks its own options (messages start with
   # the option's name); building it abstractly allocates nothing.
   try:
@@ -384,6 +457,12 @@ def _check_lengths(config: ml_collections.ConfigDict, task: tasks.Task,
           f'{longest}, the longest sequence (task length '
           f'{max(lengths + [config.task.max_len])} under layout '
           f'{task.layout!r}): positions are a subset of [0, max_random_len)')
+    if random_len > MAX_RANDOM_LEN:
+      raise ConfigError(
+          f'config.model.max_random_len={random_len} is above '
+          f'{MAX_RANDOM_LEN:,}: every example draws a permutation of [0, '
+          f'max_random_len) at every step (selfattn.tasks.random_positions), '
+          f'so its memory and time grow with it')
     if m.position in ('learned', 'huang', 'xl') and m.max_len < random_len:
       raise ConfigError(
           f'config.model.max_len={m.max_len} is below config.model.'
@@ -411,6 +490,12 @@ def _check_built(config: ml_collections.ConfigDict, task: tasks.Task) -> None:
   not name fails here, before any work, instead of at the first step."""
   from flax import nnx
   from selfattn.training.build import build_model
+  # Every layer is built alike, so two stand for any depth: building all of
+  # them cost time and memory in proportion (a typo of 10**12 layers took
+  # every byte of the host).
+  if config.model.num_layers > 2:
+    config = config.copy_and_resolve_references()
+    config.model.num_layers = 2
   try:
     nnx.eval_shape(lambda: build_model(config, task, nnx.Rngs(0)))
   except (ValueError, TypeError) as e:

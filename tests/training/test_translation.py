@@ -300,6 +300,20 @@ def test_a_scanned_decoders_cross_attention_comes_per_layer(tiny_multi30k):
   validate_config(tiny_translation_config(**{'model.scan_layers': True}))
 
 
+def test_an_unset_vocabulary_is_the_task_s_own_in_validation(tiny_multi30k,
+                                                            monkeypatch):
+  """task.vocab_size unset (as configs/tiny.py leaves it) reached the
+  tokenizer as None and raised a TypeError traceback: validation now reads
+  the task's default, as the trainer does (here shrunk to fit the made-up
+  corpus)."""
+  import dataclasses
+  spec = tasks.TASKS['multi30k']
+  monkeypatch.setitem(tasks.TASKS, 'multi30k',
+                      dataclasses.replace(spec, default_vocab=300))
+  config = tiny_translation_config(**{'task.vocab_size': None})
+  assert validate_config(config, num_devices=1).vocab_size == 300
+
+
 def test_translation_configs_refuse_what_they_cannot_do(tiny_multi30k):
   for dotted, value, needle in (
       ('model.randomize_positions', True, 'config.model.randomize_positions'),

@@ -48,8 +48,9 @@ class TransformerXLRelative(RelativePosition):
     width = num_heads * head_dim
     if width % 2:
       # phi is [sin, cos] halves of the model width.
-      raise ValueError(f'xl needs an even model width num_heads * head_dim; '
-                       f'got {num_heads} x {head_dim} = {width}')
+      # Named as the model's width (config validation prefixes 'config.model.').
+      raise ValueError(f'num_hiddens={width}: xl needs an even model width '
+                       f'(num_heads * head_dim = {num_heads} x {head_dim})')
     self.num_heads, self.head_dim, self.max_len = num_heads, head_dim, max_len
     self.W_r = nnx.Linear(width, width, use_bias=False,
                           param_dtype=param_dtype, rngs=rngs)
