@@ -91,7 +91,8 @@ def _check_translation(config: ml_collections.ConfigDict,
         config.task.name, vocab_size=vocab_size,
         max_source_len=config.task.max_len,
         batch_tokens=config.train.batch_tokens, model_max_len=m.max_len,
-        devices=devices)
+        devices=devices, eval_lengths=list(config.eval.lengths),
+        eval_examples=config.eval.num_examples)
   except DataError as e:          # the corpus is missing or damaged
     raise ConfigError(str(e)) from None
   if problem:

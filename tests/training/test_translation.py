@@ -314,6 +314,19 @@ def test_an_unset_vocabulary_is_the_task_s_own_in_validation(tiny_multi30k,
   assert validate_config(config, num_devices=1).vocab_size == 300
 
 
+def test_evaluation_lengths_that_hold_no_sentence_are_refused(tiny_multi30k):
+  """eval.lengths=[1]: no validation source is that short, so every
+  evaluation measured nothing (no score), and early stopping failed on its
+  empty record with a traceback."""
+  config = tiny_translation_config(**{'eval.lengths': [1]})
+  with pytest.raises(ConfigError, match=r'config.eval.lengths=\[1\]: none of '
+                     r'the 7 validation sentences evaluated has a source of at '
+                     r'most 1 tokens \(the shortest has \d+\)'):
+    validate_config(config, num_devices=1)
+  config = tiny_translation_config(**{'eval.lengths': [1, 256]})
+  assert validate_config(config, num_devices=1)     # one range holds them
+
+
 def test_translation_configs_refuse_what_they_cannot_do(tiny_multi30k):
   for dotted, value, needle in (
       ('model.randomize_positions', True, 'config.model.randomize_positions'),

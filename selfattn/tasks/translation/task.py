@@ -23,7 +23,8 @@ from selfattn.tasks.spec import TaskSpec
 
 def config_problem(name: str, *, vocab_size: int, max_source_len: int,
                    batch_tokens: int, model_max_len: int,
-                   devices: int = 1) -> str | None:
+                   devices: int = 1, eval_lengths=None,
+                   eval_examples: int | None = None) -> str | None:
   """What makes a translation config unable to train or decode, in one
   line naming the field; None when it can. Builds (or reads from the
   cache) the corpus the trainer will use, so it runs before anything is
@@ -40,7 +41,18 @@ def config_problem(name: str, *, vocab_size: int, max_source_len: int,
     return f'config.{e}'
   # The validation split that every evaluation reads: a damaged or missing
   # file is a DataError now, before anything is written to a workdir.
-  corpus.eval_set('val')
+  val = corpus.eval_set('val')
+  if eval_lengths:
+    # The evaluation scores the first eval_examples sentences in source-
+    # length ranges (previous, L]; with none in any range it measured
+    # nothing (no score; early stopping failed on an empty record).
+    lens = val.source_lens()[:eval_examples]
+    bounds = sorted(int(n) for n in eval_lengths)
+    if not ((lens > 0) & (lens <= bounds[-1])).any():
+      return (f'config.eval.lengths={list(eval_lengths)}: none of the '
+              f'{len(lens)} validation sentences evaluated has a source of at '
+              f'most {bounds[-1]} tokens (the shortest has {int(lens.min())}), '
+              f'so the evaluation would measure nothing')
   longest = corpus.buckets[-1].bound      # padded tokens of the longest pair
   if batch_tokens and batch_tokens < longest * devices:
     return (f'config.train.batch_tokens={batch_tokens} is smaller than one '
