@@ -69,18 +69,20 @@ def last_change(summary: dict) -> float | None:
   return last - before
 
 
-def _group_key(summary: dict) -> tuple[int, int, str, int]:
+def _group_key(summary: dict) -> tuple[int, int, str, int, str]:
   train = summary['config']['train']
   patience = int(train.get('early_stop_patience', 0) or 0)
   return (int(train['num_steps']), patience,
           train.get('early_stop_metric', 'loss') if patience else '',
-          int(summary['config']['eval']['every']))
+          int(summary['config']['eval']['every']),
+          train.get('schedule', 'cosine'))
 
 
-def _group_line(key: tuple[int, int, str, int], summaries: list[dict]
-                ) -> tuple[str, int]:
-  """(The line for one budget, how many of its runs were still improving.)"""
-  num_steps, patience, metric, every = key
+def _group_line(key: tuple[int, int, str, int, str], summaries: list[dict]
+                ) -> tuple[str, int, int]:
+  """(The line for one budget, how many of its runs were still improving,
+  how many early-stopped ones ran to the cap unstopped.)"""
+  num_steps, patience, metric, every, schedule = key
   n = len(summaries)
   runs = f'{n} run{"s" if n != 1 else ""}'
   if patience:
@@ -96,11 +98,14 @@ def _group_line(key: tuple[int, int, str, int], summaries: list[dict]
                f'stopped improving')
     capped = len(stops) - len(early)
     if capped:
+      # Reaching the cap says only that patience was not used up there.
       line += ('; ' if early else '') + (
-          f'{capped} reached the cap, still improving by their metric')
-    return line + '.', capped
-  head = (f'{runs} of {num_steps:,} steps (the learning-rate schedule\'s '
-          f'length), evaluated every {every:,} steps')
+          f'{capped} ran to the cap without stopping, so not shown '
+          f'converged')
+    return line + '.', 0, capped
+  length = ("the learning-rate schedule's length" if schedule != 'constant'
+            else 'at a constant learning rate')
+  head = f'{runs} of {num_steps:,} steps ({length}), evaluated every {every:,} steps'
   changes = [last_change(s) for s in summaries]
   known = [c for c in changes if c is not None and not math.isnan(c)]
   diverged = sum(1 for c in changes if c is not None and math.isnan(c))
@@ -111,7 +116,7 @@ def _group_line(key: tuple[int, int, str, int], summaries: list[dict]
       if diverged else [])
   if not known:
     return (f'{head}: {", ".join(others)}, so their summaries do not say '
-            f'whether they were still improving at the end.', 0)
+            f'whether they were still improving at the end.', 0, 0)
   falling = sum(1 for c in known if c < -IMPROVING)
   line = (f'{head}: over the last evaluation interval the loss on the '
           f'trained lengths fell by more than {IMPROVING} nats in {falling} '
@@ -124,7 +129,7 @@ def _group_line(key: tuple[int, int, str, int], summaries: list[dict]
            else None for s in summaries}
   if len(notes) == 1 and None not in notes:
     line += f'; {notes.pop()}'
-  return line + '.', falling
+  return line + '.', falling, 0
 
 
 def budget_section(workdir: str) -> tuple[str, str] | None:
@@ -136,26 +141,34 @@ def budget_section(workdir: str) -> tuple[str, str] | None:
       groups.setdefault(_group_key(summary), []).append(summary)
   if not groups:
     return None
-  lines, improving = [], 0
+  lines, improving, capped = [], 0, 0
   for key in sorted(groups):
-    line, falling = _group_line(key, groups[key])
+    line, falling, unstopped = _group_line(key, groups[key])
     lines.append(f'- {line}')
     improving += falling
-  known = any(last_change(s) is not None
-              for key, ss in groups.items() if not key[1] for s in ss)
+    capped += unstopped
+  fixed = [key for key in groups if not key[1]]
+  known = any(last_change(s) is not None for key in fixed for s in groups[key])
+  decayed = all(key[4] != 'constant' for key in fixed)
+  closings = []
   if improving:
-    closing = (f'At least {improving} of these runs were still improving '
-               f'when their budget ended (a lower bound: the schedule had '
-               f'brought the learning rate down over the last interval), so '
-               f'the comparisons above hold at these budgets and may differ at '
-               f'convergence (EXPERIMENTS.md says where convergence was '
-               f'checked).')
+    bound = (' (a lower bound: the schedule had brought the learning rate '
+             'down over the last interval)' if decayed else '')
+    closings.append(
+        f'At least {improving} of these runs '
+        f'{"was" if improving == 1 else "were"} still improving when their '
+        f'budget ended{bound}, so the comparisons above hold at these '
+        f'budgets and may differ at convergence (EXPERIMENTS.md says where '
+        f'convergence was checked).')
   elif known:
-    closing = ('The comparisons above hold at these budgets: a loss that had '
-               'stopped falling under a decayed learning rate may still fall '
-               'with a longer schedule.')
-  elif any(not key[1] for key in groups):
-    closing = 'The comparisons above hold at these budgets.'
-  else:
-    closing = ''
+    closings.append(
+        'The comparisons above hold at these budgets: a loss that had '
+        'stopped falling may still fall with a longer schedule.')
+  elif fixed:
+    closings.append('The comparisons above hold at these budgets.')
+  if capped:
+    closings.append(f'{capped} early-stopped run{"s" if capped != 1 else ""} '
+                    f'ran to the cap unstopped: at that cap, not shown '
+                    f'converged.')
+  closing = ' '.join(closings)
   return ('Budget', '\n'.join(lines) + (f'\n\n{closing}' if closing else ''))

@@ -25,8 +25,13 @@ Each run is reported beside the same seed's run of the 1,000-step study
 
 Sized before it ran (2026-11-30, this 2-core CPU): the 1,000-step runs
 trained in a median 220 s, so a run costs about 4 minutes per 1,000 steps
-plus its evaluations and scoring: about 35 minutes at the cap, the ten
-runs at most about 6 hours. Resumable like every study.
+plus its evaluations and scoring: about 35 minutes at the cap, the twelve
+runs at most about 7 hours (measured while it ran: 2.2-3.1 steps/s beside
+other work). Resumable like every study.
+
+The converged checkpoint is chosen on validation crops, so the converged
+validation NLL is not independent of that choice (the 1,000-step runs'
+last checkpoint was not chosen): test NLL is the clean comparison.
 """
 
 from __future__ import annotations
@@ -154,7 +159,9 @@ def report(workdir: str, runs: list[study.Run], results: dict,
        f'every {every:,} steps, training stopped after {patience} '
        f'evaluation(s) in a row without a new lowest; the checkpoint with the '
        f'lowest is scored on whole validation and test pieces (NLL per '
-       f'token, experiments/music.evaluate_run). The 1,000-step rows are the '
+       f'token, experiments/music.evaluate_run); chosen on validation crops, '
+       f'the converged validation NLL is not independent of the choice, so '
+       f'test NLL is the clean comparison. The 1,000-step rows are the '
        f'same seeds of {short_dir}. Negative differences favour the first '
        f'encoding (lower NLL). Intervals: 95% t-intervals across seeds, the '
        f'unit of replication.'),

@@ -18,7 +18,11 @@ Encodings: shaw and sinusoidal, the study's comparison, at seeds 0-2
 seeds where the budget allows; then the `+short` tier (sinusoidal, shaw and
 rope trained only on pairs whose source has at most SHORT_MAX_LEN tokens,
 seed-major): does the relative lead beyond the trained lengths hold at
-convergence?
+convergence? Its runs keep this study's eval.lengths ([64]) where the
+3,000-step +short runs split the loop's evaluation at 18 too: the loop's
+TensorBoard curves differ, not the scores (the checkpoint is chosen by
+whole-validation greedy BLEU in both, and evaluate_run splits the test
+sets by source length).
 
 Each run is reported beside the same seed's run of the 3,000-step study
 (--short_dir, its committed translation.json), paired by seed.

@@ -96,7 +96,8 @@ def register_task(name: str, spec: TaskSpec,
   """Adds a task to TASKS from outside this package, so configs
   (`--config.task.name=<name>`), their validation, training and the
   evaluation at other lengths take it by name. `options`: the new options
-  it reads (name -> default, an int like the others), added to
+  it reads (name -> default, an int: what the command line and validation
+  take for a registered option), added to
   DEFAULT_OPTIONS, so each is a `config.task.<option>` field. Call it before
   a config is built, e.g. at the top of your own config file (configs/
   default.py refuses an option named like one of its fields).
@@ -117,7 +118,7 @@ def register_task(name: str, spec: TaskSpec,
   for option, default in options.items():
     if not isinstance(default, int) or isinstance(default, bool):
       raise ValueError(f'option {option!r} of task {name!r}: its default '
-                       f'must be an int (config.task\'s options are); got '
+                       f'must be an int (registered options are); got '
                        f'{default!r}')
     if others.get(option, default) != default:
       raise ValueError(f'option {option!r} of task {name!r} is already an '

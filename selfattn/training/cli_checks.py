@@ -55,7 +55,8 @@ def _defines_get_config(node: ast.stmt) -> bool:
   if isinstance(node, ast.FunctionDef):
     return node.name == 'get_config'
   if isinstance(node, (ast.Import, ast.ImportFrom)):
-    return any((alias.asname or alias.name) == 'get_config'
+    # `from m import *` may bring it: loading the file says whether it did.
+    return any((alias.asname or alias.name) in ('get_config', '*')
                for alias in node.names)
   if isinstance(node, ast.Assign):
     return any(isinstance(t, ast.Name) and t.id == 'get_config'

@@ -9,7 +9,8 @@ from experiments import common
 
 
 def _summary(path, losses, *, num_steps=2000, every=500, patience=0,
-             step=None, lengths=(1, 16), task='reverse', eval_split=None):
+             step=None, lengths=(1, 16), task='reverse', eval_split=None,
+             schedule='cosine'):
   """A finished run's summary.json: losses[i] maps an evaluated length to
   its loss at the i-th evaluation."""
   path.mkdir(parents=True)
@@ -20,7 +21,7 @@ def _summary(path, losses, *, num_steps=2000, every=500, patience=0,
   (path / 'summary.json').write_text(json.dumps({
       'step': step or num_steps, 'train_lengths': list(lengths), 'task': task,
       'history': history,
-      'config': {'train': {'num_steps': num_steps,
+      'config': {'train': {'num_steps': num_steps, 'schedule': schedule,
                            'early_stop_patience': patience,
                            'early_stop_metric': 'bleu'},
                  'eval': {'every': every},
@@ -64,7 +65,18 @@ def test_the_section_counts_runs_still_improving_per_budget(tmp_path):
   assert ('fell by more than 0.001 nats in 1 of 3 (change: median -1e-05 '
           'nats, from -0.2 to +0.1)') in lines[1]
   assert 'one evaluation' not in lines[1]
-  assert 'At least 1 of these runs were still improving' in text
+  assert 'At least 1 of these runs was still improving' in text
+  assert 'a lower bound: the schedule had brought' in text
+
+
+def test_a_constant_learning_rate_is_named_and_no_decay_claimed(tmp_path):
+  for name in 'ab':
+    _summary(tmp_path / name, [{'8': 2.0}, {'8': 1.0}], schedule='constant')
+  _, text = budget.budget_section(str(tmp_path))
+  assert '- 2 runs of 2,000 steps (at a constant learning rate)' in text
+  assert 'At least 2 of these runs were still improving' in text
+  assert 'schedule had brought the learning rate down' not in text
+  assert "schedule's length" not in text
 
 
 def test_runs_evaluated_once_are_not_called_converged(tmp_path):
@@ -95,10 +107,14 @@ def test_early_stopped_runs_name_where_they_stopped(tmp_path):
   _summary(tmp_path / 'c', [{'8': 1.0}, {'8': 0.9}], num_steps=20000,
            every=1000, patience=2, step=20000)
   _, text = budget.budget_section(str(tmp_path))
+  # Reaching the cap says only that patience was not used up there: not
+  # converged, and not (necessarily) still improving.
   assert ('2 stopped at step 8,000-12,000, after their metric stopped '
-          'improving; 1 reached the cap, still improving by their metric.'
-          ) in text
-  assert 'At least 1 of these runs were still improving' in text
+          'improving; 1 ran to the cap without stopping, so not shown '
+          'converged.') in text
+  assert 'still improving' not in text.split('\n\n')[-1]
+  assert text.endswith('1 early-stopped run ran to the cap unstopped: at '
+                       'that cap, not shown converged.')
 
 
 def test_every_report_ends_with_its_budget(tmp_path):
