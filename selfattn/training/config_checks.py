@@ -4,7 +4,9 @@ the valid choices. Runs before anything is compiled or written."""
 from __future__ import annotations
 
 import math
+import os
 
+import jax
 import ml_collections
 from absl import logging
 
@@ -491,17 +493,58 @@ def _check_built(config: ml_collections.ConfigDict, task: tasks.Task) -> None:
   not name fails here, before any work, instead of at the first step."""
   from flax import nnx
   from selfattn.training.build import build_model
-  # Every layer is built alike, so two stand for any depth: building all of
-  # them cost time and memory in proportion (a typo of 10**12 layers took
-  # every byte of the host).
-  if config.model.num_layers > 2:
-    config = config.copy_and_resolve_references()
-    config.model.num_layers = 2
+
+  def state_bytes(layers: int) -> int:
+    """Bytes of the model's state with `layers` layers: parameters four
+    times (with their gradients and AdamW's two moments), fixed tables
+    (the sinusoidal P) once. A lower bound on what training holds, before
+    any activation."""
+    # Every layer is built alike, so one or two stand for any depth:
+    # building all of them cost time and memory in proportion (a typo of
+    # 10**12 layers took every byte of the host).
+    shallow = config.copy_and_resolve_references()
+    shallow.model.num_layers = layers
+    model = nnx.eval_shape(lambda: build_model(shallow, task, nnx.Rngs(0)))
+    size = lambda x: math.prod(x.shape) * x.dtype.itemsize
+    params, rest = nnx.state(model, nnx.Param, ...)
+    return (4 * sum(map(size, jax.tree.leaves(params)))
+            + sum(size(x) for x in jax.tree.leaves(rest)
+                  if hasattr(x, 'shape')))
+
+  layers = config.model.num_layers
   try:
-    nnx.eval_shape(lambda: build_model(config, task, nnx.Rngs(0)))
+    two = state_bytes(min(layers, 2))
+    need = two if layers <= 2 else two + (layers - 2) * (two - state_bytes(1))
   except (ValueError, TypeError) as e:
     raise ConfigError(_model_problem(config.model,
                                      " ".join(str(e).split()))) from None
+  have = _memory_bytes()
+  if have and need > have:
+    raise ConfigError(
+        f'config.model: the parameters, gradients and optimiser state alone '
+        f'take {need / 2**30:,.1f} GiB (num_layers={layers}, num_hiddens='
+        f'{config.model.num_hiddens}, ffn_num_hiddens='
+        f'{config.model.ffn_num_hiddens}, max_len={config.model.max_len}, '
+        f'{task.input_symbols} input symbols), more than the '
+        f'{have / 2**30:,.1f} GiB of memory of one device here')
+
+
+def _memory_bytes() -> int | None:
+  """Memory of the first device: an accelerator's limit, or the host's
+  physical memory for the CPU; None where unknown."""
+  device = jax.devices()[0]
+  try:
+    stats = device.memory_stats() or {}
+  except Exception:  # noqa: BLE001 - not every backend reports
+    stats = {}
+  if stats.get('bytes_limit'):
+    return int(stats['bytes_limit'])
+  if device.platform == 'cpu':
+    try:
+      return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    except (ValueError, OSError, AttributeError):
+      return None
+  return None
 
 
 def _check_devices(config: ml_collections.ConfigDict, num_devices: int

@@ -76,3 +76,27 @@ def test_the_command_line_checks_lists_and_unset_fields_too(override, message):
       ['--config=configs/tiny.py', '--config.eval.lengths=4,8',
        '--config.task.vocab_size=12', '--config.model.alibi_symmetric=false'])
   assert problem is None
+
+
+def test_a_model_that_cannot_fit_in_memory_is_refused_before_it_is_built(
+    monkeypatch):
+  """Sizes whose parameters, gradients and AdamW moments alone exceed the
+  device's memory failed with out-of-memory tracebacks at the first step
+  (after the workdir was written), or took every byte of the host while
+  validation built 10**12 layers. The estimate builds one or two layers
+  abstractly and scales by depth."""
+  from selfattn.training import config_checks
+  monkeypatch.setattr(config_checks, '_memory_bytes', lambda: 2**30)  # 1 GiB
+  config = tiny.get_config()
+  assert validate_config(config, num_devices=1)
+  config.model.num_layers = 10**12
+  with pytest.raises(ConfigError, match=r'^config\.model: the parameters, '
+                     r'gradients and optimiser state alone take [\d,.]+ GiB '
+                     r'\(num_layers=1000000000000, .*more than the 1\.0 GiB'):
+    validate_config(config, num_devices=1)
+  # 16 bytes a parameter: the input embedding and the output layer hold
+  # 2 x 2**23 x 16 of them, 4.0 GiB, and three small layers a little more.
+  config.model.num_layers = 3
+  config.task.vocab_size = 2**23
+  with pytest.raises(ConfigError, match=r'take 4\.[01] GiB \(num_layers=3'):
+    validate_config(config, num_devices=1)
