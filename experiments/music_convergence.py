@@ -25,9 +25,11 @@ Each run is reported beside the same seed's run of the 1,000-step study
 
 Sized before it ran (2026-11-30, this 2-core CPU): the 1,000-step runs
 trained in a median 220 s, so a run costs about 4 minutes per 1,000 steps
-plus its evaluations and scoring: about 35 minutes at the cap, the twelve
-runs at most about 7 hours (measured while it ran: 2.2-3.1 steps/s beside
-other work). Resumable like every study.
+plus its evaluations and scoring. Measured at the first cap of 8,000
+steps (2.2-3.1 steps/s beside other work): shaw stopped at 5,000 in 36
+minutes, sinusoidal ran to the cap in 45; at the cap of 16,000 a run may
+take 1.5 hours, the twelve runs 8-15 hours, several sittings. Resumable
+like every study.
 
 The converged checkpoint is chosen on validation crops, so the converged
 validation NLL is not independent of that choice (the 1,000-step runs'
@@ -52,7 +54,9 @@ from selfattn.tasks.music import jsb
 # (--short_dir replaces it).
 SHORT_DIR = 'experiments/results/music'
 
-CAP_STEPS = 8_000
+# 8,000 at first: sinusoidal's seed 0 ran to it unstopped (best at 7,000),
+# so not shown converged (experiments/results/music_convergence_cap8000).
+CAP_STEPS = 16_000
 EVAL_EVERY = 500
 EVAL_EXAMPLES = 256
 PATIENCE = 3
