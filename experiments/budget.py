@@ -17,6 +17,7 @@ import math
 import os
 import statistics
 
+from experiments import study
 from selfattn.training import workdir as workdir_lib
 
 # A fall of the loss over the last evaluation interval larger than this
@@ -35,14 +36,10 @@ LOOP_EVALUATES = {
 def run_summaries(workdir: str) -> dict[str, dict]:
   """name (relative to workdir) -> summary.json of every finished run under
   workdir (a run's own subfolders, checkpoints among them, not searched)."""
-  found = {}
-  for root, dirs, files in os.walk(workdir):
-    dirs[:] = sorted(d for d in dirs if not d.startswith('.'))  # .xla_cache
-    if workdir_lib.SUMMARY_FILE in files:
-      found[os.path.relpath(root, workdir)] = workdir_lib.read_json_object(
-          os.path.join(root, workdir_lib.SUMMARY_FILE), 'a run summary')
-      dirs[:] = []
-  return found
+  return {name: workdir_lib.read_json_object(
+              os.path.join(workdir, name, workdir_lib.SUMMARY_FILE),
+              'a run summary')
+          for name in study.finished_run_names(workdir)}
 
 
 def trained_range_loss(evaluation: dict[str, dict], train_lengths) -> float | None:

@@ -10,6 +10,7 @@ import os
 import ml_collections
 from absl import flags
 
+from experiments import skeleton
 from selfattn.training import early_stopping
 from selfattn.training import workdir as workdir_lib
 
@@ -84,3 +85,10 @@ def by_budget(workdir: str, runs, results: dict, order, short_result
                       if (s := short_result(label, seed))}
               for label in labels}
   return labels, long_by, short_by
+
+
+class Study(skeleton.Study):
+  """A convergence study: --scale cpu (the CPU study) or quick, 3 seeds."""
+  scales = ('cpu', 'quick')
+  default_scale = 'cpu'
+  default_seeds = 3

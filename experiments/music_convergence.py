@@ -60,7 +60,6 @@ CAP_STEPS = 16_000
 EVAL_EVERY = 500
 EVAL_EXAMPLES = 256
 PATIENCE = 3
-SEEDS = 3
 CORE = ('shaw', 'sinusoidal')
 MORE = ('rope', 'learned')
 ENCODINGS = CORE + MORE
@@ -95,7 +94,6 @@ def short_budget(short_dir: str, label: str, seed: int) -> dict | None:
   """The 1,000-step study's music.json for (label, seed), or None."""
   return convergence.same_seed_result(short_dir, label, seed, 'music.json',
                                       "a 1,000-step run's scores")
-
 
 
 def report(workdir: str, runs: list[study.Run], results: dict,
@@ -217,11 +215,7 @@ def plot_curves(workdir: str, results: dict, path: str) -> bool:
   return True
 
 
-class MusicConvergence(skeleton.Study):
-  """--scale: cpu (the CPU study) or quick."""
-  scales = ('cpu', 'quick')
-  default_scale = 'cpu'
-  default_seeds = SEEDS
+class MusicConvergence(convergence.Study):
 
   def filter_values(self):
     return {'position': ENCODINGS}

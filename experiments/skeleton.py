@@ -29,7 +29,6 @@ from selfattn import tasks
 from selfattn.errors import ConfigError
 from selfattn.errors import DataError
 from selfattn.nn import positions
-from selfattn.training import workdir as workdir_lib
 from selfattn.training.train import kernel_choice
 from selfattn.training.log_setup import configure_logging
 
@@ -176,13 +175,8 @@ def _check_workdir(workdir: str, collect_only: bool) -> None:
 def finished_elsewhere(workdir: str, runs: Sequence[study.Run]) -> int:
   """How many run folders under workdir hold a summary but are not among
   `runs` (a rerun with fewer --seeds, say, whose report silently shrank)."""
-  names, count = {run.name for run in runs}, 0
-  for root, dirs, files in os.walk(workdir):
-    dirs[:] = [d for d in dirs if not d.startswith('.')]   # .xla_cache
-    if workdir_lib.SUMMARY_FILE in files:
-      count += os.path.relpath(root, workdir) not in names
-      dirs[:] = []            # a run's own subfolders (checkpoints)
-  return count
+  names = {run.name for run in runs}
+  return sum(name not in names for name in study.finished_run_names(workdir))
 
 
 def chosen_scale(spec: Study) -> str:

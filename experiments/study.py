@@ -128,6 +128,19 @@ def stops_in_one_line() -> Iterator[None]:
       signal.signal(signum, handler)
 
 
+def finished_run_names(workdir: str) -> list[str]:
+  """The folders (relative to workdir, sorted) holding a run summary
+  anywhere under workdir; a run's own subfolders (checkpoints) and hidden
+  ones (.xla_cache) are not searched."""
+  names = []
+  for root, dirs, files in os.walk(workdir):
+    dirs[:] = sorted(d for d in dirs if not d.startswith('.'))
+    if workdir_lib.SUMMARY_FILE in files:
+      names.append(os.path.relpath(root, workdir))
+      dirs[:] = []
+  return names
+
+
 def finished_summary(run: Run, workdir: str) -> dict[str, Any] | None:
   """The run's summary if it trained to its last step, {'diverged': message}
   if it stopped on a non-finite loss; else None. A run directory whose

@@ -57,7 +57,6 @@ SHORT_DIR = 'experiments/results/translation'
 CAP_STEPS = 20_000
 EVAL_EVERY = 1_000
 PATIENCE = 2
-SEEDS = 3
 ENCODINGS = ('shaw', 'sinusoidal', 'rope')
 CORE = ('shaw', 'sinusoidal')
 # The length-generalization tier (the 3,000-step study's `+short` runs),
@@ -88,7 +87,6 @@ def short_budget(short_dir: str, label: str, seed: int) -> dict | None:
   return convergence.same_seed_result(short_dir, label, seed,
                                       translation_study.RESULT_FILE,
                                       "a 3,000-step run's scores")
-
 
 
 def report(workdir: str, runs: list[study.Run], results: dict,
@@ -288,11 +286,7 @@ def plot_curves(workdir: str, results: dict, short_by: dict, labels,
   return True
 
 
-class Convergence(skeleton.Study):
-  """--scale: cpu (the CPU study) or quick."""
-  scales = ('cpu', 'quick')
-  default_scale = 'cpu'
-  default_seeds = SEEDS
+class Convergence(convergence.Study):
 
   def filter_values(self):
     return {'position': LABELS}

@@ -4,12 +4,11 @@ report, on made-up scores whose paired differences are known."""
 import json
 import os
 
+from convergence_runs import fake_converged_run
 from data import REQUIRES_JSB
 from experiments import music as music_study
 from experiments import music_convergence as convergence
 from experiments import study
-from selfattn.training import early_stopping
-from selfattn.training import workdir as workdir_lib
 from selfattn.training.config_checks import validate_config
 
 
@@ -53,13 +52,8 @@ def test_every_planned_run_passes_validation():
 
 
 def _record(path, curve, stopped_at):
-  os.makedirs(path)
-  workdir_lib.write_json(os.path.join(path, 'summary.json'),
-                         {'step': stopped_at})
-  workdir_lib.write_json(
-      os.path.join(path, early_stopping.EARLY_STOP_FILE),
-      {'metric': 'loss', 'patience': 3, 'evaluations': [
-          {'step': s, 'length': 256, 'value': v} for s, v in curve.items()]})
+  fake_converged_run(path, stopped_at=stopped_at, curve=curve,
+                     metric='loss', patience=3, length=256)
 
 
 def test_the_scored_checkpoint_has_the_lowest_held_out_loss(tmp_path):

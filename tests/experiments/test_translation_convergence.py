@@ -4,9 +4,8 @@ on made-up scores whose paired differences are known."""
 import json
 import os
 
+from convergence_runs import fake_converged_run
 from experiments import translation_convergence as convergence
-from selfattn.training import early_stopping
-from selfattn.training import workdir as workdir_lib
 
 
 def test_the_plan_is_the_study_protocol_with_an_early_stopped_budget():
@@ -55,14 +54,8 @@ def _scores(test, val, long=None):
 
 
 def _fake_run(workdir, name, *, stopped_at, curve):
-  path = os.path.join(workdir, name)
-  os.makedirs(path)
-  workdir_lib.write_json(os.path.join(path, 'summary.json'),
-                         {'step': stopped_at})
-  workdir_lib.write_json(
-      os.path.join(path, early_stopping.EARLY_STOP_FILE),
-      {'metric': 'bleu', 'patience': 2, 'evaluations': [
-          {'step': s, 'length': 64, 'value': v} for s, v in curve.items()]})
+  fake_converged_run(os.path.join(workdir, name), stopped_at=stopped_at,
+                     curve=curve, metric='bleu', patience=2, length=64)
 
 
 def _report(tmp_path, made_up, labels, *, stopped_at, curve,
