@@ -122,8 +122,11 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
     # trace in a workdir the run made: workdir_lock).
     _check_parameter_shapes(config.train.init_from, config, state)
     started_from = _parameters_from(config.train.init_from, state)
-  workdir_lib.check_or_store_config(workdir, config, write=is_main)
+  execution_changes = workdir_lib.check_or_store_config(workdir, config,
+                                                        write=is_main)
   start = _starting_point(config, state, workdir, started_from)
+  if execution_changes and start.step:
+    _note_execution_changes(workdir, is_main, start.step, execution_changes)
   events = _EventLog(config, trainer, workdir, is_main, start.step)
   loop = _TrainingLoop(config, trainer, workdir, is_main, stop, start, events)
   loop.run()
@@ -185,6 +188,20 @@ class _Start:
   last_checkpoint: int | None
 
 
+def _note_execution_changes(workdir: str, is_main: bool, step: int,
+                            changes: list[tuple[str, Any, Any]]) -> None:
+  """Logs and records (workdir_lib.EXECUTION_FILE) a resume that executes
+  attention differently from the steps before it."""
+  logging.warning(
+      'Resuming at step %d with %s: the same model and maths, executed '
+      'differently, so later numbers match an uninterrupted run only to '
+      'rounding; recorded in %s', step, ', '.join(
+          f'config.{field} {a!r} -> {b!r}' for field, a, b in changes),
+      os.path.join(workdir, workdir_lib.EXECUTION_FILE))
+  if is_main:
+    workdir_lib.record_execution_changes(workdir, step, changes)
+
+
 def _starting_point(config: ml_collections.ConfigDict, state: dict[str, Any],
                     workdir: str, started_from: dict[str, Any] | None) -> _Start:
   """Resumes from the latest checkpoint in `workdir` that restores; without
@@ -222,9 +239,11 @@ class _EventLog:
     self._chance = trainer.task.chance
     self._run, self._options = summaries.run_title(self._config)
     if start == 0:
+      # A resume keeps the first process's (at step 0, below every purge):
+      # one HParams session per run, whatever its number of resumes.
       self.writer.text('description', 0,
                        summaries.description(self._config, self._chance))
-    self.writer.hparams(summaries.researcher_hparams(self._config))
+      self.writer.hparams(summaries.researcher_hparams(self._config))
     self._figures = bool(config.eval.figures)
     self._probe = report.AttentionProbe(trainer) if self._figures else None
     self._tables_logged: list[int] = []   # a fixed table is logged once per process

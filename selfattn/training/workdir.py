@@ -35,6 +35,15 @@ _MUST_MATCH = ('seed', 'task', 'model', 'train.batch_size', 'train.num_steps',
 # With early stopping on, also what its evaluations measure and when: the
 # record from before a resume is compared with the evaluations after it.
 _MUST_MATCH_EARLY_STOPPING = ('eval.lengths', 'eval.every', 'eval.num_examples')
+# Model fields that change how attention is executed, not what it computes
+# (the same maths to rounding, the same parameters): a resume may change them,
+# so a run started on a CPU continues on a GPU with its kernels. The change is
+# returned by check_or_store_config and recorded in EXECUTION_FILE by the run.
+EXECUTION_FIELDS = ('attention_impl', 'gpu_kernel', 'remat')
+# Each resume that changed EXECUTION_FIELDS: a JSON list of {step, field,
+# stored, now}, so config.json (the latest values) does not hide how the
+# steps before `step` were executed.
+EXECUTION_FILE = 'execution_changes.json'
 
 # Fields added to the config after runs were already stored, with the value
 # that reproduces what those runs computed: a stored config without the field
@@ -209,7 +218,7 @@ def init_from_problem(config: ml_collections.ConfigDict) -> str | None:
     return (f'config.train.init_from={source!r} is not a workdir with '
             f'checkpoints and a {CONFIG_FILE}')
   # How attention is executed and dropout do not shape the parameters.
-  free = ('attention_impl', 'gpu_kernel', 'remat', 'dropout')
+  free = EXECUTION_FIELDS + ('dropout',)
   shaping = lambda model: {k: v for k, v in model.items() if k not in free}
   differences = init_from_differences(config, 'model', shaping)
   if differences:
@@ -232,12 +241,19 @@ def init_from_differences(config: ml_collections.ConfigDict, section: str,
                       section + '.')
 
 
+def _without_execution(model: dict) -> dict:
+  return {k: v for k, v in model.items() if k not in EXECUTION_FIELDS}
+
+
 def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
-                          write: bool) -> None:
+                          write: bool) -> list[tuple[str, Any, Any]]:
   """Stores the config in a new workdir; in a used one, refuses a config
-  that would not continue the same run (raises ConfigError)."""
+  that would not continue the same run (raises ConfigError). Returns the
+  EXECUTION_FIELDS the config changes from the stored one, as
+  (dotted field, stored, now): allowed, and for the caller to record."""
   path = os.path.join(workdir, CONFIG_FILE)
   current = json.loads(config.to_json_best_effort())
+  changed: list[tuple[str, Any, Any]] = []
   if os.path.exists(path):
     stored = with_added_fields(read_json_object(path, 'the stored config'))
     problems = []
@@ -249,6 +265,10 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
     for field in _MUST_MATCH + (_MUST_MATCH_EARLY_STOPPING if early_stopping
                                 else ()):
       a, b = _lookup(stored, field), _lookup(current, field)
+      if field == 'model' and isinstance(a, dict) and isinstance(b, dict):
+        changed += [(f'model.{k}', a.get(k), b.get(k))
+                    for k in EXECUTION_FIELDS if a.get(k) != b.get(k)]
+        a, b = _without_execution(a), _without_execution(b)
       if isinstance(a, dict) and isinstance(b, dict):
         problems += _differences(a, b, field + '.')
       elif a != b:
@@ -283,6 +303,24 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
     except OSError as e:      # e.g. a disk already full when the run starts
       raise ConfigError(f'cannot write {path}: {e.strerror or e}; free space '
                         f'or use another --workdir') from None
+  return changed
+
+
+def record_execution_changes(workdir: str, step: int,
+                             changed: list[tuple[str, Any, Any]]) -> None:
+  """Appends a resume's EXECUTION_FIELDS changes (check_or_store_config's
+  list), from `step` on, to workdir/EXECUTION_FILE."""
+  path = os.path.join(workdir, EXECUTION_FILE)
+  try:
+    with open(path) as f:
+      records = json.load(f)
+  except (OSError, ValueError):
+    records = []
+  if not isinstance(records, list):
+    records = []
+  records += [{'step': step, 'field': field, 'stored': a, 'now': b}
+              for field, a, b in changed]
+  write_json(path, records)
 
 
 def read_json_object(path: str, what: str) -> dict:

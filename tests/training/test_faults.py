@@ -58,6 +58,18 @@ def test_sigterm_saves_a_checkpoint_flushes_events_and_resumes(tmp_path):
   again = cli(workdir, *overrides[:1], *overrides[1:])
   assert again.returncode == 0, again.stderr[-2000:]
   assert f'Resumed from checkpoint at step {step}' in again.stderr
+  # One HParams session for the run: the resume keeps the first one (a
+  # second copy per resume was written before).
+  from tensorboard.backend.event_processing import event_file_loader
+  sessions = [value.tag for name in os.listdir(workdir)
+              if name.startswith('events.out.tfevents')
+              for event in event_file_loader.EventFileLoader(
+                  str(workdir / name)).Load()
+              for value in event.summary.value
+              if value.tag == '_hparams_/session_start_info']
+  assert len(sessions) == 1
+  assert len([n for n in os.listdir(workdir)
+              if n.startswith('events.out.tfevents')]) == 2
 
 
 def test_a_stop_between_a_checkpoint_and_its_evaluation_loses_nothing(

@@ -14,6 +14,7 @@ import pytest
 from selfattn.training import report
 from selfattn.training import steps
 from selfattn.training import train
+from selfattn.training import workdir as workdir_lib
 from selfattn.training.config_checks import validate_config
 from selfattn.errors import ConfigError
 from runs import cli, crashed_copy, saved_params
@@ -375,6 +376,35 @@ def test_resume_with_different_model_is_refused(tiny_config, tmp_path):
   # (with it, test_early_stopping refuses the change).
   tiny_config.model.num_hiddens, tiny_config.eval.lengths = 16, [4, 8]
   assert train.train_and_evaluate(tiny_config, str(tmp_path))['step'] == 10
+
+
+def test_a_resume_may_execute_attention_differently_and_records_it(
+    tiny_config, tmp_path):
+  """attention_impl, gpu_kernel and remat change how attention runs, not
+  what it computes: a run resumed with other values (as when a CPU run
+  continues on a GPU) goes on from its checkpoint, ends near the
+  uninterrupted run, and records from which step it ran how."""
+  tiny_config.model.position = 'shaw'
+  straight = tmp_path / 'straight'
+  train.train_and_evaluate(tiny_config, str(straight))
+  resumed = crashed_copy(straight, tmp_path / 'resumed', 10)
+  tiny_config.model.attention_impl = 'chunked'
+  tiny_config.model.remat = True
+  assert train.train_and_evaluate(tiny_config, str(resumed))['step'] == 20
+  for a, b in zip(saved_params(straight), saved_params(resumed), strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+  assert json.loads((resumed / workdir_lib.EXECUTION_FILE).read_text()) == [
+      {'step': 10, 'field': 'model.attention_impl', 'stored': 'plain',
+       'now': 'chunked'},
+      {'step': 10, 'field': 'model.remat', 'stored': False, 'now': True}]
+  stored = json.loads((resumed / workdir_lib.CONFIG_FILE).read_text())
+  assert stored['model']['attention_impl'] == 'chunked'
+  # A model field that shapes the parameters is still refused.
+  tiny_config.model.position = 'sinusoidal'
+  with pytest.raises(ConfigError, match="config.model.position: stored "
+                     "'shaw', now 'sinusoidal'"):
+    train.train_and_evaluate(tiny_config, str(resumed))
+  assert not (straight / workdir_lib.EXECUTION_FILE).exists()
 
 
 def test_training_longer_goes_through_init_from_and_the_guard_needs_no_config_json(
