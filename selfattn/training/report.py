@@ -36,6 +36,27 @@ def table_reach_note(config: ml_collections.ConfigDict,
   return None
 
 
+def execution_note(config: ml_collections.ConfigDict, platform: str
+                   ) -> str | None:
+  """What the attention settings do on this run's device platform ('cpu',
+  'gpu', 'tpu') where that is not what their names suggest: the Pallas
+  kernels run interpreted on a CPU (the same numbers, far slower: for
+  checking, not training), and a gpu_kernel choice acts only on a CUDA GPU.
+  None when there is nothing to say."""
+  m = config.model
+  notes = []
+  if m.attention_impl == 'pallas' and platform == 'cpu':
+    notes.append("attention_impl='pallas' on a CPU runs the kernels in "
+                 "Pallas's interpreter: the same numbers as on a GPU, far "
+                 "slower (train with attention_impl='plain' or 'chunked' "
+                 "here)")
+  if m.gpu_kernel != 'auto' and platform != 'gpu':
+    notes.append(f'config.model.gpu_kernel={m.gpu_kernel!r} chooses among '
+                 f'the kernels on a CUDA GPU; on this {platform} it changes '
+                 f'nothing')
+  return '; '.join(notes) or None
+
+
 def generalization_score(results: dict[int, dict[str, float]],
                          max_train_len: int) -> float | None:
   """The reference's score: token accuracy averaged over every evaluated

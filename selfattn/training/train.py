@@ -345,9 +345,11 @@ class _TrainingLoop:
       logging.info('Training %s on %s (%s) for %d steps on %d device(s)',
                    config.model.position, task.name, task.description,
                    self._num_steps, self._trainer.mesh.size)
-    note = report.table_reach_note(config, task)
-    if self._is_main and note:
-      logging.warning(note)
+    platform = self._trainer.mesh.devices.flat[0].platform
+    for note in (report.table_reach_note(config, task),
+                 report.execution_note(config, platform)):
+      if self._is_main and note:
+        logging.warning(note)
     if self.start > 0:
       self._resume_evaluation()
       if self.stopped_early is not None:

@@ -366,6 +366,22 @@ def test_table_reach_is_stated_for_huang_beyond_max_len(tiny_config):
   assert report.table_reach_note(tiny_config, task_from_config(tiny_config)) is None
 
 
+def test_attention_settings_that_do_not_act_as_named_are_stated(tiny_config):
+  """Pallas on a CPU is its interpreter, and a gpu_kernel choice means
+  nothing off a CUDA GPU: the run's start says so instead of running
+  silently."""
+  assert report.execution_note(tiny_config, 'cpu') is None
+  tiny_config.model.attention_impl = 'pallas'
+  assert 'interpreter' in report.execution_note(tiny_config, 'cpu')
+  assert report.execution_note(tiny_config, 'gpu') is None
+  tiny_config.model.gpu_kernel = 'triton'
+  note = report.execution_note(tiny_config, 'tpu')
+  assert "gpu_kernel='triton'" in note and 'interpreter' not in note
+  assert report.execution_note(tiny_config, 'gpu') is None
+  both = report.execution_note(tiny_config, 'cpu')
+  assert 'interpreter' in both and "gpu_kernel='triton'" in both
+
+
 def test_resume_with_different_model_is_refused(tiny_config, tmp_path):
   tiny_config.train.num_steps = 10
   train.train_and_evaluate(tiny_config, str(tmp_path))
