@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import ml_collections
 
 from selfattn import tasks
+from selfattn.nn import positions
 from selfattn.errors import ConfigError
 
 CONFIG_FILE = 'config.json'
@@ -68,7 +69,11 @@ _ADDED_FIELDS = {'model.attention_impl': 'plain', 'model.remat': False,
                  'train.early_stop_patience': 0,
                  'train.early_stop_metric': 'loss',
                  # 2026-11-30: the GPU kernel preference (issue 47).
-                 'model.gpu_kernel': 'auto'}
+                 'model.gpu_kernel': 'auto',
+                 # 2026-11-25: free-running evaluation through the cache
+                 # (the fixed point before); 2026-11-29: the switch to skip
+                 # TensorBoard images (always made before).
+                 'eval.free_running': 'fixed_point', 'eval.figures': True}
 
 
 def last_evaluated(workdir: str) -> int:
@@ -175,9 +180,11 @@ def with_added_fields(stored: dict) -> dict:
   """`stored` (a config.json's dict), with every field added since it was
   written set to the value that reproduces what it computed; in place.
   A task option it lacks reads as its default, which every other task
-  ignores (so a task registered later does not strand older runs)."""
+  ignores (so a task registered later does not strand older runs), and an
+  encoding option as unset (None: the encoding's own default)."""
   added = {**{f'task.{name}': default
               for name, default in tasks.DEFAULT_OPTIONS.items()},
+           **{f'model.{name}': None for name in positions.option_types()},
            **_ADDED_FIELDS}
   for dotted, value in added.items():
     *parents, leaf = dotted.split('.')

@@ -31,6 +31,31 @@ def test_a_config_json_from_before_the_newer_fields_still_matches(tmp_path):
     raise AssertionError('a changed beta2 resumed silently')
 
 
+def _dotted_fields(config: dict, prefix: str = '') -> set[str]:
+  return set().union(*(
+      _dotted_fields(v, f'{prefix}{k}.') if isinstance(v, dict)
+      else {prefix + k} for k, v in config.items()))
+
+
+def test_every_committed_config_json_gets_every_field_of_today():
+  """with_added_fields gives each committed run's stored config every field
+  of the default config (eval.free_running, eval.figures and the encodings'
+  options were missing from its list), so code reading a stored config
+  reads no missing field, whichever the run's age."""
+  import glob
+  import os
+  from selfattn.training import default_config
+  today = _dotted_fields(json.loads(
+      default_config.get_config().to_json_best_effort()))
+  paths = glob.glob(os.path.join(os.path.dirname(__file__), '..', '..',
+                                 'experiments', 'results', '**',
+                                 workdir_lib.CONFIG_FILE), recursive=True)
+  assert len(paths) > 100
+  for path in paths:
+    stored = workdir_lib.with_added_fields(json.loads(open(path).read()))
+    assert today <= _dotted_fields(stored), path
+
+
 # The fields the library once read with `.get(field, default)`: a config
 # without one now fails at validation, naming it, instead of running with a
 # default repeated far from configs/default.py.
