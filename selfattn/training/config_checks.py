@@ -7,6 +7,7 @@ import math
 import os
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
@@ -128,7 +129,7 @@ def _validate(config: ml_collections.ConfigDict,
   _check_gpu_kernel(config, task)
   _check_training(config)
   _check_lengths(config, task, num_devices)
-  _check_built(config, task)
+  _check_built(config, task, num_devices)
   if num_devices is not None:
     _check_devices(config, num_devices)
   return task
@@ -335,7 +336,6 @@ def _check_gpu_kernel(config: ml_collections.ConfigDict, task: tasks.Task
           f'Pallas kernels compute no {why}, so config.{field} sends '
           f'attention to the plain path (set gpu_kernel to auto, or unset '
           f'{field})')
-  import jax.numpy as jnp
   from flax import nnx
   from selfattn.nn import pallas_attention   # Pallas loads only when asked
   head_dim = m.num_hiddens // m.num_heads
@@ -487,10 +487,12 @@ def _check_lengths(config: ml_collections.ConfigDict, task: tasks.Task,
 
 
 
-def _check_built(config: ml_collections.ConfigDict, task: tasks.Task) -> None:
+def _check_built(config: ml_collections.ConfigDict, task: tasks.Task,
+                 num_devices: int | None) -> None:
   """Last, the whole model built abstractly (nnx.eval_shape: no memory, no
   compilation): whatever its constructors check and the checks above do
-  not name fails here, before any work, instead of at the first step."""
+  not name fails here, before any work, instead of at the first step; and
+  a model or batch that cannot fit in one device's memory (_least_memory)."""
   from flax import nnx
   from selfattn.training.build import build_model
 
@@ -519,14 +521,67 @@ def _check_built(config: ml_collections.ConfigDict, task: tasks.Task) -> None:
     raise ConfigError(_model_problem(config.model,
                                      " ".join(str(e).split()))) from None
   have = _memory_bytes()
-  if have and need > have:
+  if not have:
+    return
+  gib = lambda n: f'{n / 2**30:,.1f} GiB'
+  if need > have:
     raise ConfigError(
         f'config.model: the parameters, gradients and optimiser state alone '
-        f'take {need / 2**30:,.1f} GiB (num_layers={layers}, num_hiddens='
+        f'take {gib(need)} (num_layers={layers}, num_hiddens='
         f'{config.model.num_hiddens}, ffn_num_hiddens='
         f'{config.model.ffn_num_hiddens}, max_len={config.model.max_len}, '
         f'{task.input_symbols} input symbols), more than the '
-        f'{have / 2**30:,.1f} GiB of memory of one device here')
+        f'{gib(have)} of memory of one device here')
+  devices = num_devices if num_devices is not None else jax.device_count()
+  for field, parts in _least_memory(config, task, devices).items():
+    training = field == 'train.batch_size'
+    if training:
+      parts = {**parts, 'parameters, gradients and optimiser state': need}
+    total = sum(parts.values())
+    if total > have:
+      section, name = field.split('.')
+      raise ConfigError(
+          f'config.{field}={config[section][name]}: one '
+          f'{"training step" if training else "evaluation"} holds at least '
+          f'{gib(total)} on a device ('
+          + ', '.join(f'{what} {gib(n)}' for what, n in parts.items())
+          + f'), more than the {gib(have)} of memory of one device here; '
+          + ('lower it or config.task.max_len' if training else
+             "drop the longest, or use config.model.attention_impl='chunked'"
+             ' (O(L) memory)'))
+
+
+def _least_memory(config: ml_collections.ConfigDict, task: tasks.Task,
+                  devices: int) -> dict[str, dict[str, int]]:
+  """Lower bounds on the activation bytes a device holds, by the field
+  that sizes them: {'train.batch_size': {what: bytes}, 'eval.lengths':
+  ...}. Only what no implementation avoids is counted, so a config that
+  fits is never refused: a training step keeps every layer's input for
+  the backward pass (remat and scanning too) and the logits and their
+  gradient; attention_impl='plain' makes a (B, H, L, L) weight array per
+  layer, counted once; evaluation runs at least one example per device at
+  its longest length. Translation's token-budget batches are not bounded
+  here."""
+  if task.layout == 'encoder_decoder':
+    return {}
+  m = config.model
+  itemsize = jnp.dtype(m.dtype).itemsize
+  data = _data_parallel(config, devices)
+  batch = -(-config.train.batch_size // data)        # per device
+  length = task.seq_len(config.task.max_len)
+  train = {'layer inputs': m.num_layers * batch * length * m.num_hiddens
+           * itemsize,
+           'float32 logits': batch * length * task.num_classes * 4}
+  plain = m.attention_impl == 'plain'
+  if plain:
+    train['attention weights'] = (batch * m.num_heads * length * length
+                                  * itemsize)
+  out = {'train.batch_size': train}
+  if plain and config.eval.lengths:
+    longest = task.seq_len(max(config.eval.lengths))
+    out['eval.lengths'] = {'attention weights at the longest length':
+                           m.num_heads * longest * longest * itemsize}
+  return out
 
 
 def _memory_bytes() -> int | None:

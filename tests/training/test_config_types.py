@@ -100,3 +100,65 @@ def test_a_model_that_cannot_fit_in_memory_is_refused_before_it_is_built(
   config.task.vocab_size = 2**23
   with pytest.raises(ConfigError, match=r'take 4\.[01] GiB \(num_layers=3'):
     validate_config(config, num_devices=1)
+
+
+def test_a_batch_or_length_that_cannot_fit_in_memory_is_refused(monkeypatch):
+  """Activations were not estimated: a batch of 10**8 failed with an
+  out-of-memory traceback at the first step (on a CPU host, the kernel's
+  OOM killer). A lower bound, by the field that sizes it, is checked
+  before any work: each layer's input, the float32 logits and, for
+  attention_impl='plain', one layer's (B, H, L, L) weights; evaluation at
+  least one example's weights at its longest length."""
+  from selfattn.training import config_checks
+  monkeypatch.setattr(config_checks, '_memory_bytes', lambda: 2**30)  # 1 GiB
+  config = tiny.get_config()
+  task = validate_config(config, num_devices=1)
+  length, m = task.seq_len(config.task.max_len), config.model
+  config.train.batch_size = batch = 2**20
+  bound = config_checks._least_memory(config, task, 1)['train.batch_size']
+  assert bound == {
+      'layer inputs': m.num_layers * batch * length * m.num_hiddens * 4,
+      'float32 logits': batch * length * task.num_classes * 4,
+      'attention weights': batch * m.num_heads * length**2 * 4}
+  with pytest.raises(ConfigError, match=r'^config\.train\.batch_size=1048576: '
+                     r'one training step holds at least [\d.]+ GiB on a '
+                     r'device \(layer inputs .*more than the 1\.0 GiB'):
+    validate_config(config, num_devices=1)
+  # Split over 8 data-parallel devices, each holds an eighth: it fits.
+  assert validate_config(config, num_devices=8)
+  # Without (L, L) weights the bound is the layer inputs and logits only.
+  config.model.attention_impl = 'chunked'
+  assert 'attention weights' not in config_checks._least_memory(
+      config, task, 1)['train.batch_size']
+  config.train.batch_size = 8
+  config.model.attention_impl = 'plain'
+  config.model.max_len = 2**20
+  config.eval.lengths = [4, 2**14]
+  with pytest.raises(ConfigError, match=r"^config\.eval\.lengths=\[4, 16384\]"
+                     r": one evaluation .*attention_impl='chunked'"):
+    validate_config(config, num_devices=1)
+  config.model.attention_impl = 'chunked'
+  assert validate_config(config, num_devices=1)
+
+
+@pytest.mark.parametrize('attention_impl', ['plain', 'chunked'])
+def test_the_activation_bound_is_below_what_the_compiled_step_holds(
+    attention_impl):
+  """The bound refuses only what cannot fit: it stays below XLA's own
+  account of the compiled training step (temporaries, arguments, outputs)."""
+  import jax
+  from selfattn.training import config_checks
+  from selfattn.training.steps import Trainer, dropout_key_for
+  config = tiny.get_config()
+  config.model.num_layers, config.model.attention_impl = 2, attention_impl
+  config.train.batch_size, config.task.max_len = 64, 32
+  task = validate_config(config, num_devices=1)
+  bound = sum(config_checks._least_memory(
+      config, task, 1)['train.batch_size'].values())
+  trainer = Trainer(config, task=task)
+  step = jax.jit(lambda state, batch: trainer.step_with_key(
+      state, batch, dropout_key=dropout_key_for(config.seed)))
+  held = step.lower(trainer.init_state(), trainer.train_batch(0)).compile(
+      ).memory_analysis()
+  assert bound < (held.temp_size_in_bytes + held.argument_size_in_bytes
+                  + held.output_size_in_bytes)
