@@ -532,8 +532,7 @@ def _check_built(config: ml_collections.ConfigDict, task: tasks.Task,
         f'{config.model.ffn_num_hiddens}, max_len={config.model.max_len}, '
         f'{task.input_symbols} input symbols), more than the '
         f'{gib(have)} of memory of one device here')
-  devices = num_devices if num_devices is not None else jax.device_count()
-  for field, parts in _least_memory(config, task, devices).items():
+  for field, parts in _least_memory(config, task, num_devices).items():
     training = field == 'train.batch_size'
     if training:
       parts = {**parts, 'parameters, gradients and optimiser state': need}
@@ -547,35 +546,43 @@ def _check_built(config: ml_collections.ConfigDict, task: tasks.Task,
           + ', '.join(f'{what} {gib(n)}' for what, n in parts.items())
           + f'), more than the {gib(have)} of memory of one device here; '
           + ('lower it or config.task.max_len' if training else
-             "drop the longest, or use config.model.attention_impl='chunked'"
-             ' (O(L) memory)'))
+             'drop the longest')
+          + (", or use config.model.attention_impl='chunked' (O(L) memory)"
+             if 'attention weights' in ' '.join(parts) else ''))
 
 
 def _least_memory(config: ml_collections.ConfigDict, task: tasks.Task,
-                  devices: int) -> dict[str, dict[str, int]]:
+                  num_devices: int | None) -> dict[str, dict[str, int]]:
   """Lower bounds on the activation bytes a device holds, by the field
   that sizes them: {'train.batch_size': {what: bytes}, 'eval.lengths':
   ...}. Only what no implementation avoids is counted, so a config that
   fits is never refused: a training step keeps every layer's input for
-  the backward pass (remat and scanning too) and the logits and their
-  gradient; attention_impl='plain' makes a (B, H, L, L) weight array per
-  layer, counted once; evaluation runs at least one example per device at
-  its longest length. Translation's token-budget batches are not bounded
-  here."""
+  the backward pass (remat and scanning too) and the logits;
+  attention_impl='plain' makes a (B, H, L, L) weight array per layer,
+  counted once (with remat, only the larger of it and the logits: the
+  weights can be recomputed after the logits are freed); evaluation runs at
+  least one example per device at its longest length. num_devices None:
+  as many data-parallel devices as config.mesh.data names (all of this
+  host's for -1), as _check_translation counts them. Translation's
+  token-budget batches are not bounded here."""
   if task.layout == 'encoder_decoder':
     return {}
   m = config.model
   itemsize = jnp.dtype(m.dtype).itemsize
-  data = _data_parallel(config, devices)
+  data = (_data_parallel(config, num_devices) if num_devices is not None
+          else jax.device_count() if config.mesh.data == -1
+          else max(int(config.mesh.data), 1))
   batch = -(-config.train.batch_size // data)        # per device
   length = task.seq_len(config.task.max_len)
   train = {'layer inputs': m.num_layers * batch * length * m.num_hiddens
            * itemsize,
-           'float32 logits': batch * length * task.num_classes * 4}
+           'logits': batch * length * task.num_classes * itemsize}
   plain = m.attention_impl == 'plain'
   if plain:
     train['attention weights'] = (batch * m.num_heads * length * length
                                   * itemsize)
+    if m.remat:
+      del train[min(('logits', 'attention weights'), key=train.get)]
   out = {'train.batch_size': train}
   if plain and config.eval.lengths:
     longest = task.seq_len(max(config.eval.lengths))

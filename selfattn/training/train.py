@@ -122,11 +122,19 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
     # trace in a workdir the run made: workdir_lock).
     _check_parameter_shapes(config.train.init_from, config, state)
     started_from = _parameters_from(config.train.init_from, state)
+  # A change of how attention is executed is recorded before config.json
+  # takes the new values: stored first, a stop in between would leave no
+  # trace of it.
   execution_changes = workdir_lib.check_or_store_config(workdir, config,
-                                                        write=is_main)
+                                                        write=False)
+  if not execution_changes:
+    workdir_lib.check_or_store_config(workdir, config, write=is_main)
   start = _starting_point(config, state, workdir, started_from)
-  if execution_changes and start.step:
-    _note_execution_changes(workdir, is_main, start.step, execution_changes)
+  if execution_changes:
+    if start.step:
+      _note_execution_changes(config, workdir, is_main, start.step,
+                              execution_changes)
+    workdir_lib.check_or_store_config(workdir, config, write=is_main)
   events = _EventLog(config, trainer, workdir, is_main, start.step)
   loop = _TrainingLoop(config, trainer, workdir, is_main, stop, start, events)
   loop.run()
@@ -188,18 +196,28 @@ class _Start:
   last_checkpoint: int | None
 
 
-def _note_execution_changes(workdir: str, is_main: bool, step: int,
+def _note_execution_changes(config: ml_collections.ConfigDict, workdir: str,
+                            is_main: bool, step: int,
                             changes: list[tuple[str, Any, Any]]) -> None:
   """Logs and records (workdir_lib.EXECUTION_FILE) a resume that executes
   attention differently from the steps before it."""
+  if not is_main:
+    return
+  # The chunked path draws dropout masks per block, the others over the
+  # whole array (Pallas and cuDNN hand dropout to the plain path).
+  impl = [(a, b) for field, a, b in changes
+          if field == 'model.attention_impl']
+  masks = (config.model.dropout > 0 and impl
+           and {'chunked', 'auto'} & set(impl[0]))
   logging.warning(
       'Resuming at step %d with %s: the same model and maths, executed '
       'differently, so later numbers match an uninterrupted run only to '
-      'rounding; recorded in %s', step, ', '.join(
+      'rounding%s; recorded in %s', step, ', '.join(
           f'config.{field} {a!r} -> {b!r}' for field, a, b in changes),
-      os.path.join(workdir, workdir_lib.EXECUTION_FILE))
-  if is_main:
-    workdir_lib.record_execution_changes(workdir, step, changes)
+      '; and with dropout, the chunked path draws other masks than the '
+      'others, so the later steps are another draw of the same training'
+      if masks else '', os.path.join(workdir, workdir_lib.EXECUTION_FILE))
+  workdir_lib.record_execution_changes(workdir, step, changes)
 
 
 def _starting_point(config: ml_collections.ConfigDict, state: dict[str, Any],

@@ -13,6 +13,7 @@ import os
 from typing import Any, Iterator
 
 import ml_collections
+from absl import logging
 
 from selfattn import tasks
 from selfattn.nn import positions
@@ -318,13 +319,19 @@ def record_execution_changes(workdir: str, step: int,
   """Appends a resume's EXECUTION_FIELDS changes (check_or_store_config's
   list), from `step` on, to workdir/EXECUTION_FILE."""
   path = os.path.join(workdir, EXECUTION_FILE)
-  try:
-    with open(path) as f:
-      records = json.load(f)
-  except (OSError, ValueError):
-    records = []
-  if not isinstance(records, list):
-    records = []
+  records = []
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        records = json.load(f)
+    except (OSError, ValueError):
+      records = None
+    if not isinstance(records, list):
+      # Kept aside, not overwritten: it is the only record of those steps.
+      os.replace(path, path + '.damaged')
+      logging.warning('%s could not be read as a list; moved to %s.damaged '
+                      'and begun again', path, path)
+      records = []
   records += [{'step': step, 'field': field, 'stored': a, 'now': b}
               for field, a, b in changed]
   write_json(path, records)

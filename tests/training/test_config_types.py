@@ -118,14 +118,25 @@ def test_a_batch_or_length_that_cannot_fit_in_memory_is_refused(monkeypatch):
   bound = config_checks._least_memory(config, task, 1)['train.batch_size']
   assert bound == {
       'layer inputs': m.num_layers * batch * length * m.num_hiddens * 4,
-      'float32 logits': batch * length * task.num_classes * 4,
+      'logits': batch * length * task.num_classes * 4,
       'attention weights': batch * m.num_heads * length**2 * 4}
+  # With remat the weights may be recomputed once the logits are freed:
+  # only the larger of the two is sure to be held.
+  config.model.remat = True
+  assert set(config_checks._least_memory(config, task, 1)[
+      'train.batch_size']) == {'layer inputs', 'attention weights'}
+  config.model.remat = False
   with pytest.raises(ConfigError, match=r'^config\.train\.batch_size=1048576: '
                      r'one training step holds at least [\d.]+ GiB on a '
                      r'device \(layer inputs .*more than the 1\.0 GiB'):
     validate_config(config, num_devices=1)
-  # Split over 8 data-parallel devices, each holds an eighth: it fits.
+  # Split over 8 data-parallel devices, each holds an eighth: it fits;
+  # without num_devices, as many as config.mesh.data names (validating a
+  # GPU study's config on a laptop is not refused for this host's count).
   assert validate_config(config, num_devices=8)
+  config.mesh.data = 8
+  assert validate_config(config)
+  config.mesh.data = -1
   # Without (L, L) weights the bound is the layer inputs and logits only.
   config.model.attention_impl = 'chunked'
   assert 'attention weights' not in config_checks._least_memory(
@@ -141,9 +152,11 @@ def test_a_batch_or_length_that_cannot_fit_in_memory_is_refused(monkeypatch):
   assert validate_config(config, num_devices=1)
 
 
-@pytest.mark.parametrize('attention_impl', ['plain', 'chunked'])
+@pytest.mark.parametrize('attention_impl, remat, dtype', [
+    ('plain', False, 'float32'), ('chunked', False, 'float32'),
+    ('plain', True, 'bfloat16')])
 def test_the_activation_bound_is_below_what_the_compiled_step_holds(
-    attention_impl):
+    attention_impl, remat, dtype):
   """The bound refuses only what cannot fit: it stays below XLA's own
   account of the compiled training step (temporaries, arguments, outputs)."""
   import jax
@@ -151,6 +164,7 @@ def test_the_activation_bound_is_below_what_the_compiled_step_holds(
   from selfattn.training.steps import Trainer, dropout_key_for
   config = tiny.get_config()
   config.model.num_layers, config.model.attention_impl = 2, attention_impl
+  config.model.remat, config.model.dtype = remat, dtype
   config.train.batch_size, config.task.max_len = 64, 32
   task = validate_config(config, num_devices=1)
   bound = sum(config_checks._least_memory(

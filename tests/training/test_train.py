@@ -395,7 +395,7 @@ def test_resume_with_different_model_is_refused(tiny_config, tmp_path):
 
 
 def test_a_resume_may_execute_attention_differently_and_records_it(
-    tiny_config, tmp_path):
+    tiny_config, tmp_path, monkeypatch):
   """attention_impl, gpu_kernel and remat change how attention runs, not
   what it computes: a run resumed with other values (as when a CPU run
   continues on a GPU) goes on from its checkpoint, ends near the
@@ -406,7 +406,21 @@ def test_a_resume_may_execute_attention_differently_and_records_it(
   resumed = crashed_copy(straight, tmp_path / 'resumed', 10)
   tiny_config.model.attention_impl = 'chunked'
   tiny_config.model.remat = True
+  # A stop before the change is recorded leaves config.json as it was, so
+  # the rerun still sees (and records) the change.
+  with monkeypatch.context() as patch:
+    def stopped(*args):
+      raise KeyboardInterrupt
+    patch.setattr(train, '_starting_point', stopped)
+    with pytest.raises(KeyboardInterrupt):
+      train.train_and_evaluate(tiny_config, str(resumed))
+  stored = json.loads((resumed / workdir_lib.CONFIG_FILE).read_text())
+  assert stored['model']['attention_impl'] == 'plain'
+  # A record that cannot be read is kept aside, not overwritten.
+  (resumed / workdir_lib.EXECUTION_FILE).write_text('{"truncat')
   assert train.train_and_evaluate(tiny_config, str(resumed))['step'] == 20
+  assert (resumed / (workdir_lib.EXECUTION_FILE + '.damaged')).read_text() == (
+      '{"truncat')
   for a, b in zip(saved_params(straight), saved_params(resumed), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
   assert json.loads((resumed / workdir_lib.EXECUTION_FILE).read_text()) == [
