@@ -176,8 +176,10 @@ def _restore_verified(path: str, target: Any, step: int) -> Any:
 def _reason(e: Exception) -> str:
   if isinstance(e, _Damaged):
     return str(e)
-  first = str(e).splitlines()[0][:200] if str(e) else ''
-  return f'{type(e).__name__}: {first}'
+  first = str(e).splitlines()[0] if str(e) else ''
+  # TensorStore appends the repr of a method, not its text.
+  first = first.split('See full TensorStore details')[0].rstrip(' .;[')
+  return f'{type(e).__name__}: {first[:200]}'
 
 
 # --------------------------------------------------------------------------

@@ -140,10 +140,11 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
   loop.run()
   checkpoints.wait(start.mngr)
   results = loop.results
+  evaluated_here = results is not None
   if results is None:   # nothing left to train: evaluate the restored state
     results = trainer.evaluate(loop.state['params'])
   summary = _summary(config, trainer.task, loop, results)
-  _publish_summary(summary, workdir, is_main, events.writer)
+  _publish_summary(summary, workdir, is_main, events.writer, evaluated_here)
   events.writer.close()
   start.mngr.close()
   if stop.signum is not None:
@@ -351,7 +352,8 @@ class _TrainingLoop:
     self._segment_steps = 0
     self.run_start = time.perf_counter()
     self.results: _Results | None = None            # the latest evaluation
-    self.history: list[dict[str, Any]] = []
+    # Every evaluation of the run, those before a resume included.
+    self.history = workdir_lib.evaluation_history(workdir, start.step)
     self._early = early_stopping.EarlyStopping.for_run(config, workdir,
                                                        start.step)
     # Set when early stopping ends the run: what the summary records.
@@ -491,9 +493,7 @@ class _TrainingLoop:
     if self._is_main:
       logging.info('eval at step %d: %s', done, report.short(results))
       self._writer.flush()      # its events on disk before it counts as made
-      workdir_lib.write_json(
-          os.path.join(self._workdir, workdir_lib.EVALUATED_FILE),
-          {'step': done})
+      workdir_lib.record_evaluation(self._workdir, self.history)
     if self._early is not None and self._early.observe(
         done, results, write=self._is_main) and done < self._num_steps:
       self.stopped_early = self._early.outcome()
@@ -518,7 +518,7 @@ def _summary(config: ml_collections.ConfigDict, task: tasks_lib.Task,
       'train_lengths': [config.task.min_len, config.task.max_len],
       'eval': {str(n): m for n, m in results.items()},
       'score': report.generalization_score(results, config.task.max_len),
-      'history': loop.history,      # every evaluation of this invocation
+      'history': loop.history,      # every evaluation, across resumes
       'train_seconds': loop.timer.train_seconds,
       # Steps per second of the loop after its first segment (which compiles).
       'steps_per_sec': loop.timer.warm_rate,
@@ -532,7 +532,7 @@ def _summary(config: ml_collections.ConfigDict, task: tasks_lib.Task,
 
 
 def _publish_summary(summary: dict[str, Any], workdir: str, is_main: bool,
-                     writer: summaries.Writer) -> None:
+                     writer: summaries.Writer, evaluated_here: bool) -> None:
   """Writes summary.json and prints the results table (process 0), and
   the run's description with its final score. The Score/* scalars were
   written at each evaluation; an invocation that evaluated nothing (a
@@ -545,7 +545,7 @@ def _publish_summary(summary: dict[str, Any], workdir: str, is_main: bool,
   config, step = summary['config'], summary['step']
   scores = summaries.score_scalars(summary['eval'], summary['train_lengths'],
                                    summary['chance'])
-  if not summary['history']:
+  if not evaluated_here:
     writer.scalars(step, scores)
   writer.text('description', step, summaries.description(
       config, summary['chance'], scores.get(summaries.SCORE_TAG), step))

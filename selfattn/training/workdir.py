@@ -22,8 +22,9 @@ from selfattn.errors import ConfigError
 CONFIG_FILE = 'config.json'
 SUMMARY_FILE = 'summary.json'
 LOCK_FILE = '.lock'
-# The step of the run's latest evaluation: a resume from a checkpoint at an
-# evaluation step knows whether that evaluation was made before the stop.
+# The step of the run's latest evaluation (a resume from a checkpoint at an
+# evaluation step knows whether that evaluation was made before the stop),
+# and every evaluation so far (summary.json's history across resumes).
 EVALUATED_FILE = 'evaluated.json'
 # Fields that shape the parameters, the data or the schedule: a resumed run
 # must agree on them or it would not continue the same run.
@@ -77,16 +78,40 @@ _ADDED_FIELDS = {'model.attention_impl': 'plain', 'model.remat': False,
                  'eval.free_running': 'fixed_point', 'eval.figures': True}
 
 
+def _evaluated_record(workdir: str) -> dict:
+  try:
+    with open(os.path.join(workdir, EVALUATED_FILE)) as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  return record if isinstance(record, dict) else {}
+
+
 def last_evaluated(workdir: str) -> int:
   """The step of the workdir's latest evaluation (EVALUATED_FILE), or -1
   without a readable record (a run from before the record: its evaluation
   at the resumed step is made again, to the same numbers)."""
-  try:
-    with open(os.path.join(workdir, EVALUATED_FILE)) as f:
-      step = json.load(f).get('step')
-  except (OSError, ValueError, AttributeError):
-    return -1
+  step = _evaluated_record(workdir).get('step')
   return step if isinstance(step, int) else -1
+
+
+def evaluation_history(workdir: str, up_to: int) -> list[dict[str, Any]]:
+  """The evaluations ({step, eval}) EVALUATED_FILE records up to step
+  `up_to` (a resume's checkpoint: later ones are made again); [] for a
+  record from before it held them."""
+  history = _evaluated_record(workdir).get('history')
+  if not isinstance(history, list):
+    return []
+  return [h for h in history
+          if isinstance(h, dict) and isinstance(h.get('step'), int)
+          and h['step'] <= up_to]
+
+
+def record_evaluation(workdir: str, history: list[dict[str, Any]]) -> None:
+  """EVALUATED_FILE after an evaluation: its step (history's last) and
+  the whole history."""
+  write_json(os.path.join(workdir, EVALUATED_FILE),
+             {'step': history[-1]['step'], 'history': history})
 
 
 def write_json(path: str, value: Any, sort_keys: bool = False) -> None:
@@ -245,8 +270,20 @@ def init_from_differences(config: ml_collections.ConfigDict, section: str,
       os.path.join(source, CONFIG_FILE),
       f'the config of config.train.init_from={source!r}'))
   current = json.loads(config.to_json_best_effort())
-  return _differences(keep(stored.get(section, {})), keep(current[section]),
-                      section + '.')
+  resolve = _with_vocab_size if section == 'task' else (lambda x: x)
+  return _differences(keep(resolve(stored.get(section, {}))),
+                      keep(resolve(current[section])), section + '.')
+
+
+def _with_vocab_size(task: dict) -> dict:
+  """config.task as a dict, with an unset vocab_size as the size the task
+  takes (its fixed or default alphabet): stated or left unset, it is the
+  same run."""
+  spec = tasks.TASKS.get(task.get('name'))
+  if spec is None or task.get('vocab_size') is not None:
+    return task
+  return {**task, 'vocab_size': (spec.fixed_vocab if spec.fixed_vocab
+                                 is not None else spec.default_vocab)}
 
 
 def _without_execution(model: dict) -> dict:
@@ -277,6 +314,8 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
         changed += [(f'model.{k}', a.get(k), b.get(k))
                     for k in EXECUTION_FIELDS if a.get(k) != b.get(k)]
         a, b = _without_execution(a), _without_execution(b)
+      if field == 'task' and isinstance(a, dict) and isinstance(b, dict):
+        a, b = _with_vocab_size(a), _with_vocab_size(b)
       if isinstance(a, dict) and isinstance(b, dict):
         problems += _differences(a, b, field + '.')
       elif a != b:
@@ -285,7 +324,7 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
       hint = ''
       if any(p.startswith('config.train.num_steps') for p in problems):
         hint = (f'. The learning-rate schedule is built for num_steps, so a '
-                f'run cannot be lengthened in place; to train longer, start a '
+                f'run\'s length cannot be changed in place; to train longer, start a '
                 f'new workdir from this one\'s parameters with '
                 f'--config.train.init_from={workdir}')
       if early_stopping and any(p.startswith('config.eval.') for p in problems):

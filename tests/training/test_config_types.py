@@ -128,8 +128,18 @@ def test_a_batch_or_length_that_cannot_fit_in_memory_is_refused(monkeypatch):
   config.model.remat = False
   with pytest.raises(ConfigError, match=r'^config\.train\.batch_size=1048576: '
                      r'one training step holds at least [\d.]+ GiB on a '
-                     r'device \(layer inputs .*more than the 1\.0 GiB'):
+                     r'device \(layer inputs .*more than the 1\.0 GiB'
+                     ) as refused:
     validate_config(config, num_devices=1)
+  # Without the (L, L) weights it would fit, so the message says how; at
+  # twice the batch the rest alone exceeds it, and it does not.
+  assert sum(bound.values()) - bound['attention weights'] < 2**30
+  assert "attention_impl='chunked'" in str(refused.value)
+  config.train.batch_size = 2 * batch
+  with pytest.raises(ConfigError, match='batch_size=2097152') as refused:
+    validate_config(config, num_devices=1)
+  assert 'chunked' not in str(refused.value)
+  config.train.batch_size = batch
   # Split over 8 data-parallel devices, each holds an eighth: it fits;
   # without num_devices, as many as config.mesh.data names (validating a
   # GPU study's config on a laptop is not refused for this host's count).

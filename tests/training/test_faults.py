@@ -105,12 +105,17 @@ def test_a_stop_between_a_checkpoint_and_its_evaluation_loses_nothing(
   # process's events (its steps past the checkpoint included) are kept up
   # to the checkpoint and replaced after it.
   made = crashed_copy(straight, tmp_path / 'made', 10)
-  workdir_lib.write_json(str(made / workdir_lib.EVALUATED_FILE), {'step': 10})
+  history = json.loads((straight / 'summary.json').read_text())['history']
+  workdir_lib.write_json(str(made / workdir_lib.EVALUATED_FILE),
+                         {'step': 10, 'history': history[:1]})
   for name in os.listdir(straight):
     if name.startswith('events.'):
       shutil.copy(straight / name, made / name)
   again = train.train_and_evaluate(tiny_config, str(made))
-  assert [h['step'] for h in again['history']] == [20]
+  # summary.json's history holds the evaluations before the resume too
+  # (it held only the resumed invocation's: [20]).
+  assert [h['step'] for h in history] == [10, 20]
+  assert again['history'] == history
   assert steps(made, tag) == [10, 20]
   assert steps(made, 'train/loss') == list(range(1, 21))
 
@@ -299,6 +304,22 @@ def test_a_resume_refuses_another_loss_or_batching(tiny_config, tmp_path,
   workdir_lib.check_or_store_config(str(tmp_path), tiny_config, write=True)
   tiny_config.train[field] = value
   with pytest.raises(ConfigError, match=f'config.train.{field}: stored'):
+    workdir_lib.check_or_store_config(str(tmp_path), tiny_config, write=False)
+
+
+def test_stating_the_default_vocab_size_continues_the_same_run(tiny_config,
+                                                               tmp_path):
+  """task.vocab_size unset and set to the size the task takes then (8 for
+  reverse) are the same run: a resume stating it was refused as 'stored
+  None, now 8'. Another size is refused, named by the size it had."""
+  assert tiny_config.task.vocab_size is None
+  workdir_lib.check_or_store_config(str(tmp_path), tiny_config, write=True)
+  tiny_config.task.vocab_size = 8
+  assert workdir_lib.check_or_store_config(str(tmp_path), tiny_config,
+                                           write=False) == []
+  tiny_config.task.vocab_size = 10
+  with pytest.raises(ConfigError,
+                     match='config.task.vocab_size: stored 8, now 10'):
     workdir_lib.check_or_store_config(str(tmp_path), tiny_config, write=False)
 
 

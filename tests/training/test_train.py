@@ -479,7 +479,7 @@ def test_training_longer_goes_through_init_from_and_the_guard_needs_no_config_js
   with pytest.raises(ConfigError, match=r'other shapes than this model.s: '
                      r'encoder/embedding/embedding: stored \(9, 16\), this '
                      r'model \(13, 16\);.*config.task.vocab_size: stored '
-                     r'None, now 12'):
+                     r'8, now 12'):
     train.train_and_evaluate(tiny_config, str(other))
   assert not other.exists()
   tiny_config.task.vocab_size = None
