@@ -548,10 +548,10 @@ def _check_built(config: ml_collections.ConfigDict, task: tasks.Task,
           + ('lower it or config.task.max_len' if training else
              'drop the longest')
           + (", or use config.model.attention_impl='chunked' (O(L) memory)"
-             if _weights_alone_too_much(parts, have) else ''))
+             if _fits_without_weights(parts, have) else ''))
 
 
-def _weights_alone_too_much(parts: dict[str, int], have: int) -> bool:
+def _fits_without_weights(parts: dict[str, int], have: int) -> bool:
   """Whether dropping plain attention's weights (the chunked path) would
   bring `parts` within `have` bytes."""
   weights = sum(n for what, n in parts.items() if 'attention weights' in what)

@@ -400,7 +400,6 @@ def test_a_resume_may_execute_attention_differently_and_records_it(
   what it computes: a run resumed with other values (as when a CPU run
   continues on a GPU) goes on from its checkpoint, ends near the
   uninterrupted run, and records from which step it ran how."""
-  tiny_config.model.position = 'shaw'
   straight = tmp_path / 'straight'
   train.train_and_evaluate(tiny_config, str(straight))
   resumed = crashed_copy(straight, tmp_path / 'resumed', 10)
@@ -430,9 +429,9 @@ def test_a_resume_may_execute_attention_differently_and_records_it(
   stored = json.loads((resumed / workdir_lib.CONFIG_FILE).read_text())
   assert stored['model']['attention_impl'] == 'chunked'
   # A model field that shapes the parameters is still refused.
-  tiny_config.model.position = 'sinusoidal'
+  tiny_config.model.position = 'shaw'
   with pytest.raises(ConfigError, match="config.model.position: stored "
-                     "'shaw', now 'sinusoidal'"):
+                     "'sinusoidal', now 'shaw'"):
     train.train_and_evaluate(tiny_config, str(resumed))
   assert not (straight / workdir_lib.EXECUTION_FILE).exists()
 
