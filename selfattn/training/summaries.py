@@ -253,8 +253,9 @@ def run_title(config: Mapping[str, Any]) -> tuple[str, str]:
 _TBX_VERSION = getattr(tensorboardX, '__version__', 'unknown')
 
 
-def _write_in_the_callers_thread(writer: SummaryWriter) -> None:
-  """Makes `writer.flush()` put every event added so far on disk.
+def _write_in_the_callers_thread(writer: SummaryWriter) -> bool:
+  """Makes `writer.flush()` put every event added so far on disk; False
+  where this tensorboardX's parts are not the expected ones.
 
   tensorboardX (2.6.5, the latest) hands each event to a thread through a
   queue, and its flush() writes out only what that thread has taken: a kill
@@ -273,9 +274,10 @@ def _write_in_the_callers_thread(writer: SummaryWriter) -> None:
     # flush may or may not reach the disk.
     logging.warning('tensorboardX %s: events keep its own queue; a kill may '
                     'lose those written since its last flush', _TBX_VERSION)
-    return
+    return False
   worker.stop()
   events.add_event = sink.write_event
+  return True
 
 
 class Writer:
@@ -288,8 +290,10 @@ class Writer:
     written after its last checkpoint)."""
     self._writer = (SummaryWriter(logdir=logdir, purge_step=purge_step)
                     if enabled else None)
-    if self._writer:
-      _write_in_the_callers_thread(self._writer)
+    # Whether a flush puts every event on disk (see below): where not, a
+    # killed process may have lost even its first events.
+    self.synchronous = bool(self._writer) and _write_in_the_callers_thread(
+        self._writer)
 
   @property
   def enabled(self) -> bool:

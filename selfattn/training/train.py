@@ -257,9 +257,11 @@ class _EventLog:
     self._config = config.to_dict()
     self._chance = trainer.task.chance
     self._run, self._options = summaries.run_title(self._config)
-    if start == 0:
+    if start == 0 or not self.writer.synchronous:
       # A resume keeps the first process's (at step 0, below every purge):
-      # one HParams session per run, whatever its number of resumes.
+      # one HParams session per run, whatever its number of resumes; but
+      # where events were queued (another tensorboardX), the first may
+      # never have reached the disk, and a second copy is the lesser harm.
       self.writer.text('description', 0,
                        summaries.description(self._config, self._chance))
       self.writer.hparams(summaries.researcher_hparams(self._config))

@@ -495,6 +495,34 @@ def test_another_tensorboardx_keeps_its_own_writing_with_a_warning(caplog):
   writer = types.SimpleNamespace(_get_file_writer=lambda: types.SimpleNamespace(
       event_writer=events))
   with caplog.at_level('WARNING'):
-    summaries._write_in_the_callers_thread(writer)
+    assert not summaries._write_in_the_callers_thread(writer)
   assert events.add_event is print
   assert 'keep its own queue' in caplog.text
+
+
+def _hparams_sessions(workdir) -> int:
+  from tensorboard.backend.event_processing import event_file_loader
+  return sum(value.tag == '_hparams_/session_start_info'
+             for name in os.listdir(workdir)
+             if name.startswith('events.out.tfevents')
+             for event in event_file_loader.EventFileLoader(
+                 os.path.join(workdir, name)).Load()
+             for value in event.summary.value)
+
+
+def test_a_resume_writes_the_hparams_session_again_where_events_were_queued(
+    tiny_run, tmp_path, monkeypatch):
+  """A resume leaves the HParams session to the first process (one per
+  run), which the synchronous writer put on disk. Under another
+  tensorboardX, whose queue a kill may have emptied before the first
+  flush, the resume writes it again: a second copy, never none."""
+  from runs import crashed_copy
+  from configs import tiny
+  from selfattn.training import train
+  workdir, _, _ = tiny_run
+  assert _hparams_sessions(workdir) == 1
+  resumed = crashed_copy(workdir, tmp_path / 'resumed', 10)   # no events
+  monkeypatch.setattr(summaries, '_write_in_the_callers_thread',
+                      lambda writer: False)
+  train.train_and_evaluate(tiny.get_config(), str(resumed))
+  assert _hparams_sessions(resumed) == 1
