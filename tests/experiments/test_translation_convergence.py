@@ -41,6 +41,30 @@ def test_the_plan_is_the_study_protocol_with_an_early_stopped_budget():
     for field in ('learning_rate', 'warmup_steps', 'schedule', 'batch_tokens',
                   'label_smoothing', 'final_lr_fraction', 'b2'):
       assert t[field] == study.train[field]
+  # Against the 3,000-step study's runs themselves: the same config but the
+  # budget and the loop's evaluation. One difference is knowingly kept:
+  # the study's +short runs split the loop's evaluation at their training
+  # length too ([18, 64]), the convergence runs only at 64 (their early
+  # stopping reads BLEU there); only their TensorBoard curves differ.
+  from experiments import translation as translation_study
+  labels = {r.tags['position'] for r in runs}
+  reference = {r.name: r.config for r in
+               translation_study.study_runs('cpu', 3, labels)}
+  budget = ('num_steps', 'early_stop_patience', 'early_stop_metric',
+            'checkpoint_every', 'keep_checkpoints')
+  for run in runs:
+    a, b = run.config.to_dict(), reference[run.name].to_dict()
+    for config in (a, b):
+      for field in budget:
+        del config['train'][field]
+      for field in ('every', 'lengths'):
+        del config['eval'][field]
+    assert a == b, run.name
+    if run.tags['position'].endswith('+short'):
+      assert run.config.eval.lengths == [64]
+      assert reference[run.name].eval.lengths == [convergence.SHORT_MAX_LEN, 64]
+    else:
+      assert run.config.eval.lengths == reference[run.name].eval.lengths
 
 
 def _scores(test, val, long=None):
