@@ -489,8 +489,10 @@ class _TrainingLoop:
   def _evaluate(self, done: int) -> None:
     params = self.state['params']
     self.results = results = self._trainer.evaluate(params)
-    self.history.append({'step': done,
-                         'eval': {str(n): m for n, m in results.items()}})
+    # A resume may remake an evaluation the record already holds (early
+    # stopping's record, written after it, missed it): once per step.
+    self.history = [h for h in self.history if h['step'] < done] + [
+        {'step': done, 'eval': {str(n): m for n, m in results.items()}}]
     self._events.write_eval(done, params, results)
     if self._is_main:
       logging.info('eval at step %d: %s', done, report.short(results))

@@ -11,6 +11,7 @@ import pytest
 from selfattn.errors import ConfigError
 from selfattn.training import early_stopping
 from selfattn.training import train
+from selfattn.training import workdir as workdir_lib
 from selfattn.training.config_checks import validate_config
 from runs import crashed_copy, saved_params
 from tiers import EXTENDED
@@ -140,6 +141,9 @@ def test_resumes_that_missed_or_already_made_the_decision_stop_at_the_same_step(
   missed = crashed_copy(straight, tmp_path / 'missed', 20)
   shutil.copy(straight / early_stopping.EARLY_STOP_FILE, missed)
   _record_only(missed, {10})
+  # The evaluation record (written before early stopping's) holds step 20:
+  # remade, it is still one entry of summary.json's history.
+  shutil.copy(straight / workdir_lib.EVALUATED_FILE, missed)
   # The record is compared across the resume, so what it measured must not
   # change: other lengths (here the monitored 8 gone), cadence or sample
   # is refused before any work, in one line naming the field.
@@ -154,7 +158,7 @@ def test_resumes_that_missed_or_already_made_the_decision_stop_at_the_same_step(
   assert sorted(os.listdir(missed / 'checkpoints')) == before
   again = train.train_and_evaluate(c, str(missed))
   assert again['step'] == 30 and again['stopped_early'] == summary['stopped_early']
-  assert [h['step'] for h in again['history']] == [20, 30]
+  assert [h['step'] for h in again['history']] == [10, 20, 30]
 
   decided = crashed_copy(straight, tmp_path / 'decided', 30)
   shutil.copy(straight / early_stopping.EARLY_STOP_FILE, decided)
