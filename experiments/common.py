@@ -181,7 +181,9 @@ def accuracy(summary: dict, length: int, metric: str = 'token_accuracy') -> floa
 def steps_to(summary: dict, length: int, threshold: float = 0.99) -> int | None:
   """First evaluated step with token accuracy >= threshold at `length`."""
   for entry in summary.get('history', []):
-    if entry['eval'][str(length)]['token_accuracy'] >= threshold:
+    # An entry without the length: a resume that changed eval.lengths.
+    metrics = entry['eval'].get(str(length))
+    if metrics is not None and metrics['token_accuracy'] >= threshold:
       return entry['step']
   return None
 

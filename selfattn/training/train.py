@@ -140,11 +140,11 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
   loop.run()
   checkpoints.wait(start.mngr)
   results = loop.results
-  evaluated_here = results is not None
+  evaluated_now = results is not None
   if results is None:   # nothing left to train: evaluate the restored state
     results = trainer.evaluate(loop.state['params'])
   summary = _summary(config, trainer.task, loop, results)
-  _publish_summary(summary, workdir, is_main, events.writer, evaluated_here)
+  _publish_summary(summary, workdir, is_main, events.writer, evaluated_now)
   events.writer.close()
   start.mngr.close()
   if stop.signum is not None:
@@ -257,7 +257,7 @@ class _EventLog:
     self._config = config.to_dict()
     self._chance = trainer.task.chance
     self._run, self._options = summaries.run_title(self._config)
-    if start == 0 or not self.writer.synchronous:
+    if start == 0 or (self.writer.enabled and not self.writer.synchronous):
       # A resume keeps the first process's (at step 0, below every purge):
       # one HParams session per run, whatever its number of resumes; but
       # where events were queued (another tensorboardX), the first may
@@ -355,7 +355,9 @@ class _TrainingLoop:
     self.run_start = time.perf_counter()
     self.results: _Results | None = None            # the latest evaluation
     # Every evaluation of the run, those before a resume included.
-    self.history = workdir_lib.evaluation_history(workdir, start.step)
+    self._eval_settings = workdir_lib.evaluation_settings(config)
+    self.history = workdir_lib.evaluation_history(workdir, start.step,
+                                                  self._eval_settings)
     self._early = early_stopping.EarlyStopping.for_run(config, workdir,
                                                        start.step)
     # Set when early stopping ends the run: what the summary records.
@@ -497,7 +499,8 @@ class _TrainingLoop:
     if self._is_main:
       logging.info('eval at step %d: %s', done, report.short(results))
       self._writer.flush()      # its events on disk before it counts as made
-      workdir_lib.record_evaluation(self._workdir, self.history)
+      workdir_lib.record_evaluation(self._workdir, self.history,
+                                    self._eval_settings)
     if self._early is not None and self._early.observe(
         done, results, write=self._is_main) and done < self._num_steps:
       self.stopped_early = self._early.outcome()
@@ -536,7 +539,7 @@ def _summary(config: ml_collections.ConfigDict, task: tasks_lib.Task,
 
 
 def _publish_summary(summary: dict[str, Any], workdir: str, is_main: bool,
-                     writer: summaries.Writer, evaluated_here: bool) -> None:
+                     writer: summaries.Writer, evaluated_now: bool) -> None:
   """Writes summary.json and prints the results table (process 0), and
   the run's description with its final score. The Score/* scalars were
   written at each evaluation; an invocation that evaluated nothing (a
@@ -549,7 +552,7 @@ def _publish_summary(summary: dict[str, Any], workdir: str, is_main: bool,
   config, step = summary['config'], summary['step']
   scores = summaries.score_scalars(summary['eval'], summary['train_lengths'],
                                    summary['chance'])
-  if not evaluated_here:
+  if not evaluated_now:
     writer.scalars(step, scores)
   writer.text('description', step, summaries.description(
       config, summary['chance'], scores.get(summaries.SCORE_TAG), step))

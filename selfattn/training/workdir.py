@@ -79,12 +79,20 @@ _ADDED_FIELDS = {'model.attention_impl': 'plain', 'model.remat': False,
 
 
 def _evaluated_record(workdir: str) -> dict:
+  path = os.path.join(workdir, EVALUATED_FILE)
   try:
-    with open(os.path.join(workdir, EVALUATED_FILE)) as f:
+    with open(path) as f:
       record = json.load(f)
-  except (OSError, ValueError):
+  except FileNotFoundError:
     return {}
-  return record if isinstance(record, dict) else {}
+  except (OSError, ValueError):
+    record = None
+  if not isinstance(record, dict):
+    logging.warning('%s cannot be read: the evaluation at the resumed step '
+                    'is made again, and summary.json\'s history starts '
+                    'there', path)
+    return {}
+  return record
 
 
 def last_evaluated(workdir: str) -> int:
@@ -95,23 +103,42 @@ def last_evaluated(workdir: str) -> int:
   return step if isinstance(step, int) else -1
 
 
-def evaluation_history(workdir: str, up_to: int) -> list[dict[str, Any]]:
+def evaluation_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """What an evaluation measures: a resume may change it (without early
+  stopping), and a history measured two ways is not one curve."""
+  e = config.eval
+  return {'lengths': list(e.lengths), 'num_examples': e.num_examples,
+          'free_running': e.free_running}
+
+
+def evaluation_history(workdir: str, up_to: int,
+                       settings: dict[str, Any]) -> list[dict[str, Any]]:
   """The evaluations ({step, eval}) EVALUATED_FILE records up to step
-  `up_to` (a resume's checkpoint: later ones are made again); [] for a
-  record from before it held them."""
-  history = _evaluated_record(workdir).get('history')
+  `up_to` (a resume's checkpoint: later ones are made again), if they
+  measured what `settings` (evaluation_settings) measures; else [] (and
+  for a record from before it held them)."""
+  record = _evaluated_record(workdir)
+  history = record.get('history')
   if not isinstance(history, list):
+    return []
+  if record.get('settings') != settings:
+    before = record.get('settings') or 'what the record does not name'
+    logging.warning('the evaluations before this resume measured %s, these '
+                    'measure %s: summary.json\'s history starts at the '
+                    'resume', before, settings)
     return []
   return [h for h in history
           if isinstance(h, dict) and isinstance(h.get('step'), int)
           and h['step'] <= up_to]
 
 
-def record_evaluation(workdir: str, history: list[dict[str, Any]]) -> None:
-  """EVALUATED_FILE after an evaluation: its step (history's last) and
-  the whole history."""
+def record_evaluation(workdir: str, history: list[dict[str, Any]],
+                      settings: dict[str, Any]) -> None:
+  """EVALUATED_FILE after an evaluation: its step (history's last), the
+  whole history and what it measured (evaluation_settings)."""
   write_json(os.path.join(workdir, EVALUATED_FILE),
-             {'step': history[-1]['step'], 'history': history})
+             {'step': history[-1]['step'], 'history': history,
+              'settings': settings})
 
 
 def write_json(path: str, value: Any, sort_keys: bool = False) -> None:

@@ -159,6 +159,14 @@ def test_tables_leave_diverged_runs_out_and_say_how_many():
   assert common.mean_std([math.nan, math.nan]) == 'all 2 diverged'
   assert common.mean_std([0.25]) == '0.250'
   assert common.steps_to(lost, 16) is None
+  # The first evaluation reaching it, skipping one without the length (a
+  # resume that changed eval.lengths; before: a KeyError).
+  resumed = {'history': [
+      {'step': 100, 'eval': {'8': {'token_accuracy': 1.0}}},
+      {'step': 200, 'eval': {'16': {'token_accuracy': 0.5}}},
+      {'step': 300, 'eval': {'16': {'token_accuracy': 0.995}}}]}
+  assert common.steps_to(resumed, 16) == 300
+  assert common.steps_to(resumed, 8) == 100
 
 
 def test_length_generalization_report_names_diverged_runs(tmp_path):

@@ -106,8 +106,11 @@ def test_a_stop_between_a_checkpoint_and_its_evaluation_loses_nothing(
   # to the checkpoint and replaced after it.
   made = crashed_copy(straight, tmp_path / 'made', 10)
   history = json.loads((straight / 'summary.json').read_text())['history']
-  workdir_lib.write_json(str(made / workdir_lib.EVALUATED_FILE),
-                         {'step': 10, 'history': history[:1]})
+  record = {'step': 10, 'history': history[:1],
+            'settings': workdir_lib.evaluation_settings(tiny_config)}
+  assert json.loads((straight / workdir_lib.EVALUATED_FILE).read_text()) == {
+      **record, 'step': 20, 'history': history}
+  workdir_lib.write_json(str(made / workdir_lib.EVALUATED_FILE), record)
   for name in os.listdir(straight):
     if name.startswith('events.'):
       shutil.copy(straight / name, made / name)
@@ -116,6 +119,15 @@ def test_a_stop_between_a_checkpoint_and_its_evaluation_loses_nothing(
   # (it held only the resumed invocation's: [20]).
   assert [h['step'] for h in history] == [10, 20]
   assert again['history'] == history
+  # A resume that measures otherwise (other lengths: allowed without early
+  # stopping) starts the history afresh rather than join two kinds of
+  # measurement in one curve.
+  other = crashed_copy(straight, tmp_path / 'other', 10)
+  workdir_lib.write_json(str(other / workdir_lib.EVALUATED_FILE), record)
+  tiny_config.eval.lengths = [4, 8]
+  again = train.train_and_evaluate(tiny_config, str(other))
+  assert [(h['step'], sorted(h['eval'])) for h in again['history']] == [
+      (20, ['4', '8'])]
   assert steps(made, tag) == [10, 20]
   assert steps(made, 'train/loss') == list(range(1, 21))
 
