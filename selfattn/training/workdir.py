@@ -278,8 +278,7 @@ def init_from_problem(config: ml_collections.ConfigDict) -> str | None:
     return (f'config.train.init_from={source!r} is not a workdir with '
             f'checkpoints and a {CONFIG_FILE}')
   # How attention is executed and dropout do not shape the parameters.
-  free = EXECUTION_FIELDS + ('dropout',)
-  shaping = lambda model: {k: v for k, v in model.items() if k not in free}
+  shaping = lambda model: _without(model, EXECUTION_FIELDS + ('dropout',))
   differences = init_from_differences(config, 'model', shaping)
   if differences:
     return (f'config.train.init_from={source!r} holds a different model, '
@@ -313,8 +312,8 @@ def _with_vocab_size(task: dict) -> dict:
                                  is not None else spec.default_vocab)}
 
 
-def _without_execution(model: dict) -> dict:
-  return {k: v for k, v in model.items() if k not in EXECUTION_FIELDS}
+def _without(fields: dict, names: tuple[str, ...]) -> dict:
+  return {k: v for k, v in fields.items() if k not in names}
 
 
 def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
@@ -340,7 +339,7 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
       if field == 'model' and isinstance(a, dict) and isinstance(b, dict):
         changed += [(f'model.{k}', a.get(k), b.get(k))
                     for k in EXECUTION_FIELDS if a.get(k) != b.get(k)]
-        a, b = _without_execution(a), _without_execution(b)
+        a, b = _without(a, EXECUTION_FIELDS), _without(b, EXECUTION_FIELDS)
       if field == 'task' and isinstance(a, dict) and isinstance(b, dict):
         a, b = _with_vocab_size(a), _with_vocab_size(b)
       if isinstance(a, dict) and isinstance(b, dict):
