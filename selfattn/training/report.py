@@ -10,9 +10,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from flax import nnx
 
 from selfattn.training import steps
+from selfattn.training.build import position_options
 from selfattn import tasks as tasks_lib
+from selfattn.nn import positions
 from selfattn.nn.encoder import attention_weights
 from selfattn.training.steps import Trainer
 
@@ -36,16 +39,53 @@ def table_reach_note(config: ml_collections.ConfigDict,
   return None
 
 
+def pallas_plain_reasons(config: ml_collections.ConfigDict) -> dict[str, str]:
+  """Why attention_impl='pallas' would send this model's self-attention to
+  the plain path (MultiHeadAttention's fall-backs that a config decides),
+  by the field that decides it; {} where the kernels run it. Dropout's
+  holds in training steps only: evaluation runs the kernels."""
+  m = config.model
+  reasons = {}
+  if m.randomize_positions:
+    reasons['model.randomize_positions'] = (
+        'config.model.randomize_positions gives explicit positions, which '
+        'the kernels do not take')
+  if m.dropout > 0:
+    reasons['model.dropout'] = (
+        'config.model.dropout drops attention weights, which the kernels do '
+        'not, so training steps take the plain path (evaluation runs the '
+        'kernels)')
+  if positions.POSITIONS[m.position].relative:
+    from selfattn.nn import pallas_attention   # Pallas loads only when asked
+    # kernel_kind reads only the encoding's type: an abstract one answers.
+    relative = nnx.eval_shape(lambda: positions.build_encoding(
+        m.position, position_options(m), num_hiddens=m.num_hiddens,
+        num_heads=m.num_heads, max_len=m.max_len, rngs=nnx.Rngs(0)))
+    if pallas_attention.kernel_kind(relative) is None:
+      reasons['model.position'] = (
+          f'the kernels do not compute position={m.position!r} (they compute '
+          f'none, the absolute encodings, alibi, t5, shaw, rope and pope)')
+  return reasons
+
+
 def execution_note(config: ml_collections.ConfigDict, platform: str
                    ) -> str | None:
   """What the attention settings do on this run's device platform ('cpu',
-  'gpu', 'tpu') where that is not what their names suggest: the Pallas
+  'gpu', 'tpu') where that is not what their names suggest: attention_impl=
+  'pallas' runs the plain path for what the kernels do not compute, the
   kernels run interpreted on a CPU (the same numbers, far slower: for
   checking, not training), and a gpu_kernel choice acts only on a CUDA GPU.
   None when there is nothing to say."""
   m = config.model
   notes = []
-  if m.attention_impl == 'pallas' and platform == 'cpu':
+  plain = pallas_plain_reasons(config) if m.attention_impl == 'pallas' else {}
+  if plain:
+    notes.append("attention_impl='pallas' runs the plain path here: "
+                 + '; '.join(plain.values()))
+  # Dropout's fall-back leaves evaluation to the kernels; the others, all.
+  kernels_run = m.attention_impl == 'pallas' and not set(plain) - {
+      'model.dropout'}
+  if kernels_run and platform == 'cpu':
     notes.append("attention_impl='pallas' on a CPU runs the kernels in "
                  "Pallas's interpreter: the same numbers as on a GPU, far "
                  "slower (train with attention_impl='plain' or 'chunked' "

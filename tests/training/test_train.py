@@ -382,6 +382,28 @@ def test_attention_settings_that_do_not_act_as_named_are_stated(tiny_config):
   assert 'interpreter' in both and "gpu_kernel='triton'" in both
 
 
+@pytest.mark.parametrize('field, value, kernels_run', [
+    ('model.position', 'xl', False),
+    ('model.randomize_positions', True, False),
+    ('model.dropout', 0.1, True)])    # evaluation still runs the kernels
+def test_pallas_that_takes_the_plain_path_says_so_and_why(
+    tiny_config, field, value, kernels_run):
+  """attention_impl='pallas' where MultiHeadAttention sends attention to
+  the plain path: the note names the field, and speaks of the interpreter
+  only where the kernels run at all."""
+  tiny_config.model.attention_impl = 'pallas'
+  for name in ('alibi', 't5', 'shaw', 'rope', 'pope', 'learned', 'none'):
+    tiny_config.model.position = name
+    assert report.pallas_plain_reasons(tiny_config) == {}, name
+  section, key = field.split('.')
+  tiny_config[section][key] = value
+  assert list(report.pallas_plain_reasons(tiny_config)) == [field]
+  note = report.execution_note(tiny_config, 'gpu')
+  assert note.startswith("attention_impl='pallas' runs the plain path")
+  assert ('interpreter' in report.execution_note(tiny_config, 'cpu')
+          ) == kernels_run
+
+
 def test_resume_with_different_model_is_refused(tiny_config, tmp_path):
   tiny_config.train.num_steps = 10
   train.train_and_evaluate(tiny_config, str(tmp_path))
