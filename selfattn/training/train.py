@@ -127,14 +127,15 @@ def _run(config: ml_collections.ConfigDict, workdir: str, is_main: bool,
   # trace of it.
   execution_changes = workdir_lib.check_or_store_config(workdir, config,
                                                         write=False)
-  if not execution_changes:
-    workdir_lib.check_or_store_config(workdir, config, write=is_main)
+  if is_main and not execution_changes:
+    workdir_lib.store_config(workdir, config)
   start = _starting_point(config, state, workdir, started_from)
   if execution_changes:
     if start.step:
       _note_execution_changes(config, workdir, is_main, start.step,
                               execution_changes)
-    workdir_lib.check_or_store_config(workdir, config, write=is_main)
+    if is_main:
+      workdir_lib.store_config(workdir, config)
   events = _EventLog(config, trainer, workdir, is_main, start.step)
   loop = _TrainingLoop(config, trainer, workdir, is_main, stop, start, events)
   loop.run()

@@ -367,16 +367,25 @@ def check_or_store_config(workdir: str, config: ml_collections.ConfigDict,
         f'cannot be checked against this config; put its {CONFIG_FILE} back or '
         f'use a new --workdir (--config.train.init_from=DIR starts from '
         f'another run\'s parameters)')
-  if write and _read_text(path) != json.dumps(current, indent=2,
-                                             sort_keys=True):
-    # Atomic, so another process reading it sees no file or the whole file;
-    # left alone when it already holds this config (its mtime included).
-    try:
-      write_json(path, current, sort_keys=True)
-    except OSError as e:      # e.g. a disk already full when the run starts
-      raise ConfigError(f'cannot write {path}: {e.strerror or e}; free space '
-                        f'or use another --workdir') from None
+  if write:
+    store_config(workdir, config)
   return changed
+
+
+def store_config(workdir: str, config: ml_collections.ConfigDict) -> None:
+  """Writes the config as the workdir's config.json (once
+  check_or_store_config accepted it): atomic, so another process reading it
+  sees no file or the whole file; left alone when it already holds this
+  config (its mtime included)."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  current = json.loads(config.to_json_best_effort())
+  if _read_text(path) == json.dumps(current, indent=2, sort_keys=True):
+    return
+  try:
+    write_json(path, current, sort_keys=True)
+  except OSError as e:      # e.g. a disk already full when the run starts
+    raise ConfigError(f'cannot write {path}: {e.strerror or e}; free space '
+                      f'or use another --workdir') from None
 
 
 def record_execution_changes(workdir: str, step: int,
