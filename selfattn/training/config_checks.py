@@ -533,7 +533,7 @@ def _check_built(config: ml_collections.ConfigDict, task: tasks.Task,
         f'{task.input_symbols} input symbols), more than the '
         f'{gib(have)} of memory of one device here')
   for field, parts in _least_memory(config, task, num_devices).items():
-    training = field == 'train.batch_size'
+    training = field.startswith('train.')
     if training:
       parts = {**parts, 'parameters, gradients and optimiser state': need}
     total = sum(parts.values())
@@ -570,32 +570,68 @@ def _least_memory(config: ml_collections.ConfigDict, task: tasks.Task,
   weights can be recomputed after the logits are freed); evaluation runs at
   least one example per device at its longest length. num_devices None:
   as many data-parallel devices as config.mesh.data names (all of this
-  host's for -1), as _check_translation counts them. Translation's
-  token-budget batches are not bounded here."""
-  if task.layout == 'encoder_decoder':
-    return {}
+  host's for -1), as _check_translation counts them. Translation: the
+  training step of its largest bucket batch (a token budget split by
+  length), both stacks' layers, under 'train.batch_tokens' (or
+  'train.batch_size' where that sets the budget); its evaluation, whose
+  sentences are short, is not bounded."""
   m = config.model
-  itemsize = jnp.dtype(m.dtype).itemsize
   data = (_data_parallel(config, num_devices) if num_devices is not None
           else jax.device_count() if config.mesh.data == -1
           else max(int(config.mesh.data), 1))
+  plain = m.attention_impl == 'plain'
+  if task.layout == 'encoder_decoder':
+    return _translation_least_memory(config, task, data)
   batch = -(-config.train.batch_size // data)        # per device
   length = task.seq_len(config.task.max_len)
-  train = {'layer inputs': m.num_layers * batch * length * m.num_hiddens
-           * itemsize,
-           'logits': batch * length * task.num_classes * itemsize}
-  plain = m.attention_impl == 'plain'
-  if plain:
+  out = {'train.batch_size': _training_activations(
+      m, batch, length, task.num_classes, stacks=1)}
+  if plain and config.eval.lengths:
+    longest = task.seq_len(max(config.eval.lengths))
+    out['eval.lengths'] = {'attention weights at the longest length':
+                           m.num_heads * longest * longest
+                           * jnp.dtype(m.dtype).itemsize}
+  return out
+
+
+def _training_activations(m: ml_collections.ConfigDict, batch: int,
+                          length: int, num_classes: int, stacks: int
+                          ) -> dict[str, int]:
+  """_least_memory's parts for one training step of `batch` sequences of
+  `length` per device, through `stacks` stacks of m.num_layers layers."""
+  itemsize = jnp.dtype(m.dtype).itemsize
+  train = {'layer inputs': stacks * m.num_layers * batch * length
+           * m.num_hiddens * itemsize,
+           'logits': batch * length * num_classes * itemsize}
+  if m.attention_impl == 'plain':
     train['attention weights'] = (batch * m.num_heads * length * length
                                   * itemsize)
     if m.remat:
       del train[min(('logits', 'attention weights'), key=train.get)]
-  out = {'train.batch_size': train}
-  if plain and config.eval.lengths:
-    longest = task.seq_len(max(config.eval.lengths))
-    out['eval.lengths'] = {'attention weights at the longest length':
-                           m.num_heads * longest * longest * itemsize}
-  return out
+  return train
+
+
+def _translation_least_memory(config: ml_collections.ConfigDict,
+                              task: tasks.Task, data: int
+                              ) -> dict[str, dict[str, int]]:
+  """_least_memory for translation: the bucket whose batch needs most."""
+  from selfattn.tasks.translation import batches
+  from selfattn.tasks.translation import data as translation_data
+  from selfattn.tasks.translation import task as translation_task
+  # The corpus _check_translation prepared (cached in this process).
+  corpus = translation_data.prepare(
+      task.vocab_size, config.task.max_len,
+      *translation_task.LANGUAGES[task.name])
+  bounds = tuple(b.bound for b in corpus.buckets)
+  budget = batches.token_budget(config.train.batch_tokens,
+                                config.train.batch_size, bounds[-1])
+  steps = [_training_activations(config.model, size // data, bound,
+                                 task.num_classes, stacks=2)
+           for size, bound in zip(batches.batch_sizes(bounds, budget, data),
+                                  bounds)]
+  field = ('train.batch_tokens' if config.train.batch_tokens
+           else 'train.batch_size')
+  return {field: max(steps, key=lambda parts: sum(parts.values()))}
 
 
 def _memory_bytes() -> int | None:

@@ -38,6 +38,7 @@ from selfattn.tasks import Batch
 from selfattn.tasks import Task
 from selfattn.tasks.translation.data import BOS
 from selfattn.tasks.translation.data import PAD
+from selfattn.tasks.translation import batches as translation_batches
 from selfattn.tasks.translation.batches import TrainingBatches
 from selfattn.nn.encoder import captured_attention
 
@@ -101,8 +102,9 @@ class TranslationTrainer(Trainer):
         *translation_task.LANGUAGES[task.name])
     # A fixed budget keeps the protocols' batches alike: +short's buckets end
     # lower, and batch_size x its longest bucket would hold fewer tokens.
-    self.token_budget = (config.train.batch_tokens or
-                         config.train.batch_size * corpus.buckets[-1].bound)
+    self.token_budget = translation_batches.token_budget(
+        config.train.batch_tokens, config.train.batch_size,
+        corpus.buckets[-1].bound)
     self.batches = TrainingBatches(corpus, self.token_budget, self.mesh.size)
 
   def _init_training_steps(self) -> None:

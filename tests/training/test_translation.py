@@ -369,6 +369,59 @@ def test_translation_values_that_cannot_train_are_refused_before_the_workdir(
                                              'model.max_len': longest}))
 
 
+def test_a_token_budget_that_cannot_fit_in_memory_is_refused(
+    tiny_multi30k, monkeypatch):
+  """Translation's activations were not bounded: a token budget of 10**9
+  failed only at the first step. The bound is its largest bucket's batch,
+  each bucket's size as TrainingBatches makes it, through both stacks."""
+  from selfattn.training import config_checks
+  monkeypatch.setattr(config_checks, '_memory_bytes', lambda: 2**30)  # 1 GiB
+  config = tiny_translation_config()
+  task = validate_config(config, num_devices=1)
+  bounds = tuple(b.bound for b in translation_data.prepare(300, 64).buckets)
+  m = config.model
+  config.train.batch_tokens = budget = 2**24
+  parts = config_checks._least_memory(config, task, 1)['train.batch_tokens']
+  # By hand: the longest bucket holds the most (L^2 weights), budget // L
+  # sentences of it.
+  longest = bounds[-1]
+  batch = budget // longest
+  assert parts == {
+      'layer inputs': 2 * m.num_layers * batch * longest * m.num_hiddens * 4,
+      'logits': batch * longest * task.num_classes * 4,
+      'attention weights': batch * m.num_heads * longest**2 * 4}
+  with pytest.raises(ConfigError, match=r'^config\.train\.batch_tokens='
+                     r'16777216: one training step holds at least'):
+    validate_config(config, num_devices=1)
+  # Over 64 data-parallel devices, each holds a 64th: it fits.
+  config.train.batch_size = config.eval.num_examples = 64
+  assert sum(config_checks._least_memory(
+      config, task, 64)['train.batch_tokens'].values()) < 2**30
+  assert validate_config(config, num_devices=64)
+  # Without batch_tokens, batch_size sentences of the longest bucket set
+  # the budget, and the refusal names batch_size.
+  config.train.batch_tokens, config.train.batch_size = 0, batch
+  assert config_checks._least_memory(config, task, 1) == {
+      'train.batch_size': parts}
+
+
+def test_the_translation_bound_is_below_what_the_compiled_step_holds(
+    tiny_multi30k):
+  """The bound refuses only what cannot fit: below XLA's account of the
+  compiled translation step (all buckets in one program)."""
+  from selfattn.training import config_checks
+  from selfattn.training.trainers import make_trainer
+  config = tiny_translation_config(**{'train.batch_tokens': 2048})
+  task = validate_config(config, num_devices=1)
+  bound = sum(config_checks._least_memory(
+      config, task, 1)['train.batch_tokens'].values())
+  trainer = make_trainer(config, task=task)
+  held = jax.jit(trainer.advance).lower(trainer.init_state()).compile(
+      ).memory_analysis()
+  assert 0 < bound < (held.temp_size_in_bytes + held.argument_size_in_bytes
+                      + held.output_size_in_bytes)
+
+
 # Extended: the loop that resumes is the one every task trains in, checked
 # through a kill by test_train.py::test_killed_run_resumes_to_the_same_parameters;
 # translation's batches are a function of (seed, step) in

@@ -21,6 +21,20 @@ from selfattn.tasks.translation import data as translation_data
 _BUCKET_STREAM = 3       # beside registry.py's train/eval/positions streams
 
 
+def token_budget(batch_tokens: int, batch_size: int, longest: int) -> int:
+  """Padded tokens a training batch holds: batch_tokens, or (0) batch_size
+  sentences of the longest bucket (`longest` tokens)."""
+  return batch_tokens or batch_size * longest
+
+
+def batch_sizes(bounds: tuple[int, ...], budget: int, devices: int
+                ) -> tuple[int, ...]:
+  """Each bucket's batch size: about `budget` tokens at its padded length
+  (bounds[b]), a multiple of `devices`, at least one sentence on each."""
+  return tuple(max(devices, budget // bound // devices * devices)
+               for bound in bounds)
+
+
 class TrainingBatches:
   """The training pairs as device arrays, and the batches of each bucket.
 
@@ -30,8 +44,7 @@ class TrainingBatches:
 
   def __init__(self, corpus, token_budget: int, devices: int = 1):
     self.bounds = tuple(b.bound for b in corpus.buckets)
-    self.sizes = tuple(max(devices, token_budget // b.bound // devices * devices)
-                       for b in corpus.buckets)
+    self.sizes = batch_sizes(self.bounds, token_budget, devices)
     self._tables = [
         (jnp.asarray(b.sources), jnp.asarray(b.source_lens),
          jnp.asarray(translation_data.decoder_inputs(b.targets)),
