@@ -9,6 +9,7 @@ are one function, not a sweep):
 
   python -m experiments.STUDY --workdir=DIR [--scale=S] [--seeds=N]
       [--positions=a,b] [--tasks=a,b] [--shard=i/n] [--collect_only] [--quick]
+      [--stop_between_runs_after=2h30m]
 
 Rerunning the same command skips finished runs, resumes the unfinished one
 from its checkpoint, scores what finished unscored, and rewrites the results
@@ -43,6 +44,12 @@ SHARD = flags.DEFINE_string('shard', None, 'i/n: train every n-th selected '
                             'split a study without coordinating).')
 COLLECT_ONLY = flags.DEFINE_bool('collect_only', False,
                                  'Train nothing; re-collect the results.')
+STOP_AFTER = flags.DEFINE_string(
+    'stop_between_runs_after', None,
+    'Start no run after this long (90m, 2h30m), counted from when training '
+    'starts: the study stops between runs and reports the finished ones; '
+    'rerunning the command trains the rest. For an allocation of limited '
+    'time, set it to the allocation less the longest run.')
 
 FILTER_FLAGS = {'position': POSITIONS, 'task': TASKS}
 DEFAULT_SEEDS = 5
@@ -154,7 +161,8 @@ def _refuse_arguments(argv: list[str]) -> None:
 
 # The skeleton's flags and --steps, which a one-function study (main_of)
 # does not read.
-STUDY_FLAGS = ('scale', 'positions', 'tasks', 'shard', 'collect_only', 'steps')
+STUDY_FLAGS = ('scale', 'positions', 'tasks', 'shard', 'collect_only', 'steps',
+               'stop_between_runs_after')
 
 
 def _refuse_flags(names: Sequence[str], why: str) -> None:
@@ -260,6 +268,19 @@ def _check_filters_in_plan(runs: Sequence[study.Run],
     common.fail('; '.join(problems))
 
 
+def chosen_stop_after() -> float | None:
+  """--stop_between_runs_after in seconds (None: unset)."""
+  if STOP_AFTER.value is None:
+    return None
+  if COLLECT_ONLY.value:
+    common.fail('--stop_between_runs_after: --collect_only trains nothing')
+  try:
+    return study.parse_duration(STOP_AFTER.value)
+  except ValueError as e:
+    common.fail(f'--stop_between_runs_after: {e}')
+  raise AssertionError('unreachable')
+
+
 def chosen_shard() -> tuple[int, int]:
   try:
     return study.parse_shard(SHARD.value)
@@ -321,6 +342,7 @@ def _main(spec: Study) -> None:
   seeds = chosen_seeds(scale, spec.default_seeds)
   filters = chosen_filters(spec)
   shard = chosen_shard()
+  stop_after = chosen_stop_after()
   try:
     context = spec.prepare(scale)
   except StudyError as e:
@@ -336,7 +358,7 @@ def _main(spec: Study) -> None:
     # Finished earlier, but stopped before it was scored.
     spec.results(runs, workdir, context, score_missing=True)
     study.execute(chosen, workdir, after_each=lambda r, _: spec.score(
-        r, os.path.join(workdir, r.name), context))
+        r, os.path.join(workdir, r.name), context), stop_after=stop_after)
   if COLLECT_ONLY.value and not study.collect(runs, workdir):
     # An empty report would replace whatever results.md the folder holds.
     common.fail(f'--collect_only: {workdir} holds no finished run of this '

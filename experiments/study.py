@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import io
 import os
+import re
 import signal
 import sys
 import threading
@@ -65,6 +66,20 @@ def parse_shard(text: str | None) -> tuple[int, int]:
   if not 0 <= index < count:
     raise ValueError(f'--shard={text!r}: need 0 <= i < n')
   return index, count
+
+
+def parse_duration(text: str) -> float:
+  """'90m', '2h30m', '45s', '1h' (units h, m, s, largest first) ->
+  seconds > 0; ValueError otherwise."""
+  match = re.fullmatch(r'(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?', text.strip())
+  if not text.strip() or match is None:
+    raise ValueError(f'{text!r} is not a duration; write it like 90m, 2h30m '
+                     f'or 45s')
+  hours, minutes, seconds = (int(g or 0) for g in match.groups())
+  total = 3600 * hours + 60 * minutes + seconds
+  if total <= 0:
+    raise ValueError(f'{text!r}: the duration must be longer than 0')
+  return float(total)
 
 
 def select(runs: Sequence[Run], *, seeds: Iterable[int] | None = None,
@@ -224,10 +239,16 @@ def refuse_invalid_configs(runs: Sequence[Run]) -> None:
 
 
 def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True,
-            after_each: Callable[[Run, dict[str, Any]], None] | None = None
+            after_each: Callable[[Run, dict[str, Any]], None] | None = None,
+            stop_after: float | None = None
             ) -> dict[str, dict[str, Any]]:
   """Trains every run that has not finished; returns {name: summary} of all
   finished runs among `runs` (the ones trained now and the ones found done).
+
+  stop_after: seconds from this call after which no run is started (the
+  runs left are not trained and not in the result; rerunning continues):
+  for an allocation or session of limited time, whose end would otherwise
+  kill a run that then restarts where its checkpoints are not kept.
 
   after_each(run, summary), if given, follows each run trained now that did
   not diverge (a study's per-run scoring), inside the run's time, so that an
@@ -248,7 +269,13 @@ def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True,
     say(f'[study] {workdir}: {len(summaries)} of {len(runs)} runs finished, '
         f'{len(todo)} to train')
     spent = []
+    deadline = None if stop_after is None else time.monotonic() + stop_after
     for i, run in enumerate(todo):
+      if deadline is not None and time.monotonic() >= deadline:
+        say(f'[study] stopping between runs: {duration(stop_after)} '
+            f'(--stop_between_runs_after) have passed; {len(todo) - i} run(s) '
+            f'left untrained, rerun the command to train them')
+        break
       start = time.perf_counter()
       logging.info('study run %s', run.name)
       try:

@@ -104,6 +104,48 @@ def test_a_diverged_run_is_recorded_once_and_not_retrained(tmp_path,
   assert again == first
 
 
+@pytest.mark.parametrize('text, seconds', [
+    ('90m', 5400), ('2h30m', 9000), ('45s', 45), ('1h', 3600),
+    ('1h0m5s', 3605)])
+def test_a_duration_is_read_in_hours_minutes_and_seconds(text, seconds):
+  assert study.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize('text', ['', '90', '30m1h', '1.5h', 'm', '0s'])
+def test_a_malformed_or_empty_duration_is_refused(text):
+  with pytest.raises(ValueError):
+    study.parse_duration(text)
+
+
+def test_a_study_stops_between_runs_once_its_time_has_passed(
+    tmp_path, monkeypatch, capsys):
+  """stop_after: the run under way finishes (a session's or allocation's
+  end would kill it, and its checkpoints may not outlive the machine); no
+  run starts after it, and rerunning trains the rest."""
+  clock = [1000.0]
+  trained = []
+
+  def fake_train(config, workdir):
+    trained.append(config.seed)
+    clock[0] += 3600                     # each run takes an hour
+    return {'step': 10}
+
+  monkeypatch.setattr(study.time, 'monotonic', lambda: clock[0])
+  monkeypatch.setattr(study, 'train_and_evaluate', fake_train)
+  done = {}
+  monkeypatch.setattr(study.workdir_lib, 'finished_summary',
+                      lambda path, steps: done.get(path))
+  runs = [_run(f'a,seed={i}', i) for i in range(4)]
+  first = study.execute(runs, str(tmp_path), stop_after=90 * 60)
+  # Run 0 ends at 60 min (< 90: run 1 starts), run 1 at 120 (stop).
+  assert trained == [0, 1] and sorted(first) == ['a,seed=0', 'a,seed=1']
+  assert ('stopping between runs: 1h30m (--stop_between_runs_after) have '
+          'passed; 2 run(s) left untrained') in capsys.readouterr().out
+  done.update({str(tmp_path / n): s for n, s in first.items()})
+  assert len(study.execute(runs, str(tmp_path), verbose=False)) == 4
+  assert trained == [0, 1, 2, 3]
+
+
 @pytest.fixture
 def no_process_cache():
   """This process without the session's XLA cache (conftest), as a user's
@@ -296,6 +338,12 @@ class _TwoEncodings(skeleton.Study):
      '--tasks: this study has no tasks to filter'),
     (['--seeds=0'], '--seeds=0: a study needs at least one seed'),
     (['--shard=abc'], "--shard='abc' must look like i/n"),
+    (['--stop_between_runs_after=soon'], "--stop_between_runs_after: 'soon' "
+     'is not a duration; write it like 90m, 2h30m or 45s'),
+    (['--stop_between_runs_after=0m'], "--stop_between_runs_after: '0m': "
+     'the duration must be longer than 0'),
+    (['--stop_between_runs_after=1h', '--collect_only'],
+     '--stop_between_runs_after: --collect_only trains nothing'),
     (['--scale=huge'], "--scale='huge' is not a scale of this study; valid: "
                        'small, quick'),
     # A helper's probe (2026-11-30): each of these ran the study.
@@ -355,12 +403,12 @@ def test_a_one_function_study_refuses_the_flags_it_would_ignore(tmp_path,
   ran = []
   with flagsaver.flagsaver():
     flags.FLAGS(['study', f'--workdir={tmp_path}', '--shard=1/2',
-                 '--positions=a'])
+                 '--positions=a', '--stop_between_runs_after=1h'])
     with pytest.raises(SystemExit):
       skeleton.main_of(lambda *args: ran.append(args))([])
   assert not ran
-  assert ('--positions, --shard: this study takes only --workdir, --seeds '
-          'and --quick') in capsys.readouterr().err
+  assert ('--positions, --shard, --stop_between_runs_after: this study takes '
+          'only --workdir, --seeds and --quick') in capsys.readouterr().err
   with flagsaver.flagsaver():
     flags.FLAGS(['study', f'--workdir={tmp_path}', '--seeds=0'])
     with pytest.raises(SystemExit):
@@ -395,7 +443,8 @@ def test_the_skeleton_runs_scores_and_reports_the_chosen_runs(tmp_path,
   spec = _TwoEncodings()
   executed = []
 
-  def fake_execute(runs, workdir, after_each=None):
+  def fake_execute(runs, workdir, after_each=None, stop_after=None):
+    assert stop_after == 2 * 3600 + 30 * 60
     for r in runs:
       executed.append(r.name)
       after_each(r, {})
@@ -404,7 +453,8 @@ def test_the_skeleton_runs_scores_and_reports_the_chosen_runs(tmp_path,
   monkeypatch.setattr(study, 'execute', fake_execute)
   with flagsaver.flagsaver():
     flags.FLAGS(['study', f'--workdir={tmp_path}', '--seeds=3',
-                 '--positions=b', '--shard=1/2'])
+                 '--positions=b', '--shard=1/2',
+                 '--stop_between_runs_after=2h30m'])
     skeleton.main(spec)([])
   # b's runs at seeds 0, 1, 2; shard 1 of 2 keeps the second.
   assert executed == ['position=b,seed=1'] == spec.scored
@@ -420,7 +470,7 @@ def test_a_run_without_a_filter_tag_is_kept_and_checked_by_none(
   plan = spec.runs
   spec.runs = lambda *args: plan(*args) + [_run('baseline', 0)]
   executed = []
-  monkeypatch.setattr(study, 'execute', lambda runs, workdir, after_each:
+  monkeypatch.setattr(study, 'execute', lambda runs, workdir, after_each, **_:
                       executed.extend(r.name for r in runs))
   for argv in ([], ['--positions=b']):
     executed.clear()
