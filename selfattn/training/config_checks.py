@@ -570,7 +570,7 @@ def _least_memory(config: ml_collections.ConfigDict, task: tasks.Task,
   weights can be recomputed after the logits are freed); evaluation runs at
   least one example per device at its longest length. num_devices None:
   as many data-parallel devices as config.mesh.data names (all of this
-  host's for -1), as _check_translation counts them. Translation: the
+  host's for -1). Translation: the
   training step of its largest bucket batch (a token budget split by
   length), both stacks' layers, under 'train.batch_tokens' (or
   'train.batch_size' where that sets the budget); its evaluation, whose

@@ -63,8 +63,13 @@ def pallas_plain_reasons(config: ml_collections.ConfigDict) -> dict[str, str]:
         num_heads=m.num_heads, max_len=m.max_len, rngs=nnx.Rngs(0)))
     if pallas_attention.kernel_kind(relative) is None:
       reasons['model.position'] = (
-          f'the kernels do not compute position={m.position!r} (they compute '
-          f'none, the absolute encodings, alibi, t5, shaw, rope and pope)')
+          f'config.model.position={m.position!r} is an encoding the kernels '
+          f'do not compute (they compute none, the absolute and the '
+          f'rotation-only encodings such as rope and pope, alibi, t5 and '
+          f'shaw)'
+          + ('; this is self-attention only: the decoder\'s cross-attention '
+             'has no encoding and runs the kernels'
+             if tasks_lib.TASKS[config.task.name].seq2seq else ''))
   return reasons
 
 
@@ -80,11 +85,13 @@ def execution_note(config: ml_collections.ConfigDict, platform: str
   notes = []
   plain = pallas_plain_reasons(config) if m.attention_impl == 'pallas' else {}
   if plain:
-    notes.append("attention_impl='pallas' runs the plain path here: "
+    notes.append("attention_impl='pallas' falls back to the plain path: "
                  + '; '.join(plain.values()))
-  # Dropout's fall-back leaves evaluation to the kernels; the others, all.
+  # Dropout's fall-back leaves evaluation to the kernels, and an encoding's
+  # leaves them a translation decoder's cross-attention (it has none).
+  seq2seq = tasks_lib.TASKS[config.task.name].seq2seq
   kernels_run = m.attention_impl == 'pallas' and not set(plain) - {
-      'model.dropout'}
+      'model.dropout', *(['model.position'] if seq2seq else [])}
   if kernels_run and platform == 'cpu':
     notes.append("attention_impl='pallas' on a CPU runs the kernels in "
                  "Pallas's interpreter: the same numbers as on a GPU, far "

@@ -399,9 +399,24 @@ def test_pallas_that_takes_the_plain_path_says_so_and_why(
   tiny_config[section][key] = value
   assert list(report.pallas_plain_reasons(tiny_config)) == [field]
   note = report.execution_note(tiny_config, 'gpu')
-  assert note.startswith("attention_impl='pallas' runs the plain path")
+  assert note.startswith("attention_impl='pallas' falls back to the plain "
+                         "path: config." + field)
   assert ('interpreter' in report.execution_note(tiny_config, 'cpu')
           ) == kernels_run
+
+
+def test_translation_with_an_encoding_the_kernels_lack_still_runs_them(
+    tiny_multi30k):
+  """The decoder's cross-attention has no encoding, so with xl the kernels
+  still run there (interpreted on a CPU): the note says both."""
+  from tiny_corpus import tiny_translation_config
+  config = tiny_translation_config(**{'model.attention_impl': 'pallas',
+                                      'model.position': 'xl'})
+  note = report.execution_note(config, 'cpu')
+  assert note.startswith("attention_impl='pallas' falls back to the plain "
+                         "path: config.model.position='xl' is an encoding")
+  assert ("self-attention only: the decoder's cross-attention has no "
+          "encoding and runs the kernels") in note and 'interpreter' in note
 
 
 def test_resume_with_different_model_is_refused(tiny_config, tmp_path):

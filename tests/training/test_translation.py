@@ -403,6 +403,11 @@ def test_a_token_budget_that_cannot_fit_in_memory_is_refused(
   config.train.batch_tokens, config.train.batch_size = 0, batch
   assert config_checks._least_memory(config, task, 1) == {
       'train.batch_size': parts}
+  config.eval.num_examples = 8
+  with pytest.raises(ConfigError, match=rf'^config\.train\.batch_size={batch}'
+                     r': one training step holds at least .* lower it or '
+                     r'config\.task\.max_len'):
+    validate_config(config, num_devices=1)
 
 
 def test_the_translation_bound_is_below_what_the_compiled_step_holds(
