@@ -4,6 +4,7 @@ lines and the band plot. The five-seed studies' main is skeleton.py's."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -301,21 +302,54 @@ def _check_report_owner(path: str, title: str, stem: str | None) -> None:
       f'remove that results.md to replace it)')
 
 
+# (planned, finished) runs of the study whose report is being written, set
+# by the skeleton around its report (planned_runs); None elsewhere.
+_PLAN: tuple[int, int] | None = None
+
+
+@contextlib.contextmanager
+def planned_runs(planned: int, finished: int):
+  """Within it, write_results says when a report covers only `finished` of
+  the study's `planned` runs (an interrupted or sharded study)."""
+  global _PLAN
+  previous, _PLAN = _PLAN, (planned, finished)
+  try:
+    yield
+  finally:
+    _PLAN = previous
+
+
+def _runs_section() -> tuple[str, str] | None:
+  """("Runs", ...) for a report that covers part of its study's plan."""
+  if _PLAN is None or _PLAN[1] >= _PLAN[0]:
+    return None
+  planned, finished = _PLAN
+  others = planned - finished
+  rest = 'the other one is' if others == 1 else f'the {others} others are'
+  return ('Runs', f'{finished} of the {planned} runs this study plans at this '
+                  f'scale and seed count have finished; {rest} not trained yet '
+                  f'(rerun the study\'s command for them), so the tables above '
+                  f'hold the finished runs only.')
+
+
 def write_results(workdir: str, title: str, sections: list[tuple[str, str]],
                   data: Any = None, stem: str | None = None) -> str:
   """workdir/results.md (and results.json with `data`); returns the markdown.
   Under --quick (or --scale=quick) both say, in the file itself, that they
   are a smoke test. A results.md there under another title is another
   study's and is refused (ConfigError), unless its title starts with
-  `stem`: the fixed part of a title that grows with the study's runs. A
-  last section, "Budget", names the budgets of the finished runs under
+  `stem`: the fixed part of a title that grows with the study's runs. Then
+  a section "Runs" where the report covers part of its plan
+  (planned_runs), and last, "Budget", names the budgets of the finished runs under
   workdir and how many were still improving (experiments/budget.py)."""
   quick = flags.FLAGS.is_parsed() and (QUICK.value or (
       'scale' in flags.FLAGS and flags.FLAGS['scale'].value == 'quick'))
   banner = (QUICK_BANNER + '\n\n') if quick else ''
   # Every report names its runs' budgets (experiments/budget.py).
   budget_of_runs = budget.budget_section(workdir) if os.path.isdir(workdir) else None
-  sections = list(sections) + ([budget_of_runs] if budget_of_runs else [])
+  runs_of_plan = _runs_section()
+  sections = (list(sections) + ([runs_of_plan] if runs_of_plan else [])
+              + ([budget_of_runs] if budget_of_runs else []))
   text = (f'# {title}\n\n' + banner
           + '\n\n'.join(f'## {h}\n\n{body}' for h, body in sections) + '\n')
   if quick and isinstance(data, dict):

@@ -26,6 +26,7 @@ from absl import flags
 
 from experiments import common
 from experiments import study
+from selfattn.training import workdir as workdir_lib
 from selfattn import tasks
 from selfattn.errors import ConfigError
 from selfattn.errors import DataError
@@ -370,4 +371,8 @@ def _main(spec: Study) -> None:
           f'leaves them out', file=sys.stderr)
   results = spec.results(runs, workdir, context,
                          score_missing=not COLLECT_ONLY.value)
-  print(spec.report(workdir, runs, results, scale, context))
+  done = sum(any(os.path.exists(os.path.join(workdir, run.name, name))
+                 for name in (workdir_lib.SUMMARY_FILE, study.DIVERGED_FILE))
+             for run in runs)
+  with common.planned_runs(len(runs), done):
+    print(spec.report(workdir, runs, results, scale, context))

@@ -1,6 +1,7 @@
 """The study runner's bookkeeping, without training: diverged runs are
 recorded outcomes, and the tables and plots leave them out visibly."""
 
+import contextlib
 import math
 import os
 import signal
@@ -323,7 +324,7 @@ class _TwoEncodings(skeleton.Study):
 
   def report(self, workdir, runs, results, scale, context):
     self.reported.append((scale, len(runs), sorted(results)))
-    return 'report'
+    return common.write_results(workdir, 'Two encodings', [('Table', 'x')])
 
 
 @pytest.mark.parametrize('argv, message', [
@@ -459,6 +460,25 @@ def test_the_skeleton_runs_scores_and_reports_the_chosen_runs(tmp_path,
   # b's runs at seeds 0, 1, 2; shard 1 of 2 keeps the second.
   assert executed == ['position=b,seed=1'] == spec.scored
   assert spec.reported == [('small', 6, [])]
+  # Nothing trained here (execute is a stand-in): the report says that it
+  # covers none of the six planned runs.
+  assert ('0 of the 6 runs this study plans at this scale and seed count '
+          'have finished') in (tmp_path / 'results.md').read_text()
+
+
+def test_a_report_of_part_of_its_plan_says_so_and_a_whole_one_does_not(
+    tmp_path):
+  """An interrupted or sharded study's tables hold the finished runs
+  only: its report says how many of the planned runs those are."""
+  with common.planned_runs(4, 3):
+    text = common.write_results(str(tmp_path), 'T', [('Table', 'x')])
+  assert text.index('## Table') < text.index('## Runs')
+  assert ('3 of the 4 runs this study plans at this scale and seed count '
+          'have finished; the other one is not trained yet') in text
+  for plan in ((4, 4), None):
+    with (common.planned_runs(*plan) if plan else contextlib.nullcontext()):
+      assert '## Runs' not in common.write_results(str(tmp_path), 'T',
+                                                   [('Table', 'x')])
 
 
 def test_a_run_without_a_filter_tag_is_kept_and_checked_by_none(
