@@ -570,23 +570,21 @@ def _least_memory(config: ml_collections.ConfigDict, task: tasks.Task,
   weights can be recomputed after the logits are freed); evaluation runs at
   least one example per device at its longest length. num_devices None:
   as many data-parallel devices as config.mesh.data names (all of this
-  host's for -1). Translation: the
-  training step of its largest bucket batch (a token budget split by
-  length), both stacks' layers, under 'train.batch_tokens' (or
-  'train.batch_size' where that sets the budget); its evaluation, whose
-  sentences are short, is not bounded."""
+  host's for -1). Translation: the training step of its largest bucket
+  batch (a token budget split by length), both stacks' layers, under
+  'train.batch_tokens' (or 'train.batch_size' where that sets the budget);
+  its evaluation, whose sentences are short, is not bounded."""
   m = config.model
   data = (_data_parallel(config, num_devices) if num_devices is not None
           else jax.device_count() if config.mesh.data == -1
           else max(int(config.mesh.data), 1))
-  plain = m.attention_impl == 'plain'
   if task.layout == 'encoder_decoder':
     return _translation_least_memory(config, task, data)
   batch = -(-config.train.batch_size // data)        # per device
   length = task.seq_len(config.task.max_len)
   out = {'train.batch_size': _training_activations(
       m, batch, length, task.num_classes, stacks=1)}
-  if plain and config.eval.lengths:
+  if m.attention_impl == 'plain' and config.eval.lengths:
     longest = task.seq_len(max(config.eval.lengths))
     out['eval.lengths'] = {'attention weights at the longest length':
                            m.num_heads * longest * longest
