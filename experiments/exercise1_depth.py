@@ -34,6 +34,7 @@ from experiments import common
 from experiments import skeleton
 from experiments import study
 from selfattn import tasks as tasks_lib
+from selfattn.errors import DataError
 from selfattn.training.steps import Trainer
 from selfattn.training.steps import metric_sums
 
@@ -295,8 +296,18 @@ def position_probe(workdir, encodings, steps, layers, seeds):
       init = Trainer(config)
       before = layer_probes(init.model(init.init_state()['params']), init.task,
                             16, seed)
-      after = layer_probes(common.trained_model(
-          config, os.path.join(workdir, f'{name},seed={seed}')), init.task, 16, seed)
+      path = os.path.join(workdir, f'{name},seed={seed}')
+      try:
+        trained = common.trained_model(config, path)
+      except FileNotFoundError as e:
+        # A clean clone has the summaries, not the checkpoints (never
+        # committed): one line saying so, not a traceback.
+        raise DataError(
+            f'{e}: the position probe reads each finished run\'s trained '
+            f'parameters, and checkpoints are not committed; rerun where '
+            f'the runs were trained, or delete {path}/summary.json to '
+            f'retrain it') from None
+      after = layer_probes(trained, init.task, 16, seed)
       per_seed.append({'init': before, 'trained': after,
                        'task_accuracy': common.accuracy(summary, 16)})
     data[config.model.position] = per_seed

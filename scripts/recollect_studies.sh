@@ -49,6 +49,8 @@ run() {   # run STUDY MODULE [ARGS...]
 run chapter chapter
 # The committed comparison predates PoPE: the report ranks the nine it has.
 run compare compare_positions --task=reverse --collect_only
+# Not re-collectable from a clean copy: its position probe reads the trained
+# models' checkpoints, which are never committed (one line, exit 2).
 run exercise1 exercise1_depth
 run exercise2 exercise2_learned --collect_only
 run exercise3 exercise3_relative --collect_only
