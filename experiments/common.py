@@ -325,11 +325,13 @@ def _runs_section() -> tuple[str, str] | None:
     return None
   planned, finished = _PLAN
   others = planned - finished
-  rest = 'the other one is' if others == 1 else f'the {others} others are'
+  rest = ('the other one has' if others == 1
+          else f'the {others} others have')
   return ('Runs', f'{finished} of the {planned} runs this study plans at this '
-                  f'scale and seed count have finished; {rest} not trained yet '
-                  f'(rerun the study\'s command for them), so the tables above '
-                  f'hold the finished runs only.')
+                  f'scale and seed count {"has" if finished == 1 else "have"} '
+                  f'finished here; {rest} not (the study\'s command without '
+                  f'--positions, --tasks or --shard trains them), so the tables '
+                  f'above hold at most the finished runs.')
 
 
 def write_results(workdir: str, title: str, sections: list[tuple[str, str]],

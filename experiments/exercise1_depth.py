@@ -303,10 +303,11 @@ def position_probe(workdir, encodings, steps, layers, seeds):
         # A clean clone has the summaries, not the checkpoints (never
         # committed): one line saying so, not a traceback.
         raise DataError(
-            f'{e}: the position probe reads each finished run\'s trained '
-            f'parameters, and checkpoints are not committed; rerun where '
-            f'the runs were trained, or delete {path}/summary.json to '
-            f'retrain it') from None
+            f'{e}: the position probe reads the trained parameters of each '
+            f'of its runs, and checkpoints are not committed; rerun where '
+            f'they were trained, or delete '
+            f'{os.path.join(workdir, "probe", "*", "summary.json")} to '
+            f'retrain them') from None
       after = layer_probes(trained, init.task, 16, seed)
       per_seed.append({'init': before, 'trained': after,
                        'task_accuracy': common.accuracy(summary, 16)})

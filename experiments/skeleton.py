@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any, Callable, Sequence
 
 from absl import flags
 
 from experiments import common
 from experiments import study
-from selfattn.training import workdir as workdir_lib
 from selfattn import tasks
 from selfattn.errors import ConfigError
 from selfattn.errors import DataError
@@ -47,10 +47,10 @@ COLLECT_ONLY = flags.DEFINE_bool('collect_only', False,
                                  'Train nothing; re-collect the results.')
 STOP_AFTER = flags.DEFINE_string(
     'stop_between_runs_after', None,
-    'Start no run after this long (90m, 2h30m), counted from when training '
-    'starts: the study stops between runs and reports the finished ones; '
-    'rerunning the command trains the rest. For an allocation of limited '
-    'time, set it to the allocation less the longest run.')
+    'Start no run after this long (90m, 2h30m), counted from the study\'s '
+    'start: it stops between runs and reports the finished ones; rerunning '
+    'the command trains the rest. For an allocation of limited time, set it '
+    'to the allocation less the longest run and the report.')
 
 FILTER_FLAGS = {'position': POSITIONS, 'task': TASKS}
 DEFAULT_SEEDS = 5
@@ -344,6 +344,9 @@ def _main(spec: Study) -> None:
   filters = chosen_filters(spec)
   shard = chosen_shard()
   stop_after = chosen_stop_after()
+  # Counted from here: preparing data and scoring earlier runs take time
+  # of the allocation too.
+  deadline = None if stop_after is None else time.monotonic() + stop_after
   try:
     context = spec.prepare(scale)
   except StudyError as e:
@@ -359,7 +362,7 @@ def _main(spec: Study) -> None:
     # Finished earlier, but stopped before it was scored.
     spec.results(runs, workdir, context, score_missing=True)
     study.execute(chosen, workdir, after_each=lambda r, _: spec.score(
-        r, os.path.join(workdir, r.name), context), stop_after=stop_after)
+        r, os.path.join(workdir, r.name), context), deadline=deadline)
   if COLLECT_ONLY.value and not study.collect(runs, workdir):
     # An empty report would replace whatever results.md the folder holds.
     common.fail(f'--collect_only: {workdir} holds no finished run of this '
@@ -371,8 +374,6 @@ def _main(spec: Study) -> None:
           f'leaves them out', file=sys.stderr)
   results = spec.results(runs, workdir, context,
                          score_missing=not COLLECT_ONLY.value)
-  done = sum(any(os.path.exists(os.path.join(workdir, run.name, name))
-                 for name in (workdir_lib.SUMMARY_FILE, study.DIVERGED_FILE))
-             for run in runs)
-  with common.planned_runs(len(runs), done):
+  # Finished as the tables read them (a diverged run is an outcome).
+  with common.planned_runs(len(runs), len(study.collect(runs, workdir))):
     print(spec.report(workdir, runs, results, scale, context))

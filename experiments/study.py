@@ -71,7 +71,9 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 def parse_duration(text: str) -> float:
   """'90m', '2h30m', '45s', '1h' (units h, m, s, largest first) ->
   seconds > 0; ValueError otherwise."""
-  match = re.fullmatch(r'(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?', text.strip())
+  # ASCII digits, at most 7 a unit: no other script's digits, no overflow.
+  match = re.fullmatch(r'(?:([0-9]{1,7})h)?(?:([0-9]{1,7})m)?'
+                       r'(?:([0-9]{1,7})s)?', text.strip())
   if not text.strip() or match is None:
     raise ValueError(f'{text!r} is not a duration; write it like 90m, 2h30m '
                      f'or 45s')
@@ -240,15 +242,15 @@ def refuse_invalid_configs(runs: Sequence[Run]) -> None:
 
 def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True,
             after_each: Callable[[Run, dict[str, Any]], None] | None = None,
-            stop_after: float | None = None
+            deadline: float | None = None
             ) -> dict[str, dict[str, Any]]:
   """Trains every run that has not finished; returns {name: summary} of all
   finished runs among `runs` (the ones trained now and the ones found done).
 
-  stop_after: seconds from this call after which no run is started (the
-  runs left are not trained and not in the result; rerunning continues):
-  for an allocation or session of limited time, whose end would otherwise
-  kill a run that then restarts where its checkpoints are not kept.
+  deadline: a time.monotonic() after which no run is started (the runs
+  left are not trained and not in the result; rerunning continues): for an
+  allocation or session of limited time, whose end would otherwise kill a
+  run that then restarts where its checkpoints are not kept.
 
   after_each(run, summary), if given, follows each run trained now that did
   not diverge (a study's per-run scoring), inside the run's time, so that an
@@ -269,11 +271,10 @@ def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True,
     say(f'[study] {workdir}: {len(summaries)} of {len(runs)} runs finished, '
         f'{len(todo)} to train')
     spent = []
-    deadline = None if stop_after is None else time.monotonic() + stop_after
     for i, run in enumerate(todo):
       if deadline is not None and time.monotonic() >= deadline:
-        say(f'[study] stopping between runs: {duration(stop_after)} '
-            f'(--stop_between_runs_after) have passed; {len(todo) - i} run(s) '
+        say(f'[study] stopping between runs: the time given '
+            f'(--stop_between_runs_after) has passed; {len(todo) - i} run(s) '
             f'left untrained, rerun the command to train them')
         break
       start = time.perf_counter()

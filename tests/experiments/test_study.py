@@ -6,6 +6,7 @@ import math
 import os
 import signal
 import threading
+import time
 import unittest.mock
 
 import ml_collections
@@ -112,7 +113,8 @@ def test_a_duration_is_read_in_hours_minutes_and_seconds(text, seconds):
   assert study.parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize('text', ['', '90', '30m1h', '1.5h', 'm', '0s'])
+@pytest.mark.parametrize('text', ['', '90', '30m1h', '1.5h', 'm', '0s',
+                                  '9' * 400 + 's', '\u0663m'])
 def test_a_malformed_or_empty_duration_is_refused(text):
   with pytest.raises(ValueError):
     study.parse_duration(text)
@@ -137,11 +139,11 @@ def test_a_study_stops_between_runs_once_its_time_has_passed(
   monkeypatch.setattr(study.workdir_lib, 'finished_summary',
                       lambda path, steps: done.get(path))
   runs = [_run(f'a,seed={i}', i) for i in range(4)]
-  first = study.execute(runs, str(tmp_path), stop_after=90 * 60)
+  first = study.execute(runs, str(tmp_path), deadline=clock[0] + 90 * 60)
   # Run 0 ends at 60 min (< 90: run 1 starts), run 1 at 120 (stop).
   assert trained == [0, 1] and sorted(first) == ['a,seed=0', 'a,seed=1']
-  assert ('stopping between runs: 1h30m (--stop_between_runs_after) have '
-          'passed; 2 run(s) left untrained') in capsys.readouterr().out
+  assert ('stopping between runs: the time given (--stop_between_runs_after) '
+          'has passed; 2 run(s) left untrained') in capsys.readouterr().out
   done.update({str(tmp_path / n): s for n, s in first.items()})
   assert len(study.execute(runs, str(tmp_path), verbose=False)) == 4
   assert trained == [0, 1, 2, 3]
@@ -444,8 +446,9 @@ def test_the_skeleton_runs_scores_and_reports_the_chosen_runs(tmp_path,
   spec = _TwoEncodings()
   executed = []
 
-  def fake_execute(runs, workdir, after_each=None, stop_after=None):
-    assert stop_after == 2 * 3600 + 30 * 60
+  def fake_execute(runs, workdir, after_each=None, deadline=None):
+    # Counted from the study's start, before its data and earlier scores.
+    assert 0 < deadline - time.monotonic() <= 2 * 3600 + 30 * 60
     for r in runs:
       executed.append(r.name)
       after_each(r, {})
@@ -463,7 +466,9 @@ def test_the_skeleton_runs_scores_and_reports_the_chosen_runs(tmp_path,
   # Nothing trained here (execute is a stand-in): the report says that it
   # covers none of the six planned runs.
   assert ('0 of the 6 runs this study plans at this scale and seed count '
-          'have finished') in (tmp_path / 'results.md').read_text()
+          'have finished here; the 6 others have not (the study\'s command '
+          'without --positions, --tasks or --shard trains them)'
+          ) in (tmp_path / 'results.md').read_text()
 
 
 def test_a_report_of_part_of_its_plan_says_so_and_a_whole_one_does_not(
@@ -474,7 +479,11 @@ def test_a_report_of_part_of_its_plan_says_so_and_a_whole_one_does_not(
     text = common.write_results(str(tmp_path), 'T', [('Table', 'x')])
   assert text.index('## Table') < text.index('## Runs')
   assert ('3 of the 4 runs this study plans at this scale and seed count '
-          'have finished; the other one is not trained yet') in text
+          'have finished here; the other one has not') in text
+  with common.planned_runs(4, 1):
+    assert '1 of the 4 runs this study plans at this scale and seed count ' \
+           'has finished here; the 3 others have not' in common.write_results(
+               str(tmp_path), 'T', [('Table', 'x')])
   for plan in ((4, 4), None):
     with (common.planned_runs(*plan) if plan else contextlib.nullcontext()):
       assert '## Runs' not in common.write_results(str(tmp_path), 'T',
