@@ -304,9 +304,12 @@ def execute(runs: Sequence[Run], workdir: str, *, verbose: bool = True,
             after_each(run, summaries[run.name])
       spent.append(time.perf_counter() - start)
       left = len(todo) - i - 1
-      eta = sum(spent) / len(spent) * left
+      # No ETA for runs the deadline will not start (the next line says so).
+      stopping = deadline is not None and time.monotonic() >= deadline
+      eta = ('' if stopping or not left else
+             f', ETA {duration(sum(spent) / len(spent) * left)}')
       say(f'[study] run {i + 1} of {len(todo)} done: {run.name} in '
-          f'{duration(spent[-1])}; {left} left, ETA {duration(eta)}')
+          f'{duration(spent[-1])}; {left} left{eta}')
     return summaries
 
 

@@ -142,8 +142,13 @@ def test_a_study_stops_between_runs_once_its_time_has_passed(
   first = study.execute(runs, str(tmp_path), deadline=clock[0] + 90 * 60)
   # Run 0 ends at 60 min (< 90: run 1 starts), run 1 at 120 (stop).
   assert trained == [0, 1] and sorted(first) == ['a,seed=0', 'a,seed=1']
+  out = capsys.readouterr().out
   assert ('stopping between runs: the time given (--stop_between_runs_after) '
-          'has passed; 2 run(s) left untrained') in capsys.readouterr().out
+          'has passed; 2 run(s) left untrained') in out
+  # Run 0's line has an ETA; run 1's, after which nothing starts, none.
+  progress = [line for line in out.splitlines() if ' done: ' in line]
+  assert len(progress) == 2 and '; 3 left, ETA ' in progress[0]
+  assert progress[1].endswith('; 2 left')
   done.update({str(tmp_path / n): s for n, s in first.items()})
   assert len(study.execute(runs, str(tmp_path), verbose=False)) == 4
   assert trained == [0, 1, 2, 3]
