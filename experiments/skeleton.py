@@ -14,6 +14,11 @@ are one function, not a sweep):
 Rerunning the same command skips finished runs, resumes the unfinished one
 from its checkpoint, scores what finished unscored, and rewrites the results
 from every finished run (those other shards finished too).
+
+Exit status: 0 when every chosen run has finished; STOPPED_BETWEEN_RUNS (75,
+sysexits' EX_TEMPFAIL, "try again") when --stop_between_runs_after left
+chosen runs untrained, so that a job script can tell a study to requeue from
+a finished one; 2 for bad input; 128 + n for signal n.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ STOP_AFTER = flags.DEFINE_string(
 
 FILTER_FLAGS = {'position': POSITIONS, 'task': TASKS}
 DEFAULT_SEEDS = 5
+# sysexits.h's EX_TEMPFAIL: the same command, run again, continues.
+STOPPED_BETWEEN_RUNS = 75
 
 
 class Study:
@@ -377,3 +384,11 @@ def _main(spec: Study) -> None:
   # Finished as the tables read them (a diverged run is an outcome).
   with common.planned_runs(len(runs), len(study.collect(runs, workdir))):
     print(spec.report(workdir, runs, results, scale, context))
+  untrained = 0 if COLLECT_ONLY.value else len(chosen) - len(
+      study.collect(chosen, workdir))
+  if untrained and deadline is not None and time.monotonic() >= deadline:
+    print(f'[study] stopped between runs (--stop_between_runs_after): '
+          f'{untrained} chosen run(s) left untrained; the report above covers '
+          f'the finished ones, and the same command trains the rest '
+          f'(exit status {STOPPED_BETWEEN_RUNS})', file=sys.stderr)
+    raise SystemExit(STOPPED_BETWEEN_RUNS)

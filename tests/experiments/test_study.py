@@ -476,6 +476,35 @@ def test_the_skeleton_runs_scores_and_reports_the_chosen_runs(tmp_path,
           ) in (tmp_path / 'results.md').read_text()
 
 
+def test_a_study_stopped_between_runs_reports_then_exits_75(
+    tmp_path, monkeypatch, capsys):
+  """A study that --stop_between_runs_after left with chosen runs untrained
+  writes its report, then exits with EX_TEMPFAIL (75), so that a job script
+  can requeue it; one that finished its runs in time exits 0 (the test
+  above)."""
+  spec = _TwoEncodings()
+  finished = {}
+
+  def fake_execute(runs, workdir, after_each=None, deadline=None):
+    finished[runs[0].name] = {'step': 10}     # one run, then time is up
+    time.sleep(max(0.0, deadline - time.monotonic()) + 0.01)
+    return dict(finished)
+
+  monkeypatch.setattr(study, 'execute', fake_execute)
+  monkeypatch.setattr(study, 'collect', lambda runs, workdir: {
+      r.name: finished[r.name] for r in runs if r.name in finished})
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', f'--workdir={tmp_path}', '--seeds=2',
+                 '--positions=a', '--stop_between_runs_after=1s'])
+    with pytest.raises(SystemExit) as stopped:
+      skeleton.main(spec)([])
+  assert stopped.value.code == skeleton.STOPPED_BETWEEN_RUNS == 75
+  assert ('1 chosen run(s) left untrained; the report above covers the '
+          'finished ones') in capsys.readouterr().err
+  assert ('1 of the 4 runs this study plans at this scale and seed count has '
+          'finished here') in (tmp_path / 'results.md').read_text()
+
+
 def test_a_report_of_part_of_its_plan_says_so_and_a_whole_one_does_not(
     tmp_path):
   """An interrupted or sharded study's tables hold the finished runs
