@@ -18,6 +18,7 @@ import os
 import statistics
 
 from experiments import study
+from selfattn.training import early_stopping
 from selfattn.training import workdir as workdir_lib
 
 # A fall of the loss over the last evaluation interval larger than this
@@ -66,6 +67,49 @@ def last_change(summary: dict) -> float | None:
   return last - before
 
 
+def last_new_best(summary: dict) -> tuple[int, int, float] | None:
+  """For an early-stopped run: (the step of the last new best of its
+  early-stopping metric, the step of the best before it, how much better),
+  read from its history at the length early stopping reads; None with fewer
+  than two bests or without the metric in the history (translation's BLEU
+  lives in the run's early_stop.json, not always here)."""
+  train = summary['config']['train']
+  metric = train.get('early_stop_metric', 'loss')
+  lower = metric in early_stopping.LOWER_IS_BETTER
+  max_len = (summary.get('train_lengths') or [0, 0])[1]
+  bests: list[tuple[int, float]] = []
+  for entry in summary.get('history', []):
+    results = {int(n): m for n, m in entry.get('eval', {}).items()}
+    if not results:
+      continue
+    value = results[early_stopping.monitored_length(results, max_len)].get(
+        metric)
+    if value is None or not math.isfinite(value):
+      continue
+    if not bests or (value < bests[-1][1] if lower else value > bests[-1][1]):
+      bests.append((entry['step'], value))
+  if len(bests) < 2:
+    return None
+  (before, old), (last, new) = bests[-2:]
+  return last, before, abs(new - old)
+
+
+def _capped_trend(summaries: list[dict], metric: str) -> str:
+  """' (...)': how far the last new best of each run that ran to the cap
+  moved past the one before it; '' when none says."""
+  direction = 'lower' if metric in early_stopping.LOWER_IS_BETTER else 'higher'
+  parts = []
+  for summary in summaries:
+    found = last_new_best(summary)
+    if found is not None:
+      last, before, gain = found
+      parts.append(f'step {last:,}, {gain:.2g} {direction} than step '
+                   f'{before:,}\'s')
+  if not parts:
+    return ''
+  return f' (last new best of {metric}: {"; ".join(parts)})'
+
+
 def _group_key(summary: dict) -> tuple[int, int, str, int, str]:
   train = summary['config']['train']
   patience = int(train.get('early_stop_patience', 0) or 0)
@@ -98,7 +142,8 @@ def _group_line(key: tuple[int, int, str, int, str], summaries: list[dict]
       # Reaching the cap says only that patience was not used up there.
       line += ('; ' if early else '') + (
           f'{capped} ran to the cap without stopping, so not shown '
-          f'converged')
+          f'converged') + _capped_trend(
+              [run for run in summaries if run['step'] >= num_steps], metric)
     return line + '.', 0, capped
   length = ("the learning-rate schedule's length" if schedule != 'constant'
             else 'at a constant learning rate')

@@ -10,7 +10,7 @@ from experiments import common
 
 def _summary(path, losses, *, num_steps=2000, every=500, patience=0,
              step=None, lengths=(1, 16), task='reverse', eval_split=None,
-             schedule='cosine'):
+             schedule='cosine', metric='bleu'):
   """A finished run's summary.json: losses[i] maps an evaluated length to
   its loss at the i-th evaluation."""
   path.mkdir(parents=True)
@@ -23,7 +23,7 @@ def _summary(path, losses, *, num_steps=2000, every=500, patience=0,
       'history': history,
       'config': {'train': {'num_steps': num_steps, 'schedule': schedule,
                            'early_stop_patience': patience,
-                           'early_stop_metric': 'bleu'},
+                           'early_stop_metric': metric},
                  'eval': {'every': every},
                  # Runs from before the option have none: 'train'.
                  'task': {} if eval_split is None else {'eval_split': eval_split}}}))
@@ -115,6 +115,29 @@ def test_early_stopped_runs_name_where_they_stopped(tmp_path):
   assert 'still improving' not in text.split('\n\n')[-1]
   assert text.endswith('1 early-stopped run ran to the cap unstopped: at '
                        'that cap, not shown converged.')
+
+
+def test_a_run_at_the_cap_says_how_far_its_last_new_best_moved(tmp_path):
+  """The early-stopping metric read where early stopping reads it (the
+  longest evaluated length in the trained range, 16 here, not 64): its
+  last new best and the best before it, not the last interval's noise."""
+  losses = [{'16': 1.0, '64': 5.0}, {'16': 0.90, '64': 4.0},
+            {'16': 0.95, '64': 3.0}, {'16': 0.89, '64': 2.0},
+            {'16': 0.93, '64': 1.0}]
+  _summary(tmp_path / 'capped', losses, num_steps=2500, patience=3,
+           metric='loss')
+  _, text = budget.budget_section(str(tmp_path))
+  assert ('1 ran to the cap without stopping, so not shown converged (last '
+          "new best of loss: step 2,000, 0.01 lower than step 1,000's).") in text
+  # A higher-is-better metric, and a run with one best only: nothing said.
+  summary = json.loads((tmp_path / 'capped/summary.json').read_text())
+  summary['config']['train']['early_stop_metric'] = 'token_accuracy'
+  for entry, acc in zip(summary['history'], (0.5, 0.7, 0.6, 0.75, 0.7)):
+    entry['eval']['16']['token_accuracy'] = acc
+  assert budget.last_new_best(summary) == (2000, 1000, 0.75 - 0.7)
+  for entry in summary['history']:
+    entry['eval']['16']['token_accuracy'] = 0.5
+  assert budget.last_new_best(summary) is None
 
 
 def test_every_report_ends_with_its_budget(tmp_path):
