@@ -16,8 +16,8 @@ Scales (`--config=configs/indirect_indexing.py:SCALE`):
   small  the CPU study (EXPERIMENTS.md justifies it): 2 layers, width 64.
   quick  a smoke test for the tests.
 Every scale trains on the paper's strings of 20-40 letters with shifts in
-[-15, 15] and also evaluates on strings of 41-52 letters (52 distinct
-letters are all [A-Za-z] has): the extrapolation the paper does not test.
+[-15, 15] and also evaluates on strings of 44, 48 and 52 letters (quick: 52;
+52 distinct letters are all [A-Za-z] has): the extrapolation the paper does not test.
 """
 
 import ml_collections

@@ -1,5 +1,6 @@
 """What a study's training budget says about its claims: every results.md
-ends with a "Budget" section built here from its runs' summaries.
+whose workdir holds finished runs ends with a "Budget" section built here
+from their summaries.
 
 A comparison of models still improving when their budget ends holds at
 that budget, not necessarily at convergence (EXPERIMENTS.md's rule). So the

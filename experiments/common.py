@@ -1,6 +1,8 @@
 """What every experiment driver shares: flags, sweeps through the resumable
 study runner, results tables (mean and std over seeds), paired-by-seed
-lines and the band plot. The five-seed studies' main is skeleton.py's."""
+lines and the band plot. Every study's main is skeleton.py's (the probes
+over finished studies, stack_check, translation_baselines and
+translation_punctuation, have their own)."""
 
 from __future__ import annotations
 
@@ -29,8 +31,9 @@ from selfattn.errors import ConfigError  # noqa: E402
 
 WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory: one '
                               'TensorBoard subdirectory per run, results.md, PNGs.')
-SEEDS = flags.DEFINE_integer('seeds', 5, 'Seeds per setting (five: the '
-                             'protocol every reported table uses).')
+SEEDS = flags.DEFINE_integer('seeds', 5, 'Seeds per setting (default: the '
+                             "study's own; five for most, three for the "
+                             'convergence checks, one with --quick).')
 QUICK = flags.DEFINE_bool('quick', False, 'A one-minute version (for tests).')
 # One definition for the studies that take it (absl refuses a flag defined
 # twice in a process, and a test imports several studies): each study's
@@ -342,7 +345,7 @@ def write_results(workdir: str, title: str, sections: list[tuple[str, str]],
   study's and is refused (ConfigError), unless its title starts with
   `stem`: the fixed part of a title that grows with the study's runs. Then
   a section "Runs" where the report covers part of its plan
-  (planned_runs), and last, "Budget", names the budgets of the finished runs under
+  (planned_runs), and last, where it holds finished runs, "Budget", names the budgets of the finished runs under
   workdir and how many were still improving (experiments/budget.py)."""
   quick = flags.FLAGS.is_parsed() and (QUICK.value or (
       'scale' in flags.FLAGS and flags.FLAGS['scale'].value == 'quick'))

@@ -10,8 +10,9 @@ encodings, one seed.
 A study like the others (experiments/skeleton.py): rerunning the command
 skips finished runs and resumes the unfinished one; --positions trains only
 those encodings; --shard splits the runs; --collect_only trains nothing. The
-report ranks every encoding with a finished run, in the order of
-selfattn.nn.positions.POSITION_NAMES (the committed study,
+report ranks every encoding with a finished run by its mean token accuracy at
+the longest trained length (ties in the order of
+selfattn.nn.positions.POSITION_NAMES; the committed study,
 experiments/results/compare, predates PoPE and so holds nine).
 """
 
@@ -91,7 +92,7 @@ def report(workdir: str, runs: list[study.Run], summaries: dict, quick: bool,
 class ComparePositions(skeleton.Study):
   """One task (--task), every encoding; --scale: cpu (configs/default.py)
   or quick (a small model, four encodings, one seed)."""
-  scales = ('cpu',)
+  scales = ('cpu', 'quick')
   default_scale = 'cpu'
 
   def filter_values(self):

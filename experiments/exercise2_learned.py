@@ -7,8 +7,8 @@ learned table initialised from the sinusoidal one: accuracy at the trained
 lengths, steps to reach 99% token accuracy, accuracy beyond the trained
 lengths (rows of P past 16 are never updated), and the position-position
 cosine similarity of each table after training. The sinusoidal and learned
-tables are also trained with the chapter's dropout (0.1), which every other
-study leaves at 0. A study like the others (experiments/skeleton.py):
+tables are also trained with the chapter's dropout (0.1), which the other
+synthetic-task studies leave at 0 (music and translation train with it). A study like the others (experiments/skeleton.py):
 resumable, --tasks, --shard, --collect_only (which redraws the cosine
 pictures only where seed 0's checkpoints are still there).
 """
@@ -31,7 +31,7 @@ SETTINGS = [('sinusoidal', {'position': 'sinusoidal'}),
             ('learned, sinusoidal init', {'position': 'learned',
                                           'init': 'sinusoidal'})]
 # The chapter's models train with dropout (0.1 after adding P, on the attention
-# weights and in every AddNorm); the other studies use none.
+# weights and in every AddNorm); the other synthetic-task studies use none.
 DROPOUT_SETTINGS = [(f'{name}, dropout 0.1', {**model, 'dropout': 0.1})
                     for name, model in SETTINGS[:2]]
 

@@ -1,4 +1,4 @@
-"""The one skeleton every five-seed study shares: its flags, checked with a
+"""The one skeleton every study of training runs shares: its flags, checked with a
 one-line error before anything runs; the resumable run loop with scoring
 after each run; collection; and the main function.
 
@@ -108,7 +108,7 @@ class TaskSweep(Study):
   """A sweep of model variants over tasks (the chapter's exercises): the
   subclass names its tasks and implements `sweep_runs(tasks, seeds, quick)`
   and `sweep_report(workdir, runs, summaries, quick)`; --tasks filters."""
-  scales = ('cpu',)
+  scales = ('cpu', 'quick')
   default_scale = 'cpu'
   filters = ('task',)
   tasks: tuple[str, ...] = ()

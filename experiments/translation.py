@@ -23,7 +23,8 @@ Each run is scored once, into its translation.json:
     order, in the run's translations/<split>.en, so that anyone can
     recompute a score with `sacrebleu REF -i translations/<split>.en`.
 The driver also computes the floors (experiments/translation_baselines.py).
-Resumable like every study: finished runs are not retrained or rescored.
+Resumable like every study: finished runs are not retrained, nor rescored
+unless an older beam search (BEAM_SEARCH) scored them.
 """
 
 from __future__ import annotations

@@ -30,9 +30,9 @@ Each run is reported beside the same seed's run of the 3,000-step study
 Sized before it ran (2026-11-27, this 2-core CPU): the 3,000-step runs
 trained at 3.4-3.5 steps/s, so a run costs about 5 minutes per 1,000 steps
 plus about 30 s per evaluation: 1.1 h if it stops at 12,000 steps, 1.8 h
-at the cap; six runs, 7 to 11 hours, more than one sitting (the +short
-tier, added 2026-11-30: nine more runs, 10-20 hours at the rates the first
-tiers met). Resumable like
+at the cap; the six core runs, 7 to 11 hours, more than one sitting; then
+rope's three and the +short tier's nine (added 2026-11-30, 10-20 hours at
+the rates the first tiers met): 18 runs in all. Resumable like
 every study: rerunning the command resumes the unfinished run from its last
 checkpoint and its early-stopping record.
 """

@@ -10,7 +10,7 @@ but only 79.3% of test_2017_flickr's and 79.6% of test_2017_mscoco's: the
 rest end in a word. This probe changes only that character and translates
 again, with each run's chosen checkpoint and the study's beam search, for
 every run of the study that trained on all pairs (the core tier's 20, the
-extras' single runs, xl and pope at 3 seeds):
+extras' single runs, xl, pope and shaw keys at 3 seeds):
 
   add    the sources of a test set that end in a letter or digit get a '.';
   strip  test_2016_flickr's sources that end with '.' lose it.

@@ -644,6 +644,20 @@ def test_scale_quick_marks_its_results_as_a_smoke_test(tmp_path):
       'quick_mode_smoke_test'] is True
 
 
+@pytest.mark.parametrize('driver', ['compare_positions', 'exercise2_learned',
+                                    'exercise3_relative'])
+def test_scale_quick_is_a_scale_of_every_study(driver):
+  """--quick is --scale=quick (the skeleton's own message says so), but the
+  studies with one CPU scale refused --scale=quick as not theirs."""
+  import importlib
+  spec = importlib.import_module(f'experiments.{driver}').STUDY
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', '--scale=quick'])
+    assert skeleton.chosen_scale(spec) == 'quick'
+    flags.FLAGS(['study', '--scale=cpu'])
+    assert skeleton.chosen_scale(spec) == 'cpu'
+
+
 def test_another_studys_report_is_not_replaced(tmp_path):
   """Two studies given one --workdir: the second's report replaced the
   first's results.md (and results.json) without a word."""
