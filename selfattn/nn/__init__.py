@@ -4,8 +4,8 @@ Masks, layers, attention (the chapter's reference, fused/cuDNN, chunked,
 Pallas kernels), positions/ (every encoding), the encoder and decoder
 stacks, the model classes and the decode loop. Imports nothing from
 selfattn.tasks or selfattn.training (tests/test_imports.py); every name
-below is also exported by `selfattn` itself, except the model classes and
-`generate`, which are reached here.
+below is also exported by `selfattn` itself, except the model classes,
+`generate` and `check_token_ids`, which are reached here.
 """
 
 from selfattn.nn.attention import MultiHeadAttention

@@ -209,7 +209,7 @@ def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   to dot_product_attention for those, and for Shaw's value term).
 
   The implementation is chosen here, not left to jax.nn: its default
-  (implementation=None) is XLA on every backend in JAX 0.10, so cuDNN would
+  (implementation=None) is XLA on every backend in JAX 0.10-0.12, so cuDNN would
   never run. Where the dtype, head width and lengths suit cuDNN
   (`cudnn_takes`), the call is lowered per platform
   (jax.lax.platform_dependent): cuDNN's fused kernel for 'cuda', XLA's
@@ -391,7 +391,8 @@ class MultiHeadAttention(nnx.Module):
     relative: a relative positional encoding's hooks, or None.
     attention_impl: 'plain' (dot_product_attention), 'fused'
       (jax.nn.dot_product_attention: cuDNN's fused kernel on a GPU for
-      bfloat16/float16 heads of width <= 128, XLA otherwise; see
+      bfloat16/float16 heads a multiple of 8 up to 128 wide, even lengths
+      with a mask or bias (cudnn_takes), XLA otherwise; see
       fused_attention),
       'chunked' (chunked.chunked_attention: online softmax over key blocks,
       memory O(L) instead of O(L^2), every encoding) or 'auto' (chunked from
@@ -538,7 +539,8 @@ class MultiHeadAttention(nnx.Module):
         when Lq != Lk).
       positions: (B, Lq), the positions a relative encoding sees (None:
         0..L-1).
-      key_positions: (B, Lk), default `positions`.
+      key_positions: (B, Lk); default: `positions` in self-attention (keys
+        not given), else 0..Lk-1.
       deterministic: None uses the module's mode (`model.train()` /
         `model.eval()`; modules start in eval mode).
       decode: one step of cached self-attention (call `init_cache` first):

@@ -40,8 +40,8 @@ class TransformerDecoderBlock(nnx.Module):
   None, enc_mask=None, *, mask=None, positions=None, deterministic=None,
   decode=False)`: enc_outputs (B, Lk, num_hiddens), enc_mask a mask over
   them (four axes, see masks.py), mask an extra mask on the self-attention
-  (the causal one is always applied). enc_outputs or enc_mask given to a
-  block built without cross_attention raise ValueError.
+  (the causal one is always applied). enc_outputs, enc_mask or enc_lens given
+  to a block built without cross_attention raise ValueError naming it.
 
   Args: as TransformerEncoderBlock, plus cross_attention (build the
   encoder-decoder attention).
@@ -90,8 +90,11 @@ class TransformerDecoderBlock(nnx.Module):
     if self.cross_attention is None:
       if (enc_outputs is not None or enc_mask is not None
           or enc_lens is not None):
-        raise ValueError(NO_CROSS_ATTENTION.format(
-            'enc_outputs' if enc_outputs is not None else 'enc_mask'))
+        given = [name for name, value in (('enc_outputs', enc_outputs),
+                                          ('enc_mask', enc_mask),
+                                          ('enc_lens', enc_lens))
+                 if value is not None]
+        raise ValueError(NO_CROSS_ATTENTION.format(' and '.join(given)))
     else:
       if enc_outputs is None:
         raise ValueError('this decoder has cross-attention: pass enc_outputs')
@@ -111,7 +114,8 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
 
   Calls: see `__call__`.
 
-  Args: as TransformerEncoder (vocab_size, num_hiddens, ffn_num_hiddens,
+  Args: as TransformerEncoder (norm defaults to 'pre' here and vocab_size
+  is required; vocab_size, num_hiddens, ffn_num_hiddens,
   num_heads, num_layers, dropout, position, max_len, norm, residual,
   norm_type, use_bias,
   attention_impl, remat, scan_layers, meter_period, meter_step_tokens,

@@ -33,8 +33,8 @@ class TransformerEncoderBlock(nnx.Module):
   Args: num_hiddens, ffn_num_hiddens, num_heads, dropout; norm ('post', 'pre',
   'none'), residual, norm_type ('layernorm', 'rmsnorm'); relative: this
   layer's own relative-position module (or None); use_bias in the attention
-  projections; attention_impl ('plain', 'fused', 'chunked' or 'auto', see
-  MultiHeadAttention); dtype / param_dtype; rngs.
+  projections; attention_impl ('plain', 'fused', 'chunked', 'auto' or
+  'pallas', see MultiHeadAttention); dtype / param_dtype; rngs.
   """
 
   def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
@@ -101,8 +101,9 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
     use_bias: biases in the attention projections.
     attention_impl: 'plain', 'fused' (jax.nn.dot_product_attention; cuDNN's
       kernel on a GPU where attention.cudnn_takes allows),
-      'chunked' (memory O(L), every encoding) or 'auto' (chunked for long
-      sequences); see MultiHeadAttention.
+      'chunked' (memory O(L), every encoding), 'auto' (chunked for long
+      sequences) or 'pallas' (the flash-attention kernels); see
+      MultiHeadAttention.
     remat: rematerialise each block in the backward pass (nnx.remat): less
       activation memory, one more forward per block. Off while capturing
       attention weights.
@@ -188,10 +189,11 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
     Args:
       inputs: tokens (B, L) int in [0, vocab_size), or features (B, L,
         num_hiddens) float (already embedded: they skip the embedding, not
-        the absolute encoding). Token ids are not range-checked (a
-        data-dependent check cannot run under jit): as with nnx.Embed, an id
-        outside the range gives NaN or another row. selfattn's own batches
-        are in range (tests/tasks/test_tasks.py); check yours upstream.
+        the absolute encoding). Concrete token ids outside [0, vocab_size)
+        raise ValueError; traced ones (under jit) cannot be checked, and as
+        with nnx.Embed an id outside the range gives NaN or another row:
+        check such batches with stack.check_token_ids first. selfattn's own
+        batches are in range (tests/tasks/test_tasks.py).
       valid_lens: (B,) or (B, L) (one length per query), or None.
       mask: boolean, four axes broadcastable to (B, H, L, L)
         (`masks.make_padding_mask(valid)` for left padding); see masks.py.
@@ -203,7 +205,8 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
         positional encodings; None: 0..L-1).
       deterministic: None follows model.train() / model.eval() (modules
         start in eval mode).
-      return_hidden: also return the list of per-layer inputs.
+      return_hidden: also return the hidden states: the embedded input and
+        each block's output (before the final norm), num_layers + 1 arrays.
       decode: one step against the caches made by `init_cache`, for an
         encoder built causal (ValueError otherwise), as
         TransformerDecoder's decode: the inputs are the next L tokens,
@@ -213,8 +216,8 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
         decode step (right padding needs no mask under causal attention).
 
     Returns:
-      (B, L, num_hiddens); with return_hidden=True the pair (that, the list
-      of per-layer inputs).
+      (B, L, num_hiddens); with return_hidden=True the pair (that, those
+      num_layers + 1 hidden states).
     """
     inputs = check_tokens(inputs, 'inputs')
     if decode:

@@ -11,8 +11,10 @@ is Auto, not Explicit: an Explicit mesh types every array's sharding, and a
 cached decode step then fails to lower (its one-token update is typed as
 sharded, the cache as not).
 
-This is the one place that names the target: every lowering test lowers
-through `lowered_text`, and so should a script that reads a kernel's IR.
+This is the one place that names the H100 target: the lowering tests for
+it go through `lowered_text` (tests for other GPUs, or of the refusal
+without it, build their own), and so should a script that reads a kernel's
+IR.
 """
 
 from __future__ import annotations

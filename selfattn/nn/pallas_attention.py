@@ -35,9 +35,10 @@ gpu_kernel='cudnn'; 'auto' once AUTO_TAKES_CUDNN is set), which an H100 ran
 
 Backends, chosen when the step is lowered (jax.lax.platform_dependent), not
 by the host's default backend: Triton for 'cuda' and 'rocm', named
-explicitly (JAX 0.10's default Pallas GPU backend, Mosaic GPU, takes async
-copies of <= 256 rows and would stage each head's whole K and V in shared
-memory); Mosaic for 'tpu'; interpret mode for 'cpu' (correctness, not
+explicitly, so the choice does not rest on JAX's default, which has moved
+between releases (Triton in 0.12.0.1; Mosaic GPU's pallas_call, where it was
+the default, takes async copies of <= 256 rows and would stage each head's
+whole K and V in shared memory); Mosaic for 'tpu'; interpret mode for 'cpu' (correctness, not
 speed). tests/nn/test_lowering.py lowers every case for 'cuda' and 'tpu' from
 the CPU. A module lowered for several platforms at once is refused by Pallas
 (each branch's compiler parameters name one backend); lower one platform at
@@ -409,9 +410,8 @@ class _Arrays:
 
 def _compiler_params(backend: str, cfg: Config, lay: kernels.Layout,
                      pass_name: str):
-  """The backend named explicitly, not left to JAX's default (Mosaic GPU
-  since JAX 0.10, whose async copies take <= 256 rows and whose shared
-  memory would hold each head's whole K and V); on Triton, the pass's
+  """The backend named explicitly, not left to JAX's default, which has
+  moved between releases (module docstring); on Triton, the pass's
   warps and stages (cfg.triton, or kernels.default_triton_tuning)."""
   if backend == 'triton':
     from jax.experimental.pallas import triton as pltriton

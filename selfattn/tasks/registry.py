@@ -99,8 +99,8 @@ def register_task(name: str, spec: TaskSpec,
   it reads (name -> default, an int: what the command line and validation
   take for a registered option), added to
   DEFAULT_OPTIONS, so each is a `config.task.<option>` field. Call it before
-  a config is built, e.g. at the top of your own config file (configs/
-  default.py refuses an option named like one of its fields).
+  a config is built, e.g. at the top of your own config file (selfattn.
+  training.default_config refuses an option named like one of its fields).
 
   Registering a name again replaces your earlier entry and its options (a
   config file loaded twice). Raises ValueError for one of selfattn's own
@@ -317,11 +317,13 @@ def get_task(name: str, vocab_size: int | None = None, *,
              layout: str = 'in_place', **options: Any) -> Task:
   """Builds a task by name. Raises ValueError naming the valid choices.
 
-  vocab_size: data symbols of selfattn's own tasks (default 8); reference
-    tasks have a fixed alphabet (None, or that size).
-  layout: 'in_place', 'placeholders' or 'autoregressive' (spec.py).
-  options: task options (shift, window, max_shift, transpose); others are
-    ignored.
+  vocab_size: data symbols of selfattn's own tasks (default: the spec's
+    default_vocab, 8 for most); reference tasks have a fixed alphabet
+    (None, or that size).
+  layout: 'in_place', 'placeholders', 'autoregressive' or
+    'encoder_decoder' (spec.py).
+  options: task options (DEFAULT_OPTIONS: shift, window, max_shift,
+    transpose, crop_align, eval_split); others are ignored.
   """
   if name not in TASKS:
     raise ValueError(f'unknown task {name!r}; valid: {", ".join(TASKS)}')

@@ -21,7 +21,7 @@ padded to a static size with its true length alongside. A *layout*
                 (free_running.py).
   encoder_decoder  translation: the source goes to an encoder, BOS + target
                 to a decoder with cross-attention that predicts target +
-                EOS (translation_batches.py builds these batches).
+                EOS (translation/batches.py builds these batches).
 
 Token ids of the model input: the task's input symbols 0..S-1 (its alphabet,
 including any operator or separator symbols it uses), then PAD = S, then the
@@ -86,7 +86,7 @@ class TaskSpec:
   # The examples the training loop evaluates on, where they are not drawn
   # like training's (a held-out split); None: make_sampler's.
   make_eval_sampler: Callable[[int, dict[str, Any]], RawSampler] | None = None
-  level: str                      # 'selfattn', 'regular', 'dcf' or 'cs'
+  level: str     # 'selfattn', 'regular', 'dcf', 'cs', 'music' or 'translation'
   classification: bool = False    # one output symbol per example
   aligned: bool = False           # output i belongs to input i (in_place OK)
   order_sensitive: bool = True    # unsolvable without position information

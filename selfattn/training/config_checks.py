@@ -277,8 +277,8 @@ def _check_model(config: ml_collections.ConfigDict) -> None:
           f'{", ".join(valid_options) or "none"}); unset it')
   _positive(config, 'model.num_layers', 'model.num_hiddens', 'model.num_heads',
             'model.ffn_num_hiddens', 'model.max_len')
-  # num_hiddens % num_heads, norm and attention_impl are checked once, by
-  # the constructors, when the model is built abstractly below.
+  # norm and attention_impl are checked once, by the constructors, when the
+  # model is built abstractly (_check_built); divisibility is checked below.
   if m.dtype not in DTYPES:
     raise ConfigError(f'config.model.dtype={m.dtype!r} is unknown; valid: '
                       f'{", ".join(DTYPES)}')
@@ -317,7 +317,7 @@ def _check_gpu_kernel(config: ml_collections.ConfigDict, task: tasks.Task
     raise ConfigError(f'config.model.gpu_kernel={m.gpu_kernel!r} is unknown; '
                       f'valid: {", ".join(GPU_KERNELS)}')
   if m.gpu_kernel == 'auto' or m.num_hiddens % m.num_heads:
-    return            # a width the heads do not divide: _check_built names it
+    return            # a width the heads do not divide: _check_model refused it
   if m.attention_impl != 'pallas':
     raise ConfigError(
         f'config.model.gpu_kernel={m.gpu_kernel!r} chooses among the kernels '

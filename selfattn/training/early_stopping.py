@@ -4,7 +4,9 @@ config.train.early_stop_patience = N > 0 stops training after the first
 evaluation that is the N-th in a row without a new best of
 config.train.early_stop_metric (loss: lower is better; the accuracies,
 BLEU and chrF: higher), read at the longest evaluated length within the
-trained range (translation: the whole validation split). num_steps stays the
+trained range (translation: the source-length range ending there, over the
+first eval.num_examples validation pairs; configs/translation.py's single
+length 64 makes that every pair evaluated). num_steps stays the
 cap, and the schedule is still built for it.
 
 The record of every evaluation lives in the workdir (EARLY_STOP_FILE), so a

@@ -20,7 +20,9 @@ def train_reporting_errors(config: ml_collections.ConfigDict,
                            workdir: str) -> int:
   """train_and_evaluate, with each error a user can act on printed as one
   line on stderr; returns the exit status (0: trained). Bad input (config,
-  data files, caches) is 2, a diverged run 1, a stop request 128 + signal."""
+  data files, caches) is 2, a diverged run 1, a stop request 128 + signal;
+  a checkpoint that cannot be written ends the process at once, status 1
+  (os._exit: orbax's threads could otherwise hold it for minutes)."""
   # Imported here, after the caller's distributed init.
   from selfattn.training.train import train_and_evaluate
   try:

@@ -207,7 +207,7 @@ def piano_roll_figure(notes: Sequence[tuple[int, int, int, int]],
                       num_steps: int, prompt_steps: int,
                       voice_colours: np.ndarray, title: str,
                       steps_per_bar: int = 16) -> Figure:
-  """Notes (voice, MIDI pitch, start step, end step exclusive; music.notes)
+  """Notes (voice, MIDI pitch, start step, end step exclusive; listening.notes)
   as bars on a pitch-by-time grid: pitch names on the y axis (every C), time
   in bars on the x axis, a line where the prompt ends, and a voice key.
   voice_colours: (voices, 3) uint8."""

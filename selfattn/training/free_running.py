@@ -101,7 +101,7 @@ def cached_free_running_logits(model: nnx.Module, batch: Batch, *,
   encodings). Right padding needs no mask under causal attention.
 
   Args:
-    model: a causal model.SequenceModel (its stack takes decode=True); its
+    model: a causal models.SequenceModel (its stack takes decode=True); its
       caches are replaced by fresh ones of (B, T).
     batch: an autoregressive-layout batch.
     first_output_token: as in free_running_logits.

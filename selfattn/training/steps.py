@@ -171,7 +171,7 @@ def batch_generator(config: ml_collections.ConfigDict, task: tasks_lib.Task):
 def eval_padded_length(length: int) -> int:
   """The task length an evaluation at `length` is padded to: lengths share a
   compiled program in buckets (q = 2^floor(log2 n) / 4, at least 8), so
-  evaluating every length from 41 to 500 compiles ~25 programs, not 460.
+  evaluating every length from 41 to 500 compiles 15 programs, not 460.
   Right padding never changes the valid outputs (masked keys get weight 0)."""
   q = max(8, (1 << (max(length, 1).bit_length() - 1)) // 4)
   return -(-length // q) * q

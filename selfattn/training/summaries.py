@@ -35,8 +35,9 @@ Hence:
   options are one string, `Encoding options`, with their effective values
   (defaults filled in), not one column per option: a column only shaw runs
   have would drop the others from parallel coordinates once it differs.
-- Five headline metrics (SCORE_TAGS), every one logged by every run at
-  every evaluation, capitalised so they sort before eval/* and train/*.
+- Five headline metrics (SCORE_TAGS), three logged by every run at every
+  evaluation and the two training-lengths ones wherever an evaluated length
+  lies in the training range, capitalised so they sort before eval/* and train/*.
   Each is a curve: the Scalars charts' default "Ignore outliers" drops the
   lowest and highest 5% of a chart's points (at least one each), which hid
   whole runs while each run was a single point.

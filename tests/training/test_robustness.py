@@ -134,6 +134,9 @@ def test_encoder_outputs_to_a_decoder_without_cross_attention_raise():
   blk = selfattn.TransformerDecoderBlock(16, 32, 4, 0.0, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match='enc_outputs'):
     blk(jnp.ones((2, 4, 16)), enc_out)
+  # The block names what was given (enc_lens alone was called enc_mask).
+  with pytest.raises(ValueError, match='^enc_lens was passed'):
+    blk(jnp.ones((2, 4, 16)), enc_lens=jnp.array([5, 3]))
   # A decoder with cross-attention still takes them.
   assert forward(make_decoder(cross_attention=True), y,
                  enc_out).shape == (2, 4, 11)

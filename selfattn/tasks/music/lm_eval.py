@@ -2,7 +2,7 @@
 
 Sequences are 1-D int arrays `seq` = [START] + tokens; target j is seq[j+1],
 predicted from seq[:j+1]. Every function here takes `model(tokens (B, T)) ->
-logits (B, T, C)` (model.LanguageModel, or any causal model) and scores or
+logits (B, T, C)` (models.LanguageModel, or any causal model) and scores or
 draws the C classes.
 
 Scoring sequences longer than the trained window (`score`): the strided

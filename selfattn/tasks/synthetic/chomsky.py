@@ -8,7 +8,7 @@ Token ids are the reference's (the argmax of its one-hot inputs and outputs);
 `length` is the reference's length argument: what it counts differs by task
 (see `input_length` / `output_length` of each spec, and docs/training.md's task table).
 
-Ten tasks are generated in JAX. Five need integers of up to `length` bits or a
+Nine tasks are generated in JAX. Six need integers of up to `length` bits or a
 recursive grammar (binary_addition, binary_multiplication, compute_sqrt,
 modular_arithmetic_brackets, solve_equation, and stack_manipulation's stack);
 they run on the host through `jax.pure_callback`, seeded from the example's

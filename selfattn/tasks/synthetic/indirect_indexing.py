@@ -16,8 +16,9 @@ is written in decimal, 1 or 2 digit tokens). Loss and accuracy count the
 target token only (a classification task; the paper's decoder reads it after
 the last input token: layout `autoregressive`).
 
-Defaults are the paper's: strings of 20-40 letters (task.min_len /
-task.max_len), shifts in [-15, +15] (task.max_shift). Shifts are drawn
+The paper's setting: strings of 20-40 letters (task.min_len / task.max_len,
+as configs/indirect_indexing.py sets them), shifts in [-15, +15]
+(task.max_shift, the default). Shifts are drawn
 uniformly among those that land inside the string (|shift| < length, and
 |shift| <= max_shift), then the source uniformly among the positions whose
 target is inside; the paper does not say how it handles shifts that leave

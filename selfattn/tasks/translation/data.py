@@ -3,7 +3,7 @@ the training pairs in length buckets, and padded evaluation chunks.
 
 Everything here is host-side NumPy, computed once per process
 (`prepare` is cached): the training system turns the buckets into JAX
-batches (translation_batches.py), so a batch stays a pure function of (seed,
+batches (translation/batches.py), so a batch stays a pure function of (seed,
 step).
 
 Length buckets. A pair's length is max(source tokens, target tokens + 1)

@@ -1,6 +1,7 @@
 """Translating with a trained Seq2SeqModel: greedy or beam search through
 the decoder's key/value caches (decoding.generate), batched and jittable,
-and the host loop that turns a list of sources into detokenized text."""
+and the host loop that turns a list of sources into target ids
+(TranslationTrainer.translate_texts detokenizes them)."""
 
 from __future__ import annotations
 
