@@ -89,7 +89,8 @@ after every row, so a run stopped by a time limit keeps what it measured.
 
 Outputs under --out: NAME.json (every row and the machine), NAME.md (the
 tables). The last thing printed is which encodings reach cuDNN's fused kernel
-through attention_impl='fused' and a summary at one length.
+through attention_impl='fused', a summary at one length (with issue 47's
+targets) and the total time.
 """
 
 from __future__ import annotations

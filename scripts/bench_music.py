@@ -6,7 +6,7 @@ For each encoding: the compiled training step of configs/music.py:cpu (2
 layers, width 96, 4 heads, FFN 256, windows of 256 tokens, batch 16,
 dropout 0.1) called back to back on pre-generated batches, median over
 rounds; tokens/s; and the fraction of this machine's float32 matmul rate
-(a 2048^2 matmul through JAX, measured in the same run) that the step's
+(a 2048^2 matmul through JAX, 512^2 with --quick, measured in the same run) that the step's
 matmul FLOPs reach.
 
 FLOPs are counted two ways and both printed:

@@ -4,7 +4,8 @@
 # EXPERIMENTS.md links them. The other studies' committed results hold their
 # run directories too (length generalization, indirect indexing, music,
 # translation): run those with --workdir=experiments/results/<study>, as
-# `scripts/run_experiments.sh experiments/results` does for every study.
+# `scripts/run_experiments.sh experiments/results` does for every study but
+# translation (its own commands, EXPERIMENTS.md section 8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for study in chapter compare exercise1 exercise2 exercise3; do

@@ -120,7 +120,8 @@
 # three wheels the steps import and bench_gpu's tokamax peer's,
 # TOKAMAX_WHEELS) fits; `prepare` prints both sums.
 # A lent GPU gives 15 minutes of device time, machine start included: one
-# such call. Files back: at most 8 per call, so each step writes 3-5.
+# such call. Files back: at most 8 per call, so each step writes 3-5
+# (`kernel` exactly 8, hence its facts' --json=false).
 #
 # Why wheels: the GPU image (/work/.library/device/KINDS.md, the device
 # tool's notes, not in this repository) has JAX 0.11.2 with the CUDA 13 plugin
@@ -535,7 +536,8 @@ case "$STEP" in
     # targets' denominator; each compiled in about 1 s and ran in 5-20 ms
     # on the H100 and H200), then the targets' encodings, then the other
     # peers (bench_gpu.row_plan; tokamax's may take up to 30 s each): if
-    # the budget ends, it cuts those, then xl, rope and the 2048 rows.
+    # the budget ends, it cuts the 2048 rows first (their other peers, then
+    # xl, rope, ...), then 8192's other peers.
     [ $# -eq 0 ] && set -- --encodings=none,alibi,t5,shaw,rope,xl \
       --impls=pallas_hopper,pallas_hopper_fused,pallas,fused
     for mode in ${KERNEL_MODES:-train}; do

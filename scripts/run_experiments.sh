@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every study EXPERIMENTS.md reports but section 8's (translation: its
-# own commands, EXPERIMENTS.md), at five seeds where a study has seeds, one
+# Runs the studies of EXPERIMENTS.md sections 0-7 but stack_check (section 4)
+# and music_convergence (section 6); translation (section 8) has its own
+# commands. At five seeds where a study has seeds, one
 # after another,
 # into runs/<study> (or $1/<study>); then `tensorboard --logdir runs` compares
 # them. Every driver is resumable: rerunning this script skips finished runs,
@@ -14,7 +15,7 @@
 # (experiments/results/timings.txt): compare 19 min, exercise1 82 min,
 # exercise2 23 min, exercise3 53 min; length_generalization about 6.5 h
 # (390 runs at about 62 s each; EXPERIMENTS.md section 5; PoPE adds 60),
-# indirect_indexing about 2.5 h (50 runs), music needs the JSB data file
+# indirect_indexing about 4 h (50 runs, 2-11 min each), music needs the JSB data file
 # (selfattn/tasks/music/jsb.py). `--shard=i/n` on
 # length_generalization splits it over machines.
 set -euo pipefail

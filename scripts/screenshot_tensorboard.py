@@ -1,4 +1,4 @@
-"""The README's and docs/training.md's pictures of TensorBoard, taken in a
+"""docs/training.md's pictures of TensorBoard, taken in a
 real browser, and a check of what a fresh browser shows by default.
 
   apt-get install chromium-headless-shell && pip install playwright==1.65.2   # the version it was checked with
