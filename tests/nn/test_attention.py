@@ -156,16 +156,28 @@ FUSED_REPEATS = ('huang', 'xl', 't5')
 @pytest.mark.parametrize('position', [
     pytest.param(p, marks=EXTENDED) if p in FUSED_REPEATS else p
     for p in selfattn.POSITION_NAMES])
-def test_fused_path_equals_the_plain_path(position):
+def test_fused_path_equals_the_plain_path(position, monkeypatch):
   """attention_impl='fused' (jax.nn.dot_product_attention; XLA on this CPU)
   gives the plain path's outputs and gradients for every encoding, with
-  padding; Shaw's value term falls back to the plain path."""
+  padding; Shaw's value term falls back to the plain path. The fused calls
+  are counted: on this CPU both paths give the same numbers, so equality
+  alone would pass with the switch never reaching the blocks."""
   def build(impl):
     return selfattn.TransformerEncoder(12, 16, 32, 2, 2, position=position,
                                        max_len=16, attention_impl=impl,
                                        rngs=nnx.Rngs(0))
+  calls = []
+  real = jax.nn.dot_product_attention
+  monkeypatch.setattr(jax.nn, 'dot_product_attention',
+                      lambda *a, **k: calls.append(1) or real(*a, **k))
   x = jax.random.randint(jax.random.key(0), (2, 9), 0, 12)
-  assert_encoders_agree(build('fused'), build('plain'), x, jnp.array([9, 5]))
+  fused = build('fused')
+  fusable = selfattn.nn.attention.can_fuse(fused.blks[0].attention.relative)
+  assert_encoders_agree(fused, build('plain'), x, jnp.array([9, 5]))
+  # Each traced pass (padded, causal, the gradient's forward) through both
+  # layers is fused, or none is.
+  assert len(calls) == (6 if fusable else 0)
+  assert fusable == (position != 'shaw')
 
 
 def test_fused_path_asks_for_cudnn_where_it_applies(monkeypatch):

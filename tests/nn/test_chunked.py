@@ -201,9 +201,17 @@ def test_encoder_with_chunked_attention_equals_plain(monkeypatch, stack):
                                        position='shaw', max_len=16,
                                        attention_impl=impl, rngs=nnx.Rngs(0),
                                        **stack)
+  calls = []
+  real = chunked.chunked_attention
+  monkeypatch.setattr(chunked, 'chunked_attention',
+                      lambda *a, **k: calls.append(1) or real(*a, **k))
   x = jax.random.randint(jax.random.key(0), (2, 11), 0, 12)
   assert_encoders_agree(build('chunked'), build('plain'), x,
                         jnp.array([11, 6]))
+  # The switch reached the blocks (equal numbers alone would not say so):
+  # each traced pass (padded, causal, the gradient's forward) calls it, once
+  # per layer in the loop, once for the scanned body.
+  assert len(calls) >= 3
 
 
 def test_auto_chunks_only_long_sequences(monkeypatch):

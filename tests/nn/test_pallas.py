@@ -524,13 +524,22 @@ def test_multihead_attention_pallas_equals_plain(name, causal, monkeypatch):
     np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4)
 
 
-def test_multihead_attention_key_mask():
-  """A (B, 1, 1, Lk) boolean mask is key padding: the kernel takes it."""
+def test_multihead_attention_key_mask(monkeypatch):
+  """A (B, 1, 1, Lk) boolean mask is key padding: the kernel takes it (as
+  key_valid; equal outputs alone would also pass on the plain fallback)."""
+  seen = []
+  real = pa.pallas_attention
+  monkeypatch.setattr(pa, 'pallas_attention', lambda *a, **kw: seen.append(
+      (kw.get('key_valid'), kw.get('key_lengths'))) or real(*a, **kw))
   x = jax.random.normal(jax.random.key(8), (B, 11, H * D))
   mask = (jnp.arange(11)[None] < jnp.array([[11], [6]]))[:, None, None, :]
-  got = compiled(lambda m: m(x, mask=mask), _mha('alibi', 'pallas'))
+  # Eager, so that the mask the kernel gets is concrete.
+  eager = _mha('alibi', 'pallas')(x, mask=mask)
+  assert len(seen) == 1 and seen[0][1] is None
+  np.testing.assert_array_equal(seen[0][0], [[True] * 11,
+                                             [True] * 6 + [False] * 5])
   want = compiled(lambda m: m(x, mask=mask), _mha('alibi', 'plain'))
-  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(eager, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize('case', ['huang', 'xl', 'bias', 'query_mask',

@@ -58,7 +58,10 @@ def test_a_kernel_choice_that_cannot_run_the_model_is_refused(
     dict(gpu_kernel='hopper', dtype='bfloat16', position='t5'),
 ])
 def test_a_kernel_choice_that_runs_the_model_passes(tiny_config, model):
-  config_checks.validate_config(_pallas_config(tiny_config, **model))
+  """The refusals' controls: the same fields with a model the choice runs
+  validate (no error) and give the config's task."""
+  config = _pallas_config(tiny_config, **model)
+  assert config_checks.validate_config(config).name == config.task.name
 
 
 def test_a_run_traces_its_attention_under_the_chosen_kernel(
@@ -84,12 +87,14 @@ def test_a_run_traces_its_attention_under_the_chosen_kernel(
   assert pallas_attention._default_gpu_kernel == ['auto']   # restored
 
 
-def test_translation_reaches_the_hopper_kernels_with_its_lengths(tiny_config):
+def test_translation_reaches_the_hopper_kernels_with_its_lengths(
+    tiny_config, monkeypatch):
   """The decoder's cross-attention took the source lengths as a mask, which
   the Hopper (and cuDNN) kernels refuse: a translation model that passed
   validation under gpu_kernel='hopper' failed when its step was traced.
   They now stay lengths; tracing the model's loss under the choice (no
-  compile) finds no refusal."""
+  compile) finds no refusal, and the cross-attention calls reach the
+  kernels with key lengths, not a mask."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -104,6 +109,21 @@ def test_translation_reaches_the_hopper_kernels_with_its_lengths(tiny_config):
   src = jnp.ones((2, 6), jnp.int32)
   tgt = jnp.ones((2, 5), jnp.int32)
   lengths = jnp.array([6, 3])
+  calls = []
+  real = pallas_attention.pallas_attention
+
+  def spy(q, k, v, **kwargs):
+    calls.append((q.shape[2], k.shape[2], kwargs.get('key_valid') is None,
+                  kwargs.get('key_lengths') is not None,
+                  pallas_attention._default_gpu_kernel[-1]))
+    return real(q, k, v, **kwargs)
+
+  monkeypatch.setattr(pallas_attention, 'pallas_attention', spy)
   with pallas_attention.default_gpu_kernel('hopper'):
     out = jax.eval_shape(lambda: model(src, lengths, decoder_inputs=tgt))
   assert out.shape[:2] == (2, 5)
+  # Target queries (5) over source keys (6): the decoder's cross-attention,
+  # one call per decoder layer, with lengths under the Hopper choice.
+  cross = [c for c in calls if c[:2] == (5, 6)]
+  assert len(cross) == config.model.num_layers
+  assert all(c[2:] == (True, True, 'hopper') for c in cross)
