@@ -1,8 +1,10 @@
 """Every Python block of README.md and the docs/ pages it links runs as
 written, each on its own (a user pastes one at a time), so the examples
-cannot drift from the library; and every relative link of those pages
-points at a file that exists."""
+cannot drift from the library, and the shapes their comments promise
+(`x = ...  # (2, 12, 64)`) are the shapes they make; and every relative
+link of those pages points at a file that exists."""
 
+import ast
 import glob
 import os
 import re
@@ -34,8 +36,29 @@ def test_the_pages_have_python_examples():
 @pytest.mark.parametrize('where,code', _blocks(), ids=lambda v: (
     v if ':' in str(v) and '\n' not in str(v) else ''))
 def test_block_runs_on_its_own(where, code):
+  """Statement by statement, so that a shape comment is checked against the
+  name its line assigns when that line has run (a later line may reuse it)."""
   namespace = {'__name__': 'readme_block_' + re.sub(r'\W', '_', where)}
-  exec(compile(code, where, 'exec'), namespace)
+  lines = code.split('\n')
+  for statement in ast.parse(code).body:
+    exec(compile(ast.Module([statement], []), where, 'exec'), namespace)
+    promised = SHAPE_COMMENT.search(lines[statement.lineno - 1])
+    if promised and isinstance(statement, ast.Assign) and isinstance(
+        statement.targets[0], ast.Name):
+      name = statement.targets[0].id
+      shape = tuple(int(n) for n in promised.group(1).split(','))
+      assert namespace[name].shape == shape, (where, statement.lineno, name)
+
+
+# A comment that opens with a shape of numbers: `# (2, 12, 64)`.
+SHAPE_COMMENT = re.compile(r'#\s*\((\d+(?:,\s*\d+)*)\)')
+
+
+def test_shape_comments_are_read():
+  """The check above has something to check: the pages promise shapes."""
+  promised = [line for _, code in _blocks() for line in code.split('\n')
+              if SHAPE_COMMENT.search(line)]
+  assert len(promised) >= 4
 
 
 def test_relative_links_point_at_files():

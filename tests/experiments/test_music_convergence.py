@@ -48,7 +48,8 @@ def test_every_planned_run_passes_validation():
   plan (the validation crops' option included)."""
   runs = convergence.MusicConvergence().runs('cpu', 1, None)
   for run in study.distinct_but_seed(runs):
-    validate_config(run.config, num_devices=1)
+    task = validate_config(run.config, num_devices=1)
+    assert task.name == 'jsb_chorales' and run.config.task.eval_split == 'valid'
 
 
 def _record(path, curve, stopped_at):

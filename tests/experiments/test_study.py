@@ -628,8 +628,9 @@ def test_a_truncated_music_score_is_one_line_naming_the_file(tmp_path):
   from selfattn.errors import ConfigError
   (tmp_path / 'music.json').write_text('{"valid": {"nll": 0.4')
   run = study.Run('run', ml_collections.ConfigDict(), {})
-  with pytest.raises(ConfigError, match=r"music\.json.*delete it to rescore"):
+  with pytest.raises(ConfigError, match=r"music\.json.*delete it to rescore") as e:
     music.evaluate_run(run, str(tmp_path), data={})
+  assert '\n' not in str(e.value)
 
 
 def test_scale_quick_marks_its_results_as_a_smoke_test(tmp_path):

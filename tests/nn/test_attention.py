@@ -71,6 +71,13 @@ def test_chapter_multihead_shape_demonstration():
   out, weights = compiled(
       lambda attn: selfattn.attention_weights(attn, X, Y, Y, valid_lens), attn)
   assert out.shape == (2, 4, 100) and weights[0].shape == (2, 5, 4, 6)
+  # Every key is the same vector, so each query spreads its weight evenly
+  # over the valid keys (3, then 2) and gives the padded ones none.
+  want = np.zeros((2, 6))
+  want[0, :3], want[1, :2] = 1 / 3, 1 / 2
+  np.testing.assert_allclose(
+      weights[0], np.broadcast_to(want[:, None, None], (2, 5, 4, 6)),
+      atol=1e-6)
 
 
 def _copy_into_flax(ours, theirs, num_heads):

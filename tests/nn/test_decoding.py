@@ -3,6 +3,7 @@ against exhaustive search, end-of-sentence handling, beams over scanned
 layers and cross-attention, and teacher forcing through the caches against
 one full causal pass."""
 
+import functools
 import itertools
 
 import jax
@@ -294,9 +295,17 @@ def test_bad_requests_say_what_is_wrong():
                        rf'{vocab} logits of a step, or None; got {top_k}'):
       decoding.generate(dec, prompt, 2, method='sample', top_k=top_k,
                         key=jax.random.key(0))
-  assert compiled(lambda m, p, key: decoding.generate(
-      m, p, 2, method='sample', top_k=vocab, key=key),
-                  dec, prompt, jax.random.key(0)).tokens.shape == (1, 4)
+  # top_k = V keeps every logit: the draws of top_k=None with the same key
+  # (an off-by-one at the edge would drop the lowest logit or fail).
+  draw = lambda m, p, key, top_k: decoding.generate(
+      m, p, 6, method='sample', top_k=top_k, key=key).tokens
+  for seed in range(3):
+    every = compiled(functools.partial(draw, top_k=vocab), dec, prompt,
+                     jax.random.key(seed))
+    assert every.shape == (1, 8)
+    np.testing.assert_array_equal(every, compiled(
+        functools.partial(draw, top_k=None), dec, prompt,
+        jax.random.key(seed)))
 
 
 @pytest.mark.parametrize('position,owner,scan', [

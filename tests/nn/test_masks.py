@@ -195,6 +195,14 @@ def test_masks_combine_with_and():
   assert np.all(w[~np.broadcast_to(allowed[:, None], w.shape)] == 0)
   # Query 0 of example 0 has no allowed key: a zero row, never NaN.
   np.testing.assert_array_equal(w[0, :, 0], 0.0)
+  # The three together are exactly their AND given as one mask (an all-False
+  # combination would pass the zero checks above).
+  np.testing.assert_allclose(
+      w, _weights(attn, X, mask=jnp.asarray(allowed)[:, None]), atol=1e-6)
+  rows = allowed.any(-1)
+  np.testing.assert_allclose(w.sum(-1)[np.broadcast_to(rows[:, None],
+                                                       w.shape[:-1])], 1.0,
+                             atol=1e-5)
 
 
 def test_masked_softmax_mask_needs_all_axes_of_x():

@@ -69,8 +69,14 @@ def test_nnx_jit_train_step_traces_once():
 
 @pytest.mark.parametrize('dropout', [0.0, 0.2])
 def test_params_stream_alone_builds_the_model(dropout):
+  """A model built from a 'params' stream only evaluates (no dropout
+  stream is needed in eval mode), and its parameters come from that stream:
+  the same seed gives the same model whatever the dropout rate."""
   enc = make(dropout=dropout, rngs=nnx.Rngs(params=0))
-  np.testing.assert_allclose(enc(toks()), enc(toks()), atol=0)
+  reference = make(dropout=0.0, rngs=nnx.Rngs(params=0))
+  np.testing.assert_allclose(enc(toks()), reference(toks()), atol=1e-6)
+  other = make(dropout=dropout, rngs=nnx.Rngs(params=1))
+  assert np.abs(np.asarray(enc(toks()) - other(toks()))).max() > 1e-3
 
 
 def test_train_and_eval_modes_are_respected():
@@ -102,9 +108,23 @@ def test_features_instead_of_tokens_and_separate_kv_features():
       compiled(lambda m: m(x), tok_enc), atol=1e-5)
   cross = selfattn.MultiHeadAttention(16, 2, in_features=8, kv_features=12,
                                       out_features=4, rngs=nnx.Rngs(0))
-  out = compiled(lambda m: m(jnp.ones((2, 3, 8)), jnp.ones((2, 7, 12))),
-                 cross)
+  q_in = jax.random.normal(jax.random.key(1), (2, 3, 8))
+  kv_in = jax.random.normal(jax.random.key(2), (2, 7, 12))
+  out = compiled(lambda m: m(q_in, kv_in), cross)
   assert out.shape == (2, 3, 4)
+  # NumPy from the module's own kernels: queries from the 8-wide input,
+  # keys and values from the 12-wide one, two heads of 8.
+  w = {name: np.asarray(getattr(cross, name).kernel[...], np.float64)
+       for name in ('W_q', 'W_k', 'W_v', 'W_o')}
+  heads = lambda x: x.reshape(2, -1, 2, 8).transpose(0, 2, 1, 3)
+  q = heads(np.asarray(q_in, np.float64) @ w['W_q'])
+  k = heads(np.asarray(kv_in, np.float64) @ w['W_k'])
+  v = heads(np.asarray(kv_in, np.float64) @ w['W_v'])
+  logits = q @ k.transpose(0, 1, 3, 2) / np.sqrt(8)
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  want = (weights @ v).transpose(0, 2, 1, 3).reshape(2, 3, 16) @ w['W_o']
+  np.testing.assert_allclose(out, want, atol=1e-5)
 
 
 def test_unknown_keyword_is_a_type_error_naming_it():
@@ -116,10 +136,12 @@ def test_unknown_keyword_is_a_type_error_naming_it():
 
 class _LinenClassifier(nn.Module):
   """A Linen model with a selfattn encoder inside, through nnx.bridge."""
+  dropout: float = 0.3
 
   @nn.compact
   def __call__(self, x, train: bool = False):
-    h = bridge.to_linen(selfattn.TransformerEncoder, 10, 16, 32, 2, 1, 0.3,
+    h = bridge.to_linen(selfattn.TransformerEncoder, 10, 16, 32, 2, 1,
+                        self.dropout,
                         position='shaw', clip_distance=4)(
                             x, deterministic=not train)
     return nn.Dense(2)(h.mean(axis=1))
@@ -156,4 +178,8 @@ def test_linen_bridge_inits_with_one_key_trains_and_uses_dropout():
   assert np.abs(np.asarray(apply(jax.random.key(1)) - apply(jax.random.key(2)))
                 ).max() > 1e-4
   evaluate = jax.jit(lambda params: model.apply({'params': params}, x))
-  np.testing.assert_allclose(evaluate(params), evaluate(params), atol=0)
+  # Evaluation applies no dropout: what the same module without dropout
+  # gives with the same parameters (not merely the same twice).
+  np.testing.assert_allclose(
+      evaluate(params),
+      _LinenClassifier(dropout=0.0).apply({'params': params}, x), atol=1e-5)

@@ -432,11 +432,13 @@ def test_dot_product_attention_checks_positions_and_the_encoding_s_heads():
   with pytest.raises(TypeError, match='k_positions must be integers'):
     selfattn.dot_product_attention(
         q, q, q, relative=rope, k_positions=jnp.zeros((2, 4), jnp.float32))
-  # Shared positions, (1, L), still pass.
+  # Shared positions, (1, L), still pass: 0..L-1 shared is the default.
   out, _ = selfattn.dot_product_attention(
       q, q, q, relative=rope, q_positions=jnp.arange(4)[None],
       k_positions=jnp.arange(4)[None])
-  assert out.shape == q.shape
+  np.testing.assert_allclose(
+      out, selfattn.dot_product_attention(q, q, q, relative=rope)[0],
+      atol=1e-6)
 
 
 def test_float_positions_are_refused_not_truncated():
@@ -456,8 +458,11 @@ def test_float_positions_are_refused_not_truncated():
   with pytest.raises(TypeError, match='positions must be integers'):
     decoding.greedy_search(make_decoder('alibi'), toks((1, 2)), 1,
                            positions=floats)
-  # Integer positions as a Python list still work.
-  assert enc(toks((1, 3)), positions=[[0, 2, 4]]).shape == (1, 3, 16)
+  # Integer positions as a Python list still work, as the same array does.
+  listed = enc(toks((1, 3)), positions=[[0, 2, 4]])
+  np.testing.assert_allclose(
+      listed, enc(toks((1, 3)), positions=jnp.array([[0, 2, 4]])), atol=1e-6)
+  assert np.abs(np.asarray(listed - enc(toks((1, 3))))).max() > 1e-4
 
 
 def test_a_decode_step_s_mask_is_checked_against_the_whole_cache():

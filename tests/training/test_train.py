@@ -172,8 +172,16 @@ def test_bfloat16_activations_train_with_float32_parameters(tiny_config, tmp_pat
   batch = trainer.train_batch(0)
   assert model.encoder(batch.inputs, batch.valid_lens).dtype == jnp.bfloat16
   summary = train.train_and_evaluate(tiny_config, str(tmp_path))
-  assert all(p.dtype == np.float32 for p in saved_params(tmp_path))
+  saved = saved_params(tmp_path)
+  assert all(p.dtype == np.float32 for p in saved)
   assert all(np.isfinite(m['loss']) for m in summary['eval'].values())
+  # The steps moved the parameters (bfloat16 gradients that underflowed to
+  # zero would leave a finite loss and float32 parameters too).
+  import jax
+  initial = jax.tree.leaves(trainer.init_state()['params'])
+  assert len(initial) == len(saved)
+  assert max(float(np.abs(np.asarray(a) - b).max())
+             for a, b in zip(initial, saved)) > 1e-3
 
 
 @pytest.mark.parametrize('field, value, message', [
