@@ -26,6 +26,7 @@ from flax import nnx
 import selfattn
 from experiments import common
 from experiments import skeleton
+from selfattn.training.cli_checks import parse_flags
 
 WIDTH, KERNEL = 64, 3
 
@@ -240,4 +241,4 @@ def chapter(workdir: str, seeds: int, quick: bool) -> str:
 
 
 if __name__ == '__main__':
-  app.run(skeleton.main_of(chapter))
+  app.run(skeleton.main_of(chapter), flags_parser=parse_flags)

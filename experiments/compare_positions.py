@@ -30,6 +30,7 @@ from selfattn.nn.positions import POSITION_NAMES
 from selfattn.tasks import TASK_NAMES
 from selfattn.tasks import TASKS
 from selfattn.tasks import get_task
+from selfattn.training.cli_checks import parse_flags
 
 _TASK = flags.DEFINE_enum('task', 'reverse', list(TASK_NAMES), 'Task to train on.')
 BINARY = ('parity_check', 'even_pairs')
@@ -111,4 +112,4 @@ class ComparePositions(skeleton.Study):
 STUDY = ComparePositions()
 
 if __name__ == '__main__':
-  app.run(skeleton.main(STUDY))
+  app.run(skeleton.main(STUDY), flags_parser=parse_flags)

@@ -37,6 +37,7 @@ from selfattn import tasks as tasks_lib
 from selfattn.errors import DataError
 from selfattn.training.steps import Trainer
 from selfattn.training.steps import metric_sums
+from selfattn.training.cli_checks import parse_flags
 
 # --------------------------------------------------------------------------
 # 1. Rank collapse.
@@ -412,4 +413,4 @@ def exercise1(workdir: str, seeds: int, quick: bool) -> str:
 
 
 if __name__ == '__main__':
-  app.run(skeleton.main_of(exercise1))
+  app.run(skeleton.main_of(exercise1), flags_parser=parse_flags)

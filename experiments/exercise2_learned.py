@@ -22,6 +22,7 @@ from absl import app
 from experiments import common
 from experiments import skeleton
 from experiments import study
+from selfattn.training.cli_checks import parse_flags
 
 STEPS = 2000      # training steps per run (--steps overrides)
 TASKS = ('reverse', 'sort')
@@ -149,4 +150,4 @@ class Exercise2(skeleton.TaskSweep):
 STUDY = Exercise2()
 
 if __name__ == '__main__':
-  app.run(skeleton.main(STUDY))
+  app.run(skeleton.main(STUDY), flags_parser=parse_flags)

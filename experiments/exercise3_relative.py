@@ -19,6 +19,7 @@ from experiments import common
 from experiments import skeleton
 from experiments import study
 from selfattn.tasks import get_task
+from selfattn.training.cli_checks import parse_flags
 
 STEPS = 1000      # training steps per run (--steps overrides)
 TASKS = ('reverse', 'shift', 'window_sum')
@@ -97,4 +98,4 @@ class Exercise3(skeleton.TaskSweep):
 STUDY = Exercise3()
 
 if __name__ == '__main__':
-  app.run(skeleton.main(STUDY))
+  app.run(skeleton.main(STUDY), flags_parser=parse_flags)

@@ -26,6 +26,7 @@ from configs import indirect_indexing as ii_config
 from experiments import common
 from experiments import skeleton
 from experiments import study
+from selfattn.training.cli_checks import parse_flags
 
 # Study label -> (config.model.position, encoding options, task options).
 ENCODINGS = {
@@ -192,4 +193,4 @@ class IndirectIndexing(skeleton.Study):
 STUDY = IndirectIndexing()
 
 if __name__ == '__main__':
-  app.run(skeleton.main(STUDY))
+  app.run(skeleton.main(STUDY), flags_parser=parse_flags)

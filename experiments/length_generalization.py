@@ -29,6 +29,7 @@ from configs import chomsky
 from experiments import common
 from experiments import skeleton
 from experiments import study
+from selfattn.training.cli_checks import parse_flags
 
 TASKS = ('even_pairs', 'parity_check', 'reverse_string', 'bucket_sort',
          'missing_duplicate_string', 'duplicate_string')
@@ -332,4 +333,4 @@ class LengthGeneralization(skeleton.Study):
 STUDY = LengthGeneralization()
 
 if __name__ == '__main__':
-  app.run(skeleton.main(STUDY))
+  app.run(skeleton.main(STUDY), flags_parser=parse_flags)

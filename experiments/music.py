@@ -37,6 +37,7 @@ from experiments import study
 from selfattn.tasks.music import jsb
 from selfattn.tasks.music import lm_eval
 from selfattn.training import workdir as workdir_lib
+from selfattn.training.cli_checks import parse_flags
 
 # Section 6's first pass ran before the CPU default knew the meter: its rows
 # turn the meter off, so that they keep the configs they were trained with.
@@ -408,4 +409,4 @@ class Music(skeleton.Study):
 STUDY = Music()
 
 if __name__ == '__main__':
-  app.run(skeleton.main(STUDY))
+  app.run(skeleton.main(STUDY), flags_parser=parse_flags)

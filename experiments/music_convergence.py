@@ -49,6 +49,7 @@ from experiments import music as music_study
 from experiments import skeleton
 from experiments import study
 from selfattn.tasks.music import jsb
+from selfattn.training.cli_checks import parse_flags
 
 # The 1,000-step study, whose runs of the same seeds are the short budget
 # (--short_dir replaces it).
@@ -254,4 +255,4 @@ class MusicConvergence(convergence.Study):
 STUDY = MusicConvergence()
 
 if __name__ == '__main__':
-  app.run(skeleton.main(STUDY))
+  app.run(skeleton.main(STUDY), flags_parser=parse_flags)

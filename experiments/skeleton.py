@@ -36,6 +36,7 @@ from selfattn import tasks
 from selfattn.errors import ConfigError
 from selfattn.errors import DataError
 from selfattn.nn import positions
+from selfattn.training.cli_checks import workdir_problem
 from selfattn.training.train import kernel_choice
 from selfattn.training.log_setup import configure_logging
 
@@ -181,8 +182,9 @@ def _refuse_flags(names: Sequence[str], why: str) -> None:
 
 
 def _check_workdir(workdir: str, collect_only: bool) -> None:
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    common.fail(f'--workdir={workdir} is a file, not a directory')
+  problem = workdir_problem(workdir)    # the training CLI's check
+  if problem:
+    common.fail(problem)
   if collect_only and not os.path.isdir(workdir):
     common.fail(f'--collect_only: {workdir} does not exist, so there is '
                 f'nothing to collect (a mistyped --workdir?)')
@@ -198,6 +200,9 @@ def finished_elsewhere(workdir: str, runs: Sequence[study.Run]) -> int:
 def chosen_scale(spec: Study) -> str:
   if common.QUICK.value:
     return 'quick'
+  if SCALE.value == '':
+    common.fail(f'--scale is empty: name one of {", ".join(spec.scales)} '
+                f'(or leave the flag out for {spec.default_scale})')
   scale = SCALE.value or spec.default_scale
   if scale not in spec.scales:
     common.fail(f'--scale={scale!r} is not a scale of this study; valid: '

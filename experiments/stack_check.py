@@ -32,6 +32,7 @@ from selfattn.training import train
 from selfattn.errors import ConfigError
 from selfattn.training import workdir as workdir_lib
 from selfattn.training.log_setup import configure_logging
+from selfattn.training.cli_checks import parse_flags
 
 # Checked in main, not with required=True: absl validates required flags on
 # every parse in the process, so importing this module (as its test does)
@@ -141,4 +142,4 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

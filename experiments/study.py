@@ -56,9 +56,13 @@ class Run:
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
-  """'i/n' -> (i, n) with 0 <= i < n; None or '' -> (0, 1)."""
-  if not text:
+  """'i/n' -> (i, n) with 0 <= i < n; None -> (0, 1). An empty one is
+  refused: like an empty --positions it would silently mean every run."""
+  if text is None:
     return 0, 1
+  if not text:
+    raise ValueError('--shard is empty: give i/n, e.g. 0/4 (or leave the '
+                     'flag out to train every run)')
   try:
     index, count = (int(part) for part in text.split('/'))
   except ValueError:

@@ -47,6 +47,7 @@ from selfattn.training import checkpoints
 from selfattn.tasks.translation import multi30k
 from selfattn.training import workdir as workdir_lib
 from selfattn.errors import DataError
+from selfattn.training.cli_checks import parse_flags
 
 SHORT_MAX_LEN = 18
 SHORT = {'max_len': SHORT_MAX_LEN}
@@ -846,4 +847,4 @@ class Translation(skeleton.Study):
 STUDY = Translation()
 
 if __name__ == '__main__':
-  app.run(skeleton.main(STUDY))
+  app.run(skeleton.main(STUDY), flags_parser=parse_flags)

@@ -181,6 +181,7 @@ def main(argv):
 if __name__ == '__main__':
   from absl import app
   from absl import flags
+  from selfattn.training.cli_checks import parse_flags
   flags.DEFINE_string('data_dir', None, 'Multi30k folder (default: '
                       '$SELFATTN_DATA_DIR/multi30k or the user cache).')
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

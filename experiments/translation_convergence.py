@@ -49,6 +49,7 @@ from experiments import convergence
 from experiments import skeleton
 from experiments import study
 from experiments import translation as translation_study
+from selfattn.training.cli_checks import parse_flags
 
 # The 3,000-step study, whose runs of the same seeds are the short budget
 # (--short_dir replaces it).
@@ -318,4 +319,4 @@ class Convergence(convergence.Study):
 STUDY = Convergence()
 
 if __name__ == '__main__':
-  app.run(skeleton.main(STUDY))
+  app.run(skeleton.main(STUDY), flags_parser=parse_flags)

@@ -40,6 +40,7 @@ from selfattn.tasks.translation import bleu
 from selfattn.training import checkpoints
 from selfattn.tasks.translation import multi30k
 from selfattn.training import workdir as workdir_lib
+from selfattn.training.cli_checks import parse_flags
 
 RESULT_FILE = 'punctuation.json'
 REPORT_FILE = 'punctuation.md'
@@ -243,4 +244,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -20,6 +20,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from selfattn.training.cli_checks import config_from_argv
+from selfattn.training.cli_checks import parse_flags
 from selfattn.training.cli_checks import workdir_problem
 from selfattn.training.list_flag import ListParser
 from selfattn.training.log_setup import configure_logging
@@ -44,7 +45,10 @@ flags.mark_flags_as_required(['workdir'])
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+    print(f'error: unexpected arguments {argv[1:]}: every setting is a '
+          f'--flag=value, and a list has no spaces '
+          f'(--config.eval.lengths=8,16)', file=sys.stderr)
+    sys.exit(2)
   problem = workdir_problem(_WORKDIR.value)
   if problem:
     print(f'error: {problem}', file=sys.stderr)
@@ -80,4 +84,4 @@ def _define_config(argv: list[str]) -> list[str]:
 
 
 if __name__ == '__main__':
-  app.run(main, argv=_define_config(sys.argv))
+  app.run(main, argv=_define_config(sys.argv), flags_parser=parse_flags)

@@ -186,6 +186,22 @@ def workdir_problem(workdir: str) -> str | None:
   parent = workdir
   while not os.path.exists(parent):
     parent = os.path.dirname(os.path.abspath(parent))
+  if not os.path.isdir(parent):
+    return (f'--workdir={workdir}: {parent} is a file, so no directory can '
+            f'be made under it')
   if not os.access(parent, os.W_OK | os.X_OK):
     return f'--workdir={workdir}: {parent} is not writable'
   return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing for `app.run(main, flags_parser=parse_flags)`, with
+  its errors (a required flag missing, an unknown flag, a value of the wrong
+  type) as one line on stderr, `error: ...`, exit status 2, as every other
+  bad input is: absl's own prints a FATAL line and a hint and exits 1."""
+  from absl import flags
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f'error: {e} (--helpshort lists the flags)', file=sys.stderr)
+    sys.exit(2)

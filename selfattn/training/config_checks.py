@@ -428,6 +428,11 @@ def _check_lengths(config: ml_collections.ConfigDict, task: tasks.Task,
                         or n < task.min_length for n in lengths):
     raise ConfigError(f'config.eval.lengths must be a non-empty list of '
                       f'integers >= {task.min_length}; got {lengths}')
+  if any(a >= b for a, b in zip(lengths, lengths[1:])):
+    # A repeat was evaluated twice, the second overwriting the first, and
+    # translation scores the source lengths between consecutive entries.
+    raise ConfigError(f'config.eval.lengths must increase, without repeats; '
+                      f'got {lengths} (sorted: {sorted(set(lengths))})')
   if task.spec.max_length is not None:
     allowed = task.spec.max_length(task.vocab_size)
     if max(lengths + [config.task.max_len]) > allowed:

@@ -22,7 +22,14 @@ from selfattn import tasks
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  del arg
+  """The default config. `arg` (what follows ':' in --config=FILE:ARG) is
+  refused: this config has no scales, and one silently ignored would run
+  another experiment than the command says (configs/chomsky.py,
+  indirect_indexing.py, music.py and translation.py take theirs)."""
+  if arg:
+    raise ValueError(f'this config takes no scale or argument after ":"; '
+                     f'got {arg!r} (configs with scales: chomsky, '
+                     f'indirect_indexing, music, translation)')
   config = ml_collections.ConfigDict()
   config.seed = 0                      # parameters, data and dropout all derive from it
 

@@ -174,7 +174,13 @@ def workdir_lock(workdir: str, enabled: bool = True) -> Iterator[None]:
     yield
     return
   made = _missing_directories(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    # os.access can pass where creating fails (root on a read-only or
+    # virtual file system, say): said here in one line.
+    raise ConfigError(f'cannot create the workdir {workdir}: '
+                      f'{e.strerror}') from None
   path = os.path.join(workdir, LOCK_FILE)
   try:
     handle = open(path, 'a+')

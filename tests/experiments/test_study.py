@@ -346,6 +346,11 @@ class _TwoEncodings(skeleton.Study):
      '--tasks: this study has no tasks to filter'),
     (['--seeds=0'], '--seeds=0: a study needs at least one seed'),
     (['--shard=abc'], "--shard='abc' must look like i/n"),
+    # Empty, both meant the whole default study, silently (as an empty
+    # --positions would, which was refused already).
+    (['--shard='], '--shard is empty: give i/n'),
+    (['--scale='], '--scale is empty: name one of small, quick (or leave the '
+                   'flag out for small)'),
     (['--stop_between_runs_after=soon'], "--stop_between_runs_after: 'soon' "
      'is not a duration; write it like 90m, 2h30m or 45s'),
     (['--stop_between_runs_after=0m'], "--stop_between_runs_after: '0m': "
@@ -384,6 +389,9 @@ def test_the_skeleton_refuses_bad_flags_in_one_line(tmp_path, monkeypatch,
      'nothing to collect'),
     (lambda d: (d / 'a_file').write_text('x') and d / 'a_file', None,
      'is a file, not a directory'),
+    # Under a file: a NotADirectoryError traceback after the first run began.
+    (lambda d: (d / 'a_file').write_text('x') and d / 'a_file' / 'study',
+     None, 'a_file is a file, so no directory can be made under it'),
     (lambda d: (d / 'empty').mkdir() or d / 'empty', '--collect_only',
      'holds no finished run of this study at --scale=small'),
 ])

@@ -9,6 +9,8 @@ command line are test_cli_errors.py's, in the extended tier."""
 import os
 import textwrap
 
+import pytest
+
 from runs import ROOT
 from selfattn.training import cli_checks
 
@@ -98,6 +100,12 @@ def test_config_files_that_are_missing_broken_or_fail(tmp_path):
       """)
   assert ('get_config raised RuntimeError: broken on purpose'
           in _problem('--config=' + raising))
+  # A scale given to a config without scales was ignored: tiny.py:bogus
+  # trained tiny.py.
+  problem = _problem('--config=' + os.path.join(ROOT, 'configs', 'tiny.py')
+                     + ':bogus')
+  assert ('this config takes no scale or argument after ":"; got \'bogus\''
+          in problem)
 
 
 def test_workdirs_that_cannot_hold_a_run(tmp_path):
@@ -106,6 +114,18 @@ def test_workdirs_that_cannot_hold_a_run(tmp_path):
   assert 'is a file, not a directory' in cli_checks.workdir_problem(
       str(tmp_path / 'afile'))
   assert cli_checks.workdir_problem(str(tmp_path / 'new' / 'run')) is None
+  # Under a file: os.access said writable and the study drivers, which
+  # checked only the workdir itself, ended in a NotADirectoryError traceback.
+  assert cli_checks.workdir_problem(str(tmp_path / 'afile' / 'run')) == (
+      f'--workdir={tmp_path}/afile/run: {tmp_path}/afile is a file, so no '
+      f'directory can be made under it')
+  # Where creating fails though the checks pass (root on /proc, say), the
+  # lock that makes the directory says so in one line.
+  from selfattn.errors import ConfigError
+  from selfattn.training import workdir as workdir_lib
+  with pytest.raises(ConfigError, match='cannot create the workdir'):
+    with workdir_lib.workdir_lock(str(tmp_path / 'afile' / 'run')):
+      pass
   if os.geteuid() != 0:                  # root ignores permissions
     readonly = tmp_path / 'readonly'
     readonly.mkdir()

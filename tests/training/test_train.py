@@ -196,6 +196,10 @@ def test_bfloat16_activations_train_with_float32_parameters(tiny_config, tmp_pat
     ('model.max_random_len', 10,
      'config.model.max_random_len=10 must be an integer >= 12'),
     ('model.position', 'xpos', 'config.model.position.*valid: none, sinusoidal'),
+    # A repeat was evaluated twice, the second result overwriting the first.
+    ('eval.lengths', [8, 8], r'config.eval.lengths must increase, without '
+     r'repeats; got \[8, 8\] \(sorted: \[8\]\)'),
+    ('eval.lengths', [12, 8, 4], 'config.eval.lengths must increase'),
     ('model.num_heads', 3, 'config.model.num_hiddens=16 is not divisible by num_heads=3'),
     ('model.num_layers', 0, 'config.model.num_layers must be a positive'),
     ('train.batch_size', -4, 'config.train.batch_size must be a positive'),
@@ -575,8 +579,17 @@ def test_cli_mistakes_get_one_line_not_a_traceback(tmp_path):
   ]
   if os.geteuid() != 0:         # root ignores permissions
     cases.append((dict(workdir=readonly / 'run'), 'is not writable'))
+  # absl's own errors (an unknown flag, a value of the wrong type) and a
+  # stray word exited 1, on two lines or after 100 lines of usage.
+  flag_cases = [(['--steps=3'], "error: Unknown command line flag 'steps'"),
+                (['--num_processes=two'], 'error: flag --num_processes=two'),
+                (['--config.eval.lengths=8', '16'],
+                 "error: unexpected arguments ['16']")]
+  for overrides, message in flag_cases:
+    cases.append((dict(overrides=overrides), message))
   for kwargs, message in cases:
     result = cli(kwargs.get('workdir', tmp_path / 'run'),
+                 *kwargs.get('overrides', ()),
                  config=kwargs.get('config', 'configs/tiny.py'))
     assert result.returncode == 2, (kwargs, result.stderr[-1500:])
     assert 'Traceback' not in result.stderr
