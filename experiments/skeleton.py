@@ -346,12 +346,12 @@ def _main(spec: Study) -> None:
     common.fail('--workdir is required')
   if common.QUICK.value and flags.FLAGS['scale'].present:
     common.fail('--quick is --scale=quick: give one of them')
-  if flags.FLAGS['steps'].present and (
-      not spec.takes_steps or common.QUICK.value):
-    common.fail('--steps: this study\'s runs have their length set by its scale'
-                + (' (here --quick)' if spec.takes_steps else ''))
-  _check_workdir(workdir, COLLECT_ONLY.value)
   scale = chosen_scale(spec)
+  if flags.FLAGS['steps'].present and (
+      not spec.takes_steps or scale == 'quick'):
+    common.fail('--steps: this study\'s runs have their length set by its scale'
+                + (' (here quick)' if spec.takes_steps else ''))
+  _check_workdir(workdir, COLLECT_ONLY.value)
   seeds = chosen_seeds(scale, spec.default_seeds)
   filters = chosen_filters(spec)
   shard = chosen_shard()

@@ -33,6 +33,7 @@ from selfattn.errors import ConfigError
 from selfattn.training import workdir as workdir_lib
 from selfattn.training.log_setup import configure_logging
 from selfattn.training.cli_checks import parse_flags
+from selfattn.training.cli_checks import workdir_problem
 
 # Checked in main, not with required=True: absl validates required flags on
 # every parse in the process, so importing this module (as its test does)
@@ -117,6 +118,9 @@ def main(argv) -> None:
   for name in ('study', 'runs', 'workdir'):
     if not flags.FLAGS[name].value:
       common.fail(f'--{name} is required')
+  problem = workdir_problem(flags.FLAGS.workdir)
+  if problem:
+    common.fail(problem)
   paths = sorted(p for p in glob.glob(os.path.join(_STUDY.value, _RUNS.value))
                  if os.path.isdir(p))
   if not paths:

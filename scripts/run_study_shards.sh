@@ -5,9 +5,11 @@
 # Each process trains every N-th run (--shard=i/N) and logs to WORKDIR/shard_i.log;
 # finished runs are skipped, so rerunning continues the study. The results are
 # collected at the end (and by any later run of the driver).
-# Exit status: 0 when every shard finished its runs; 75 (EX_TEMPFAIL) when one
-# stopped between runs (--stop_between_runs_after; rerun to continue); 1 when
-# a shard failed otherwise (each failing shard and its log are named).
+# Exit status: 0 when every shard finished its runs and the results were
+# collected; 75 (EX_TEMPFAIL) when one stopped between runs
+# (--stop_between_runs_after; rerun to continue); 1 when a shard failed
+# otherwise (each failing shard and its log are named); else the collecting
+# call's own status.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=$1; workdir=$2; shift 2
@@ -40,10 +42,14 @@ for arg in "$@"; do
     *) collect+=("$arg") ;;
   esac
 done
+collected=0
 python -m experiments.length_generalization --workdir="$workdir" --collect_only \
-    ${collect[@]+"${collect[@]}"}
+    ${collect[@]+"${collect[@]}"} || collected=$?
+# (It fails with 2 where no run has finished yet: the shards' outcome says
+# more.)
 if ((failed)); then exit 1; fi
 if ((stopped)); then
   echo "a shard stopped between runs (--stop_between_runs_after); rerun the same command to continue" >&2
   exit 75
 fi
+exit "$collected"

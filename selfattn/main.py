@@ -44,11 +44,7 @@ flags.mark_flags_as_required(['workdir'])
 
 
 def main(argv):
-  if len(argv) > 1:
-    print(f'error: unexpected arguments {argv[1:]}: every setting is a '
-          f'--flag=value, and a list has no spaces '
-          f'(--config.eval.lengths=8,16)', file=sys.stderr)
-    sys.exit(2)
+  del argv      # parse_flags refused anything that is not a flag
   problem = workdir_problem(_WORKDIR.value)
   if problem:
     print(f'error: {problem}', file=sys.stderr)

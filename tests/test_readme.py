@@ -39,14 +39,11 @@ def test_block_runs_on_its_own(where, code):
   """Statement by statement, so that a shape comment is checked against the
   name its line assigns when that line has run (a later line may reuse it)."""
   namespace = {'__name__': 'readme_block_' + re.sub(r'\W', '_', where)}
-  lines = code.split('\n')
+  checks = _shape_checks(code)
   for statement in ast.parse(code).body:
     exec(compile(ast.Module([statement], []), where, 'exec'), namespace)
-    promised = SHAPE_COMMENT.search(lines[statement.lineno - 1])
-    if promised and isinstance(statement, ast.Assign) and isinstance(
-        statement.targets[0], ast.Name):
-      name = statement.targets[0].id
-      shape = tuple(int(n) for n in promised.group(1).split(','))
+    if statement.lineno in checks:
+      name, shape = checks[statement.lineno]
       assert namespace[name].shape == shape, (where, statement.lineno, name)
 
 
@@ -54,11 +51,26 @@ def test_block_runs_on_its_own(where, code):
 SHAPE_COMMENT = re.compile(r'#\s*\((\d+(?:,\s*\d+)*)\)')
 
 
-def test_shape_comments_are_read():
-  """The check above has something to check: the pages promise shapes."""
-  promised = [line for _, code in _blocks() for line in code.split('\n')
-              if SHAPE_COMMENT.search(line)]
-  assert len(promised) >= 4
+def _shape_checks(code: str) -> dict[int, tuple[str, tuple[int, ...]]]:
+  """{line: (name, shape)} for each one-line `name = ...  # (shape)`."""
+  lines = code.split('\n')
+  out = {}
+  for statement in ast.parse(code).body:
+    promised = SHAPE_COMMENT.search(lines[statement.lineno - 1])
+    if (promised and isinstance(statement, ast.Assign)
+        and isinstance(statement.targets[0], ast.Name)):
+      out[statement.lineno] = (statement.targets[0].id, tuple(
+          int(n) for n in promised.group(1).split(',')))
+  return out
+
+
+def test_every_shape_comment_is_checked():
+  """The check above has something to check, and skips none: every shape
+  comment of the pages sits on a one-line assignment to a name."""
+  promised = sum(bool(SHAPE_COMMENT.search(line)) for _, code in _blocks()
+                 for line in code.split('\n'))
+  checked = sum(len(_shape_checks(code)) for _, code in _blocks())
+  assert checked == promised >= 4
 
 
 def test_relative_links_point_at_files():

@@ -28,7 +28,7 @@ from selfattn.nn.stack import check_tokens
 from selfattn.nn.stack import run_blocks
 
 
-NO_CROSS_ATTENTION = ('{0} was passed but this decoder was built without '
+NO_CROSS_ATTENTION = ('{0} passed, but this decoder was built without '
                       'cross_attention=True, so it would be ignored: build it '
                       'with cross_attention=True or do not pass {0}')
 

@@ -198,10 +198,18 @@ def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing for `app.run(main, flags_parser=parse_flags)`, with
   its errors (a required flag missing, an unknown flag, a value of the wrong
   type) as one line on stderr, `error: ...`, exit status 2, as every other
-  bad input is: absl's own prints a FATAL line and a hint and exits 1."""
+  bad input is: absl's own prints a FATAL line and a hint and exits 1. A
+  word that is not a flag (`--config.eval.lengths=8 16`) is refused too:
+  selfattn's programs take none, and one ignored would change the run."""
   from absl import flags
   try:
-    return flags.FLAGS(argv)
+    rest = flags.FLAGS(argv)
   except flags.Error as e:
-    print(f'error: {e} (--helpshort lists the flags)', file=sys.stderr)
+    print(f'error: {e} (--helpfull lists the flags)', file=sys.stderr)
     sys.exit(2)
+  if len(rest) > 1:
+    print(f'error: unexpected arguments {rest[1:]}: every setting is a '
+          f'--name=value flag, and a list has no spaces (8,16)',
+          file=sys.stderr)
+    sys.exit(2)
+  return rest

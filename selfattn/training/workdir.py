@@ -178,9 +178,11 @@ def workdir_lock(workdir: str, enabled: bool = True) -> Iterator[None]:
     os.makedirs(workdir, exist_ok=True)
   except OSError as e:
     # os.access can pass where creating fails (root on a read-only or
-    # virtual file system, say): said here in one line.
+    # virtual file system, say): said here in one line, and what was made
+    # before the failure removed again.
+    _remove_empty(made)
     raise ConfigError(f'cannot create the workdir {workdir}: '
-                      f'{e.strerror}') from None
+                      f'{e.strerror or e}') from None
   path = os.path.join(workdir, LOCK_FILE)
   try:
     handle = open(path, 'a+')
@@ -211,12 +213,18 @@ def workdir_lock(workdir: str, enabled: bool = True) -> Iterator[None]:
     except ConfigError:
       if made and os.listdir(workdir) == [LOCK_FILE]:
         os.remove(path)
-        for directory in made:          # deepest first; only if still empty
-          if not os.listdir(directory):
-            os.rmdir(directory)
+        _remove_empty(made)
       raise
   finally:
     handle.close()         # releases the lock
+
+
+def _remove_empty(directories: list[str]) -> None:
+  """Removes each of `directories` (deepest first) that exists and is
+  empty: what a refused run made, and nothing it did not."""
+  for directory in directories:
+    if os.path.isdir(directory) and not os.listdir(directory):
+      os.rmdir(directory)
 
 
 def _missing_directories(workdir: str) -> list[str]:

@@ -11,18 +11,19 @@ import pytest
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / 'scripts/run_study_shards.sh'
 
-# Exits with $STATUS_<i> for --shard=i/n (0 when unset), 0 for the collect
-# call; every call's arguments are appended to $CALLS, one line each.
+# Exits with $STATUS_<i> for --shard=i/n (0 when unset), $COLLECT_STATUS
+# (0 when unset) for the collect call; every call's arguments are appended
+# to $CALLS, one line each.
 FAKE_PYTHON = """#!/usr/bin/env bash
 echo "$*" >> "$CALLS"
 for arg in "$@"; do
   case "$arg" in --shard=*) i=${arg#--shard=}; i=${i%/*}; var="STATUS_$i"; exit "${!var:-0}" ;; esac
 done
-exit 0
+exit "${COLLECT_STATUS:-0}"
 """
 
 
-def _run(tmp_path, statuses, *flags):
+def _run(tmp_path, statuses, *flags, collect_status=0):
   bin_dir = tmp_path / 'bin'
   bin_dir.mkdir(exist_ok=True)
   fake = bin_dir / 'python'
@@ -30,7 +31,7 @@ def _run(tmp_path, statuses, *flags):
   fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
   calls = tmp_path / 'calls.txt'
   env = {**os.environ, 'PATH': f'{bin_dir}{os.pathsep}{os.environ["PATH"]}',
-         'CALLS': str(calls),
+         'CALLS': str(calls), 'COLLECT_STATUS': str(collect_status),
          **{f'STATUS_{i}': str(s) for i, s in enumerate(statuses)}}
   proc = subprocess.run(['bash', str(SCRIPT), str(len(statuses)),
                          str(tmp_path / 'study'), *flags],
@@ -69,3 +70,15 @@ def test_a_failed_shard_is_named_and_the_script_fails_after_collecting(
   assert 'shard 0/2 exited with status 2; see ' in proc.stderr
   assert 'shard_0.log' in proc.stderr and 'shard 1/2' not in proc.stderr
   assert any('--collect_only' in c for c in calls)
+
+
+def test_the_shards_outcome_outranks_a_failed_collection(tmp_path):
+  """The collector fails (status 2) where no run has finished yet: with a
+  failed shard the script said 2, not its documented 1; alone, its status
+  is the script's."""
+  proc, _ = _run(tmp_path, [75, 1], collect_status=2)
+  assert proc.returncode == 1 and 'shard 1/2 exited with status 1' in proc.stderr
+  proc, _ = _run(tmp_path, [75, 0], collect_status=2)
+  assert proc.returncode == 75
+  proc, _ = _run(tmp_path, [0, 0], collect_status=2)
+  assert proc.returncode == 2

@@ -493,10 +493,14 @@ def test_a_study_stopped_between_runs_reports_then_exits_75(
   spec = _TwoEncodings()
   finished = {}
 
+  clock = [1000.0]
+
   def fake_execute(runs, workdir, after_each=None, deadline=None):
     finished[runs[0].name] = {'step': 10}     # one run, then time is up
-    time.sleep(max(0.0, deadline - time.monotonic()) + 0.01)
+    clock[0] = deadline + 1
     return dict(finished)
+
+  monkeypatch.setattr(skeleton.time, 'monotonic', lambda: clock[0])
 
   monkeypatch.setattr(study, 'execute', fake_execute)
   monkeypatch.setattr(study, 'collect', lambda runs, workdir: {
@@ -651,6 +655,24 @@ def test_scale_quick_marks_its_results_as_a_smoke_test(tmp_path):
   assert common.QUICK_BANNER in text
   assert json.loads((tmp_path / 'results.json').read_text())[
       'quick_mode_smoke_test'] is True
+
+
+@pytest.mark.parametrize('argv', [['--quick', '--steps=500'],
+                                  ['--scale=quick', '--steps=500']])
+def test_steps_is_refused_at_the_quick_scale_however_it_is_named(
+    tmp_path, monkeypatch, capsys, argv):
+  """Quick runs have their own length: --steps with --scale=quick was
+  accepted and silently replaced by 200 once that scale was accepted."""
+  from experiments import exercise2_learned
+  monkeypatch.setattr(study, 'execute', lambda *a, **k: pytest.fail('ran'))
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', f'--workdir={tmp_path}'] + argv)
+    with pytest.raises(SystemExit) as stop:
+      skeleton.main(exercise2_learned.STUDY)([])
+  assert stop.value.code == 2
+  assert capsys.readouterr().err.strip() == (
+      "error: --steps: this study's runs have their length set by its scale "
+      '(here quick)')
 
 
 @pytest.mark.parametrize('driver', ['compare_positions', 'exercise2_learned',

@@ -135,7 +135,7 @@ def test_encoder_outputs_to_a_decoder_without_cross_attention_raise():
   with pytest.raises(ValueError, match='enc_outputs'):
     blk(jnp.ones((2, 4, 16)), enc_out)
   # The block names what was given (enc_lens alone was called enc_mask).
-  with pytest.raises(ValueError, match='^enc_lens was passed'):
+  with pytest.raises(ValueError, match='^enc_lens passed, but'):
     blk(jnp.ones((2, 4, 16)), enc_lens=jnp.array([5, 3]))
   # A decoder with cross-attention still takes them.
   assert forward(make_decoder(cross_attention=True), y,
