@@ -299,13 +299,11 @@ def test_bad_requests_say_what_is_wrong():
   # (an off-by-one at the edge would drop the lowest logit or fail).
   draw = lambda m, p, key, top_k: decoding.generate(
       m, p, 6, method='sample', top_k=top_k, key=key).tokens
-  for seed in range(3):
-    every = compiled(functools.partial(draw, top_k=vocab), dec, prompt,
-                     jax.random.key(seed))
-    assert every.shape == (1, 8)
-    np.testing.assert_array_equal(every, compiled(
-        functools.partial(draw, top_k=None), dec, prompt,
-        jax.random.key(seed)))
+  every = compiled(functools.partial(draw, top_k=vocab), dec, prompt,
+                   jax.random.key(0))
+  assert every.shape == (1, 8)
+  np.testing.assert_array_equal(every, compiled(
+      functools.partial(draw, top_k=None), dec, prompt, jax.random.key(0)))
 
 
 @pytest.mark.parametrize('position,owner,scan', [
