@@ -119,7 +119,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   config.eval = ml_collections.ConfigDict()
   config.eval.every = 200               # 10 points per eval curve at the default 2000 steps
-  config.eval.lengths = [8, 16, 32, 64]  # includes lengths longer than training
+  config.eval.lengths = [8, 16, 32, 64]  # increasing, no repeats; includes lengths longer than training
   config.eval.num_examples = 256
   # Free-running accuracy of the autoregressive layout (free_running.py):
   # fixed_point (full passes until the fed-back outputs settle; nothing
