@@ -36,6 +36,7 @@ from selfattn import tasks
 from selfattn.errors import ConfigError
 from selfattn.errors import DataError
 from selfattn.nn import positions
+from selfattn.training.cli_checks import stray_arguments_problem
 from selfattn.training.cli_checks import workdir_problem
 from selfattn.training.train import kernel_choice
 from selfattn.training.log_setup import configure_logging
@@ -163,9 +164,9 @@ class StudyError(Exception):
 
 def _refuse_arguments(argv: list[str]) -> None:
   """absl passes on what is not a flag: a study takes none."""
-  if len(argv) > 1:
-    common.fail(f'unexpected arguments {" ".join(argv[1:])} (flags look like '
-                f'--name=value)')
+  problem = stray_arguments_problem(argv)
+  if problem:
+    common.fail(problem)
 
 
 # The skeleton's flags and --steps, which a one-function study (main_of)

@@ -207,9 +207,17 @@ def parse_flags(argv: list[str]) -> list[str]:
   except flags.Error as e:
     print(f'error: {e} (--helpfull lists the flags)', file=sys.stderr)
     sys.exit(2)
-  if len(rest) > 1:
-    print(f'error: unexpected arguments {rest[1:]}: every setting is a '
-          f'--name=value flag, and a list has no spaces (8,16)',
-          file=sys.stderr)
+  problem = stray_arguments_problem(rest)
+  if problem:
+    print(f'error: {problem}', file=sys.stderr)
     sys.exit(2)
   return rest
+
+
+def stray_arguments_problem(argv: list[str]) -> str | None:
+  """What is wrong with the words absl left in argv (after the program's
+  name), in one line; None when there are none."""
+  if len(argv) <= 1:
+    return None
+  return (f'unexpected arguments {" ".join(argv[1:])}: every setting is a '
+          f'--name=value flag, and a list has no spaces (8,16)')

@@ -94,7 +94,8 @@ def test_an_exercise_refuses_an_unknown_task_before_training(tmp_path):
 
 @pytest.mark.parametrize('flags,message', [
     (['--workdir=WORKDIR', 'stray'],
-     'error: unexpected arguments stray (flags look like --name=value)'),
+     'error: unexpected arguments stray: every setting is a --name=value '
+     'flag, and a list has no spaces (8,16)'),
     ([], 'error: --workdir is required')])
 def test_a_one_function_study_refuses_bad_arguments_in_one_line(
     tmp_path, flags, message):

@@ -170,7 +170,8 @@ def test_get_config_may_be_imported_or_assigned(tmp_path):
 @pytest.mark.parametrize('argv, message', [
     (['--seeds=abc'], "error: flag --seeds=abc: invalid literal for int()"),
     (['--steps_typo=3'], "error: Unknown command line flag 'steps_typo'"),
-    (['--seeds=2', 'stray'], "error: unexpected arguments ['stray']"),
+    (['--seeds=2', 'stray'], 'error: unexpected arguments stray: every '
+     'setting is a --name=value flag'),
 ])
 def test_flag_errors_are_one_line_and_exit_2(argv, message, capsys):
   """absl's own flag errors were a FATAL line and a hint, exit 1, and a word

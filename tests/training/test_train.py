@@ -584,7 +584,7 @@ def test_cli_mistakes_get_one_line_not_a_traceback(tmp_path):
   # (test_cli_checks.py makes the flag errors in process; one case here
   # shows selfattn.main parses through it.)
   flag_cases = [(['--config.eval.lengths=8', '16'],
-                 "error: unexpected arguments ['16']")]
+                 'error: unexpected arguments 16: every setting')]
   for overrides, message in flag_cases:
     cases.append((dict(overrides=overrides), message))
   for kwargs, message in cases:
