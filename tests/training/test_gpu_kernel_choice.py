@@ -88,20 +88,21 @@ def test_a_run_traces_its_attention_under_the_chosen_kernel(
 
 
 def test_translation_reaches_the_hopper_kernels_with_its_lengths(
-    tiny_config, monkeypatch):
+    tiny_multi30k, monkeypatch):
   """The decoder's cross-attention took the source lengths as a mask, which
   the Hopper (and cuDNN) kernels refuse: a translation model that passed
   validation under gpu_kernel='hopper' failed when its step was traced.
   They now stay lengths; tracing the model's loss under the choice (no
   compile) finds no refusal, and the cross-attention calls reach the
-  kernels with key lengths, not a mask."""
+  kernels with key lengths, not a mask. The made-up corpus stands in for
+  Multi30k, which validation reads (a clone without data sets has none)."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
-  from configs import translation
+  from tiny_corpus import tiny_translation_config
   from selfattn.nn import pallas_attention
   from selfattn.training.build import build_model
-  config = _pallas_config(translation.get_config('quick'),
+  config = _pallas_config(tiny_translation_config(),
                           gpu_kernel='hopper', dtype='bfloat16')
   config.model.num_hiddens, config.model.ffn_num_hiddens = 32, 32
   task = config_checks.validate_config(config)
