@@ -85,8 +85,14 @@ def pytest_unconfigure(config):
 
 @pytest.fixture
 def tiny_config():
+  """configs/tiny.py without TensorBoard figures: the attention probe's
+  compile and two Matplotlib drawings at each evaluation, in every
+  in-process run, checked only where a test reads images (tiny_run keeps
+  them, and the tests that read them set eval.figures back)."""
   from configs import tiny
-  return tiny.get_config()
+  config = tiny.get_config()
+  config.eval.figures = False
+  return config
 
 
 @pytest.fixture(scope='session')

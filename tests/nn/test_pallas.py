@@ -371,15 +371,16 @@ def test_fully_masked_rows_output_zeros(kind):
   assert np.all(np.asarray(out[0, :, :21 - 16]) == 0)
 
 
-# Asymmetric ALiBi's backward without causality is kept too: no other
-# commit-tier test takes it through the Triton backward. Symmetric ALiBi's
-# backward is checked here only (its forward in test_forward_equals_plain),
-# bidirectional in the commit tier, where keys on both sides of the
-# diagonal carry its bias.
+# Each causality and each kind once in the commit tier (each_choice).
+# ALiBi's Triton backward beyond that: asymmetric bidirectional and
+# symmetric with keys on both sides of the diagonal (causal, Lq < Lk) are
+# test_alibi_far_blocks_forward_and_gradients_equal_plain's commit-tier
+# corners, through the near, left-far and right-far blocks; symmetric
+# ALiBi's forward is also in test_forward_equals_plain. Both symmetric
+# cases here run with --extended.
 @pytest.mark.parametrize('causal,kind', each_choice(product(
-    [False, True], ['none', 'alibi', 't5', 'shaw', 'shaw_per_head']),
-    always=[(False, 'alibi')]) + [
-        (False, 'alibi_symmetric'),
+    [False, True], ['none', 'alibi', 't5', 'shaw', 'shaw_per_head'])) + [
+        pytest.param(False, 'alibi_symmetric', marks=EXTENDED),
         pytest.param(True, 'alibi_symmetric', marks=EXTENDED)])
 def test_gradients_equal_plain(kind, causal):
   """Gradients for q, k, v and the encoding's tables (T5's bias, Shaw's

@@ -88,9 +88,11 @@ def cli(workdir, *overrides, config=TINY, env=None, wait=True,
 
 
 def thirty_steps_config():
-  """configs/tiny.py for 30 steps with checkpoints at 10, 20 and 30."""
+  """configs/tiny.py for 30 steps with checkpoints at 10, 20 and 30, and
+  no figures (the tiny_config fixture's docstring says why)."""
   from configs import tiny
   config = tiny.get_config()
+  config.eval.figures = False
   config.train.num_steps = config.eval.every = 30
   config.train.checkpoint_every = 10
   return config

@@ -137,50 +137,64 @@ def test_a_second_study_runner_on_a_locked_run_is_one_line(tmp_path, capsys,
   assert 'in use by another live run' in err[-1]
 
 
+def _refused_in_process(config, workdir, capsys) -> str:
+  """What `python -m selfattn.main` does with a run's error
+  (exits.train_reporting_errors), in this process: status 2 and one
+  'error: ' line on stderr. The subprocess route to that status and line
+  is test_train.py::test_cli_reports_bad_config_in_one_line's, which every
+  ConfigError takes alike; each subprocess here cost 2-3 s of start-up."""
+  from selfattn.training import exits
+  capsys.readouterr()
+  assert exits.train_reporting_errors(config, str(workdir)) == 2
+  err = capsys.readouterr().err
+  lines = [line for line in err.splitlines() if line.startswith('error: ')]
+  assert len(lines) == 1 and err.rstrip().endswith(lines[0]), err[-2000:]
+  return lines[0]
+
+
 # '[1, 2]' in the commit tier. Extended: '{not json' and '' fail to parse,
 # as test_a_truncated_summary_and_a_lock_that_is_a_directory's summary.json
-# does through the same reader (workdir.read_json_object) on the command line
-# (tests/README.md).
+# does through the same reader (workdir.read_json_object) (tests/README.md).
 @pytest.mark.parametrize('content,expected', [
     pytest.param('{not json', 'cannot be read: Expecting property name',
                  marks=EXTENDED),
     pytest.param('', 'cannot be read: Expecting value', marks=EXTENDED),
     ('[1, 2]', 'holds a JSON list, not an object'),
 ])
-def test_a_damaged_config_json_in_the_workdir(tmp_path, content, expected):
+def test_a_damaged_config_json_in_the_workdir(tmp_path, content, expected,
+                                              tiny_config, capsys):
   workdir = tmp_path / 'run'
   workdir.mkdir()
   (workdir / 'config.json').write_text(content)
-  result = cli(workdir)
-  lines = result.stderr.strip().splitlines()
-  assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
-  assert lines[0].startswith(f'error: {workdir}/config.json (the stored '
-                             f'config) ') and expected in lines[0]
+  line = _refused_in_process(tiny_config, workdir, capsys)
+  assert line.startswith(f'error: {workdir}/config.json (the stored '
+                         f'config) ') and expected in line
   assert (workdir / 'config.json').read_text() == content   # left as it was
 
 
-def test_a_truncated_summary_and_a_lock_that_is_a_directory(tmp_path):
+def test_a_truncated_summary_and_a_lock_that_is_a_directory(tmp_path,
+                                                            tiny_config,
+                                                            capsys):
   workdir = tmp_path / 'run'
   workdir.mkdir()
   (workdir / 'summary.json').write_text('{"step": 2')
-  result = cli(workdir)
-  assert result.returncode == 2
-  assert result.stderr.strip().splitlines() == [
+  assert _refused_in_process(tiny_config, workdir, capsys) == (
       f'error: {workdir}/summary.json (the summary of a finished run) cannot '
       f"be read: Expecting ',' delimiter: line 1 column 11 (char 10); fix or "
-      f'delete it, or use a new --workdir']
+      f'delete it, or use a new --workdir')
   other = tmp_path / 'other'
   (other / '.lock').mkdir(parents=True)
-  result = cli(other)
-  lines = result.stderr.strip().splitlines()
-  assert result.returncode == 2 and len(lines) == 1
-  assert 'cannot open the lock file' in lines[0] and 'Is a directory' in lines[0]
+  line = _refused_in_process(tiny_config, other, capsys)
+  assert 'cannot open the lock file' in line and 'Is a directory' in line
 
 
-def test_a_run_refused_after_taking_the_lock_leaves_nothing(tmp_path):
+def test_a_run_refused_after_taking_the_lock_leaves_nothing(tmp_path,
+                                                           tiny_config,
+                                                           capsys):
   """init_from is checked inside the lock: the refused run's new workdir
   (and the parents made for it) disappear again."""
   workdir = tmp_path / 'new' / 'run'
-  _refused(cli(workdir, '--config.train.init_from=/does/not/exist'), workdir,
-           "config.train.init_from='/does/not/exist'")
+  tiny_config.train.init_from = '/does/not/exist'
+  line = _refused_in_process(tiny_config, workdir, capsys)
+  assert "config.train.init_from='/does/not/exist'" in line
   assert not (tmp_path / 'new').exists()

@@ -323,6 +323,7 @@ def test_score_is_a_curve_with_one_point_per_evaluation(tiny_config, tmp_path):
   from tensorboard.backend.event_processing import event_accumulator
   from selfattn.training import steps
   from selfattn.training import train
+  tiny_config.eval.figures = True
   trainer = steps.Trainer(tiny_config)
   params = trainer.init_state()['params']
   events = train._EventLog(tiny_config, trainer, str(tmp_path), True, 0)
