@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
-from matplotlib import colors
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
+
+if TYPE_CHECKING:
+  from matplotlib.figure import Figure
+
+# Matplotlib is imported where a figure is drawn, not with this module:
+# training imports it, and Matplotlib was 0.6 s of the 2.5 s that
+# `python -m selfattn.main` took to start, before a config error could be
+# reported, and in runs that draw no figures (config.eval.figures=False).
 
 DPI = 100
 # Attention rows sum to 1, so [0, 1] is the one scale that is the same for
@@ -35,6 +39,7 @@ LEARNED_TABLE_LIMIT = 2.0
 
 def render(fig: Figure) -> np.ndarray:
   """The figure drawn by Agg -> (H, W, 3) uint8 RGB."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
   canvas = FigureCanvasAgg(fig)
   canvas.draw()
   return np.asarray(canvas.buffer_rgba())[..., :3].copy()
@@ -54,6 +59,8 @@ def attention_figure(weights_HxQxK: np.ndarray, title: str) -> Figure:
   weights = np.asarray(weights_HxQxK, np.float64)
   heads, lq, lk = weights.shape
   panel = min(2.4, 16 / heads)     # inches a head; 8 heads stay 1700 px wide
+  from matplotlib import colors
+  from matplotlib.figure import Figure
   fig = Figure(figsize=(0.6 + panel * heads + 0.9, panel + 1.0), dpi=DPI,
                layout='constrained')
   axes = fig.subplots(1, heads, squeeze=False)[0]
@@ -82,6 +89,7 @@ def alignment_figure(weights_TxS: np.ndarray, rows: Sequence[str],
   on a fixed [0, 1] scale with a colour bar. weights: (T, S)."""
   weights = np.asarray(weights_TxS, np.float64)
   t, s = weights.shape
+  from matplotlib.figure import Figure
   fig = Figure(figsize=(2.0 + 0.26 * s, 1.6 + 0.24 * t), dpi=DPI,
                layout='constrained')
   ax = fig.subplots()
@@ -161,6 +169,8 @@ def table_figure(table: np.ndarray, position: str, options: Mapping[str, Any],
   panels = _table_panels(table, axes_info, num_heads,
                          bool(options.get('shared_heads', True)))
   width = min(2.6 + 2.8 * len(panels), 14.0)
+  from matplotlib import colors
+  from matplotlib.figure import Figure
   fig = Figure(figsize=(width, 4.2), dpi=DPI, layout='constrained')
   axs = fig.subplots(1, len(panels), squeeze=False)[0]
   norm = colors.Normalize(-axes_info.limit, axes_info.limit)
@@ -211,6 +221,8 @@ def piano_roll_figure(notes: Sequence[tuple[int, int, int, int]],
   as bars on a pitch-by-time grid: pitch names on the y axis (every C), time
   in bars on the x axis, a line where the prompt ends, and a voice key.
   voice_colours: (voices, 3) uint8."""
+  from matplotlib.figure import Figure
+  from matplotlib.patches import Patch
   fig = Figure(figsize=(10, 4.2), dpi=DPI, layout='constrained')
   ax = fig.subplots()
   ax.set_axisbelow(True)       # grid lines behind the notes, not through them
