@@ -220,16 +220,27 @@ def test_label_smoothing_matches_numpy():
 @pytest.mark.slow
 def test_the_trainer_steps_on_the_batch_it_shows_and_evaluates_what_it_decodes(
     tiny_multi30k):
+  """The translation trainer's step, evaluation and TensorBoard summaries;
+  and the activation bound config validation applies to translation
+  refuses only what cannot fit: it is below XLA's account of the compiled
+  step (all buckets in one program), the program the step runs here."""
+  from selfattn.training import config_checks
   from selfattn.training.translation_steps import TranslationTrainer
-  config = tiny_translation_config()
-  validate_config(config)
+  config = tiny_translation_config(**{'train.batch_tokens': 2048})
+  task = validate_config(config, num_devices=1)
   from selfattn.training.trainers import make_trainer
-  trainer = make_trainer(config)
+  trainer = make_trainer(config, task=task)
   assert isinstance(trainer, TranslationTrainer)
   state = trainer.init_state()
+  advance = jax.jit(trainer.advance).lower(state).compile()
+  held = advance.memory_analysis()
+  bound = sum(config_checks._least_memory(
+      config, task, 1)['train.batch_tokens'].values())
+  assert 0 < bound < (held.temp_size_in_bytes + held.argument_size_in_bytes
+                      + held.output_size_in_bytes)
   # advance draws its batch inside the step: the same as train_step on the
   # batch train_batch shows for that step.
-  inside, m1 = trainer.advance(jax.tree.map(jnp.copy, state))
+  inside, m1 = advance(jax.tree.map(jnp.copy, state))
   outside, m2 = trainer.train_step(state, trainer.train_batch(0))
   for x, y in zip(jax.tree.leaves(inside), jax.tree.leaves(outside)):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
@@ -408,23 +419,6 @@ def test_a_token_budget_that_cannot_fit_in_memory_is_refused(
                      r': one training step holds at least .* lower it or '
                      r'config\.task\.max_len'):
     validate_config(config, num_devices=1)
-
-
-def test_the_translation_bound_is_below_what_the_compiled_step_holds(
-    tiny_multi30k):
-  """The bound refuses only what cannot fit: below XLA's account of the
-  compiled translation step (all buckets in one program)."""
-  from selfattn.training import config_checks
-  from selfattn.training.trainers import make_trainer
-  config = tiny_translation_config(**{'train.batch_tokens': 2048})
-  task = validate_config(config, num_devices=1)
-  bound = sum(config_checks._least_memory(
-      config, task, 1)['train.batch_tokens'].values())
-  trainer = make_trainer(config, task=task)
-  held = jax.jit(trainer.advance).lower(trainer.init_state()).compile(
-      ).memory_analysis()
-  assert 0 < bound < (held.temp_size_in_bytes + held.argument_size_in_bytes
-                      + held.output_size_in_bytes)
 
 
 # Extended: the loop that resumes is the one every task trains in, checked
