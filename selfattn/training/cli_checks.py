@@ -11,6 +11,7 @@ import ast
 import difflib
 import importlib.util
 import os
+import re
 import sys
 from typing import Any
 
@@ -194,24 +195,39 @@ def workdir_problem(workdir: str) -> str | None:
   return None
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str], flag_values: Any = None) -> list[str]:
   """absl's flag parsing for `app.run(main, flags_parser=parse_flags)`, with
   its errors (a required flag missing, an unknown flag, a value of the wrong
   type) as one line on stderr, `error: ...`, exit status 2, as every other
   bad input is: absl's own prints a FATAL line and a hint and exits 1. A
   word that is not a flag (`--config.eval.lengths=8 16`) is refused too:
-  selfattn's programs take none, and one ignored would change the run."""
+  selfattn's programs take none, and one ignored would change the run.
+  flag_values: absl's FlagValues to parse into (default: flags.FLAGS)."""
   from absl import flags
+  flag_values = flags.FLAGS if flag_values is None else flag_values
   try:
-    rest = flags.FLAGS(argv)
+    rest = flag_values(argv)
   except flags.Error as e:
-    print(f'error: {e} (--helpfull lists the flags)', file=sys.stderr)
+    print(f'error: {_flag_error(e, flag_values)} (--helpfull lists the flags)',
+          file=sys.stderr)
     sys.exit(2)
   problem = stray_arguments_problem(rest)
   if problem:
     print(f'error: {problem}', file=sys.stderr)
     sys.exit(2)
   return rest
+
+
+def _flag_error(error: Exception, flag_values: Any) -> str:
+  """absl's message, except for a required flag left out, which absl words
+  as a flag set to None ("flag --workdir=None: Flag --workdir must have a
+  value other than None."): that one names the flag and what it is for."""
+  match = re.search(r'Flag --(\w+) must have a value other than None',
+                    str(error))
+  if match and match.group(1) in flag_values:
+    name = match.group(1)
+    return f'--{name} is required ({flag_values[name].help})'
+  return str(error)
 
 
 def stray_arguments_problem(argv: list[str]) -> str | None:

@@ -190,3 +190,24 @@ def test_flag_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert err.startswith(message) and '\n' not in err, err
     assert cli_checks.parse_flags(['prog', '--seeds=3']) == ['prog']
     assert flags.FLAGS.seeds == 3
+
+
+def test_a_required_flag_left_out_is_named_with_what_it_is_for(capsys):
+  """absl words a missing required flag as one set to None ("flag
+  --workdir=None: Flag --workdir must have a value other than None."); the
+  line names the flag and its help instead. Its own FlagValues: a required
+  flag's validator would run on every later parse of flags.FLAGS."""
+  from absl import flags
+  flag_values = flags.FlagValues()
+  flags.DEFINE_string('workdir', None, 'Directory for checkpoints.',
+                      flag_values=flag_values)
+  flags.mark_flag_as_required('workdir', flag_values=flag_values)
+  with pytest.raises(SystemExit) as stop:
+    cli_checks.parse_flags(['prog'], flag_values)
+  assert stop.value.code == 2
+  assert capsys.readouterr().err == (
+      'error: --workdir is required (Directory for checkpoints.) '
+      '(--helpfull lists the flags)\n')
+  assert cli_checks.parse_flags(['prog', '--workdir=w'], flag_values) == [
+      'prog']
+  assert flag_values.workdir == 'w'
