@@ -21,7 +21,9 @@ the same seeds where the budget allows (the other relative and absolute
 encoding of the section's headline).
 
 Each run is reported beside the same seed's run of the 1,000-step study
-(--short_dir, its committed music.json), paired by seed.
+(--short_dir, its committed music.json), paired by seed: shaw, rope and
+learned each minus sinusoidal, and relative (shaw, rope) minus absolute
+(sinusoidal, learned) once all four have runs.
 
 Sized before it ran (2026-11-30, this 2-core CPU): the 1,000-step runs
 trained in a median 220 s, so a run costs about 4 minutes per 1,000 steps
@@ -135,6 +137,11 @@ def report(workdir: str, runs: list[study.Run], results: dict,
                       if s in values['1,000 steps'][label]}
               for label in labels}
     comparisons = [(('shaw',), ('sinusoidal',), 'shaw minus sinusoidal')]
+    # Each further encoding against the chapter's baseline, seed by seed, as
+    # soon as it has converged runs: rope is relative but not Shaw, so the
+    # group line below could hide it behind shaw.
+    comparisons += [((label,), ('sinusoidal',), f'{label} minus sinusoidal')
+                    for label in MORE if long_by.get(label)]
     if all(long_by.get(label) for label in ENCODINGS):
       comparisons.append((RELATIVE, ABSOLUTE,
                           'mean of shaw, rope minus mean of sinusoidal, '

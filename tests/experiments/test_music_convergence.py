@@ -63,14 +63,12 @@ def test_the_scored_checkpoint_has_the_lowest_held_out_loss(tmp_path):
   assert convergence.chosen_step(str(tmp_path / 'a')) == 1500  # earlier tie
 
 
-def test_the_report_pairs_the_lead_at_both_budgets_by_seed(tmp_path):
-  # seed -> label -> (1,000-step test NLL, converged test NLL); valid NLL
-  # is the test NLL - 0.02 in every run.
-  made_up = {0: {'shaw': (0.60, 0.55), 'sinusoidal': (0.78, 0.58)},
-             1: {'shaw': (0.61, 0.56), 'sinusoidal': (0.77, 0.60)},
-             2: {'shaw': (0.59, 0.54), 'sinusoidal': (0.79, 0.55)}}
+def _made_up_report(tmp_path, made_up: dict, labels) -> tuple[str, str]:
+  """(the report, the workdir) of converged runs of `labels` at the seeds
+  of made_up: seed -> label -> (1,000-step test NLL, converged test NLL);
+  valid NLL is the test NLL - 0.02 in every run, the best step 20 of 40."""
   short_dir, workdir = tmp_path / 'short', tmp_path / 'long'
-  runs = convergence.study_runs('quick', 3, convergence.CORE)
+  runs = convergence.study_runs('quick', len(made_up), labels)
   results = {}
   for run in runs:
     label, seed = run.tags['position'], run.tags['seed']
@@ -82,7 +80,15 @@ def test_the_report_pairs_the_lead_at_both_budgets_by_seed(tmp_path):
                                  40: long + 0.02}, 40)
     results[run.name] = {'valid_nll': long - 0.02, 'test_nll': long,
                          'selected_step': 20, 'label': label, 'seed': seed}
-  text = convergence.report(str(workdir), runs, results, str(short_dir))
+  return (convergence.report(str(workdir), runs, results, str(short_dir)),
+          workdir)
+
+
+def test_the_report_pairs_the_lead_at_both_budgets_by_seed(tmp_path):
+  made_up = {0: {'shaw': (0.60, 0.55), 'sinusoidal': (0.78, 0.58)},
+             1: {'shaw': (0.61, 0.56), 'sinusoidal': (0.77, 0.60)},
+             2: {'shaw': (0.59, 0.54), 'sinusoidal': (0.79, 0.55)}}
+  text, workdir = _made_up_report(tmp_path, made_up, convergence.CORE)
   # Per seed, shaw minus sinusoidal: at 1,000 steps -0.18, -0.16, -0.20;
   # converged -0.03, -0.04, -0.01; the change +0.15, +0.12, +0.19.
   assert ('test NLL, 1,000 steps: shaw minus sinusoidal: -0.1800 nats over '
@@ -96,7 +102,26 @@ def test_the_report_pairs_the_lead_at_both_budgets_by_seed(tmp_path):
   assert '| shaw | to convergence | 40, 40, 40 | 20, 20, 20 |' in text
   assert 'cosine schedule built for 40 steps' in text       # the runs' own
   assert 'mean of shaw, rope' not in text        # no rope or learned runs
+  assert 'rope minus sinusoidal' not in text
   assert (workdir / 'valid_loss_by_step.png').exists()
   stored = json.loads((workdir / 'results.json').read_text())
   assert stored['position=shaw,seed=1']['valid_crop_loss']['20'] == 0.56
   assert stored['position=shaw,seed=1']['stopped_at'] == 40
+
+
+def test_rope_is_paired_with_sinusoidal_once_it_has_converged_runs(tmp_path):
+  """rope's own line against sinusoidal (the group line of relative minus
+  absolute waits for learned too, and would average rope with shaw)."""
+  made_up = {seed: {'shaw': (0.60, 0.50), 'sinusoidal': (0.90, 0.55),
+                    'rope': (0.64, rope)}
+             for seed, rope in ((0, 0.57), (1, 0.58), (2, 0.61))}
+  text, _ = _made_up_report(tmp_path, made_up, ('shaw', 'sinusoidal', 'rope'))
+  # Per seed, rope minus sinusoidal converged: +0.02, +0.03, +0.06; at
+  # 1,000 steps -0.26 at every seed.
+  assert ('test NLL, to convergence: rope minus sinusoidal: +0.0367 nats over '
+          '3 seeds') in text
+  assert 'per seed +0.0200, +0.0300, +0.0600' in text
+  assert ('test NLL, 1,000 steps: rope minus sinusoidal: -0.2600 nats over '
+          '3 seeds') in text
+  assert 'learned minus sinusoidal' not in text   # no learned runs
+  assert 'mean of shaw, rope' not in text
