@@ -3,6 +3,7 @@ report, on made-up scores whose paired differences are known."""
 
 import json
 import os
+import pathlib
 
 from convergence_runs import fake_converged_run
 from data import REQUIRES_JSB
@@ -63,7 +64,7 @@ def test_the_scored_checkpoint_has_the_lowest_held_out_loss(tmp_path):
   assert convergence.chosen_step(str(tmp_path / 'a')) == 1500  # earlier tie
 
 
-def _made_up_report(tmp_path, made_up: dict, labels) -> tuple[str, str]:
+def _made_up_report(tmp_path, made_up: dict, labels) -> tuple[str, pathlib.Path]:
   """(the report, the workdir) of converged runs of `labels` at the seeds
   of made_up: seed -> label -> (1,000-step test NLL, converged test NLL);
   valid NLL is the test NLL - 0.02 in every run, the best step 20 of 40."""
