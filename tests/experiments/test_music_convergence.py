@@ -64,7 +64,8 @@ def test_the_scored_checkpoint_has_the_lowest_held_out_loss(tmp_path):
   assert convergence.chosen_step(str(tmp_path / 'a')) == 1500  # earlier tie
 
 
-def _made_up_report(tmp_path, made_up: dict, labels) -> tuple[str, pathlib.Path]:
+def _made_up_report(tmp_path, made_up: dict,
+                    labels) -> tuple[str, pathlib.Path]:
   """(the report, the workdir) of converged runs of `labels` at the seeds
   of made_up: seed -> label -> (1,000-step test NLL, converged test NLL);
   valid NLL is the test NLL - 0.02 in every run, the best step 20 of 40."""
@@ -116,7 +117,8 @@ def test_rope_is_paired_with_sinusoidal_once_it_has_converged_runs(tmp_path):
   made_up = {seed: {'shaw': (0.60, 0.50), 'sinusoidal': (0.90, 0.55),
                     'rope': (0.64, rope)}
              for seed, rope in ((0, 0.57), (1, 0.58), (2, 0.61))}
-  text, _ = _made_up_report(tmp_path, made_up, ('shaw', 'sinusoidal', 'rope'))
+  text, _ = _made_up_report(tmp_path, made_up,
+                            ('shaw', 'sinusoidal', 'rope'))
   # Per seed, rope minus sinusoidal converged: +0.02, +0.03, +0.06; at
   # 1,000 steps -0.26 at every seed.
   assert ('test NLL, to convergence: rope minus sinusoidal: +0.0367 nats over '
