@@ -49,5 +49,5 @@ def multi30k_files() -> list[pathlib.Path] | None:
 REQUIRES_MULTI30K = pytest.mark.skipif(
     multi30k_files() is None,
     reason='Multi30k data not found: set SELFATTN_DATA_DIR to a folder '
-           'holding multi30k/{train,val,test_*}.{de,en}.gz (selfattn/'
-           'multi30k.py says where they come from)')
+           'holding multi30k/{train,val,test_*}.{de,en}.gz (selfattn/tasks/'
+           'translation/multi30k.py says where they come from)')
