@@ -113,6 +113,8 @@ CASES = [
 @in_interpreter_process
 def test_interpreted_forward_equals_numpy(kind, symmetric, causal, lq, lk, d,
                                           block_k):
+  """hopper_attention.forward against float64 NumPy (out and lse), under
+  the interpreter's race detector."""
   q, k, v = _qkv(lq, lk, d)
   lengths = np.array([lk, lk // 3, 0], np.int32)
   slopes = positions.alibi_slopes(2) if kind == 'alibi' else None
@@ -132,7 +134,10 @@ def test_interpreted_forward_equals_numpy(kind, symmetric, causal, lq, lk, d,
                             causal=causal, scale=1 / np.sqrt(d),
                             block_k=block_k, num_buckets=8 if t5 else 0,
                             max_distance=20 if t5 else 0,
-                            clip=6 if shaw else 0, interpret=not ON_HOPPER)
+                            clip=6 if shaw else 0, interpret=not ON_HOPPER,
+                            # A race raises (at most ~10% more time,
+                            # BENCHMARKS.md; the backward's cases too).
+                            detect_races=not ON_HOPPER)
   out, lse = jax.jit(lambda *a: hopper.forward(cfg, *a))(
       q, k, v, jnp.asarray(lengths), table)
   if shaw:   # the kernel reads a^K in q's dtype, as the Triton kernel does
@@ -220,7 +225,8 @@ def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
                                                        d, block_k):
   """hopper_backward's dQ and dK/dV kernels (or its fused kernel: kinds
   ending in 'fused'), fed lse and delta = rowsum(dO * out) of float64
-  attention, against jax.vjp of float32 attention. (The forward kernel's
+  attention, against jax.vjp of float32 attention, under the interpreter's
+  race detector. (The forward kernel's
   lse is checked against the same reference above, and the kernels
   together, forward feeding backward, in
   test_gradients_through_the_hopper_kernels_match_triton and the race
@@ -255,7 +261,8 @@ def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
                             causal=causal, scale=1 / np.sqrt(d),
                             block_k=block_k, num_buckets=8 if t5 else 0,
                             max_distance=20 if t5 else 0, clip=clip or 0,
-                            interpret=not ON_HOPPER, fused_dq=fused)
+                            interpret=not ON_HOPPER, fused_dq=fused,
+                            detect_races=not ON_HOPPER)
   table = (tables['t5'] if t5 else
            (tables['a_k'], tables.get('a_v')) if clip else slopes)
 
@@ -309,23 +316,31 @@ def test_interpreted_backward_equals_float32_gradients(kind, causal, lq, lk,
   assert not np.any(np.asarray(got[2])[2])
 
 
+# Extended tier: the commit tier's interpreted forward and backward cases
+# above run under the race detector too (every kernel, fused and split,
+# each encoding); these repeat that claim with the forward feeding the
+# backward, which test_gradients_through_the_hopper_kernels_match_triton's
+# commit-tier case (pope) also does.
 @pytest.mark.parametrize('kind,causal,fused,block_k,length', [
-    ('alibi', True, True, 128, 256),     # the groups pair up; one idles
-    ('t5', False, True, 64, 320),        # each group its own keys' share
-    ('shaw', True, False, 64, 320),      # QA and DA streamed, both kernels
-    ('none', False, False, 128, 256),
+    pytest.param('alibi', True, True, 128, 256,    # the groups pair up;
+                 marks=EXTENDED),                 # one idles
+    pytest.param('t5', False, True, 64, 320,       # each group its own
+                 marks=EXTENDED),                 # keys' share
+    pytest.param('shaw', True, False, 64, 320,     # QA and DA streamed,
+                 marks=EXTENDED),                 # both kernels
+    pytest.param('none', False, False, 128, 256, marks=EXTENDED),
 ])
 @in_interpreter_process
 def test_interpreted_kernels_have_no_race(kind, causal, fused, block_k,
                                           length):
-  """The forward and backward kernels under the interpreter's
-  happens-before race detector (detect_races; it raises on a race between
-  TMA copies and shared-memory loads and stores, and was seen to raise
-  when the fused backward skipped waiting for its share's copy to read
-  shared memory before overwriting it), with the output and gradients of
-  float32 attention. (One interpreted run: a second without the detector,
-  compared bit for bit, doubled the test's time and checked the
-  interpreter, not the kernels.)"""
+  """The forward and backward kernels, one feeding the other, under the
+  interpreter's happens-before race detector (detect_races; it raises on
+  a race between TMA copies and shared-memory loads and stores, and was
+  seen to raise when the fused backward skipped waiting for its share's
+  copy to read shared memory before overwriting it), with the output and
+  gradients of float32 attention. (One interpreted run: a second without
+  the detector, compared bit for bit, doubled the test's time and checked
+  the interpreter, not the kernels.)"""
   if ON_HOPPER:
     pytest.skip('race detection is the interpreter\'s')
   q, k, v = _qkv(length, length, 64, heads=1, batch=1)
