@@ -204,6 +204,10 @@ def seed_interval(means: list[float]) -> tuple[float, float]:
   return float(centre - half), float(centre + half)
 
 
+# What paired_by_seed says where no two seeds have every member finished.
+NO_PAIRS = 'fewer than two seeds with every encoding finished.'
+
+
 def paired_by_seed(by_label: dict, a: tuple[str, ...], b: tuple[str, ...],
                    name: str, *, unit: str, scale: float = 1.0,
                    digits: int = 4, seed_digits: int | None = None) -> str:
@@ -217,7 +221,7 @@ def paired_by_seed(by_label: dict, a: tuple[str, ...], b: tuple[str, ...],
   """
   seeds = sorted(set.intersection(*[set(by_label.get(x, {})) for x in a + b]))
   if len(seeds) < 2:
-    return f'{name}: fewer than two seeds with every encoding finished.'
+    return f'{name}: {NO_PAIRS}'
   diffs = [scale * (statistics.mean(by_label[x][s] for x in a)
                     - statistics.mean(by_label[x][s] for x in b))
            for s in seeds]

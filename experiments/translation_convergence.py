@@ -238,6 +238,12 @@ def short_tier_lines(long_by: dict, short_by: dict) -> list[str]:
           change, members, sinusoidal,
           f'{MAIN_TEST} {kind}: {name}\'s lead to convergence minus at '
           f'3,000 steps', unit='BLEU', digits=2))
+  if all(line.endswith(common.NO_PAIRS) for line in lines):
+    # One line, not 27 that each say the same (a tier part way through).
+    done = sum(len(long_by.get(label, {})) for label in SHORT_LABELS)
+    return [f'No pair yet: each comparison needs two seeds with every '
+            f'+short encoding finished at both budgets ({done} converged '
+            f'+short run{"s" if done != 1 else ""} so far).']
   return lines
 
 

@@ -218,3 +218,19 @@ def test_the_short_tier_pairs_the_lead_beyond_the_trained_lengths(tmp_path):
           '+3.00]; per seed +3.00, +3.00, +3.00)') in section
   assert '| shaw +short | to convergence | 9000, 9000, 9000 |' in text
   assert (workdir / 'bleu_by_step.png').exists()
+
+
+def test_a_short_tier_without_a_pair_says_so_once(tmp_path):
+  """One converged +short run: the section is one line saying why there
+  is no comparison yet, not one per comparison."""
+  made_up = {0: {'sinusoidal +short': (20.0, 40.0, 24.0, 42.0)}}
+  text, _ = _report(tmp_path, made_up, ('sinusoidal +short',),
+                    stopped_at=9000,
+                    curve=lambda long: {8000: long, 9000: long - 1},
+                    selected_step=8000)
+  section = text[text.index('## Beyond the trained lengths'):]
+  section = section[:section.index('\n## ', 1)]
+  lines = [line for line in section.splitlines() if line.startswith('- ')]
+  assert lines == ['- No pair yet: each comparison needs two seeds with '
+                   'every +short encoding finished at both budgets (1 '
+                   'converged +short run so far).']
