@@ -42,6 +42,7 @@ from __future__ import annotations
 import os
 
 from absl import app
+import numpy as np
 
 from configs import translation as translation_config
 from experiments import common
@@ -154,6 +155,10 @@ def report(workdir: str, runs: list[study.Run], results: dict,
   length_lines = short_tier_lines(long_by, short_by)
   plot = os.path.join(workdir, 'bleu_by_step.png')
   plotted = plot_curves(workdir, results, short_by, labels, plot)
+  by_length = short_length_curves(long_by, short_by)
+  length_table = short_length_table(by_length)
+  length_plotted = plot_short_by_length(
+      by_length, os.path.join(workdir, 'bleu_by_length_short.png'))
 
   body = [
       ('Protocol', f'The translation study\'s protocol with a longer budget: '
@@ -177,6 +182,12 @@ def report(workdir: str, runs: list[study.Run], results: dict,
     body.append((f'Beyond the trained lengths (+short: trained on sources of '
                  f'at most {SHORT_MAX_LEN} tokens), paired by seed',
                  '\n'.join(f'- {line}' for line in length_lines)))
+  if length_table:
+    body.append((f'+short: {MAIN_TEST} BLEU by source length at both '
+                 f'budgets (mean over the seeds converged so far)',
+                 length_table + ('\n\n![+short BLEU by source length]'
+                                 '(bleu_by_length_short.png)'
+                                 if length_plotted else '')))
   if plotted:
     body.append(('Validation BLEU by step',
                  '![greedy validation BLEU by step](bleu_by_step.png)'))
@@ -245,6 +256,87 @@ def short_tier_lines(long_by: dict, short_by: dict) -> list[str]:
             f'+short encoding finished at both budgets ({done} converged '
             f'+short run{"s" if done != 1 else ""} so far).']
   return lines
+
+
+BUDGETS = ('3,000 steps', 'to convergence')
+
+
+def short_length_curves(long_by: dict, short_by: dict
+                        ) -> dict[tuple[str, str], np.ndarray]:
+  """(+short label, budget) -> seeds x LENGTH_BINS array of MAIN_TEST beam
+  BLEU, for the seeds with a converged run and a 3,000-step run (the same
+  seeds at both budgets, so the two lines differ by the budget alone; NaN
+  where a bin is missing, and no label whose runs at a budget have no
+  bin). Empty without such a seed."""
+  bins = [translation_study.bin_label(lo, hi)
+          for lo, hi in translation_study.LENGTH_BINS]
+  row = lambda r: [r['splits'][MAIN_TEST].get('by_length', {}).get(
+      b, {}).get('bleu', np.nan) for b in bins]
+  curves = {}
+  for label in SHORT_LABELS:
+    seeds = sorted(set(long_by.get(label, {})) & set(short_by.get(label, {})))
+    if not seeds:
+      continue
+    pair = [np.array([row(by[label][s]) for s in seeds], dtype=float)
+            for by in (short_by, long_by)]
+    if all(np.isfinite(values).any() for values in pair):
+      curves |= dict(zip(((label, budget) for budget in BUDGETS), pair))
+  return curves
+
+
+def short_length_table(curves: dict) -> str:
+  """The curves' means as a markdown table, one row per (label, budget):
+  the numbers behind plot_short_by_length. Empty without curves."""
+  if not curves:
+    return ''
+  bins = [translation_study.bin_label(lo, hi)
+          for lo, hi in translation_study.LENGTH_BINS]
+  rows = [[label, budget, len(values)]
+          + [f'{m:.2f}' if np.isfinite(m) else '' for m in values.mean(0)]
+          for (label, budget), values in curves.items()]
+  return common.markdown_table(
+      ['encoding', 'budget', 'seeds']
+      + [f'{b}{" (never trained)" if lo >= SHORT_MAX_LEN else ""}'
+         for b, (lo, _) in zip(bins, translation_study.LENGTH_BINS)], rows)
+
+
+def plot_short_by_length(curves: dict, path: str) -> bool:
+  """The +short tier's MAIN_TEST BLEU by source length: per encoding the
+  converged runs (solid) and the same seeds' 3,000-step runs (dashed),
+  mean over seeds with a min-max band, and a line where training lengths
+  end. False (and no file) without curves."""
+  if not curves:
+    return False
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  bins = [translation_study.bin_label(lo, hi)
+          for lo, hi in translation_study.LENGTH_BINS]
+  x = np.arange(len(bins))
+  colors = dict(zip(SHORT_LABELS, ('C1', 'C0', 'C2')))
+  fig, ax = plt.subplots(figsize=(7, 4.2))
+  for (label, budget), values in curves.items():
+    common.band(ax, x, values, color=colors[label],
+                label=f'{label}, {budget} ({len(values)} seed'
+                      f'{"s" if len(values) != 1 else ""})',
+                linestyle='-' if budget == BUDGETS[1] else '--', marker='.')
+  # The bins below SHORT_MAX_LEN end at index 2 (LENGTH_BINS' third).
+  edge = sum(hi <= SHORT_MAX_LEN for _, hi in translation_study.LENGTH_BINS)
+  ax.axvline(edge - 0.5, color='grey', linestyle=':', linewidth=1)
+  ax.text(edge - 0.45, ax.get_ylim()[1], f' longer than {SHORT_MAX_LEN}: '
+          f'never trained', va='top', fontsize=7, color='grey')
+  ax.set_xticks(x, bins)
+  ax.set_xlabel('source length (SentencePiece tokens)')
+  ax.set_ylabel(f'BLEU ({MAIN_TEST}, beam {translation_study.BEAM_SIZE})')
+  ax.set_title(f'Multi30k de-en, +short (trained on sources of at most '
+               f'{SHORT_MAX_LEN} tokens): both budgets, same seeds',
+               fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
 
 
 def plot_curves(workdir: str, results: dict, short_by: dict, labels,

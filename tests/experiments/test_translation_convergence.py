@@ -4,6 +4,8 @@ on made-up scores whose paired differences are known."""
 import json
 import os
 
+import numpy as np
+
 from convergence_runs import fake_converged_run
 from experiments import translation_convergence as convergence
 
@@ -234,3 +236,46 @@ def test_a_short_tier_without_a_pair_says_so_once(tmp_path):
   assert lines == ['- No pair yet: each comparison needs two seeds with '
                    'every +short encoding finished at both budgets (1 '
                    'converged +short run so far).']
+
+
+def test_the_short_tier_by_source_length_pairs_seeds_across_budgets(tmp_path):
+  """The +short tier's BLEU by source length: per (label, budget) the
+  seeds that have both budgets, their means in the table, and the plot."""
+  bins = ['1-10', '11-14', '15-18', '19-22', '23-64']
+
+  def run(*bleu):   # a translation.json's MAIN_TEST BLEU per length bin
+    return {'splits': {convergence.MAIN_TEST: {'by_length': {
+        b: {'bleu': v} for b, v in zip(bins, bleu)}}}}
+
+  long_by = {'sinusoidal +short': {0: run(47, 42, 37, 28, 17),
+                                   1: run(45, 40, 35, 26, 15)},
+             'shaw +short': {0: run(48, 42, 38, 33, 21)},
+             # No 3,000-step run of this seed: left out.
+             'rope +short': {2: run(50, 45, 40, 35, 25)}}
+  short_by = {'sinusoidal +short': {0: run(46, 41, 36, 29, 17),
+                                    1: run(44, 39, 34, 27, 14),
+                                    2: run(1, 1, 1, 1, 1)},
+              'shaw +short': {0: run(49, 43, 39, 34, 22)}}
+  curves = convergence.short_length_curves(long_by, short_by)
+  assert list(curves) == [('sinusoidal +short', '3,000 steps'),
+                          ('sinusoidal +short', 'to convergence'),
+                          ('shaw +short', '3,000 steps'),
+                          ('shaw +short', 'to convergence')]
+  np.testing.assert_array_equal(
+      curves['sinusoidal +short', '3,000 steps'],
+      [[46, 41, 36, 29, 17], [44, 39, 34, 27, 14]])   # seed 2 has no pair
+  table = convergence.short_length_table(curves)
+  assert ('| sinusoidal +short | 3,000 steps | 2 | 45.00 | 40.00 | 35.00 | '
+          '28.00 | 15.50 |') in table
+  assert ('| shaw +short | to convergence | 1 | 48.00 | 42.00 | 38.00 | '
+          '33.00 | 21.00 |') in table
+  assert '19-22 (never trained)' in table and '15-18 (never' not in table
+  path = tmp_path / 'by_length.png'
+  assert convergence.plot_short_by_length(curves, str(path))
+  assert path.stat().st_size > 0
+  # Runs scored without length bins (older files): no curve, no plot.
+  assert convergence.short_length_curves(
+      {'shaw +short': {0: {'splits': {convergence.MAIN_TEST: {}}}}},
+      {'shaw +short': {0: run(1, 1, 1, 1, 1)}}) == {}
+  assert not convergence.plot_short_by_length({}, str(tmp_path / 'no.png'))
+  assert not (tmp_path / 'no.png').exists()
