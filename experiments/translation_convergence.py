@@ -320,7 +320,7 @@ def plot_short_by_length(curves: dict, path: str) -> bool:
                 label=f'{label}, {budget} ({len(values)} seed'
                       f'{"s" if len(values) != 1 else ""})',
                 linestyle='-' if budget == BUDGETS[1] else '--', marker='.')
-  # The bins below SHORT_MAX_LEN end at index 2 (LENGTH_BINS' third).
+  # Between the last bin the +short runs trained on and the first they never saw.
   edge = sum(hi <= SHORT_MAX_LEN for _, hi in translation_study.LENGTH_BINS)
   ax.axvline(edge - 0.5, color='grey', linestyle=':', linewidth=1)
   ax.text(edge - 0.45, ax.get_ylim()[1], f' longer than {SHORT_MAX_LEN}: '
