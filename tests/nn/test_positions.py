@@ -292,6 +292,44 @@ def test_rotary_dot_products_depend_only_on_offset():
   assert np.abs(np.asarray(q - x)).max() > 1e-2
 
 
+def test_rotary_equals_the_rotation_formula():
+  """RoPE against NumPy: pair j at position p turns by p * 10000^(-2j/D),
+  (x0 cos - x1 sin, x0 sin + x1 cos); with odd D the last column stays.
+  The properties above hold for any frequency ladder and either direction
+  of turn (a mutation audit shifted the one and flipped the other unseen);
+  this pins both."""
+  d, length = 5, 7
+  x = np.asarray(jax.random.normal(jax.random.key(2), (1, 1, length, d)))
+  q, _ = compiled(lambda x: selfattn.RotaryEncoding(d).rotate(x, x),
+                  jnp.asarray(x))
+  want = x.copy()
+  for p in range(length):
+    for j in range(d // 2):
+      angle = p * 10000.0 ** (-2 * j / d)
+      x0, x1 = x[0, 0, p, 2 * j], x[0, 0, p, 2 * j + 1]
+      want[0, 0, p, 2 * j] = x0 * np.cos(angle) - x1 * np.sin(angle)
+      want[0, 0, p, 2 * j + 1] = x0 * np.sin(angle) + x1 * np.cos(angle)
+  np.testing.assert_allclose(q, want, atol=1e-5)
+  # By hand: [1, 0, 1, 0] at position 1 of a 4-wide head turns by 1 and
+  # by 10000^(-1/2) = 0.01 radians.
+  ones = jnp.broadcast_to(jnp.array([1.0, 0.0, 1.0, 0.0]), (1, 1, 2, 4))
+  r, _ = compiled(lambda x: selfattn.RotaryEncoding(4).rotate(x, x), ones)
+  np.testing.assert_allclose(
+      r[0, 0, 1], [np.cos(1), np.sin(1), np.cos(0.01), np.sin(0.01)],
+      atol=1e-6)
+
+
+def test_alibi_slopes_for_head_counts_that_are_not_powers_of_two():
+  """Press et al.'s rule past a power of two: the docstring's H = 3 by
+  hand, and other counts against the reference suite's port of get_slopes
+  (another formula: start ** (i + 1))."""
+  import chomsky_reference as ref
+  np.testing.assert_allclose(alibi_slopes(3), [1 / 16, 1 / 256, 1 / 4])
+  for heads in (5, 6, 7, 12):
+    np.testing.assert_allclose(alibi_slopes(heads), ref.alibi_slopes(heads),
+                               err_msg=f'{heads} heads')
+
+
 # --------------------------------------------------------------------------
 # The reference suite's encodings (tests/support/chomsky_reference.py ports its code).
 # --------------------------------------------------------------------------
