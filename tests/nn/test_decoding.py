@@ -359,3 +359,20 @@ def test_decoding_leaves_the_model_state_as_it_found_it(scan):
   assert jax.tree.structure(nnx.state(dec)) != before
   dec.drop_cache()
   assert jax.tree.structure(nnx.state(dec)) == before
+
+
+def test_a_draw_follows_the_softmax_at_its_temperature_among_the_top_k():
+  """draw's frequencies against NumPy's softmax(logits / T), over 4,000
+  rows with one key (a fixed draw, so not flaky): T = 0.5 sharpens
+  [0, 1, 2] to softmax([0, 2, 4]); top_k = 2 renormalises over the two
+  largest. Every other sampling test compares two paths that share draw
+  (a temperature multiplied, not divided, passed them all)."""
+  logits = jnp.tile(jnp.array([[0.0, 1.0, 2.0]]), (4000, 1))
+  key = jax.random.key(0)
+  for top_k, scaled in ((None, np.array([0.0, 2.0, 4.0])),
+                        (2, np.array([-np.inf, 2.0, 4.0]))):
+    want = np.exp(scaled - scaled.max())
+    want /= want.sum()
+    tokens = np.asarray(decoding.draw(logits, key, 0.5, top_k))
+    got = np.bincount(tokens, minlength=3) / len(tokens)
+    np.testing.assert_allclose(got, want, atol=0.03, err_msg=f'top_k={top_k}')

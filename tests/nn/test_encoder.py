@@ -146,6 +146,46 @@ def test_rmsnorm_blocks_match_a_numpy_rms_norm_and_close_with_one():
                                 rngs=nnx.Rngs(0))
 
 
+def test_addnorm_places_its_norm_as_the_chapter_and_pre_ln_do():
+  """AddNorm against NumPy with a non-trivial LayerNorm (scale, bias):
+  post LN(X + f(X)), the chapter's; pre X + f(LN(X)); none X + f(X). The
+  statistics checks above pass a pre-LN block whose residual adds LN(X)
+  instead of X (a mutation audit's survivor, caught only by golden values)."""
+  d = 8
+  X = np.asarray(jax.random.normal(jax.random.key(1), (2, 3, d))) * 3 + 1
+  W = np.asarray(jax.random.normal(jax.random.key(2), (d, d))) / np.sqrt(d)
+  scale, bias = np.linspace(0.5, 2.0, d), np.linspace(-1.0, 1.0, d)
+
+  def ln(x):
+    return ((x - x.mean(-1, keepdims=True))
+            / np.sqrt(x.var(-1, keepdims=True) + 1e-6) * scale + bias)
+
+  f = lambda x: np.tanh(x @ W)
+  want = {'post': ln(X + f(X)), 'pre': X + f(ln(X)), 'none': X + f(X)}
+  for norm, expected in want.items():
+    addnorm = selfattn.AddNorm(d, 0.0, norm=norm, rngs=nnx.Rngs(0))
+    if addnorm.ln is not None:
+      addnorm.ln.scale[...] = jnp.asarray(scale, jnp.float32)
+      addnorm.ln.bias[...] = jnp.asarray(bias, jnp.float32)
+    got = compiled(lambda x: addnorm(x, lambda y: jnp.tanh(y @ W)),
+                   jnp.asarray(X, jnp.float32))
+    np.testing.assert_allclose(got, expected, atol=2e-5, err_msg=norm)
+
+
+def test_tokens_are_embedded_scaled_by_root_width_then_given_p():
+  """The chapter's encoder input: embedding * sqrt(num_hiddens) + P, from
+  the embedding table and NumPy's P (the layers see it as hidden[0])."""
+  enc = make('sinusoidal')
+  x = tokens((2, 5), seed=4)
+  _, hidden = enc(x, return_hidden=True)
+  E = np.asarray(enc.embedding.embedding[...])
+  i = np.arange(5)[:, None]
+  angle = i / 10000.0 ** (2 * (np.arange(16) // 2) / 16)
+  P = np.where(np.arange(16) % 2 == 0, np.sin(angle), np.cos(angle))
+  np.testing.assert_allclose(hidden[0], E[np.asarray(x)] * 4.0 + P,
+                             atol=1e-5)
+
+
 def test_block_without_residual_or_norm_is_plain_composition():
   blk = selfattn.TransformerEncoderBlock(16, 32, 4, 0.0, norm='none',
                                          residual=False, rngs=nnx.Rngs(0))

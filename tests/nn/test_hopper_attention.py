@@ -87,7 +87,9 @@ CASES = [
     # kind, symmetric, causal, lq, lk, d, block_k
     ('none', False, False, 100, 150, 64, 64),
     ('none', False, True, 150, 100, 64, 64),    # rows before Lq - Lk: no key
-    ('alibi', False, True, 130, 200, 64, 64),
+    # Lk - Lq = 65, one past a block: a causal key-block bound off by one
+    # drops only then (a mutation audit's survivor at shifts -50, 70, 0, -70).
+    ('alibi', False, True, 135, 200, 64, 64),
     ('alibi', True, False, 64, 64, 64, 64),     # one block each way
     ('alibi', False, False, 70, 300, 96, 128),  # head padded to 128
     # T5, max_distance 20: far blocks left and right of the near ones.

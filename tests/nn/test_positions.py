@@ -292,6 +292,22 @@ def test_rotary_dot_products_depend_only_on_offset():
   assert np.abs(np.asarray(q - x)).max() > 1e-2
 
 
+def test_sinusoidal_dropout_falls_on_x_plus_p():
+  """d2l's order: X + P, then dropout, so in training every entry of
+  zeros + P is 0 or P / (1 - rate), P from the chapter's formula in NumPy
+  (dropout before the sum, a mutation audit's survivor, leaves P whole)."""
+  d, length, rate = 8, 6, 0.5
+  encoding = selfattn.SinusoidalEncoding(d, dropout=rate,
+                                         rngs=nnx.Rngs(dropout=0))
+  out = np.asarray(encoding(jnp.zeros((1, length, d)), deterministic=False))[0]
+  i = np.arange(length)[:, None]
+  angle = i / 10000.0 ** (2 * (np.arange(d) // 2) / d)
+  P = np.where(np.arange(d) % 2 == 0, np.sin(angle), np.cos(angle))
+  kept = np.abs(out) > 0
+  np.testing.assert_allclose(out[kept], P[kept] / (1 - rate), rtol=1e-5)
+  assert 0.2 < kept.mean() < 0.8      # some dropped, some kept
+
+
 def test_rotary_equals_the_rotation_formula():
   """RoPE against NumPy: pair j at position p turns by p * 10000^(-2j/D),
   (x0 cos - x1 sin, x0 sin + x1 cos); with odd D the last column stays.

@@ -314,6 +314,18 @@ def test_numbers_of_the_wrong_type_are_refused_by_name(tiny_config):
     ({'task.layout': 'autoregressive', 'model.position': 'xl',
       'eval.free_running': 'cache', 'model.max_len': 2},
      r"max_len=2 is below the longest sequence.*xl's cached decoding"),
+    # A mutation audit (2026-12-01): each of these checks could go, or
+    # measure the wrong length, with every other test passing. More heads
+    # than dims were reported as an option of the encoding; a learned
+    # table shorter than an autoregressive sequence (twice the task
+    # length) failed at step 1 with the workdir written; b2 = 1 trains NaN.
+    ({'model.position': 'rope', 'model.num_heads': 32},
+     r'config.model.num_hiddens=16 is not divisible by num_heads=32'),
+    ({'task.layout': 'autoregressive', 'model.position': 'learned',
+      'model.max_len': 12},
+     r"config.eval.lengths reach sequence length 24, above the learned "
+     r"encoding's config.model.max_len=12"),
+    ({'train.b2': 1.0}, r'config.train.b2 must be in \(0, 1\); got 1.0'),
 ])
 def test_values_that_would_train_wrongly_fail_first(tiny_config, tmp_path,
                                                    settings, message):
