@@ -213,6 +213,29 @@ def test_label_smoothing_matches_numpy():
                              rtol=1e-6)
 
 
+def test_the_loss_minimised_is_the_smoothed_one(monkeypatch):
+  """loss_and_sums (what train_step differentiates) divides the smoothed
+  sum by the counted positions, while its metric sums keep the plain
+  cross-entropy: the NumPy sum above, through the step's own wiring (a
+  mutation audit's loss that never smoothed passed every test)."""
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(2, 3, 5)), jnp.float32)
+  batch = tasks.Batch(None, jnp.array([[1, 2, 0], [4, 4, 3]]),
+                      jnp.array([[1, 1, 0], [1, 0, 1]], jnp.float32), None)
+  monkeypatch.setattr(steps, 'forward', lambda *args, **kwargs: logits)
+  step = lambda smoothing: steps.loss_and_sums(
+      None, batch, graphdef=None, rest=None, dropout_key=None, step=None,
+      label_smoothing=smoothing)
+  loss, sums = step(0.1)
+  np.testing.assert_allclose(
+      loss, steps.smoothed_nll_sum(logits, batch, 0.1) / 4, rtol=1e-6)
+  np.testing.assert_allclose(sums['nll'],
+                             steps.metric_sums(logits, batch)['nll'])
+  plain, _ = step(0.0)
+  np.testing.assert_allclose(plain, sums['nll'] / 4, rtol=1e-6)
+  assert abs(float(loss) - float(plain)) > 1e-3   # the case tells them apart
+
+
 # --------------------------------------------------------------------------
 # The trainer on the made-up corpus.
 # --------------------------------------------------------------------------
