@@ -73,6 +73,18 @@ class _Corpus:
     self.buckets = buckets
 
 
+def test_an_evaluation_batch_counts_each_target_token_and_its_eos_only():
+  """Validation loss and accuracy count a sentence's tokens and its EOS,
+  never its padding (by hand; a mutation counting PAD passed every test)."""
+  from selfattn.training import translation_steps
+  targets = np.array([[5, 6, EOS, PAD, PAD], [7, EOS, PAD, PAD, PAD]],
+                     np.int32)
+  batch = translation_steps.eval_batch(np.full((2, 4), 9, np.int32),
+                                       np.array([4, 2]), targets)
+  np.testing.assert_array_equal(batch.weights, [[1, 1, 1, 0, 0],
+                                                [1, 1, 0, 0, 0]])
+
+
 def test_a_batch_is_a_pure_function_of_seed_and_step_and_holds_real_pairs():
   src, tgt = _pairs()
   buckets = translation_data.make_buckets(src, tgt)
