@@ -301,6 +301,15 @@ def test_the_trainer_steps_on_the_batch_it_shows_and_evaluates_what_it_decodes(
   assert val.references[0] in written['translations/validation'][1]
   kind, image = written['attention/cross_attention']
   assert kind == 'image' and image.dtype == np.uint8 and image.shape[2] == 3
+  # After one step the model's outputs are empty, which any scoring rates
+  # 0 (a mutation scoring subword pieces, not decoded text, passed the
+  # BLEU check above). With the references as the translations, both are 100.
+  tok = trainer.corpus.tokenizer
+  trainer.translate_ids = lambda params, source_ids, **kwargs: tok.encode(
+      list(val.references[:len(source_ids)]))
+  trainer.evaluate(inside['params'])
+  assert trainer.latest['bleu'] == pytest.approx(100)
+  assert trainer.latest['chrf'] == pytest.approx(100)
 
 
 def test_english_to_german_trains_and_evaluates_the_other_way(tiny_multi30k):
