@@ -262,3 +262,37 @@ def test_window_plan(length, window, stride):
     assert plan == [(0, length, 0)]
   with pytest.raises(ValueError):
     jsb.window_plan(length, window, window + 1)
+
+
+def test_the_training_sampler_shifts_inputs_and_targets_alike_and_counts_no_padding(
+    monkeypatch):
+  """The JAX sampler training uses, on three made-up pieces (every other
+  test of it needs the data set, so none ran in CI): with transposition,
+  each target is the next input, both shifted by one k, every target a
+  class; with a window longer than every piece, a crop is the whole piece
+  and counts its n - 1 next-token targets, never the padding after it. A
+  mutation audit's targets left untransposed, and a count of one PAD
+  target, passed every commit-tier test."""
+  import jax
+  from selfattn.tasks.music import task as music_task
+  rng = np.random.default_rng(0)
+  lengths = [121, 181, 241]
+  table = np.full((3, max(lengths)), jsb.PAD, np.int32)
+  for i, n in enumerate(lengths):
+    table[i, 0] = jsb.START
+    table[i, 1:n] = rng.integers(20, 60, n - 1)
+  monkeypatch.setattr(music_task, 'training_corpus',
+                      lambda *args: (table, np.array(lengths, np.int32)))
+  sample = music_task._make_sampler(jsb.NUM_TARGETS,
+                                    {'transpose': 3, 'crop_align': 1})
+  draw = jax.jit(jax.vmap(lambda key: sample(key, 256, 256)))
+  x, count, y, _, _ = map(np.asarray, draw(jax.random.split(
+      jax.random.key(0), 32)))
+  assert set(count) <= {n - 1 for n in lengths} and len(set(count)) > 1
+  shifts = set()
+  for row_x, row_y, n in zip(x, y, count):
+    np.testing.assert_array_equal(row_y[:n - 1], row_x[1:n])
+    assert row_y[:n].max() < jsb.NUM_TARGETS
+    piece = lengths.index(n + 1)
+    shifts.add(int(row_y[0]) - int(table[piece, 1]))
+  assert len(shifts) > 1 and max(map(abs, shifts)) <= 3
