@@ -16,8 +16,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 
 
-def saved_params(workdir, step=None):
-  """Parameters of a checkpoint (the latest by default) as a flat list of arrays."""
+def saved_params(workdir, step=None, part='params'):
+  """Parameters of a checkpoint (the latest by default) as a flat list of
+  arrays; part=None: its whole state (step, parameters, optimizer state)."""
   mngr = checkpoints.manager(workdir, 100)
   step = mngr.latest_step() if step is None else step
   # Restore onto this process's first device, whatever mesh saved it.
@@ -26,9 +27,10 @@ def saved_params(workdir, step=None):
   metadata = ocp.StandardCheckpointer().metadata(item).item_metadata
   target = jax.tree.map(
       lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata)
-  params = mngr.restore(step, args=ocp.args.StandardRestore(target))['params']
+  state = mngr.restore(step, args=ocp.args.StandardRestore(target))
   mngr.close()
-  return [np.asarray(x) for x in jax.tree.leaves(params)]
+  return [np.asarray(x) for x in jax.tree.leaves(
+      state if part is None else state[part])]
 
 
 def subprocess_env(*, xla_cache: str | os.PathLike | None = None,

@@ -125,8 +125,11 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path, tiny_config):
   again = cli(victim, *overrides)
   assert again.returncode == 0, again.stderr[-2000:]
   assert 'Resumed from checkpoint at step' in again.stderr
-  for a, b in zip(saved_params(tmp_path / 'reference'), saved_params(victim),
-                  strict=True):
+  # The whole state: a resume that skipped the last step (its learning rate
+  # near 0 at the cosine's end) left the parameters within atol, but not
+  # the step or Adam's count (a mutation audit's).
+  for a, b in zip(saved_params(tmp_path / 'reference', part=None),
+                  saved_params(victim, part=None), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 
