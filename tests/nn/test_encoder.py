@@ -11,6 +11,7 @@ from flax.traverse_util import flatten_dict
 
 import selfattn
 from compiled import compiled, decode_step, grads
+import reference
 from reference import assert_scanned_grads_match
 from reference import stack_loop_into_scan
 from tiers import EXTENDED
@@ -179,11 +180,8 @@ def test_tokens_are_embedded_scaled_by_root_width_then_given_p():
   x = tokens((2, 5), seed=4)
   _, hidden = enc(x, return_hidden=True)
   E = np.asarray(enc.embedding.embedding[...])
-  i = np.arange(5)[:, None]
-  angle = i / 10000.0 ** (2 * (np.arange(16) // 2) / 16)
-  P = np.where(np.arange(16) % 2 == 0, np.sin(angle), np.cos(angle))
-  np.testing.assert_allclose(hidden[0], E[np.asarray(x)] * 4.0 + P,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+      hidden[0], E[np.asarray(x)] * 4.0 + reference.sinusoid(5, 16), atol=1e-5)
 
 
 def test_block_without_residual_or_norm_is_plain_composition():

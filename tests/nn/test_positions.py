@@ -300,9 +300,7 @@ def test_sinusoidal_dropout_falls_on_x_plus_p():
   encoding = selfattn.SinusoidalEncoding(d, dropout=rate,
                                          rngs=nnx.Rngs(dropout=0))
   out = np.asarray(encoding(jnp.zeros((1, length, d)), deterministic=False))[0]
-  i = np.arange(length)[:, None]
-  angle = i / 10000.0 ** (2 * (np.arange(d) // 2) / d)
-  P = np.where(np.arange(d) % 2 == 0, np.sin(angle), np.cos(angle))
+  P = reference.sinusoid(length, d)
   kept = np.abs(out) > 0
   np.testing.assert_allclose(out[kept], P[kept] / (1 - rate), rtol=1e-5)
   assert 0.2 < kept.mean() < 0.8      # some dropped, some kept
