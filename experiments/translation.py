@@ -129,6 +129,10 @@ def bin_label(lo: int, hi: int) -> str:
   return f'{lo + 1}-{hi}'
 
 
+# The by_length keys of a run's scores, in LENGTH_BINS' order.
+BIN_LABELS = tuple(bin_label(lo, hi) for lo, hi in LENGTH_BINS)
+
+
 def write_lines(path: str, lines: list[str]) -> None:
   """Writes one sentence a line, atomically (read back by
   read_translations). A line break inside a translation (possible only
@@ -447,7 +451,7 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
     floor_line += (f' Runs above it on {MAIN_TEST}: ' + ', '.join(beaten)
                    + '.')
 
-  bins = [bin_label(lo, hi) for lo, hi in LENGTH_BINS]
+  bins = BIN_LABELS
   length_rows = []
   for label in labels:
     mine = [r for r in results.values() if r['label'] == label]
@@ -727,7 +731,7 @@ def plot_by_length(results: dict, labels, path: str,
   """test_2016 BLEU by source-length bin, one line per encoding (mean over
   seeds, band min-max), the floor's (name, by_length) dotted, and a line
   where +short training stops."""
-  bins = [bin_label(lo, hi) for lo, hi in LENGTH_BINS]
+  bins = BIN_LABELS
   x = np.arange(len(bins))
 
   def curves_of(label):

@@ -268,8 +268,7 @@ def short_length_curves(long_by: dict, short_by: dict
   seeds at both budgets, so the two lines differ by the budget alone; NaN
   where a bin is missing, and no label whose runs at a budget have no
   bin). Empty without such a seed."""
-  bins = [translation_study.bin_label(lo, hi)
-          for lo, hi in translation_study.LENGTH_BINS]
+  bins = translation_study.BIN_LABELS
   row = lambda r: [r['splits'][MAIN_TEST].get('by_length', {}).get(
       b, {}).get('bleu', np.nan) for b in bins]
   curves = {}
@@ -289,8 +288,7 @@ def short_length_table(curves: dict) -> str:
   the numbers behind plot_short_by_length. Empty without curves."""
   if not curves:
     return ''
-  bins = [translation_study.bin_label(lo, hi)
-          for lo, hi in translation_study.LENGTH_BINS]
+  bins = translation_study.BIN_LABELS
   rows = [[label, budget, len(values)]
           + [f'{m:.2f}' if np.isfinite(m) else '' for m in values.mean(0)]
           for (label, budget), values in curves.items()]
@@ -310,8 +308,7 @@ def plot_short_by_length(curves: dict, path: str) -> bool:
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
-  bins = [translation_study.bin_label(lo, hi)
-          for lo, hi in translation_study.LENGTH_BINS]
+  bins = translation_study.BIN_LABELS
   x = np.arange(len(bins))
   colors = dict(zip(SHORT_LABELS, ('C1', 'C0', 'C2')))
   fig, ax = plt.subplots(figsize=(7, 4.2))
