@@ -271,10 +271,14 @@ class _EventLog:
     self._tables_logged: list[int] = []   # a fixed table is logged once per process
 
   def write_eval(self, step: int, params: Any, results: _Results) -> None:
-    writer, config = self.writer, self._config
+    """Every event of the evaluation at `step`, written together after the
+    figures are drawn: a kill while they are drawn (seconds) leaves none of
+    them, so the resumed run's remade evaluation writes each once."""
+    config = self._config
+    scalars: dict[str, float] = {}
     for length, m in results.items():
-      writer.scalars(step, {summaries.eval_tag(k, length): v for k, v in m.items()})
-    writer.scalars(step, summaries.score_scalars(
+      scalars.update({summaries.eval_tag(k, length): v for k, v in m.items()})
+    scalars.update(summaries.score_scalars(
         results, (config['task']['min_len'], config['task']['max_len']),
         self._chance))
     # Every process runs the probes (they are computations over global
@@ -283,30 +287,36 @@ class _EventLog:
     if self._figures:
       attention = self._probe.attention(params)
       table, trainable = self._probe.position_table(params)
-    if not writer.enabled:
+    if not self.writer.enabled:
       return
+    images, texts = [], []
     for layer, weights in enumerate(attention):
       figure = figures.attention_figure(
           weights, f'{self._run}: layer {layer} attention, step {step}\n'
           f'{self._options}')
-      writer.image(f'attention/layer_{layer}', step, figures.render(figure))
+      images.append((f'attention/layer_{layer}', figures.render(figure)))
     if table is not None and (trainable or not self._tables_logged):
       model = config['model']
       figure = figures.table_figure(
           table, model['position'], summaries.encoding_options(model),
           model['num_heads'], f'{self._run}, step {step}\n{self._options}')
-      writer.image('positions/table', step, figures.render(figure))
+      images.append(('positions/table', figures.render(figure)))
       self._tables_logged.append(step)
     # What the task's trainer adds (translation: whole-set validation
     # scores, sample translations and one sentence's cross-attention).
     for kind, tag, value in self._trainer.extra_summaries():
       if kind == 'scalar':
-        writer.scalars(step, {tag: value})
+        scalars[tag] = value
       elif kind == 'text':
-        writer.text(tag, step, value)
+        texts.append((tag, value))
       elif self._figures:
-        writer.image(tag, step, value)
-    writer.flush()
+        images.append((tag, value))
+    self.writer.scalars(step, scalars)
+    for tag, image in images:
+      self.writer.image(tag, step, image)
+    for tag, text in texts:
+      self.writer.text(tag, step, text)
+    self.writer.flush()
 
 
 @dataclasses.dataclass(frozen=True)

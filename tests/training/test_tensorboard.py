@@ -315,6 +315,35 @@ def test_figures_off_writes_the_same_scalars_and_no_image(tiny_config,
   assert tags[False]['scalars'] == tags[True]['scalars']
 
 
+def test_an_evaluation_killed_while_drawing_leaves_none_of_its_events(
+    tiny_config, tmp_path, monkeypatch):
+  """The figures take seconds to draw; a kill then must not leave the
+  evaluation's scalars on disk, or the resumed run's remade evaluation
+  would put a second copy beside them (purge_step hides only the steps
+  after the checkpoint, and this evaluation is at it)."""
+  from tensorboard.backend.event_processing import event_accumulator
+  from selfattn.training import figures
+  from selfattn.training import steps
+  from selfattn.training import train
+  tiny_config.eval.figures = True
+  trainer = steps.Trainer(tiny_config)
+  params = trainer.init_state()['params']
+  events = train._EventLog(tiny_config, trainer, str(tmp_path), True, 0)
+
+  def killed(figure):
+    raise KeyboardInterrupt('killed while drawing')
+  monkeypatch.setattr(figures, 'render', killed)
+  with pytest.raises(KeyboardInterrupt):
+    events.write_eval(5, params, {n: {
+        'token_accuracy': 0.5, 'loss': 1.0, 'sequence_accuracy': 0.0}
+        for n in tiny_config.eval.lengths})
+  events.writer.close()
+  acc = event_accumulator.EventAccumulator(str(tmp_path))
+  acc.Reload()
+  assert acc.Tags()['scalars'] == []
+  assert acc.Tags()['images'] == []
+
+
 def test_score_is_a_curve_with_one_point_per_evaluation(tiny_config, tmp_path):
   """Issue 36: Score was written once, at the end, so every run was one dot
   that outlier clipping hid. Each evaluation writes it, as it writes the
