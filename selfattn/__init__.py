@@ -10,7 +10,8 @@ Public names (a contract; import them from `selfattn`):
   PositionWiseFFN, AddNorm, TransformerEncoderBlock, TransformerEncoder,
   attention_weights,
   TransformerDecoderBlock, TransformerDecoder, greedy_decode,
-  make_padding_mask, make_causal_mask, make_length_mask.
+  make_padding_mask, make_causal_mask, make_length_mask,
+  project_bounded (after each update of a training loop of your own: PoPE).
 
 Mask convention (nn/masks.py): boolean, True = attend, four axes broadcastable to
 (B, H, Lq, Lk); `valid_lens` (B,) or (B, Lq); `causal=True`; float `bias`.
@@ -23,6 +24,7 @@ from there), `selfattn.tasks` (tasks and their data) and `selfattn.training`
 from selfattn.nn.attention import MultiHeadAttention
 from selfattn.nn.attention import dot_product_attention
 from selfattn.nn.attention import masked_softmax
+from selfattn.nn.bounded import project_bounded
 from selfattn.nn.decoder import TransformerDecoder
 from selfattn.nn.decoder import TransformerDecoderBlock
 from selfattn.nn.decoder import greedy_decode
@@ -84,6 +86,7 @@ __all__ = [
     'make_length_mask',
     'make_padding_mask',
     'masked_softmax',
+    'project_bounded',
     'sinusoidal_table',
     't5_bucket',
 ]

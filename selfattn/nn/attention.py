@@ -461,7 +461,10 @@ class MultiHeadAttention(nnx.Module):
   def init_cache(self, batch_size: int, max_length: int, dtype=None) -> None:
     """Empty key/value cache for `decode=True` calls: (B, H, max_length, D)
     keys and values, their positions (B, max_length) and the fill index, as
-    `nnx.Cache` variables (so nnx.jit carries them)."""
+    `nnx.Cache` variables (so nnx.jit carries them). Sizes are integers
+    >= 1 (TypeError, ValueError)."""
+    batch_size = masks.check_size(batch_size, 'batch_size')
+    max_length = masks.check_size(max_length, 'max_length')
     dtype = dtype or self.dtype or jnp.float32
     head_dim = self.num_hiddens // self.num_heads
     shape = (batch_size, self.num_heads, max_length, head_dim)

@@ -6,7 +6,9 @@ drift out, where its gradient is zero and it can never come back; so the
 parameter is its own Variable type and the optimiser step projects it back
 into its interval after every update (`project`), as projected gradient
 descent does. Modules still clamp in the forward pass, so a user's own
-training loop that skips `project` gets the bounded value too.
+training loop that skips the projection gets the bounded value in its
+outputs, but a parameter that left its interval stops learning there: such
+a loop calls `project_bounded(model)` after each update.
 """
 
 from __future__ import annotations
@@ -43,3 +45,13 @@ def project(params: Any) -> Any:
     return leaf
   return jax.tree.map(one, params,
                       is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def project_bounded(module: nnx.Module) -> None:
+  """In place: clips every BoundedParam of `module` (and its submodules) to
+  its bounds. A training loop of your own calls it after each optimiser
+  update (e.g. after `nnx.Optimizer.update`, inside or outside `nnx.jit`),
+  as selfattn's train_step projects its parameters: without it a bounded
+  parameter that steps out of its interval gets zero gradient there and
+  never comes back (the forward pass still clamps it)."""
+  nnx.update(module, project(nnx.state(module, BoundedParam)))

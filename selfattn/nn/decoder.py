@@ -38,8 +38,9 @@ class TransformerDecoderBlock(nnx.Module):
 
   X (B, L, num_hiddens) -> (B, L, num_hiddens). Call as `blk(X, enc_outputs=
   None, enc_mask=None, *, mask=None, positions=None, deterministic=None,
-  decode=False)`: enc_outputs (B, Lk, num_hiddens), enc_mask a mask over
-  them (four axes, see masks.py), mask an extra mask on the self-attention
+  decode=False, enc_lens=None)`: enc_outputs (B, Lk, num_hiddens), enc_mask
+  a mask over them (four axes, see masks.py) or enc_lens (B,) their valid
+  lengths, mask an extra mask on the self-attention
   (the causal one is always applied). enc_outputs, enc_mask or enc_lens given
   to a block built without cross_attention raise ValueError naming it.
 
@@ -48,8 +49,9 @@ class TransformerDecoderBlock(nnx.Module):
   """
 
   def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
-               dropout: float, *, norm: str = 'post', residual: bool = True,
-               norm_type: str = 'layernorm', cross_attention: bool = False,
+               dropout: float = 0.0, *, norm: str = 'post',
+               residual: bool = True, norm_type: str = 'layernorm',
+               cross_attention: bool = False,
                relative=None,
                use_bias: bool = False, attention_impl: str = 'plain',
                dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
@@ -142,7 +144,10 @@ class TransformerDecoder(EmbeddingMixin, CacheMixin, nnx.Module):
         type(self).__name__, position, position_options, norm=norm,
         vocab_size=vocab_size, num_hiddens=num_hiddens,
         ffn_num_hiddens=ffn_num_hiddens, num_heads=num_heads,
-        num_layers=num_layers, max_len=max_len, norm_type=norm_type)
+        num_layers=num_layers, max_len=max_len, norm_type=norm_type,
+        flags=dict(residual=residual, cross_attention=cross_attention,
+                   use_bias=use_bias, remat=remat, scan_layers=scan_layers,
+                   tie_output=tie_output))
     if vocab_size is None:
       raise ValueError('TransformerDecoder needs a vocab_size: its output '
                        'head gives logits over the vocabulary')

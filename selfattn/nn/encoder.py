@@ -38,8 +38,9 @@ class TransformerEncoderBlock(nnx.Module):
   """
 
   def __init__(self, num_hiddens: int, ffn_num_hiddens: int, num_heads: int,
-               dropout: float, *, norm: str = 'post', residual: bool = True,
-               norm_type: str = 'layernorm', relative=None,
+               dropout: float = 0.0, *, norm: str = 'post',
+               residual: bool = True, norm_type: str = 'layernorm',
+               relative=None,
                use_bias: bool = False,
                attention_impl: str = 'plain', dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
@@ -61,6 +62,10 @@ class TransformerEncoderBlock(nnx.Module):
                deterministic: bool | None = None,
                decode: bool = False,
                cache_start: jax.Array | None = None) -> jax.Array:
+    """X (B, L, num_hiddens) -> (B, L, num_hiddens). mask (boolean, four
+    axes broadcastable to (B, H, L, L)) is the second positional argument;
+    lengths go in valid_lens= ((B,) or (B, L)), as the encoder's
+    `enc(tokens, valid_lens)` takes them second."""
     X = self.addnorm1(
         X, lambda Z: self.attention(Z, valid_lens=valid_lens, mask=mask,
                                     bias=bias, causal=causal,
@@ -134,7 +139,9 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
         type(self).__name__, position, position_options, norm=norm,
         vocab_size=vocab_size, num_hiddens=num_hiddens,
         ffn_num_hiddens=ffn_num_hiddens, num_heads=num_heads,
-        num_layers=num_layers, max_len=max_len, norm_type=norm_type)
+        num_layers=num_layers, max_len=max_len, norm_type=norm_type,
+        flags=dict(residual=residual, causal=causal, use_bias=use_bias,
+                   remat=remat, scan_layers=scan_layers))
     self.position = position
     self.causal = causal
 

@@ -33,18 +33,37 @@ def make_norm(norm_type: str, num_hiddens: int, *, dtype=None,
   return cls(num_hiddens, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
-def dropout_layer(rate: float, rngs: nnx.Rngs) -> nnx.Dropout:
-  """nnx.Dropout that starts in eval mode (d2l's call default; model.train()
+class Dropout(nnx.Dropout):
+  """nnx.Dropout whose active call without a random stream says how to give
+  one: Flax's own error ('no `rngs` argument was provided to Dropout')
+  puzzles a user who passed nnx.Rngs(params=0) to the model."""
+
+  def __call__(self, inputs, *, deterministic: bool | None = None,
+               rngs=None) -> jax.Array:
+    active = not (self.deterministic if deterministic is None
+                  else deterministic)
+    if active and self.rate > 0 and rngs is None and self.rngs is None:
+      raise ValueError(
+          f'dropout={self.rate} is active (model.train() or '
+          f'deterministic=False) but the module was built without a '
+          f"'dropout' rng stream: build it with nnx.Rngs(params=..., "
+          f'dropout=...), or call model.eval() / pass deterministic=True')
+    return super().__call__(inputs, deterministic=deterministic, rngs=rngs)
+
+
+def dropout_layer(rate: float, rngs: nnx.Rngs) -> Dropout:
+  """Dropout that starts in eval mode (d2l's call default; model.train()
   turns it on) and takes a 'dropout' (or 'default') rng stream only if rate
   > 0 and the stream exists: Rngs(params=0), or a Linen init with one key,
-  builds the module; calling it with dropout on then needs rngs."""
+  builds the module; calling it with dropout on then needs rngs (a
+  ValueError that says so)."""
   if not 0 <= rate < 1:
     # 1 would zero every activation; past it, nnx.Dropout scales by a
     # negative keep rate. Neither trains.
     raise ValueError(f'dropout must be in [0, 1); got {rate}')
   has_stream = 'dropout' in rngs or 'default' in rngs
-  return nnx.Dropout(rate, deterministic=True,
-                     rngs=rngs if rate > 0 and has_stream else None)
+  return Dropout(rate, deterministic=True,
+                 rngs=rngs if rate > 0 and has_stream else None)
 
 
 class PositionWiseFFN(nnx.Module):
@@ -68,6 +87,7 @@ class PositionWiseFFN(nnx.Module):
                              param_dtype=param_dtype, rngs=rngs)
 
   def __call__(self, X: jax.Array) -> jax.Array:
+    """X (..., num_inputs) -> (..., ffn_num_outputs)."""
     if jnp.shape(X)[-1:] != (self.num_inputs,):
       raise ValueError(f'X must have num_inputs = {self.num_inputs} features '
                        f'on its last axis; got shape {tuple(jnp.shape(X))}')
@@ -80,7 +100,9 @@ class AddNorm(nnx.Module):
     norm='post' (the chapter): LayerNorm(X + Dropout(f(X)))
     norm='pre':                X + Dropout(f(LayerNorm(X)))
     norm='none':               X + Dropout(f(X))
-  residual=False drops the `X +`. Call as `addnorm(X, f, deterministic=...)`.
+  residual=False drops the `X +`. Call as `addnorm(X, f, deterministic=...)`:
+  X (..., num_hiddens) and f(X) of the same shape (with residual) -> that
+  shape.
   norm_type='rmsnorm' puts an RMSNorm where LayerNorm is (the attribute stays
   `ln`, so parameter paths keep their names).
 
@@ -89,7 +111,8 @@ class AddNorm(nnx.Module):
   and 'dropout' when dropout > 0).
   """
 
-  def __init__(self, num_hiddens: int, dropout: float, *, norm: str = 'post',
+  def __init__(self, num_hiddens: int, dropout: float = 0.0, *,
+               norm: str = 'post',
                residual: bool = True, norm_type: str = 'layernorm', dtype=None,
                param_dtype=jnp.float32, rngs: nnx.Rngs):
     if norm not in NORMS:
@@ -106,6 +129,8 @@ class AddNorm(nnx.Module):
 
   def __call__(self, X: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
                *, deterministic: bool | None = None) -> jax.Array:
+    """X (..., num_hiddens), sublayer f -> f's output (X's shape with the
+    residual) with the skip, dropout and norm of `norm`."""
     if self.ln is not None and jnp.shape(X)[-1:] != (self.num_hiddens,):
       raise ValueError(f'X must have num_hiddens = {self.num_hiddens} '
                        f'features (the norm\'s width) on its last axis; got '

@@ -24,6 +24,7 @@ import operator
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 AXES = ('batch', 'heads', 'queries', 'keys')
 
@@ -97,8 +98,11 @@ def check_mask(mask: jax.Array, target: tuple[int, int, int, int]) -> jax.Array:
   """The mask as bool after checking it against the convention above."""
   mask = jnp.asarray(mask)
   if mask.dtype != jnp.bool_:
+    hint = ('Pass lengths as valid_lens= (a block\'s second positional '
+            'argument is its mask).' if jnp.issubdtype(mask.dtype, jnp.integer)
+            else 'Pass additive float terms as bias=.')
     raise TypeError(f'mask must be boolean (True = attend); got {mask.dtype}. '
-                    f'Pass additive float terms as bias=.')
+                    f'{hint}')
   _check_broadcast(mask, 'mask', target)
   return mask
 
@@ -159,6 +163,15 @@ def integer_positions(positions, what: str = 'positions') -> jax.Array:
   return positions
 
 
+def check_flag(value, name: str) -> bool:
+  """A switch argument as a Python bool; TypeError for anything else: the
+  string 'False' is truthy and built the other variant silently, and an
+  int 0 / 1 is no switch anyone meant where a size check refuses bools."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f'{name}={value!r} must be True or False')
+  return bool(value)
+
+
 def check_size(value, name: str, minimum: int | None = 1) -> int:
   """A size argument (a width, a count, a table's rows) as a Python int.
 
@@ -185,10 +198,29 @@ def check_size(value, name: str, minimum: int | None = 1) -> int:
   return size
 
 
+RELATIVE_HOOKS = ('rotate', 'logits', 'values')
+
+
 def check_built_for(relative, num_heads: int, head_dim: int) -> None:
-  """Refuses a relative encoding whose tables were made for other heads or
-  another head width (its `built_for()`; it would fail later inside an
-  einsum, or, padded into a kernel's layout, give a number)."""
+  """Refuses what is no relative encoding (a name, an absolute encoding:
+  TypeError, where the first call failed with an AttributeError) and a
+  relative encoding whose tables were made for other heads or another head
+  width (its `built_for()`; it would fail later inside an einsum, or,
+  padded into a kernel's layout, give a number)."""
+  if relative is None:
+    return
+  missing = [hook for hook in RELATIVE_HOOKS
+             if not callable(getattr(relative, hook, None))]
+  if missing:
+    by_name = (f' (by name: the encoder and decoder take position='
+               f'{relative!r}; selfattn.nn.positions.build_encoding builds '
+               f'one)' if isinstance(relative, str) else '')
+    raise TypeError(
+        f'relative must be a relative encoding module with the hooks '
+        f'{", ".join(RELATIVE_HOOKS)} (ShawRelative, HuangRelative, '
+        f'RotaryEncoding, PolarEncoding, ALiBi, T5RelativeBias, '
+        f'TransformerXLRelative, or a RelativePosition subclass); got '
+        f'{type(relative).__name__}, without {", ".join(missing)}{by_name}')
   built_for = getattr(relative, 'built_for', None)
   if built_for is None:
     return

@@ -38,13 +38,17 @@ def check_position_options(owner: str, position: str,
 def check_stack(owner: str, position: str, position_options: dict, *,
                 norm: str, vocab_size: int | None, num_hiddens: int,
                 ffn_num_hiddens: int, num_heads: int, num_layers: int,
-                max_len: int, norm_type: str = 'layernorm'):
+                max_len: int, norm_type: str = 'layernorm',
+                flags: dict[str, object] | None = None):
   """The checks every stack's constructor makes; returns (kind, options).
+  flags: the constructor's switches by name, each True or False.
 
   Every size is checked here, before anything is built: a float then fails
   alike whatever the encoding (most ignore max_len) and the depth (no layer,
   no FFN to refuse ffn_num_hiddens)."""
   check_position_options(owner, position, position_options)
+  for name, value in (flags or {}).items():
+    masks.check_flag(value, name)
   if norm not in NORMS:
     raise ValueError(f'norm={norm!r}; valid: {", ".join(NORMS)}')
   check_norm_type(norm_type)
@@ -64,16 +68,29 @@ def check_stack(owner: str, position: str, position_options: dict, *,
 def check_tokens(tokens: jax.Array, name: str = 'tokens') -> jax.Array:
   """tokens as an array; ValueError naming `name` unless they are (B, L) int
   ids or (B, L, F) float features (a rank-1 array would fail later with an
-  IndexError). Nested Python lists are taken, as jnp.asarray reads them
-  ([[1, 2, 3]]: int32 ids)."""
+  IndexError; float ids were read as features and refused for their width).
+  Nested Python lists are taken, as jnp.asarray reads them ([[1, 2, 3]]:
+  int32 ids); TypeError for any other dtype (bool, complex)."""
   if isinstance(tokens, (list, tuple)):
     tokens = jnp.asarray(tokens)       # jnp.result_type cannot read a list
-  shape = jnp.shape(tokens)
-  integer = jnp.issubdtype(jnp.result_type(tokens), jnp.integer)
-  if len(shape) != (2 if integer else 3):
-    want = '(B, L) int token ids' if integer else '(B, L, num_hiddens) features'
-    raise ValueError(f'{name} must be {want}; got shape {tuple(shape)} (a '
-                     f'single sequence needs a batch axis: {name}[None])')
+  shape, dtype = tuple(jnp.shape(tokens)), jnp.result_type(tokens)
+  either = '(B, L) int token ids or (B, L, num_hiddens) float features'
+  batch_axis = f'a single sequence needs a batch axis: {name}[None]'
+  if jnp.issubdtype(dtype, jnp.integer):
+    if len(shape) != 2:
+      raise ValueError(f'{name} must be (B, L) int token ids; got shape '
+                       f'{shape} ({batch_axis})')
+  elif not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f'{name} must be {either}; got dtype {dtype}')
+  elif len(shape) == 2:
+    # Float ids (jnp.array([[1., 2.]]) or a float batch) or one sequence of
+    # features: the shape cannot tell which.
+    raise ValueError(f'{name} must be {either}; got {dtype} of shape '
+                     f'{shape}: cast token ids to integers '
+                     f'({name}.astype(jnp.int32)), or {batch_axis}')
+  elif len(shape) != 3:
+    raise ValueError(f'{name} must be (B, L, num_hiddens) features; got '
+                     f'shape {shape} ({batch_axis})')
   return tokens
 
 
@@ -214,7 +231,10 @@ class CacheMixin:
     way the full pass does (its `position_limit`: a learned table's max_len,
     whose later positions would all read its last row under jit; XL's
     max_len, past which the cached steps clip offsets that the full pass
-    does not), silently otherwise."""
+    does not), silently otherwise. Sizes are integers >= 1 (TypeError,
+    ValueError)."""
+    batch_size = masks.check_size(batch_size, 'batch_size')
+    max_length = masks.check_size(max_length, 'max_length')
     first = self.blks if self.scan_layers else self.blks[0]
     for encoding in (getattr(self, 'pos_encoding', None),
                      getattr(getattr(first, self._self_attention), 'relative',

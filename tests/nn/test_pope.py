@@ -246,3 +246,41 @@ def test_the_training_step_projects_delta(tiny_config):
   # entries must have hit a bound, so the projection was exercised.
   assert any(np.any(np.isclose(np.asarray(d), 0) | np.isclose(
       np.asarray(d), -2 * math.pi)) for d in deltas)
+
+
+def test_an_own_loop_keeps_delta_learning_with_project_bounded():
+  """A Flax user's loop (nnx.Optimizer under nnx.jit, no selfattn training):
+  Adam pushes zero-initialised deltas out of [-2 pi, 0], where their
+  gradient is zero for good; `selfattn.project_bounded(model)` after each
+  update keeps every entry inside, with a gradient."""
+  t = jax.random.randint(jax.random.key(0), (4, 6), 0, 7)
+
+  def train(project: bool):
+    model = selfattn.TransformerEncoder(7, 8, 16, 2, 1, position='pope',
+                                        max_len=8, rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+    def loss(model):
+      return jnp.mean((model(t) - 1.0) ** 2)
+
+    @nnx.jit
+    def step(model, optimizer):
+      optimizer.update(model, nnx.grad(loss)(model))
+      if project:
+        selfattn.project_bounded(model)
+
+    for _ in range(5):
+      step(model, optimizer)
+    delta = np.asarray(model.blks[0].attention.relative.delta[...])
+    grad = np.asarray(nnx.grad(loss)(model).blks[0].attention.relative
+                      .delta[...])
+    return model, delta, grad
+
+  _, free, free_grad = train(False)
+  outside = (free > 0) | (free < -2 * math.pi)
+  assert outside.mean() > 0.3              # the failure being guarded
+  assert np.all(free_grad[outside] == 0)   # ... is permanent
+  _, kept, kept_grad = train(True)
+  assert np.all((kept >= -2 * math.pi) & (kept <= 0))
+  assert np.any(kept < 0)                  # it moved, inside
+  assert np.any(kept_grad[kept == 0] != 0)  # entries on the bound still learn

@@ -386,8 +386,24 @@ def test_rank_one_token_arrays_name_the_argument():
     dec(toks((5,)))
   with pytest.raises(ValueError, match='inputs must be .B, L. int'):
     enc(toks((5,)))
-  with pytest.raises(ValueError, match='inputs must be .B, L, num_hiddens'):
+  with pytest.raises(ValueError, match=r'inputs must be \(B, L\) int .* or '
+                     r'\(B, L, num_hiddens\) float .*inputs\[None\]'):
     enc(jnp.ones((5, 16)))
+  with pytest.raises(ValueError, match='inputs must be .B, L, num_hiddens. '
+                     'features; got shape .5,.'):
+    enc(jnp.ones((5,)))
+
+
+def test_float_or_bool_token_ids_are_named_as_such():
+  """Float ids were taken for features and refused for their width, with
+  a hint (add a batch axis) that led to another error."""
+  dec = make_decoder()
+  enc = selfattn.TransformerEncoder(11, 16, 32, 2, 1, rngs=nnx.Rngs(0))
+  for module, name in ((enc, 'inputs'), (dec, 'tokens')):
+    with pytest.raises(ValueError, match=rf'{name}.astype\(jnp.int32\)'):
+      module(jnp.array([[1., 2., 3.]]))
+    with pytest.raises(TypeError, match=f'{name} must be .* got dtype bool'):
+      module(jnp.array([[True, False]]))
 
 
 # --------------------------------------------------------------------------
@@ -535,3 +551,90 @@ def test_shaw_s_value_term_names_a_value_width_it_cannot_add_to():
   q = _heads((2, 2, 4, 4))
   with pytest.raises(ValueError, match='a\\^V is 4 wide; v has width 3'):
     selfattn.dot_product_attention(q, q, _heads((2, 2, 4, 3)), relative=shaw)
+
+
+# --------------------------------------------------------------------------
+# A second probe of the public API as a Flax user would call it
+# (2026-12-01): each failed late, with a message that did not name the
+# mistake, or was taken silently.
+# --------------------------------------------------------------------------
+
+def test_a_relative_that_is_no_encoding_is_refused_when_built():
+  # 'rope' (the encoder's position=) failed on the first call with
+  # AttributeError: 'str' object has no attribute 'rotate'.
+  with pytest.raises(TypeError, match="got str, .*position='rope'"):
+    selfattn.MultiHeadAttention(16, 2, relative='rope', rngs=nnx.Rngs(0))
+  absolute = selfattn.SinusoidalEncoding(16, rngs=nnx.Rngs(0))
+  with pytest.raises(TypeError, match='got SinusoidalEncoding, without '
+                     'rotate, logits, values'):
+    selfattn.MultiHeadAttention(16, 2, relative=absolute, rngs=nnx.Rngs(0))
+  with pytest.raises(TypeError, match='relative must be'):
+    selfattn.dot_product_attention(*[_heads()] * 3, relative='alibi')
+  # build_encoding makes one by name; it equals the class built directly.
+  built = positions.build_encoding('alibi', num_hiddens=16, num_heads=2,
+                                   max_len=8, rngs=nnx.Rngs(0))
+  x = _heads()
+  np.testing.assert_array_equal(
+      selfattn.dot_product_attention(x, x, x, relative=built)[0],
+      selfattn.dot_product_attention(x, x, x,
+                                     relative=positions.ALiBi(2))[0])
+
+
+def test_dropout_without_a_dropout_stream_says_how_to_give_one():
+  # Flax's message said no rngs were given, to a user who had passed some.
+  x = jnp.ones((2, 3, 16))
+  attn = selfattn.MultiHeadAttention(16, 2, 0.1, rngs=nnx.Rngs(params=0))
+  enc = selfattn.TransformerEncoder(11, 16, 32, 2, 1, 0.1,
+                                    rngs=nnx.Rngs(params=0))
+  for call in (lambda: attn(x, deterministic=False),
+               lambda: enc(toks((2, 3)), deterministic=False)):
+    with pytest.raises(ValueError, match="without a 'dropout' rng stream"):
+      call()
+  # Evaluation needs no stream; with one, training-mode calls draw masks.
+  np.testing.assert_array_equal(attn(x), attn(x, deterministic=True))
+  with_stream = selfattn.MultiHeadAttention(16, 2, 0.1,
+                                            rngs=nnx.Rngs(params=0, dropout=1))
+  assert not np.array_equal(with_stream(x, deterministic=False),
+                            with_stream(x, deterministic=True))
+
+
+@pytest.mark.parametrize('build', [
+    lambda: selfattn.TransformerEncoder(11, 16, 32, 2, 1, position='alibi',
+                                        alibi_symmetric='False',
+                                        rngs=nnx.Rngs(0)),
+    lambda: selfattn.TransformerEncoder(11, 16, 32, 2, 1, position='shaw',
+                                        shared_heads='False',
+                                        rngs=nnx.Rngs(0)),
+    lambda: positions.ShawRelative(2, 8, relative_values=1,
+                                   rngs=nnx.Rngs(0)),
+    lambda: positions.ALiBi(2, symmetric='yes'),
+    lambda: selfattn.TransformerEncoder(11, 16, 32, 2, 1, residual='False',
+                                        rngs=nnx.Rngs(0)),
+    lambda: selfattn.TransformerDecoder(11, 16, 32, 2, 1, tie_output=1,
+                                        rngs=nnx.Rngs(0)),
+], ids=['alibi_symmetric', 'shared_heads', 'relative_values', 'symmetric',
+        'residual', 'tie_output'])
+def test_switches_take_only_booleans(build):
+  # The string 'False' is truthy: it built the other variant silently.
+  with pytest.raises(TypeError, match='must be True or False'):
+    build()
+
+
+def test_cache_sizes_are_checked_when_the_cache_is_made():
+  dec = make_decoder()
+  attn = selfattn.MultiHeadAttention(16, 2, rngs=nnx.Rngs(0))
+  for module in (dec, attn):
+    with pytest.raises(TypeError, match='max_length=4.0 must be an integer'):
+      module.init_cache(2, 4.0)
+    with pytest.raises(ValueError, match='max_length=0 must be an integer'):
+      module.init_cache(2, 0)
+    with pytest.raises(ValueError, match='batch_size=-1 must be an integer'):
+      module.init_cache(-1, 4)
+
+
+def test_lengths_given_as_a_block_s_mask_point_to_valid_lens():
+  # A block's second positional argument is its mask, the encoder's its
+  # lengths.
+  block = selfattn.TransformerEncoderBlock(16, 32, 2, rngs=nnx.Rngs(0))
+  with pytest.raises(TypeError, match='Pass lengths as valid_lens='):
+    block(jnp.ones((2, 3, 16)), jnp.array([3, 2]))

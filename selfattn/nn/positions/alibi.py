@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from selfattn.nn.masks import check_flag
 from selfattn.nn.masks import check_size
 from selfattn.nn.positions.offsets import RelativePosition
 from selfattn.nn.positions.offsets import _per_head
@@ -41,12 +42,15 @@ class ALiBi(RelativePosition):
   solve sort or odds_first); the asymmetric form is the default because the
   published numbers used it.
 
+  One per attention layer: MultiHeadAttention(..., relative=<this>);
+  hooks: logits, shapes in RelativePosition's docstring.
+
   Args: num_heads (slopes: alibi_slopes), symmetric. No parameters.
   """
 
   def __init__(self, num_heads: int, *, symmetric: bool = False):
     self.num_heads = check_size(num_heads, 'num_heads')
-    self.symmetric = symmetric
+    self.symmetric = check_flag(symmetric, 'symmetric')
 
   def built_for(self) -> tuple[int | None, int | None]:
     return self.num_heads, None

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from selfattn.nn.masks import check_flag
 from selfattn.nn.masks import check_size
 from selfattn.nn.positions.offsets import RelativePosition
 from selfattn.nn.positions.offsets import _table_init
@@ -27,6 +28,9 @@ class HuangRelative(RelativePosition):
   causal=True (set by decoders) uses the paper's memory-saving causal skew:
   only the L offsets -(L-1)..0, and the caller's causal mask hides the rest.
 
+  One per attention layer: MultiHeadAttention(..., relative=<this>);
+  hooks: logits, shapes in RelativePosition's docstring.
+
   Args: num_heads, head_dim D, max_len (offsets within +-(max_len-1) get their
   own row), shared_heads, causal, param_dtype, rngs ('params').
   """
@@ -37,6 +41,8 @@ class HuangRelative(RelativePosition):
     num_heads = check_size(num_heads, 'num_heads')
     head_dim = check_size(head_dim, 'head_dim')
     max_len = check_size(max_len, 'max_len')    # 2 max_len - 1 table rows
+    shared_heads = check_flag(shared_heads, 'shared_heads')
+    causal = check_flag(causal, 'causal')
     self.max_len = max_len
     self.causal = causal
     self.shared_heads = shared_heads

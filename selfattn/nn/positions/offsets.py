@@ -92,6 +92,17 @@ def causal_relative_to_absolute(x: jax.Array) -> jax.Array:
 class RelativePosition(nnx.Module):
   """Base class: a relative encoding that changes nothing (override hooks).
 
+  An instance goes to one attention layer, `MultiHeadAttention(...,
+  relative=encoding)` or `dot_product_attention(..., relative=)` (the
+  stacks build one per layer from `position=`), which calls its hooks per
+  head; positions q_pos (B, Lq) and k_pos (B, Lk) int, or None for 0..L-1:
+    rotate(q (B, H, Lq, D), k (B, H, Lk, D), q_pos, k_pos) -> (q, k)
+      (RoPE; PoPE returns 2D-wide features);
+    logits(q scaled by 1/sqrt(D), k, q_pos, k_pos) -> a term broadcastable
+      to (B, H, Lq, Lk) added to the scaled logits, or None;
+    values(weights (B, H, Lq, Lk), v (B, H, Lk, Dv), q_pos, k_pos) -> a term
+      (B, H, Lq, Dv) added to the output, or None (Shaw's a^V).
+
   `picture()` is a 2-D view of what the encoding learned (rows: offsets or
   buckets) for TensorBoard, or None when it has no table; `trainable` says
   whether that picture can change during training.

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from selfattn.nn import registration
+from selfattn.nn.masks import check_flag
 from selfattn.nn.positions.absolute import LearnedEncoding
 from selfattn.nn.positions.absolute import NoEncoding
 from selfattn.nn.positions.absolute import SinusoidalEncoding
@@ -151,13 +152,16 @@ def option_types() -> dict[str, type]:
   return types
 
 
-def build_encoding(name: str, options: dict[str, Any], *, num_hiddens: int,
-                   num_heads: int, max_len: int, rngs: nnx.Rngs) -> nnx.Module:
-  """The encoding `name` with `options` for a model of these sizes: a
-  relative one's hooks (per head of width num_hiddens // num_heads), or an
-  absolute one (without dropout). Raises the constructor's ValueError."""
+def build_encoding(name: str, options: dict[str, Any] | None = None, *,
+                   num_hiddens: int, num_heads: int, max_len: int,
+                   param_dtype=jnp.float32, rngs: nnx.Rngs) -> nnx.Module:
+  """The encoding `name` with `options` (None: its defaults) for a model of
+  these sizes, as the stacks build it: a relative one's hooks (per head of
+  width num_hiddens // num_heads), to pass as
+  `MultiHeadAttention(..., relative=)`, or an absolute one (without
+  dropout). Raises get_position's and the constructor's errors."""
   kind, options = get_position(name, options)
-  shared = dict(max_len=max_len, param_dtype=jnp.float32, rngs=rngs)
+  shared = dict(max_len=max_len, param_dtype=param_dtype, rngs=rngs)
   if kind.relative:
     return kind.build(num_heads=num_heads, head_dim=num_hiddens // num_heads,
                       **shared, **options)
@@ -179,7 +183,8 @@ def get_position(name: str, options: dict[str, Any] | None = None
   """Looks up an encoding by name and checks its options.
 
   Returns the kind and its options with defaults filled in. Raises ValueError
-  naming the valid encodings, or the valid options of this encoding.
+  naming the valid encodings, or the valid options of this encoding, and
+  TypeError for a switch option (a bool default) given anything but a bool.
   """
   if name not in POSITIONS:
     raise ValueError(f'unknown position encoding {name!r}; valid: '
@@ -191,4 +196,7 @@ def get_position(name: str, options: dict[str, Any] | None = None
     valid = ', '.join(kind.options) or 'none'
     raise ValueError(f'position encoding {name!r} takes no option(s) '
                      f'{", ".join(unknown)}; its options: {valid}')
+  for option, value in options.items():
+    if isinstance(kind.options[option], bool):
+      check_flag(value, option)        # 'False' is truthy
   return kind, {**kind.options, **options}

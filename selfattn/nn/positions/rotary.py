@@ -21,6 +21,9 @@ class RotaryEncoding(RelativePosition):
   theta_j = base^(-2j/D), the chapter's frequencies; q_i . k_j then depends on
   j - i only. With odd D the last dimension is left unrotated.
 
+  One per attention layer: MultiHeadAttention(..., relative=<this>);
+  hooks: rotate, shapes in RelativePosition's docstring.
+
   Args: head_dim D, rope_base (10000: the chapter's frequencies). No parameters.
   """
 
@@ -82,9 +85,14 @@ class PolarEncoding(RelativePosition):
   delta (H, D) is a learned phase bias per head and frequency, one per layer
   (as the paper's figures plot it), kept in [-2*pi, 0]: it is a
   `bounded.BoundedParam`, clamped in the forward pass and projected back
-  into the interval after every optimiser step (steps.train_step). Init
+  into the interval after every optimiser step (selfattn's train_step; a
+  training loop of your own calls `selfattn.project_bounded(model)` after
+  each update, or an entry that steps out stops learning). Init
   'zero' (the paper: important for length generalization) or 'uniform'
   (Uniform(-2*pi, 0): slightly better in-distribution fit).
+
+  One per attention layer: MultiHeadAttention(..., relative=<this>);
+  hooks: rotate, shapes in RelativePosition's docstring.
 
   Args: num_heads, head_dim D, rope_base (theta, 10000), delta_init,
   param_dtype, rngs ('params').

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from selfattn.nn.masks import check_flag
 from selfattn.nn.masks import check_size
 from selfattn.nn.positions.offsets import RelativePosition
 from selfattn.nn.positions.offsets import _table_init
@@ -26,6 +27,9 @@ class ShawRelative(RelativePosition):
   Never builds the (L, L, D) tensor: the key term is q against the 2k+1 rows,
   gathered to (Lq, Lk); the value term folds alpha into 2k+1 buckets first.
 
+  One per attention layer: MultiHeadAttention(..., relative=<this>);
+  hooks: logits and values, shapes in RelativePosition's docstring.
+
   Args: num_heads, head_dim D, clip_distance k, relative_values (learn a^V),
   shared_heads (one table for all heads), param_dtype, rngs ('params').
   """
@@ -36,6 +40,8 @@ class ShawRelative(RelativePosition):
     num_heads = check_size(num_heads, 'num_heads')
     head_dim = check_size(head_dim, 'head_dim')
     clip_distance = check_size(clip_distance, 'clip_distance')
+    relative_values = check_flag(relative_values, 'relative_values')
+    shared_heads = check_flag(shared_heads, 'shared_heads')
     self.clip_distance = clip_distance
     self.shared_heads = shared_heads
     shape = ((2 * clip_distance + 1, head_dim) if shared_heads

@@ -51,6 +51,9 @@ def t5_bucket(offset: jax.Array, num_buckets: int = 32,
 class T5RelativeBias(RelativePosition):
   """T5 relative bias: one learned scalar per head per bucket, added to logits.
 
+  One per attention layer: MultiHeadAttention(..., relative=<this>);
+  hooks: logits, shapes in RelativePosition's docstring.
+
   Args: num_heads, num_buckets (even, >= 4; half per direction), max_distance
   (distances beyond it share the last bucket), param_dtype, rngs ('params').
   """

@@ -36,6 +36,9 @@ class TransformerXLRelative(RelativePosition):
   default path (Lq == Lk); explicit positions or Lq != Lk clip offsets to
   +-(max_len - 1).
 
+  One per attention layer: MultiHeadAttention(..., relative=<this>);
+  hooks: logits, shapes in RelativePosition's docstring.
+
   Args: num_heads, head_dim D, max_len (offset range when clipped),
   param_dtype, rngs ('params').
   """
