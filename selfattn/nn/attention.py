@@ -426,6 +426,7 @@ class MultiHeadAttention(nnx.Module):
     # head widths), then num_heads | num_hiddens.
     num_hiddens = masks.check_size(num_hiddens, 'num_hiddens')
     num_heads = masks.check_size(num_heads, 'num_heads')
+    use_bias = masks.check_flag(use_bias, 'use_bias')
     if num_hiddens % num_heads:
       raise ValueError(f'num_hiddens={num_hiddens} is not divisible by '
                        f'num_heads={num_heads}')

@@ -55,6 +55,7 @@ class TransformerDecoderBlock(nnx.Module):
                relative=None,
                use_bias: bool = False, attention_impl: str = 'plain',
                dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    cross_attention = masks.check_flag(cross_attention, 'cross_attention')
     attention = dict(use_bias=use_bias, attention_impl=attention_impl,
                      dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     addnorm = dict(norm=norm, residual=residual, norm_type=norm_type,

@@ -226,7 +226,8 @@ class TransformerEncoder(EmbeddingMixin, CacheMixin, nnx.Module):
       (B, L, num_hiddens); with return_hidden=True the pair (that, those
       num_layers + 1 hidden states).
     """
-    inputs = check_tokens(inputs, 'inputs')
+    inputs = check_tokens(inputs, 'inputs',
+                          takes_ids=self.embedding is not None)
     if decode:
       return self._decode(inputs, valid_lens, mask=mask, bias=bias,
                           causal=causal, positions=positions,

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from selfattn.nn.masks import check_flag
 from selfattn.nn.masks import check_size
 
 NORMS = ('post', 'pre', 'none')
@@ -120,7 +121,7 @@ class AddNorm(nnx.Module):
     check_norm_type(norm_type)
     num_hiddens = check_size(num_hiddens, 'num_hiddens')
     self.norm = norm
-    self.residual = residual
+    self.residual = check_flag(residual, 'residual')
     self.num_hiddens = num_hiddens
     self.ln = (make_norm(norm_type, num_hiddens, dtype=dtype,
                          param_dtype=param_dtype, rngs=rngs)

@@ -98,8 +98,10 @@ def check_mask(mask: jax.Array, target: tuple[int, int, int, int]) -> jax.Array:
   """The mask as bool after checking it against the convention above."""
   mask = jnp.asarray(mask)
   if mask.dtype != jnp.bool_:
-    hint = ('Pass lengths as valid_lens= (a block\'s second positional '
-            'argument is its mask).' if jnp.issubdtype(mask.dtype, jnp.integer)
+    hint = ('A 0/1 mask: mask.astype(bool); lengths go in valid_lens= '
+            '(enc_lens= for a decoder block\'s encoder outputs), not in '
+            'mask (an encoder block\'s second positional argument).'
+            if jnp.issubdtype(mask.dtype, jnp.integer)
             else 'Pass additive float terms as bias=.')
     raise TypeError(f'mask must be boolean (True = attend); got {mask.dtype}. '
                     f'{hint}')
@@ -168,7 +170,8 @@ def check_flag(value, name: str) -> bool:
   string 'False' is truthy and built the other variant silently, and an
   int 0 / 1 is no switch anyone meant where a size check refuses bools."""
   if not isinstance(value, (bool, np.bool_)):
-    raise TypeError(f'{name}={value!r} must be True or False')
+    raise TypeError(f'{name}={value!r} must be True or False (a Python or '
+                    f'NumPy bool: not 0 / 1, a string or a JAX array)')
   return bool(value)
 
 

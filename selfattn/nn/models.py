@@ -10,6 +10,7 @@ from flax import nnx
 
 from selfattn.nn.decoder import TransformerDecoder
 from selfattn.nn.encoder import TransformerEncoder
+from selfattn.nn.masks import check_flag
 from selfattn.nn.masks import check_size
 
 
@@ -28,7 +29,7 @@ class SequenceModel(nnx.Module):
   def __init__(self, encoder: TransformerEncoder, num_classes: int, *,
                causal: bool = False, rngs: nnx.Rngs):
     self.encoder = encoder
-    self.causal = causal
+    self.causal = check_flag(causal, 'causal')
     num_classes = check_size(num_classes, 'num_classes')
     self.head = nnx.Linear(encoder.num_hiddens, num_classes,
                            dtype=encoder.dtype, rngs=rngs)

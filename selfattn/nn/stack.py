@@ -65,12 +65,15 @@ def check_stack(owner: str, position: str, position_options: dict, *,
   return get_position(position, position_options)
 
 
-def check_tokens(tokens: jax.Array, name: str = 'tokens') -> jax.Array:
+def check_tokens(tokens: jax.Array, name: str = 'tokens', *,
+                 takes_ids: bool = True) -> jax.Array:
   """tokens as an array; ValueError naming `name` unless they are (B, L) int
   ids or (B, L, F) float features (a rank-1 array would fail later with an
   IndexError; float ids were read as features and refused for their width).
   Nested Python lists are taken, as jnp.asarray reads them ([[1, 2, 3]]:
-  int32 ids); TypeError for any other dtype (bool, complex)."""
+  int32 ids); TypeError for any other dtype (bool, complex). takes_ids:
+  False for a features-only module (vocab_size=None), whose errors then
+  speak of features only."""
   if isinstance(tokens, (list, tuple)):
     tokens = jnp.asarray(tokens)       # jnp.result_type cannot read a list
   shape, dtype = tuple(jnp.shape(tokens)), jnp.result_type(tokens)
@@ -82,7 +85,7 @@ def check_tokens(tokens: jax.Array, name: str = 'tokens') -> jax.Array:
                        f'{shape} ({batch_axis})')
   elif not jnp.issubdtype(dtype, jnp.floating):
     raise TypeError(f'{name} must be {either}; got dtype {dtype}')
-  elif len(shape) == 2:
+  elif len(shape) == 2 and takes_ids:
     # Float ids (jnp.array([[1., 2.]]) or a float batch) or one sequence of
     # features: the shape cannot tell which.
     raise ValueError(f'{name} must be {either}; got {dtype} of shape '

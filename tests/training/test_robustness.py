@@ -612,8 +612,17 @@ def test_dropout_without_a_dropout_stream_says_how_to_give_one():
                                         rngs=nnx.Rngs(0)),
     lambda: selfattn.TransformerDecoder(11, 16, 32, 2, 1, tie_output=1,
                                         rngs=nnx.Rngs(0)),
+    lambda: selfattn.TransformerDecoderBlock(16, 32, 2, cross_attention='False',
+                                             rngs=nnx.Rngs(0)),
+    lambda: selfattn.MultiHeadAttention(16, 2, use_bias='False',
+                                        rngs=nnx.Rngs(0)),
+    lambda: selfattn.AddNorm(16, residual='False', rngs=nnx.Rngs(0)),
+    lambda: selfattn.TransformerEncoder(11, 16, 32, 2, 1,
+                                        causal=jnp.array(True),
+                                        rngs=nnx.Rngs(0)),
 ], ids=['alibi_symmetric', 'shared_heads', 'relative_values', 'symmetric',
-        'residual', 'tie_output'])
+        'residual', 'tie_output', 'cross_attention', 'use_bias',
+        'addnorm_residual', 'jax_array'])
 def test_switches_take_only_booleans(build):
   # The string 'False' is truthy: it built the other variant silently.
   with pytest.raises(TypeError, match='must be True or False'):
@@ -636,5 +645,11 @@ def test_lengths_given_as_a_block_s_mask_point_to_valid_lens():
   # A block's second positional argument is its mask, the encoder's its
   # lengths.
   block = selfattn.TransformerEncoderBlock(16, 32, 2, rngs=nnx.Rngs(0))
-  with pytest.raises(TypeError, match='Pass lengths as valid_lens='):
+  with pytest.raises(TypeError, match=r'mask.astype\(bool\); lengths go in '
+                     'valid_lens='):
     block(jnp.ones((2, 3, 16)), jnp.array([3, 2]))
+  # A features-only encoder's hint speaks of features, not token ids.
+  features = selfattn.TransformerEncoder(None, 16, 32, 2, 1, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r'must be \(B, L, num_hiddens\) '
+                     r'features; got shape \(5, 16\)'):
+    features(jnp.ones((5, 16)))
