@@ -24,6 +24,7 @@ from selfattn.nn import masks
 # The fused path's test of what cuDNN takes (re-exported: attention.cudnn_*).
 from selfattn.nn.cudnn_flash import cudnn_takes  # noqa: F401
 from selfattn.nn.cudnn_flash import cudnn_traceable  # noqa: F401
+from selfattn.nn.layers import Dropout
 from selfattn.nn.layers import dropout_layer  # noqa: F401  (re-exported)
 
 
@@ -297,13 +298,10 @@ def fused_attention(q_BxHxLqxD: jax.Array, k_BxHxLkxD: jax.Array,
   return out
 
 
-def _dropout_key(dropout: nnx.Dropout) -> jax.Array:
+def _dropout_key(dropout: Dropout) -> jax.Array:
   """One key from the dropout module's stream, as nnx.Dropout draws it."""
+  dropout.check_stream()
   rngs = dropout.rngs
-  if rngs is None:
-    raise ValueError('dropout is active but the attention module has no '
-                     "'dropout' rng stream; build it with nnx.Rngs(params=..., "
-                     'dropout=...)')
   if isinstance(rngs, nnx.Rngs):
     return rngs[dropout.rng_collection]()
   return rngs()

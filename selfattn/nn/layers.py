@@ -43,13 +43,19 @@ class Dropout(nnx.Dropout):
                rngs=None) -> jax.Array:
     active = not (self.deterministic if deterministic is None
                   else deterministic)
-    if active and self.rate > 0 and rngs is None and self.rngs is None:
+    if active and self.rate > 0 and rngs is None:
+      self.check_stream()
+    return super().__call__(inputs, deterministic=deterministic, rngs=rngs)
+
+  def check_stream(self) -> None:
+    """ValueError unless the module holds a random stream (active dropout
+    needs one: here, and where the chunked path draws its key)."""
+    if self.rngs is None:
       raise ValueError(
           f'dropout={self.rate} is active (model.train() or '
           f'deterministic=False) but the module was built without a '
           f"'dropout' rng stream: build it with nnx.Rngs(params=..., "
           f'dropout=...), or call model.eval() / pass deterministic=True')
-    return super().__call__(inputs, deterministic=deterministic, rngs=rngs)
 
 
 def dropout_layer(rate: float, rngs: nnx.Rngs) -> Dropout:

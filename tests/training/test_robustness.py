@@ -586,7 +586,10 @@ def test_dropout_without_a_dropout_stream_says_how_to_give_one():
   attn = selfattn.MultiHeadAttention(16, 2, 0.1, rngs=nnx.Rngs(params=0))
   enc = selfattn.TransformerEncoder(11, 16, 32, 2, 1, 0.1,
                                     rngs=nnx.Rngs(params=0))
+  chunked = selfattn.MultiHeadAttention(16, 2, 0.1, attention_impl='chunked',
+                                       rngs=nnx.Rngs(params=0))
   for call in (lambda: attn(x, deterministic=False),
+               lambda: chunked(x, deterministic=False),
                lambda: enc(toks((2, 3)), deterministic=False)):
     with pytest.raises(ValueError, match="without a 'dropout' rng stream"):
       call()
