@@ -11,7 +11,8 @@ Public names (a contract; import them from `selfattn`):
   attention_weights,
   TransformerDecoderBlock, TransformerDecoder, greedy_decode,
   make_padding_mask, make_causal_mask, make_length_mask,
-  project_bounded (after each update of a training loop of your own: PoPE).
+  project_bounded, project_bounded_params (after each update of a training
+  loop of your own: PoPE; the second for Linen models through nnx.bridge).
 
 Mask convention (nn/masks.py): boolean, True = attend, four axes broadcastable to
 (B, H, Lq, Lk); `valid_lens` (B,) or (B, Lq); `causal=True`; float `bias`.
@@ -25,6 +26,7 @@ from selfattn.nn.attention import MultiHeadAttention
 from selfattn.nn.attention import dot_product_attention
 from selfattn.nn.attention import masked_softmax
 from selfattn.nn.bounded import project_bounded
+from selfattn.nn.bounded import project_bounded_params
 from selfattn.nn.decoder import TransformerDecoder
 from selfattn.nn.decoder import TransformerDecoderBlock
 from selfattn.nn.decoder import greedy_decode
@@ -87,6 +89,7 @@ __all__ = [
     'make_padding_mask',
     'masked_softmax',
     'project_bounded',
+    'project_bounded_params',
     'sinusoidal_table',
     't5_bucket',
 ]

@@ -10,6 +10,7 @@ below is also exported by `selfattn` itself, except the model classes,
 
 from selfattn.nn.attention import MultiHeadAttention
 from selfattn.nn.bounded import project_bounded
+from selfattn.nn.bounded import project_bounded_params
 from selfattn.nn.attention import dot_product_attention
 from selfattn.nn.attention import masked_softmax
 from selfattn.nn.decoder import TransformerDecoder

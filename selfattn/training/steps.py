@@ -245,7 +245,7 @@ def train_step(state: dict[str, Any], batch: tasks_lib.Batch, *,
   updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
   new_state = {'step': state['step'] + 1,
                # Bounded parameters (PoPE's phase bias) go back into range.
-               'params': bounded.project(
+               'params': bounded.project_bounded_params(
                    optax.apply_updates(state['params'], updates)),
                'opt_state': opt_state}
   metrics = {'loss': loss,

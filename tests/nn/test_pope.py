@@ -208,7 +208,7 @@ def test_delta_stays_in_its_interval_after_an_optimiser_step():
         jax.random.key(0), x.shape)), params)
     updates, _ = tx.update(sign, tx.init(params), params)
     moved = optax.apply_updates(params, updates)
-    return moved, bounded.project(moved)
+    return moved, bounded.project_bounded_params(moved)
 
   moved, projected_state = step(params)
   raw = dict(nnx.to_flat_state(moved))[delta_path[0]][...]
@@ -284,3 +284,50 @@ def test_an_own_loop_keeps_delta_learning_with_project_bounded():
   assert np.all((kept >= -2 * math.pi) & (kept <= 0))
   assert np.any(kept < 0)                  # it moved, inside
   assert np.any(kept_grad[kept == 0] != 0)  # entries on the bound still learn
+
+
+def test_a_linen_model_trains_and_projects_delta_through_the_bridge():
+  """Inside a Linen model (nnx.bridge), delta sits in 'params' (a Param
+  subclass would be filed in a collection of its own, which a Linen loop
+  over 'params' never trains); `selfattn.project_bounded_params` on the
+  Linen params after each update keeps it in [-2 pi, 0]."""
+  from flax import linen as nn
+  from flax.nnx import bridge
+
+  class Regressor(nn.Module):
+    @nn.compact
+    def __call__(self, tokens):
+      return bridge.to_linen(selfattn.TransformerEncoder, 7, 8, 16, 2, 1,
+                             position='pope', max_len=8)(tokens)
+
+  t = jax.random.randint(jax.random.key(0), (4, 6), 0, 7)
+  variables = Regressor().init(jax.random.key(1), t)
+  assert set(variables) == {'params'}
+  params = variables['params']
+
+  def loss(params):
+    return jnp.mean((Regressor().apply({'params': params}, t) - 1.0) ** 2)
+
+  def delta_of(params):
+    leaves = [bounded.bounds_of(leaf) and leaf.unbox()
+              for path, leaf in jax.tree_util.tree_flatten_with_path(
+                  params, is_leaf=lambda x: isinstance(x, bridge.NNXMeta))[0]
+              if bounded.bounds_of(leaf)]
+    assert len(leaves) == 1
+    return np.asarray(leaves[0])
+
+  tx = optax.adam(1e-2)
+  opt_state = tx.init(params)
+
+  @jax.jit
+  def step(params, opt_state):
+    updates, opt_state = tx.update(jax.grad(loss)(params), opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return params, selfattn.project_bounded_params(params), opt_state
+
+  for _ in range(5):
+    moved, params, opt_state = step(params, opt_state)
+  raw, kept = delta_of(moved), delta_of(params)
+  assert np.any((raw > 0) | (raw < -2 * math.pi))   # Adam pushed some out
+  assert np.all((kept >= -2 * math.pi) & (kept <= 0))
+  assert np.any(kept < 0)                              # and it learned

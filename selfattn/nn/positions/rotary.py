@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from selfattn.nn.bounded import BoundedParam
+from selfattn.nn.bounded import bounded_param
 from selfattn.nn.bounded import clamp
 from selfattn.nn.masks import check_size
 from selfattn.nn.positions.offsets import RelativePosition
@@ -84,11 +84,12 @@ class PolarEncoding(RelativePosition):
 
   delta (H, D) is a learned phase bias per head and frequency, one per layer
   (as the paper's figures plot it), kept in [-2*pi, 0]: it is a
-  `bounded.BoundedParam`, clamped in the forward pass and projected back
+  `bounded.bounded_param`, clamped in the forward pass and projected back
   into the interval after every optimiser step (selfattn's train_step; a
   training loop of your own calls `selfattn.project_bounded(model)` after
-  each update, or an entry that steps out stops learning). Init
-  'zero' (the paper: important for length generalization) or 'uniform'
+  each update, a Linen one through nnx.bridge
+  `selfattn.project_bounded_params(params)`, or an entry that steps out
+  stops learning). Init 'zero' (the paper: important for length generalization) or 'uniform'
   (Uniform(-2*pi, 0): slightly better in-distribution fit).
 
   One per attention layer: MultiHeadAttention(..., relative=<this>);
@@ -115,7 +116,7 @@ class PolarEncoding(RelativePosition):
     else:
       delta = jax.random.uniform(rngs.params(), shape, param_dtype,
                                  minval=-2 * math.pi, maxval=0.0)
-    self.delta = BoundedParam(delta, bounds=(-2 * math.pi, 0.0))
+    self.delta = bounded_param(delta, bounds=(-2 * math.pi, 0.0))
 
   trainable = True
 
