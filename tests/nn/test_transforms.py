@@ -183,3 +183,8 @@ def test_linen_bridge_inits_with_one_key_trains_and_uses_dropout():
   np.testing.assert_allclose(
       evaluate(params),
       _LinenClassifier(dropout=0.0).apply({'params': params}, x), atol=1e-5)
+  # The hazard docs/library.md warns of: training without a 'dropout' key
+  # raises nothing and applies dropout, from the bridge's fixed default
+  # stream (with no key given, nothing can vary from call to call).
+  no_key = model.apply({'params': params}, x, train=True)
+  assert np.abs(np.asarray(no_key - evaluate(params))).max() > 1e-4
