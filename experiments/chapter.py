@@ -197,6 +197,10 @@ def plot_paths(paths, path):
   plt.close(fig)
 
 
+# The report's title, the owner's mark on its workdir (skeleton.main_of).
+TITLE = 'The chapter, reproduced'
+
+
 def chapter(workdir: str, seeds: int, quick: bool) -> str:
   del seeds
   os.makedirs(workdir, exist_ok=True)
@@ -214,7 +218,7 @@ def chapter(workdir: str, seeds: int, quick: bool) -> str:
   path_rows = [[n] + [f'{paths[name][i][1]} / {paths[name][i][2]}' for name in LAYERS]
                for i, n in enumerate(path_ns)]
   text = common.write_results(
-      workdir, 'The chapter, reproduced',
+      workdir, TITLE,
       [('The sinusoidal table P (encoding_dim=32, num_steps=60)',
         '![columns 6-9](P_columns_6_to_9.png) ![heat map](P_heatmap.png)'),
        ('Binary representations of 0-7', binary_beside_frequencies()),
@@ -241,4 +245,4 @@ def chapter(workdir: str, seeds: int, quick: bool) -> str:
 
 
 if __name__ == '__main__':
-  app.run(skeleton.main_of(chapter), flags_parser=parse_flags)
+  app.run(skeleton.main_of(chapter, TITLE), flags_parser=parse_flags)

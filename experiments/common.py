@@ -288,11 +288,15 @@ def plot_accuracy_vs_length(results: dict[str, list[dict]], lengths: list[int],
   plt.close(fig)
 
 
-def _check_report_owner(path: str, title: str, stem: str | None) -> None:
-  """Refuses to replace a results.md that another study wrote (or this one
-  for another task: compare_positions names its task in the title). Its
-  title is the owner's mark: the same title, or one under the same `stem`
-  (a title that grows with the study's runs), is this study's report."""
+def check_report_owner(workdir: str, title: str,
+                       stem: str | None = None) -> None:
+  """ConfigError where workdir's results.md is another study's (or this
+  one's for another task: compare_positions names its task in the title).
+  Its title is the owner's mark: the same title, or one under the same
+  `stem` (a title that grows with the study's runs), is this study's
+  report. The skeleton asks before any run trains or any plot is drawn
+  (Study.report_title), write_results again before writing."""
+  path = os.path.join(workdir, 'results.md')
   try:
     with open(path) as f:
       first = f.readline().rstrip('\n')
@@ -302,11 +306,11 @@ def _check_report_owner(path: str, title: str, stem: str | None) -> None:
   if old == title or (stem is not None and old.startswith(stem)):
     return
   raise ConfigError(
-      f'{path} is the report {old!r}, not this study\'s ({title!r}): another '
+      f'{path} is the report {old!r}, not this study\'s '
+      f'({title or stem!r}): another '
       f'study, or this one with another task, shares the workdir. It is '
-      f'left as it is; this study\'s finished runs stay in '
-      f'{os.path.dirname(path)}. Give each study its own --workdir (or '
-      f'remove that results.md to replace it)')
+      f'left as it is. Give each study its own --workdir (or remove that '
+      f'results.md to replace it)')
 
 
 # (planned, finished) runs of the study whose report is being written, set
@@ -364,7 +368,7 @@ def write_results(workdir: str, title: str, sections: list[tuple[str, str]],
   if quick and isinstance(data, dict):
     data = {'quick_mode_smoke_test': True, **data}
   os.makedirs(workdir, exist_ok=True)
-  _check_report_owner(os.path.join(workdir, 'results.md'), title, stem)
+  check_report_owner(workdir, title, stem)
   with open(os.path.join(workdir, 'results.md'), 'w') as f:
     f.write(text)
   if data is not None:

@@ -78,7 +78,7 @@ def report(workdir: str, runs: list[study.Run], summaries: dict, quick: bool,
       base.task.max_len, f'{task}: token accuracy by evaluation length', plot,
       chance=chance)
   return common.write_results(
-      workdir, f'Every encoding on {task}',
+      workdir, title(task),
       [('Setup', f'configs/default.py{" (quick: width 32)" if quick else ""} '
         f'with task={task}, trained on lengths '
         f'{base.task.min_len}-{base.task.max_len} for {base.train.num_steps} '
@@ -88,6 +88,11 @@ def report(workdir: str, runs: list[study.Run], summaries: dict, quick: bool,
        ('Plot', f'![accuracy vs length]({os.path.basename(plot)})')],
       data={'task': task, 'chance': chance, 'lengths': lengths,
             'accuracy': {n: [s.get('eval') for s in r] for n, r in results.items()}})
+
+
+def title(task: str) -> str:
+  """The report's title: one task's (a workdir holds one task's study)."""
+  return f'Every encoding on {task}'
 
 
 class ComparePositions(skeleton.Study):
@@ -104,6 +109,9 @@ class ComparePositions(skeleton.Study):
     labels = QUICK_ENCODINGS if quick else POSITION_NAMES
     return common.encoding_runs(task_config(_TASK.value, quick), seeds,
                                 labels, ENCODINGS)
+
+  def report_title(self):
+    return title(_TASK.value), None
 
   def report(self, workdir, runs, results, scale, context):
     return report(workdir, runs, results, scale == 'quick', _TASK.value)

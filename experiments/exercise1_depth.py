@@ -356,6 +356,10 @@ def plot_probe(data, path):
 
 # --------------------------------------------------------------------------
 
+# The report's title, the owner's mark on its workdir (skeleton.main_of).
+TITLE = 'Exercise 1: stacking self-attention layers deep'
+
+
 def exercise1(workdir: str, seeds: int, quick: bool) -> str:
   os.makedirs(workdir, exist_ok=True)
   seeds = 1 if quick else seeds
@@ -381,7 +385,7 @@ def exercise1(workdir: str, seeds: int, quick: bool) -> str:
 
   cells, sweep_steps = sweep
   text = common.write_results(
-      workdir, 'Exercise 1: stacking self-attention layers deep',
+      workdir, TITLE,
       [('Rank collapse at initialisation',
         f'Width 64, 4 heads, 32 tokens (random embeddings + sinusoidal table), '
         f'{seeds} seed(s): mean (min-max over seeds) of the relative distance '
@@ -413,4 +417,4 @@ def exercise1(workdir: str, seeds: int, quick: bool) -> str:
 
 
 if __name__ == '__main__':
-  app.run(skeleton.main_of(exercise1), flags_parser=parse_flags)
+  app.run(skeleton.main_of(exercise1, TITLE), flags_parser=parse_flags)

@@ -89,6 +89,10 @@ def draw_tables(workdir: str, task: str, runs: list[study.Run], inside: int,
   plt.close(fig)
 
 
+# The report's title, the owner's mark on its workdir (skeleton.Study.title).
+TITLE = 'Exercise 2: a learnable positional encoding'
+
+
 def report(workdir: str, runs: list[study.Run], summaries: dict,
            quick: bool) -> str:
   results_by_task = common.by_task(runs, summaries)
@@ -121,7 +125,7 @@ def report(workdir: str, runs: list[study.Run], summaries: dict,
                       for s in r] for n, r in results.items()}
   base = task_base(runs[0].tags['task'], quick)
   return common.write_results(
-      workdir, 'Exercise 2: a learnable positional encoding',
+      workdir, TITLE,
       [('Setup', f'configs/default.py, {base.train.num_steps} steps, trained '
         f'on lengths {base.task.min_len}-{base.task.max_len}, evaluated every '
         f'{base.eval.every} steps (steps to 99% is the first evaluation at or '
@@ -136,6 +140,7 @@ def report(workdir: str, runs: list[study.Run], summaries: dict,
 class Exercise2(skeleton.TaskSweep):
   """--scale: cpu (reverse and sort, five variants); quick (reverse, one
   seed, 200 steps)."""
+  title = TITLE
   tasks, quick_tasks = TASKS, QUICK_TASKS
   takes_steps = True
 

@@ -51,6 +51,10 @@ def task_base(task: str, quick: bool):
   return common.small(base, steps=200) if quick else base
 
 
+# The report's title, the owner's mark on its workdir (skeleton.Study.title).
+TITLE = 'Exercise 3: relative position embeddings per query-key offset'
+
+
 def report(workdir: str, runs: list[study.Run], summaries: dict,
            quick: bool) -> str:
   results_by_task = common.by_task(runs, summaries)
@@ -70,7 +74,7 @@ def report(workdir: str, runs: list[study.Run], summaries: dict,
     data[task] = {n: [s.get('eval') for s in r] for n, r in results.items()}
   base = task_base(runs[0].tags['task'], quick)
   return common.write_results(
-      workdir, 'Exercise 3: relative position embeddings per query-key offset',
+      workdir, TITLE,
       [('Setup', f'configs/default.py (2 layers, width '
         f'{32 if quick else 64}, pre-LN), '
         f'{200 if quick else common.study_steps(STEPS)} '
@@ -82,6 +86,7 @@ def report(workdir: str, runs: list[study.Run], summaries: dict,
 class Exercise3(skeleton.TaskSweep):
   """--scale: cpu (three tasks, thirteen variants); quick (shift, three
   variants, one seed)."""
+  title = TITLE
   tasks, quick_tasks = TASKS, QUICK_TASKS
   takes_steps = True
 

@@ -106,6 +106,10 @@ def plot(summaries: dict, labels, path: str, chance: float) -> None:
   plt.close(fig)
 
 
+# The report's title, the owner's mark on its workdir (skeleton.Study.title).
+TITLE = 'Indirect indexing'
+
+
 def report(workdir: str, runs: list[study.Run], summaries: dict, scale: str
            ) -> str:
   labels = list(dict.fromkeys(r.tags['position'] for r in runs))
@@ -171,11 +175,12 @@ def report(workdir: str, runs: list[study.Run], summaries: dict, scale: str
                           'accuracy': {n: e['token_accuracy']
                                        for n, e in s['eval'].items()}}
                    for name, s in finished.items()}}
-  return common.write_results(workdir, 'Indirect indexing', sections, data)
+  return common.write_results(workdir, TITLE, sections, data)
 
 
 class IndirectIndexing(skeleton.Study):
   """--scale: small (the CPU study), paper (the paper's scale), quick."""
+  title = TITLE
   scales = tuple(ii_config.SCALES)
   default_scale = 'small'
 

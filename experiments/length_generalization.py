@@ -189,6 +189,10 @@ def plot_task(task: str, summaries: dict[str, dict], positions, path: str,
   plt.close(fig)
 
 
+# The report's title, the owner's mark on its workdir (skeleton.Study.title).
+TITLE = 'Length generalization'
+
+
 def report(workdir: str, runs: list[study.Run], summaries: dict[str, dict],
            scale: str) -> str:
   """results.md, results.json and one plot per task from the finished runs."""
@@ -308,12 +312,13 @@ def report(workdir: str, runs: list[study.Run], summaries: dict[str, dict],
                           'accuracy': {n: m['token_accuracy']
                                        for n, m in s['eval'].items()}}
                    for name, s in summaries.items()}}
-  return common.write_results(workdir, 'Length generalization', sections, data)
+  return common.write_results(workdir, TITLE, sections, data)
 
 
 class LengthGeneralization(skeleton.Study):
   """--scale: quick (a smoke test), small (the CPU study, EXPERIMENTS.md's
   defaults), full (the papers')."""
+  title = TITLE
   scales = ('quick', 'small', 'full')
   default_scale = 'small'
   filters = ('task', 'position')

@@ -247,6 +247,10 @@ def plot_samples(workdir: str, results: dict, labels, real: np.ndarray,
   return True
 
 
+# The report's title, the owner's mark on its workdir (skeleton.Study.title).
+TITLE = 'JSB Chorales'
+
+
 def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
            floors: dict, reference: dict,
            real_excerpt: np.ndarray | None = None) -> str:
@@ -362,11 +366,12 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
     sections.append(('Sample piano rolls', '![samples](samples.png)'))
   data = {'scale': scale, 'protocol': protocol, 'floors': floors,
           'data_sample_statistics': reference, 'runs': results}
-  return common.write_results(workdir, 'JSB Chorales', sections, data)
+  return common.write_results(workdir, TITLE, sections, data)
 
 
 class Music(skeleton.Study):
   """--scale: cpu (the CPU study), paper (PoPE's JSB recipe), quick."""
+  title = TITLE
   scales = tuple(music_config.SCALES)
   default_scale = 'cpu'
 

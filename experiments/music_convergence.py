@@ -99,6 +99,11 @@ def short_budget(short_dir: str, label: str, seed: int) -> dict | None:
                                       "a 1,000-step run's scores")
 
 
+# The fixed start of the report's title, which grows with the encodings
+# trained (the owner's mark on its workdir, skeleton.Study.title_stem).
+TITLE_STEM = 'Music to convergence: shaw against sinusoidal'
+
+
 def report(workdir: str, runs: list[study.Run], results: dict,
            short_dir: str) -> str:
   """results.md, results.json and the curves' plot."""
@@ -187,7 +192,7 @@ def report(workdir: str, runs: list[study.Run], results: dict,
                  'valid_crop_loss': {str(k): v for k, v in held_out_curve(
                      os.path.join(workdir, name)).items()}}
               for name, r in results.items()}
-  title = 'Music to convergence: shaw against sinusoidal'
+  title = TITLE_STEM
   shown = title + (', and rope and learned'
                    if any(long_by.get(label) for label in MORE) else '')
   return common.write_results(workdir, shown, body, json_out, stem=title)
@@ -224,6 +229,7 @@ def plot_curves(workdir: str, results: dict, path: str) -> bool:
 
 
 class MusicConvergence(convergence.Study):
+  title_stem = TITLE_STEM
 
   def filter_values(self):
     return {'position': ENCODINGS}

@@ -2,10 +2,10 @@
 one-line error before anything runs; the resumable run loop with scoring
 after each run; collection; and the main function.
 
-A study is a `Study`: its scales, the tags its runs can be filtered by, the
-runs of a scale, optionally data to prepare and a score per run, and a report
-body. `main(study)` is its absl main (`main_of(fn)` for the two studies that
-are one function, not a sweep):
+A study is a `Study`: its scales, the tags its runs can be filtered by, its
+report's title, the runs of a scale, optionally data to prepare and a score
+per run, and a report body. `main(study)` is its absl main (`main_of(fn,
+title)` for the two studies that are one function, not a sweep):
 
   python -m experiments.STUDY --workdir=DIR [--scale=S] [--seeds=N]
       [--positions=a,b] [--tasks=a,b] [--shard=i/n] [--collect_only] [--quick]
@@ -78,6 +78,17 @@ class Study:
   # Whether --steps sets its runs' length (common.study_steps; not in
   # quick mode, which has its own).
   takes_steps: bool = False
+  # Its results.md's title, the mark of the workdir's owner; title_stem,
+  # the fixed start of a title that grows with the study's runs.
+  title: str = ''
+  title_stem: str | None = None
+
+  def report_title(self) -> tuple[str, str | None]:
+    """(title, stem) of the report: checked against the workdir's
+    results.md before any run trains or any figure is drawn, so that a
+    study sharing another's workdir is refused before it overwrites the
+    other's figures (common.check_report_owner)."""
+    return self.title, self.title_stem
 
   def filter_values(self) -> dict[str, Sequence[str]]:
     """{tag: every valid value} for each tag in `filters`."""
@@ -316,11 +327,13 @@ def main(spec: Study):
   return run
 
 
-def main_of(fn: Callable[[str, int, bool], Any]):
+def main_of(fn: Callable[[str, int, bool], Any], title: str):
   """The absl main of a study that is one function rather than a sweep of
   runs (chapter.py's computations; exercise1_depth.py, whose analyses sit
   around its small sweeps): fn(workdir, seeds, quick), with `main`'s checks
-  (no stray arguments, --workdir given) and its one-line failures."""
+  (no stray arguments, --workdir given, a workdir whose results.md is
+  another's than `title` refused before fn runs) and its one-line
+  failures."""
   def run(argv):
     _refuse_arguments(argv)
     configure_logging()
@@ -333,6 +346,7 @@ def main_of(fn: Callable[[str, int, bool], Any]):
                   f'one seed')
     _check_workdir(common.WORKDIR.value, collect_only=False)
     try:
+      common.check_report_owner(common.WORKDIR.value, title)
       with study.stops_in_one_line():
         fn(common.WORKDIR.value, common.SEEDS.value, common.QUICK.value)
     except (ConfigError, DataError) as e:
@@ -353,6 +367,10 @@ def _main(spec: Study) -> None:
     common.fail('--steps: this study\'s runs have their length set by its scale'
                 + (' (here quick)' if spec.takes_steps else ''))
   _check_workdir(workdir, COLLECT_ONLY.value)
+  title, stem = spec.report_title()
+  if not title and not stem:
+    raise TypeError(f'{type(spec).__name__} names no report title')
+  common.check_report_owner(workdir, title, stem)
   seeds = chosen_seeds(scale, spec.default_seeds)
   filters = chosen_filters(spec)
   shard = chosen_shard()

@@ -415,6 +415,10 @@ def example_translations(workdir: str, results: dict, labels,
   return '\n'.join(parts)
 
 
+# The report's title, the owner's mark on its workdir (skeleton.Study.title).
+TITLE = 'Multi30k German-English'
+
+
 def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
            floors: dict, examples: dict | None = None) -> str:
   """results.md, results.json and the BLEU-by-length plot; with
@@ -687,7 +691,7 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
     sections.append(('A few translations', shown))
   data = {'scale': scale, 'protocol': protocol, 'floors': floors,
           'runs': results}
-  return common.write_results(workdir, 'Multi30k German-English', sections,
+  return common.write_results(workdir, TITLE, sections,
                               data)
 
 
@@ -795,6 +799,7 @@ def _outdated(path: str) -> bool:
 
 class Translation(skeleton.Study):
   """--scale: cpu (the CPU study), gpu (Shaw et al.'s base model), quick."""
+  title = TITLE
   scales = tuple(translation_config.SCALES)
   default_scale = 'cpu'
   default_seeds = 5     # each tier of TIERS caps its own

@@ -91,6 +91,11 @@ def short_budget(short_dir: str, label: str, seed: int) -> dict | None:
                                       "a 3,000-step run's scores")
 
 
+# The fixed start of the report's title, which grows with the encodings
+# trained (the owner's mark on its workdir, skeleton.Study.title_stem).
+TITLE_STEM = 'Translation to convergence: shaw against sinusoidal'
+
+
 def report(workdir: str, runs: list[study.Run], results: dict,
            short_dir: str) -> str:
   """results.md, results.json and the curves' plot."""
@@ -197,7 +202,7 @@ def report(workdir: str, runs: list[study.Run], results: dict,
                                        greedy_curve(os.path.join(workdir, name)).items()},
                  'bleu': {s: r['splits'][s]['bleu'] for s in r['splits']}}
               for name, r in results.items()}
-  title = title_shown = 'Translation to convergence: shaw against sinusoidal'
+  title = title_shown = TITLE_STEM
   if long_by.get('rope'):
     title_shown = title + ', and rope'
   if any(long_by.get(label) for label in SHORT_LABELS):
@@ -383,6 +388,7 @@ def plot_curves(workdir: str, results: dict, short_by: dict, labels,
 
 
 class Convergence(convergence.Study):
+  title_stem = TITLE_STEM
 
   def filter_values(self):
     return {'position': LABELS}

@@ -311,6 +311,7 @@ class _TwoEncodings(skeleton.Study):
   (nothing trains: the tests replace study.execute)."""
   scales = ('small', 'quick')
   default_scale = 'small'
+  title = 'Two encodings'
 
   def __init__(self):
     self.scored, self.reported = [], []
@@ -331,7 +332,7 @@ class _TwoEncodings(skeleton.Study):
 
   def report(self, workdir, runs, results, scale, context):
     self.reported.append((scale, len(runs), sorted(results)))
-    return common.write_results(workdir, 'Two encodings', [('Table', 'x')])
+    return common.write_results(workdir, self.title, [('Table', 'x')])
 
 
 @pytest.mark.parametrize('argv, message', [
@@ -421,14 +422,14 @@ def test_a_one_function_study_refuses_the_flags_it_would_ignore(tmp_path,
     flags.FLAGS(['study', f'--workdir={tmp_path}', '--shard=1/2',
                  '--positions=a', '--stop_between_runs_after=1h'])
     with pytest.raises(SystemExit):
-      skeleton.main_of(lambda *args: ran.append(args))([])
+      skeleton.main_of(lambda *args: ran.append(args), 'T')([])
   assert not ran
   assert ('--positions, --shard, --stop_between_runs_after: this study takes '
           'only --workdir, --seeds and --quick') in capsys.readouterr().err
   with flagsaver.flagsaver():
     flags.FLAGS(['study', f'--workdir={tmp_path}', '--seeds=0'])
     with pytest.raises(SystemExit):
-      skeleton.main_of(lambda *args: ran.append(args))([])
+      skeleton.main_of(lambda *args: ran.append(args), 'T')([])
   assert not ran and 'at least one seed' in capsys.readouterr().err
 
 
@@ -715,6 +716,66 @@ def test_another_studys_report_is_not_replaced(tmp_path):
     text = common.write_results(str(tmp_path), title, [('h', title)],
                                 stem='Indirect indexing')
     assert (tmp_path / 'results.md').read_text() == text
+
+
+@pytest.mark.parametrize('argv', [[], ['--collect_only']])
+def test_a_study_in_another_studys_workdir_is_refused_before_it_runs(
+    tmp_path, monkeypatch, capsys, argv):
+  """A helper's probe (2026-12-01): exercise 2 given compare_positions'
+  workdir trained its five runs and overwrote the other report's figure
+  before write_results refused its results.md. Now nothing trains, scores
+  or draws: one line, exit 2, the other report as it was."""
+  common.write_results(str(tmp_path), 'Indirect indexing', [('h', 'a')])
+  (tmp_path / 'position=a,seed=0').mkdir()
+  before = (tmp_path / 'results.md').read_text()
+  spec = _TwoEncodings()
+  monkeypatch.setattr(study, 'execute', lambda *a, **k: pytest.fail('ran'))
+  monkeypatch.setattr(spec, 'prepare', lambda *a: pytest.fail('prepared'))
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', f'--workdir={tmp_path}'] + argv)
+    with pytest.raises(SystemExit) as stop:
+      skeleton.main(spec)([])
+  assert stop.value.code == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith('error: ') and '\n' not in err
+  assert "the report 'Indirect indexing', not this study's ('Two " in err
+  assert not spec.scored and not spec.reported
+  assert (tmp_path / 'results.md').read_text() == before
+  # The one-function studies (chapter, exercise 1) likewise, before fn.
+  ran = []
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', f'--workdir={tmp_path}'])
+    with pytest.raises(SystemExit):
+      skeleton.main_of(lambda *args: ran.append(args), 'Exercise 1')([])
+  assert not ran and "not this study's ('Exercise 1')" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('driver, folder', [
+    ('chapter', 'chapter'), ('compare_positions', 'compare'),
+    ('exercise1_depth', 'exercise1'), ('exercise2_learned', 'exercise2'),
+    ('exercise3_relative', 'exercise3'),
+    ('indirect_indexing', 'indirect_indexing'),
+    ('length_generalization', 'lengthgen'), ('music', 'music'),
+    ('music_convergence', 'music_convergence'), ('translation', 'translation'),
+    ('translation_convergence', 'translation_convergence')])
+def test_each_study_owns_its_committed_workdir(driver, folder):
+  """The early owner check reads each study's title: the committed reports'
+  titles pass it (or rerunning a committed study would be refused), and
+  another study's title does not."""
+  import importlib
+  from selfattn.errors import ConfigError
+  module = importlib.import_module(f'experiments.{driver}')
+  workdir = os.path.join(os.path.dirname(__file__), '..', '..', 'experiments',
+                         'results', folder)
+  if hasattr(module, 'STUDY'):
+    with flagsaver.flagsaver():
+      flags.FLAGS(['study'])              # compare_positions' --task default
+      title, stem = module.STUDY.report_title()
+  else:
+    title, stem = module.TITLE, None
+  common.check_report_owner(workdir, title, stem)
+  with pytest.raises(ConfigError):
+    common.check_report_owner(workdir, 'Two encodings')
 
 
 def test_a_report_that_leaves_finished_runs_out_says_so(tmp_path, capsys):
