@@ -166,9 +166,10 @@ def workdir_lock(workdir: str, enabled: bool = True) -> Iterator[None]:
 
   A second live process gets a ConfigError naming the holder; the kernel
   drops the lock when its holder dies, so a killed run never blocks the next.
-  Only process 0 of a multi-process run takes it. A run refused with a
-  ConfigError leaves no trace in a workdir that did not exist: the lock
-  and the directories made for it are removed again.
+  Only process 0 of a multi-process run takes it. A run that fails before
+  writing anything (refused with a ConfigError, or an init_from source whose
+  checkpoints do not restore) leaves no trace in a workdir that did not
+  exist: the lock and the directories made for it are removed again.
   """
   if not enabled:
     yield
@@ -210,7 +211,8 @@ def workdir_lock(workdir: str, enabled: bool = True) -> Iterator[None]:
                           f'{e.strerror or e}; free space or use another '
                           f'--workdir') from None
       yield
-    except ConfigError:
+    except BaseException:
+      # Only what this run made and left holding nothing but the lock.
       if made and os.listdir(workdir) == [LOCK_FILE]:
         os.remove(path)
         _remove_empty(made)

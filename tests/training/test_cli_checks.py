@@ -126,6 +126,24 @@ def test_workdirs_that_cannot_hold_a_run(tmp_path):
   with pytest.raises(ConfigError, match='cannot create the workdir'):
     with workdir_lib.workdir_lock(str(tmp_path / 'afile' / 'run')):
       pass
+  # A run that fails before writing anything (an init_from source whose
+  # checkpoints do not restore raised a CheckpointError, and left the
+  # new workdir holding its .lock): nothing left; a failure after it wrote
+  # keeps what it wrote, and a workdir that existed before is kept.
+  for error in (ConfigError('refused'), RuntimeError('no checkpoint')):
+    with pytest.raises(type(error)):
+      with workdir_lib.workdir_lock(str(tmp_path / 'new2' / 'run')):
+        raise error
+    assert not (tmp_path / 'new2').exists()
+  with pytest.raises(RuntimeError):
+    with workdir_lib.workdir_lock(str(tmp_path / 'new3')):
+      (tmp_path / 'new3' / 'config.json').write_text('{}')
+      raise RuntimeError('later')
+  assert (tmp_path / 'new3' / 'config.json').exists()
+  with pytest.raises(RuntimeError):
+    with workdir_lib.workdir_lock(str(tmp_path)):
+      raise RuntimeError('existing')
+  assert tmp_path.is_dir()
   if os.geteuid() != 0:                  # root ignores permissions
     readonly = tmp_path / 'readonly'
     readonly.mkdir()
