@@ -309,12 +309,11 @@ def test_a_linen_model_trains_and_projects_delta_through_the_bridge():
     return jnp.mean((Regressor().apply({'params': params}, t) - 1.0) ** 2)
 
   def delta_of(params):
-    leaves = [bounded.bounds_of(leaf) and leaf.unbox()
-              for path, leaf in jax.tree_util.tree_flatten_with_path(
-                  params, is_leaf=lambda x: isinstance(x, bridge.NNXMeta))[0]
-              if bounded.bounds_of(leaf)]
-    assert len(leaves) == 1
-    return np.asarray(leaves[0])
+    boxes = jax.tree.leaves(params, is_leaf=lambda x: isinstance(
+        x, bridge.NNXMeta))
+    deltas = [box.unbox() for box in boxes if bounded.bounds_of(box)]
+    assert len(deltas) == 1                  # the one layer's delta
+    return np.asarray(deltas[0])
 
   tx = optax.adam(1e-2)
   opt_state = tx.init(params)
