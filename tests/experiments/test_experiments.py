@@ -236,6 +236,26 @@ def test_indirect_indexing_quick(tmp_path):
 
 
 @EXTENDED
+def test_indirect_indexing_convergence_quick(tmp_path):
+  """The convergence check of section 7 end to end: both runs stop early
+  on the held-out loss, each chosen checkpoint is scored once on fresh
+  strings, and a rerun neither retrains nor rescores."""
+  data = run_driver('indirect_indexing_convergence', tmp_path)
+  assert set(data) == {'position=pope,seed=0', 'position=rope,seed=0'}
+  for name, run in data.items():
+    assert run['stopped_at'] < 40                 # the quick cap: stopped early
+    curve = {int(s): v for s, v in run['held_out_loss'].items()}
+    assert run['selected_step'] == min(curve, key=lambda s: (curve[s], s))
+    assert run['eval_seed'] == 1000 and set(run['accuracy']) == {'20', '40', '52'}
+    assert (tmp_path / name / 'scored.json').exists()
+  assert (tmp_path / 'loss_and_accuracy_by_step.png').stat().st_size > 0
+  scored = tmp_path / 'position=pope,seed=0' / 'scored.json'
+  before = scored.stat().st_mtime
+  run_driver('indirect_indexing_convergence', tmp_path)
+  assert scored.stat().st_mtime == before
+
+
+@EXTENDED
 @REQUIRES_JSB
 def test_music_quick(tmp_path):
   """JSB Chorales end to end in about a minute: training, whole-piece NLL
