@@ -158,6 +158,7 @@ def report(workdir: str, runs: list[study.Run], results: dict,
               f'{split}, {budget}: rope minus {other}', unit='BLEU',
               digits=2))
   length_lines = short_tier_lines(long_by, short_by)
+  other_split_lines = short_tier_other_splits(long_by, short_by)
   plot = os.path.join(workdir, 'bleu_by_step.png')
   plotted = plot_curves(workdir, results, short_by, labels, plot)
   by_length = short_length_curves(long_by, short_by)
@@ -187,6 +188,10 @@ def report(workdir: str, runs: list[study.Run], results: dict,
     body.append((f'Beyond the trained lengths (+short: trained on sources of '
                  f'at most {SHORT_MAX_LEN} tokens), paired by seed',
                  '\n'.join(f'- {line}' for line in length_lines)))
+  if other_split_lines:
+    body.append((f'Beyond the trained lengths on the other splits (+short, '
+                 f'sources longer than {SHORT_MAX_LEN} tokens), paired by '
+                 f'seed', '\n'.join(f'- {line}' for line in other_split_lines)))
   if length_table:
     body.append((f'+short: {MAIN_TEST} BLEU by source length at both '
                  f'budgets (mean over the seeds converged so far)',
@@ -260,6 +265,44 @@ def short_tier_lines(long_by: dict, short_by: dict) -> list[str]:
     return [f'No pair yet: each comparison needs two seeds with every '
             f'+short encoding finished at both budgets ({done} converged '
             f'+short run{"s" if done != 1 else ""} so far).']
+  return lines
+
+
+def short_tier_other_splits(long_by: dict, short_by: dict) -> list[str]:
+  """Each relative `+short` encoding minus sinusoidal `+short` on the
+  sources longer than SHORT_MAX_LEN of every split but MAIN_TEST (which
+  short_tier_lines covers), at each budget and the change between them,
+  paired by seed: does the lead beyond the trained lengths hold on the
+  validation set and the other test sets? Empty until two seeds pair."""
+  runs = [r for by in (long_by, short_by) for label in SHORT_LABELS
+          for r in by.get(label, {}).values()]
+  splits = [split for split in dict.fromkeys(
+      s for r in runs for s in r['splits'])
+            if split != MAIN_TEST and all(
+                'long_sources' in r['splits'].get(split, {}) for r in runs)]
+  lines = []
+  for split in splits:
+    values = {budget: {label: {s: r['splits'][split]['long_sources']['bleu']
+                               for s, r in by.get(label, {}).items()}
+                       for label in SHORT_LABELS}
+              for budget, by in zip(BUDGETS, (short_by, long_by))}
+    change = {label: {s: v - values[BUDGETS[0]][label][s]
+                      for s, v in values[BUDGETS[1]][label].items()
+                      if s in values[BUDGETS[0]][label]}
+              for label in SHORT_LABELS}
+    for label in SHORT_RELATIVE:
+      name = label.split()[0]
+      for budget in BUDGETS:
+        lines.append(common.paired_by_seed(
+            values[budget], (label,), ('sinusoidal +short',),
+            f'{split}, {budget}: {name} minus sinusoidal', unit='BLEU',
+            digits=2))
+      lines.append(common.paired_by_seed(
+          change, (label,), ('sinusoidal +short',),
+          f"{split}: {name}'s lead to convergence minus at 3,000 steps",
+          unit='BLEU', digits=2))
+  if all(line.endswith(common.NO_PAIRS) for line in lines):
+    return []
   return lines
 
 

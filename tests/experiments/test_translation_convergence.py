@@ -222,6 +222,47 @@ def test_the_short_tier_pairs_the_lead_beyond_the_trained_lengths(tmp_path):
   assert (workdir / 'bleu_by_step.png').exists()
 
 
+def test_the_short_tier_pairs_the_lead_beyond_the_trained_lengths_on_other_splits():
+  """The long sources of every split but the main test one, each relative
+  encoding against sinusoidal at both budgets and the change; a split
+  that lacks the long sources in any run is left out."""
+  def run(val_long, mscoco_long):
+    return {'splits': {
+        'val': {'long_sources': {'bleu': val_long}},
+        convergence.MAIN_TEST: {'long_sources': {'bleu': 0.0}},
+        'test_2017_mscoco': ({'long_sources': {'bleu': mscoco_long}}
+                             if mscoco_long is not None else {})}}
+  # label -> seed -> val BLEU on long sources; 3,000 steps then converged.
+  short = {'sinusoidal +short': {0: 20, 1: 21}, 'shaw +short': {0: 24, 1: 24},
+           'rope +short': {0: 23, 1: 22}}
+  long = {'sinusoidal +short': {0: 23, 1: 23}, 'shaw +short': {0: 25, 1: 26},
+          'rope +short': {0: 23, 1: 24}}
+  as_runs = lambda by, mscoco: {label: {s: run(v, mscoco) for s, v in seeds.items()}
+                                for label, seeds in by.items()}
+  lines = convergence.short_tier_other_splits(as_runs(long, None),
+                                              as_runs(short, None))
+  # shaw minus sinusoidal on val: +4, +3 at 3,000 steps; +2, +3 converged.
+  assert lines[0].startswith('val, 3,000 steps: shaw minus sinusoidal: '
+                             '+3.50 BLEU over 2 seeds')
+  assert lines[1].startswith('val, to convergence: shaw minus sinusoidal: '
+                             '+2.50 BLEU over 2 seeds')
+  assert lines[2].startswith("val: shaw's lead to convergence minus at 3,000 "
+                             'steps: -1.00 BLEU over 2 seeds')
+  assert 'per seed -2.00, +0.00' in lines[2]
+  # rope: +3, +1 then 0, +1.
+  assert lines[4].startswith('val, to convergence: rope minus sinusoidal: '
+                             '+0.50 BLEU over 2 seeds')
+  assert len(lines) == 6                       # val only: mscoco lacks them
+  assert not any(convergence.MAIN_TEST in line for line in lines)
+  both = convergence.short_tier_other_splits(as_runs(long, 30.0),
+                                             as_runs(short, 30.0))
+  assert len(both) == 12 and both[6].startswith('test_2017_mscoco, 3,000 steps')
+  # One seed: no pair, no section.
+  one = {label: {0: seeds[0]} for label, seeds in short.items()}
+  assert convergence.short_tier_other_splits(as_runs(one, None),
+                                             as_runs(one, None)) == []
+
+
 def test_a_short_tier_without_a_pair_says_so_once(tmp_path):
   """One converged +short run: the section is one line saying why there
   is no comparison yet, not one per comparison."""
