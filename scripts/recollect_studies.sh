@@ -57,6 +57,4 @@ run exercise3 exercise3_relative --collect_only
 run indirect_indexing indirect_indexing --collect_only
 run lengthgen length_generalization --collect_only
 run music music --collect_only
-# Partial until its eighteen runs finish (the +short tier, added
-# 2026-11-30, is in progress): the report of the finished ones.
 run translation_convergence translation_convergence --collect_only
