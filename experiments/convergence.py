@@ -52,6 +52,24 @@ def record_curve(path: str) -> dict[int, float]:
   return {e['step']: e['value'] for e in early_stopping.read_record(path)}
 
 
+def lowest_step(path: str) -> int:
+  """The evaluated step with the lowest early-stopping value of a run in
+  `path` (the earlier of a tie): the checkpoint a study that stops on a
+  held-out loss scores."""
+  curve = record_curve(path)
+  if not curve:
+    raise FileNotFoundError(f'no early-stopping record in {path}')
+  return min(curve, key=lambda s: (curve[s], s))
+
+
+def change_with_budget(short: dict, long: dict) -> dict:
+  """label -> seed -> the long budget's value minus the short one's, for
+  the seeds a label has at both (short, long: label -> seed -> value)."""
+  return {label: {s: v - short[label][s] for s, v in by_seed.items()
+                  if s in short.get(label, {})}
+          for label, by_seed in long.items()}
+
+
 def same_seed_result(short_dir: str, label: str, seed: int, result_file: str,
                      what: str) -> dict | None:
   """The fixed-budget study's `result_file` for (label, seed), or None."""

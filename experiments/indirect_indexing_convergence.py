@@ -86,13 +86,8 @@ def study_runs(scale: str, seeds: int, labels) -> list[study.Run]:
 held_out_curve = convergence.record_curve
 
 
-def chosen_step(path: str) -> int:
-  """The evaluated step with the lowest held-out loss (the earlier of a
-  tie)."""
-  curve = held_out_curve(path)
-  if not curve:
-    raise FileNotFoundError(f'no early-stopping record in {path}')
-  return min(curve, key=lambda s: (curve[s], s))
+# The evaluated step with the lowest held-out loss (the earlier of a tie).
+chosen_step = convergence.lowest_step
 
 
 def loop_evaluations(path: str) -> dict[int, dict]:
@@ -187,10 +182,8 @@ def report(workdir: str, runs: list[study.Run], results: dict,
                                for s, r in by.get(label, {}).items()}
                        for label in labels}
               for budget, by in budgets}
-    change = {label: {s: v - values[short_name][label][s]
-                      for s, v in values['to convergence'][label].items()
-                      if s in values[short_name][label]}
-              for label in labels}
+    change = convergence.change_with_budget(values[short_name],
+                                           values['to convergence'])
     for a, b, name in comparisons:
       for budget, _ in budgets:
         lines.append(common.paired_by_seed(

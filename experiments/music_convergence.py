@@ -84,13 +84,9 @@ def study_runs(scale: str, seeds: int, labels) -> list[study.Run]:
 held_out_curve = convergence.record_curve
 
 
-def chosen_step(path: str) -> int:
-  """The evaluated step with the lowest validation-crop loss (the earlier
-  of a tie)."""
-  curve = held_out_curve(path)
-  if not curve:
-    raise FileNotFoundError(f'no early-stopping record in {path}')
-  return min(curve, key=lambda s: (curve[s], s))
+# The evaluated step with the lowest validation-crop loss (the earlier of a
+# tie).
+chosen_step = convergence.lowest_step
 
 
 def short_budget(short_dir: str, label: str, seed: int) -> dict | None:
@@ -137,10 +133,8 @@ def report(workdir: str, runs: list[study.Run], results: dict,
                                for s, r in by.get(label, {}).items()}
                        for label in labels}
               for budget, by in budgets}
-    change = {label: {s: v - values['1,000 steps'][label][s]
-                      for s, v in values['to convergence'][label].items()
-                      if s in values['1,000 steps'][label]}
-              for label in labels}
+    change = convergence.change_with_budget(values['1,000 steps'],
+                                           values['to convergence'])
     comparisons = [(('shaw',), ('sinusoidal',), 'shaw minus sinusoidal')]
     # Each further encoding against the chapter's baseline, seed by seed, as
     # soon as it has converged runs: rope is relative but not Shaw, so the

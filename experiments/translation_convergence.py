@@ -251,10 +251,8 @@ def short_tier_lines(long_by: dict, short_by: dict) -> list[str]:
             values[budget, group], members, sinusoidal,
             f'{MAIN_TEST} {kind}, {budget}: {name} minus sinusoidal',
             unit='BLEU', digits=2))
-      change = {label: {s: v - values['3,000 steps', group][label][s]
-                        for s, v in values['to convergence', group][label].items()
-                        if s in values['3,000 steps', group][label]}
-                for label in SHORT_LABELS}
+      change = convergence.change_with_budget(
+          values['3,000 steps', group], values['to convergence', group])
       lines.append(common.paired_by_seed(
           change, members, sinusoidal,
           f'{MAIN_TEST} {kind}: {name}\'s lead to convergence minus at '
@@ -286,10 +284,8 @@ def short_tier_other_splits(long_by: dict, short_by: dict) -> list[str]:
                                for s, r in by.get(label, {}).items()}
                        for label in SHORT_LABELS}
               for budget, by in zip(BUDGETS, (short_by, long_by))}
-    change = {label: {s: v - values[BUDGETS[0]][label][s]
-                      for s, v in values[BUDGETS[1]][label].items()
-                      if s in values[BUDGETS[0]][label]}
-              for label in SHORT_LABELS}
+    change = convergence.change_with_budget(values[BUDGETS[0]],
+                                           values[BUDGETS[1]])
     for label in SHORT_RELATIVE:
       name = label.split()[0]
       for budget in BUDGETS:
