@@ -226,7 +226,8 @@ def report(workdir: str, runs: list[study.Run], results: dict,
     body.append(('Selection', (
         f"The chosen checkpoints' accuracy at 20-40 on the loop's examples "
         f'(which chose them, by loss at 40) minus on fresh ones: '
-        f'{np.mean(selection):+.2f} points, mean over {len(selection)} runs '
+        f'{np.mean(selection):+.2f} points, mean over {len(selection)} '
+        f'run{"s" if len(selection) != 1 else ""} '
         f'(from {min(selection):+.2f} to {max(selection):+.2f}).')))
   if plotted:
     body.append(('Loss and accuracy by step',
