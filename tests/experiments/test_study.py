@@ -755,6 +755,7 @@ def test_a_study_in_another_studys_workdir_is_refused_before_it_runs(
     ('exercise1_depth', 'exercise1'), ('exercise2_learned', 'exercise2'),
     ('exercise3_relative', 'exercise3'),
     ('indirect_indexing', 'indirect_indexing'),
+    ('indirect_indexing_convergence', 'indirect_indexing_convergence'),
     ('length_generalization', 'lengthgen'), ('music', 'music'),
     ('music_convergence', 'music_convergence'), ('translation', 'translation'),
     ('translation_convergence', 'translation_convergence')])
