@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the studies of EXPERIMENTS.md sections 0-7 but stack_check (section 4)
-# and the convergence checks (sections 6 and 7); translation (section 8) has its own
+# and the convergence checks (sections 5, 6 and 7); translation (section 8) has its own
 # commands. At five seeds where a study has seeds, one
 # after another,
 # into runs/<study> (or $1/<study>); then `tensorboard --logdir runs` compares

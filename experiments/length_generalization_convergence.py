@@ -1,0 +1,306 @@
+"""Do section 5's two readings hold when the models train until the loss on
+the longest trained length stops improving? (EXPERIMENTS.md section 5
+measured them at 2,000 steps, with many cells still learning: randomized
+positions fit the trained lengths worse and extrapolate better; fixed PoPE
+fits and extrapolates worse than fixed RoPE.)
+
+  python -m experiments.length_generalization_convergence \
+      --workdir=experiments/results/lengthgen_convergence
+  python -m experiments.length_generalization_convergence --workdir=... --quick
+
+Section 5's protocol (configs/chomsky.py:small: Adam at a constant 1e-3),
+except the budget:
+  * training runs up to CAP_STEPS, the loop evaluates every length of the
+    protocol (8, 16 and 17-48, 128 examples each) every EVAL_EVERY steps,
+    and stops after PATIENCE evaluations in a row without a new lowest loss
+    at length 16, the longest trained (config.train.early_stop_patience);
+  * the run is read at the evaluation with the lowest of those losses: its
+    score (token accuracy over 17-48, the reference's) and its accuracy at
+    16. The choice looks only at length 16, and the score only at longer
+    lengths, so it does not flatter the score.
+The learning rate is constant, so a run's first 2,000 steps are those of a
+2,000-step run of the same seed: its evaluation at step 2,000 is the short
+budget, on the same stack (the committed section 5 runs trained on JAX
+0.10.2; the report says how far their scores are from these).
+
+Tasks reverse_string and duplicate_string (where section 5's randomized
+models fit length 16 worst while extrapolating better), encodings rope and
+pope, fixed and randomized, seeds 0-2: 24 runs, seed-major (a study stopped
+part way has every cell at a few seeds).
+
+Sized before it ran (2026-12-02, this 2-core CPU): section 5's runs trained
+at 17-50 steps/s and evaluated the 34 lengths in about 12 s, so a run costs
+about 1 minute per 1,000 steps with its evaluation: up to 10-14 minutes at
+the cap, the 24 runs up to about 5 hours. Resumable like every study.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+from absl import app
+
+from experiments import common
+from experiments import convergence
+from experiments import length_generalization as lengthgen
+from experiments import skeleton
+from experiments import study
+from selfattn.training import report as report_lib
+from selfattn.training import workdir as workdir_lib
+from selfattn.training.cli_checks import parse_flags
+
+SHORT_STEPS = 2_000
+CAP_STEPS = 10_000
+EVAL_EVERY = 1_000
+PATIENCE = 3
+TASKS = ('reverse_string', 'duplicate_string')
+POSITIONS = ('rope', 'pope')
+QUICK_TASKS = ('reverse_string',)
+# The 2,000-step study (its committed runs of the same seeds: the stack
+# check); --short_dir replaces it.
+SHORT_DIR = 'experiments/results/lengthgen'
+
+
+def study_runs(scale: str, seeds: int, tasks=TASKS, positions=POSITIONS
+               ) -> list[study.Run]:
+  """Section 5's runs of `tasks` x `positions` x {fixed, randomized} with
+  the convergence budget, seed-major."""
+  runs = lengthgen.study_runs('quick' if scale == 'quick' else 'small',
+                              seeds, tasks, positions)
+  for run in runs:
+    convergence.with_budget(run.config, scale, cap=CAP_STEPS,
+                            every=EVAL_EVERY, patience=PATIENCE,
+                            metric='loss')
+  return runs
+
+
+def label(task: str, position: str, randomized: bool) -> str:
+  """A cell's name in the report."""
+  return f'{task} {position}{" rand." if randomized else ""}'
+
+
+def evaluations(path: str) -> dict[int, dict]:
+  """step -> the loop's evaluation ({length: metrics}) of the run in
+  `path` (its evaluated.json history)."""
+  record = workdir_lib.read_json_object(
+      os.path.join(path, workdir_lib.EVALUATED_FILE), "the run's evaluations")
+  return {h['step']: h['eval'] for h in record.get('history', [])}
+
+
+def read_run(run: study.Run, workdir: str) -> dict:
+  """A finished run's readings: at the chosen step (the lowest loss at the
+  longest trained length) and at SHORT_STEPS (the short budget)."""
+  path = os.path.join(workdir, run.name)
+  history = evaluations(path)
+  chosen = convergence.lowest_step(path)
+  max_len = run.config.task.max_len
+  short = min(SHORT_STEPS, max(history))     # quick runs stop before it
+
+  def reading(step: int) -> dict:
+    evaluation = history[step]
+    return {'step': step,
+            'score': report_lib.generalization_score(evaluation, max_len),
+            'trained': evaluation[str(max_len)]['token_accuracy']}
+
+  return {**run.tags, 'stopped_at': convergence.stopped_at(workdir, run.name),
+          'chosen': reading(chosen), 'short': reading(short)}
+
+
+def committed_score(short_dir: str, run: study.Run) -> float | None:
+  """The 2,000-step study's score of the same run, or None."""
+  t = run.tags
+  path = os.path.join(short_dir, lengthgen.run_name(
+      t['task'], t['position'], t['random'], t['seed']), 'summary.json')
+  if not os.path.exists(path):
+    return None
+  return workdir_lib.read_json_object(path, 'a 2,000-step run summary')['score']
+
+
+# The fixed start of the report's title (skeleton.Study.title_stem).
+TITLE = 'Length generalization to convergence'
+
+
+def report(workdir: str, runs: list[study.Run], results: dict,
+           short_dir: str | None) -> str:
+  """results.md, results.json and the curves' plot; short_dir: the
+  2,000-step study to compare the step-2,000 scores with (None: none)."""
+  cells = list(dict.fromkeys(
+      (r.tags['task'], r.tags['position'], r.tags['random']) for r in runs))
+  by_cell: dict[tuple, dict[int, dict]] = {}
+  for r in results.values():
+    by_cell.setdefault((r['task'], r['position'], r['random']),
+                       {})[r['seed']] = r
+  short_name = f'{SHORT_STEPS:,} steps'
+  budgets = ((short_name, 'short'), ('to convergence', 'chosen'))
+  config = runs[0].config
+  trained = f'accuracy at {config.task.max_len}'
+  scored = (f'score ({config.task.max_len + 1}-'
+            f'{max(config.eval.lengths)})')
+
+  rows = []
+  for cell in cells:
+    rs = [by_cell[cell][s] for s in sorted(by_cell.get(cell, {}))]
+    if not rs:
+      continue
+    for name, key in budgets:
+      converged = key == 'chosen'
+      rows.append([
+          label(*cell), name,
+          ', '.join(str(r['stopped_at']) for r in rs) if converged else '',
+          ', '.join(str(r[key]['step']) for r in rs),
+          common.mean_std([r[key]['trained'] for r in rs]),
+          common.mean_std([r[key]['score'] for r in rs]), len(rs)])
+  table = common.markdown_table(
+      ['cell', 'budget', 'stopped at (per seed)', 'read at step', trained,
+       scored, 'runs'], rows)
+
+  def values(key: str, what: str) -> dict:
+    return {cell: {s: r[key][what] for s, r in by_seed.items()}
+            for cell, by_seed in by_cell.items()}
+
+  tasks = list(dict.fromkeys(c[0] for c in cells))
+  positions = list(dict.fromkeys(c[1] for c in cells))
+  comparisons = []
+  for position in positions:          # randomized minus fixed
+    comparisons.append((
+        tuple((t, position, True) for t in tasks),
+        tuple((t, position, False) for t in tasks),
+        f'{position}: randomized minus fixed'))
+  if {'rope', 'pope'} <= set(positions):
+    for randomized in (False, True):
+      comparisons.append((
+          tuple((t, 'pope', randomized) for t in tasks),
+          tuple((t, 'rope', randomized) for t in tasks),
+          f'pope minus rope, {"randomized" if randomized else "fixed"}'))
+  sections_of_lines = []
+  for what, heading in (('score', scored), ('trained', trained)):
+    short, long = values('short', what), values('chosen', what)
+    change = convergence.change_with_budget(short, long)
+    lines = []
+    for a, b, name in comparisons:
+      for budget, by in ((short_name, short), ('to convergence', long)):
+        lines.append(common.paired_by_seed(
+            by, a, b, f'{name}, {budget}', unit='points', scale=100,
+            digits=2))
+      lines.append(common.paired_by_seed(
+          change, a, b, f'{name}, to convergence minus at {short_name}',
+          unit='points', scale=100, digits=2))
+    sections_of_lines.append((f'Paired by seed: {heading}', '\n'.join(
+        f'- {line}' for line in lines)))
+
+  run_of = {run.name: run for run in runs}
+  drift = [r['short']['score'] - s for name, r in results.items()
+           if short_dir and (s := committed_score(short_dir, run_of[name]))
+           is not None]
+  t = config.train
+  body = [
+      ('Protocol', (
+          f"Section 5's protocol (configs/chomsky.py:small: Adam at a "
+          f'constant {t.learning_rate:g}, batch {t.batch_size}) trained up to '
+          f'{t.num_steps:,} steps, every length evaluated every '
+          f'{config.eval.every:,} steps, training stopped after '
+          f'{t.early_stop_patience} evaluation(s) in a row without a new '
+          f'lowest loss at length {config.task.max_len} (the longest '
+          f'trained); read at the evaluation with the lowest. The '
+          f'{short_name} rows are the same runs read at step {SHORT_STEPS:,} '
+          f'(a constant learning rate makes them the 2,000-step protocol). '
+          f'Intervals: 95% t-intervals across seeds, the unit of '
+          f'replication; a comparison averages the tasks within a seed.')),
+      ('Accuracy (mean ± std over seeds)', table),
+      *sections_of_lines,
+  ]
+  if drift:
+    body.append(('Against the committed 2,000-step runs', (
+        f'Score at step {SHORT_STEPS:,} here minus the committed score of '
+        f'the same run in {short_dir} (JAX 0.10.2 there): mean '
+        f'{100 * statistics.mean(drift):+.2f} points, largest '
+        f'{100 * max(drift, key=abs):+.2f}, over {len(drift)} run'
+        f'{"s" if len(drift) != 1 else ""}.')))
+  plot = os.path.join(workdir, 'score_by_step.png')
+  if plot_curves(workdir, runs, results, plot):
+    body.append(('Score and fit by step', '![score and fit by step]'
+                 '(score_by_step.png)'))
+  json_out = {name: r for name, r in results.items()}
+  return common.write_results(workdir, TITLE, body, json_out)
+
+
+def plot_curves(workdir: str, runs: list[study.Run], results: dict,
+                path: str) -> bool:
+  """Per task: accuracy at the longest trained length (top) and the score
+  (bottom) by step, one line per run, one colour per encoding, dashed for
+  randomized; the read step starred."""
+  if not results:
+    return False
+  import matplotlib
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+  tasks = list(dict.fromkeys(r['task'] for r in results.values()))
+  fig, axes = plt.subplots(2, len(tasks), figsize=(5 * len(tasks), 7),
+                           squeeze=False)
+  colors = {p: f'C{i}' for i, p in enumerate(POSITIONS)}
+  config_of = {run.name: run.config for run in runs}
+  shown = set()
+  for name, r in sorted(results.items()):
+    max_len = config_of[name].task.max_len
+    history = evaluations(os.path.join(workdir, name))
+    steps = sorted(history)
+    column = tasks.index(r['task'])
+    key = (r['task'], r['position'], r['random'])    # one legend per task
+    style = dict(color=colors.get(r['position'], 'k'),
+                 ls='--' if r['random'] else '-', marker='.',
+                 label=None if key in shown else
+                 r['position'] + (' rand.' if r['random'] else ''))
+    shown.add(key)
+    for row, read in ((0, lambda e: e[str(max_len)]['token_accuracy']),
+                      (1, lambda e: report_lib.generalization_score(e, max_len))):
+      ax = axes[row][column]
+      ax.plot(steps, [read(history[s]) for s in steps], **style)
+      best = r['chosen']['step']
+      ax.plot([best], [read(history[best])], color=style['color'],
+              marker='*', markersize=10)
+  for column, task in enumerate(tasks):
+    axes[0][column].set_title(task)
+    axes[0][column].set_ylabel('token accuracy at the longest trained length')
+    axes[1][column].set_ylabel('score: token accuracy over longer lengths')
+    for row in (0, 1):
+      axes[row][column].set_xlabel('training step')
+      axes[row][column].grid(alpha=0.3)
+    axes[0][column].legend(fontsize=8)
+  fig.suptitle('One line per seed (dashed: randomized); * the step read')
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return True
+
+
+class LengthGeneralizationConvergence(convergence.Study):
+  title = TITLE
+  filters = ('task', 'position')
+
+  def filter_values(self):
+    return {'task': TASKS, 'position': POSITIONS}
+
+  def runs(self, scale, seeds, context):
+    if scale == 'quick':
+      return study_runs(scale, seeds, QUICK_TASKS, ('rope',))
+    return study_runs(scale, seeds)
+
+  def results(self, runs, workdir, context, *, score_missing):
+    out = {}
+    for run in runs:
+      summary = study.finished_summary(run, workdir)
+      if summary is not None and not study.diverged(summary):
+        out[run.name] = read_run(run, workdir)
+    return out
+
+  def report(self, workdir, runs, results, scale, context):
+    # A quick run has no committed counterpart.
+    return report(workdir, runs, results, None if scale == 'quick'
+                  else convergence.short_dir(SHORT_DIR))
+
+
+STUDY = LengthGeneralizationConvergence()
+
+if __name__ == '__main__':
+  app.run(skeleton.main(STUDY), flags_parser=parse_flags)

@@ -1,0 +1,126 @@
+"""The length-generalization convergence check: its plan (section 5's
+protocol with a held-out stop), the evaluation it reads a run at, and its
+report on made-up readings whose paired differences are known."""
+
+import json
+import os
+
+import pytest
+
+from convergence_runs import fake_converged_run
+from experiments import length_generalization as lengthgen
+from experiments import length_generalization_convergence as convergence
+from experiments import study
+from selfattn.training import workdir as workdir_lib
+from selfattn.training.config_checks import validate_config
+
+
+def test_the_plan_is_section_5s_protocol_with_a_held_out_stop():
+  runs = convergence.LengthGeneralizationConvergence().runs('cpu', 3, None)
+  assert len(runs) == 3 * 2 * 2 * 2
+  # Seed-major: every cell of seed 0 before any of seed 1.
+  assert [r.tags['seed'] for r in runs] == sorted(r.tags['seed'] for r in runs)
+  assert {(r.tags['task'], r.tags['position'], r.tags['random'])
+          for r in runs} == {(t, p, x) for t in convergence.TASKS
+                             for p in convergence.POSITIONS
+                             for x in (False, True)}
+  short = {r.name: r.config for r in lengthgen.study_runs(
+      'small', 3, convergence.TASKS, convergence.POSITIONS)}
+  for run in runs:
+    t, e = run.config.train, run.config.eval
+    assert t.num_steps == convergence.CAP_STEPS
+    assert (t.early_stop_patience, t.early_stop_metric) == (
+        convergence.PATIENCE, 'loss')
+    assert t.checkpoint_every == e.every == convergence.EVAL_EVERY
+    assert convergence.SHORT_STEPS % e.every == 0     # evaluated at 2,000
+    # What makes step 2,000 the 2,000-step protocol: a rate that does not
+    # depend on the number of steps.
+    assert (t.schedule, t.warmup_steps) == ('constant', 0)
+    same = short[run.name]
+    assert same.train.num_steps == convergence.SHORT_STEPS
+    assert run.config.model.to_dict() == same.model.to_dict()
+    assert run.config.task.to_dict() == same.task.to_dict()
+    assert list(e.lengths) == list(same.eval.lengths)
+    assert e.num_examples == same.eval.num_examples
+    for field in ('learning_rate', 'batch_size', 'weight_decay', 'grad_clip'):
+      assert t[field] == same.train[field]
+
+
+def test_every_planned_run_passes_validation():
+  runs = convergence.LengthGeneralizationConvergence().runs('cpu', 1, None)
+  for run in study.distinct_but_seed(runs):
+    assert validate_config(run.config, num_devices=1).name in convergence.TASKS
+
+
+def _fake_run(path, curve: dict, accuracy: dict, stopped_at: int) -> None:
+  """A finished run whose loss at 16 follows `curve` (step -> loss) and
+  whose token accuracy at every evaluated step is accuracy[step]: a pair
+  (at 16, at every length above 16)."""
+  fake_converged_run(path, stopped_at=stopped_at, metric='loss', patience=3,
+                     length=16, curve=curve)
+  history = []
+  for step, (trained, longer) in accuracy.items():
+    evaluation = {'8': {'token_accuracy': 1.0},
+                  '16': {'token_accuracy': trained}}
+    evaluation |= {str(n): {'token_accuracy': longer} for n in range(17, 49)}
+    history.append({'step': step, 'eval': evaluation})
+  workdir_lib.write_json(os.path.join(path, workdir_lib.EVALUATED_FILE),
+                         {'step': stopped_at, 'history': history})
+
+
+def test_a_run_is_read_at_its_lowest_loss_and_at_2000_steps(tmp_path):
+  run = convergence.study_runs('cpu', 1)[0]
+  _fake_run(tmp_path / run.name,
+            curve={1000: 0.5, 2000: 0.3, 3000: 0.2, 4000: 0.2, 5000: 0.25,
+                   6000: 0.21},
+            accuracy={s: (0.5 + s / 20_000, 0.4 + s / 40_000)
+                      for s in range(1000, 6001, 1000)},
+            stopped_at=6000)
+  r = convergence.read_run(run, str(tmp_path))
+  assert r['stopped_at'] == 6000
+  assert r['chosen'] == {'step': 3000, 'trained': 0.65,   # the earlier tie
+                         'score': pytest.approx(0.475)}
+  assert r['short'] == {'step': 2000, 'trained': 0.6,
+                        'score': pytest.approx(0.45)}
+  assert (r['task'], r['position'], r['random'], r['seed']) == (
+      'reverse_string', 'rope', False, 0)
+
+
+def test_the_report_pairs_each_comparison_at_both_budgets_by_seed(tmp_path):
+  """Scores made up so that, per seed, randomized minus fixed rope is
+  +10, +20, +30 points at 2,000 steps and +4, +5, +6 at the read step,
+  the same on both tasks; pope equals rope but 2 points lower."""
+  runs = convergence.study_runs('cpu', 3)
+  workdir, short_dir = tmp_path / 'long', tmp_path / 'short'
+  results = {}
+  for run in runs:
+    t = run.tags
+    seed, randomized = t['seed'], t['random']
+    short = 0.5 + (0.1 * (seed + 1) if randomized else 0)
+    long = 0.7 + (0.01 * (seed + 4) if randomized else 0)
+    if t['position'] == 'pope':
+      short, long = short - 0.02, long - 0.02
+    _fake_run(workdir / run.name, curve={1000: 0.5, 2000: 0.4, 3000: 0.3,
+                                         4000: 0.35, 5000: 0.4, 6000: 0.4},
+              accuracy={s: (0.9, short if s <= 2000 else long)
+                        for s in range(1000, 6001, 1000)},
+              stopped_at=6000)
+    os.makedirs(short_dir / run.name)
+    (short_dir / run.name / 'summary.json').write_text(
+        json.dumps({'score': short - 0.01}))     # the old stack, 1 point off
+    results[run.name] = convergence.read_run(run, str(workdir))
+  text = convergence.report(str(workdir), runs, results, str(short_dir))
+  assert ('rope: randomized minus fixed, 2,000 steps: +20.00 points over 3 '
+          'seeds') in text
+  assert ('rope: randomized minus fixed, to convergence: +5.00 points over '
+          '3 seeds') in text
+  assert ('rope: randomized minus fixed, to convergence minus at 2,000 '
+          'steps: -15.00 points over 3 seeds') in text
+  assert ('pope minus rope, fixed, to convergence: -2.00 points over 3 '
+          'seeds') in text
+  assert 'mean +1.00 points, largest +1.00, over 24 runs' in text
+  assert '| reverse_string rope rand. | to convergence | 6000, 6000, 6000 ' \
+         '| 3000, 3000, 3000 | 0.900 ± 0.000 | 0.750 ± 0.010 | 3 |' in text
+  saved = json.loads((workdir / 'results.json').read_text())
+  assert len(saved) == 24
+  assert (workdir / 'score_by_step.png').stat().st_size > 0
