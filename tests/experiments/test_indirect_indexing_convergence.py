@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from convergence_runs import assert_convergence_budget
 from convergence_runs import fake_converged_run
 from experiments import indirect_indexing as ii_study
 from experiments import indirect_indexing_convergence as convergence
@@ -27,11 +28,7 @@ def test_the_plan_is_section_7s_protocol_with_a_held_out_stop():
       'small', 3, convergence.ENCODINGS)}
   for run in runs:
     t, e = run.config.train, run.config.eval
-    assert t.num_steps == convergence.CAP_STEPS
-    assert (t.early_stop_patience, t.early_stop_metric) == (
-        convergence.PATIENCE, 'loss')
-    assert t.checkpoint_every == e.every == convergence.EVAL_EVERY
-    assert t.keep_checkpoints * e.every == t.num_steps      # every one kept
+    assert_convergence_budget(run.config, convergence, 'loss')
     # Everything else is the 4,000-step study's run of the same name.
     same = short[run.name]
     assert same.train.num_steps == convergence.SHORT_STEPS

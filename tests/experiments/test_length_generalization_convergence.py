@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from convergence_runs import assert_convergence_budget
 from convergence_runs import fake_converged_run
 from experiments import length_generalization as lengthgen
 from experiments import length_generalization_convergence as convergence
@@ -28,10 +29,7 @@ def test_the_plan_is_section_5s_protocol_with_a_held_out_stop():
       'small', 3, convergence.TASKS, convergence.POSITIONS)}
   for run in runs:
     t, e = run.config.train, run.config.eval
-    assert t.num_steps == convergence.CAP_STEPS
-    assert (t.early_stop_patience, t.early_stop_metric) == (
-        convergence.PATIENCE, 'loss')
-    assert t.checkpoint_every == e.every == convergence.EVAL_EVERY
+    assert_convergence_budget(run.config, convergence, 'loss')
     assert convergence.SHORT_STEPS % e.every == 0     # evaluated at 2,000
     # What makes step 2,000 the 2,000-step protocol: a rate that does not
     # depend on the number of steps.

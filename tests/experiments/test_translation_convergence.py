@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 
+from convergence_runs import assert_convergence_budget
 from convergence_runs import fake_converged_run
 from experiments import translation_convergence as convergence
 
@@ -29,12 +30,8 @@ def test_the_plan_is_the_study_protocol_with_an_early_stopped_budget():
     assert run.config.task.max_len == (convergence.SHORT_MAX_LEN if short
                                        else study.task.max_len)
     position = run.tags['position'].split()[0]
-    t, e = run.config.train, run.config.eval
-    assert t.num_steps == convergence.CAP_STEPS
-    assert t.early_stop_patience == convergence.PATIENCE
-    assert t.early_stop_metric == 'bleu'
-    assert t.checkpoint_every == e.every == convergence.EVAL_EVERY
-    assert t.keep_checkpoints * e.every == t.num_steps      # every one kept
+    t = run.config.train
+    assert_convergence_budget(run.config, convergence, 'bleu')
     # Everything else is the 3,000-step study's.
     assert run.config.model.to_dict() == {**study.model.to_dict(),
                                           'position': position}
