@@ -62,6 +62,16 @@ def lowest_step(path: str) -> int:
   return min(curve, key=lambda s: (curve[s], s))
 
 
+def highest_step(path: str) -> int:
+  """The evaluated step with the highest early-stopping value of a run in
+  `path` (the earlier of a tie): lowest_step for a metric where higher is
+  better (an accuracy)."""
+  curve = record_curve(path)
+  if not curve:
+    raise FileNotFoundError(f'no early-stopping record in {path}')
+  return min(curve, key=lambda s: (-curve[s], s))
+
+
 def change_with_budget(short: dict, long: dict) -> dict:
   """label -> seed -> the long budget's value minus the short one's, for
   the seeds a label has at both (short, long: label -> seed -> value)."""

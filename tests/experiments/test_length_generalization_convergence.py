@@ -1,6 +1,7 @@
 """The length-generalization convergence check: its plan (section 5's
-protocol with a held-out stop), the evaluation it reads a run at, and its
-report on made-up readings whose paired differences are known."""
+protocol with a stop on the fit of length 16), the evaluation it reads a
+run at, and its report on made-up readings whose paired differences are
+known."""
 
 import json
 import os
@@ -16,7 +17,7 @@ from selfattn.training import workdir as workdir_lib
 from selfattn.training.config_checks import validate_config
 
 
-def test_the_plan_is_section_5s_protocol_with_a_held_out_stop():
+def test_the_plan_is_section_5s_protocol_with_a_stop_on_the_fit():
   runs = convergence.LengthGeneralizationConvergence().runs('cpu', 3, None)
   assert len(runs) == 3 * 2 * 2 * 2
   # Seed-major: every cell of seed 0 before any of seed 1.
@@ -29,7 +30,7 @@ def test_the_plan_is_section_5s_protocol_with_a_held_out_stop():
       'small', 3, convergence.TASKS, convergence.POSITIONS)}
   for run in runs:
     t, e = run.config.train, run.config.eval
-    assert_convergence_budget(run.config, convergence, 'loss')
+    assert_convergence_budget(run.config, convergence, 'token_accuracy')
     assert convergence.SHORT_STEPS % e.every == 0     # evaluated at 2,000
     # What makes step 2,000 the 2,000-step protocol: a rate that does not
     # depend on the number of steps.
@@ -51,11 +52,11 @@ def test_every_planned_run_passes_validation():
 
 
 def _fake_run(path, curve: dict, accuracy: dict, stopped_at: int) -> None:
-  """A finished run whose loss at 16 follows `curve` (step -> loss) and
-  whose token accuracy at every evaluated step is accuracy[step]: a pair
-  (at 16, at every length above 16)."""
-  fake_converged_run(path, stopped_at=stopped_at, metric='loss', patience=3,
-                     length=16, curve=curve)
+  """A finished run whose early-stopping record at 16 is `curve` (step ->
+  accuracy) and whose token accuracy at every evaluated step is
+  accuracy[step]: a pair (at 16, at every length above 16)."""
+  fake_converged_run(path, stopped_at=stopped_at, metric='token_accuracy',
+                     patience=3, length=16, curve=curve)
   history = []
   for step, (trained, longer) in accuracy.items():
     evaluation = {'8': {'token_accuracy': 1.0},
@@ -66,11 +67,11 @@ def _fake_run(path, curve: dict, accuracy: dict, stopped_at: int) -> None:
                          {'step': stopped_at, 'history': history})
 
 
-def test_a_run_is_read_at_its_lowest_loss_and_at_2000_steps(tmp_path):
+def test_a_run_is_read_at_its_best_fit_and_at_2000_steps(tmp_path):
   run = convergence.study_runs('cpu', 1)[0]
   _fake_run(tmp_path / run.name,
-            curve={1000: 0.5, 2000: 0.3, 3000: 0.2, 4000: 0.2, 5000: 0.25,
-                   6000: 0.21},
+            curve={1000: 0.5, 2000: 0.7, 3000: 0.9, 4000: 0.9, 5000: 0.85,
+                   6000: 0.89},
             accuracy={s: (0.5 + s / 20_000, 0.4 + s / 40_000)
                       for s in range(1000, 6001, 1000)},
             stopped_at=6000)
@@ -98,8 +99,8 @@ def test_the_report_pairs_each_comparison_at_both_budgets_by_seed(tmp_path):
     long = 0.7 + (0.01 * (seed + 4) if randomized else 0)
     if t['position'] == 'pope':
       short, long = short - 0.02, long - 0.02
-    _fake_run(workdir / run.name, curve={1000: 0.5, 2000: 0.4, 3000: 0.3,
-                                         4000: 0.35, 5000: 0.4, 6000: 0.4},
+    _fake_run(workdir / run.name, curve={1000: 0.5, 2000: 0.6, 3000: 0.9,
+                                         4000: 0.8, 5000: 0.9, 6000: 0.9},
               accuracy={s: (0.9, short if s <= 2000 else long)
                         for s in range(1000, 6001, 1000)},
               stopped_at=6000)
