@@ -22,7 +22,8 @@ except the budget:
 The learning rate is constant, so a run's first 2,000 steps are those of a
 2,000-step run of the same seed: its evaluation at step 2,000 is the short
 budget, on the same stack (the committed section 5 runs trained on JAX
-0.10.2; the report says how far their scores are from these).
+0.10.2 on the CPU or 0.11.2 on a GPU; the report says how far their scores
+are from these, per stack).
 
 Tasks reverse_string and duplicate_string (where section 5's randomized
 models fit length 16 worst while extrapolating better), encodings rope and
@@ -52,6 +53,8 @@ from selfattn.training import workdir as workdir_lib
 from selfattn.training.cli_checks import parse_flags
 
 SHORT_STEPS = 2_000
+# The quick scale's stand-in for it (its cap is convergence.QUICK's 40).
+QUICK_SHORT_STEPS = 20
 CAP_STEPS = 10_000
 EVAL_EVERY = 1_000
 PATIENCE = 3
@@ -94,34 +97,52 @@ def evaluations(path: str) -> dict[int, dict]:
   return {h['step']: h['eval'] for h in record.get('history', [])}
 
 
+def short_step(config) -> int:
+  """The step a run is read at for the short budget: SHORT_STEPS, or the
+  quick scale's stand-in when the cap is below it."""
+  return (SHORT_STEPS if config.train.num_steps > SHORT_STEPS
+          else QUICK_SHORT_STEPS)
+
+
 def read_run(run: study.Run, workdir: str) -> dict:
   """A finished run's readings: at the chosen step (the first with the
-  highest accuracy at the longest trained length) and at SHORT_STEPS (the
-  short budget)."""
+  highest accuracy at the longest trained length) and at the short
+  budget's step (short_step)."""
   path = os.path.join(workdir, run.name)
   history = evaluations(path)
   chosen = convergence.highest_step(path)
   max_len = run.config.task.max_len
-  short = min(SHORT_STEPS, max(history))     # quick runs stop before it
 
   def reading(step: int) -> dict:
+    if step not in history:
+      # The early-stopping record and the history disagree (a history
+      # lost or reset on a resume): the run cannot be read as planned.
+      raise skeleton.StudyError(
+          f'{path}: no evaluation at step {step} in '
+          f'{workdir_lib.EVALUATED_FILE} (it has {sorted(history)}); '
+          f'retrain the run (delete its folder)')
     evaluation = history[step]
     return {'step': step,
             'score': report_lib.generalization_score(evaluation, max_len),
             'trained': evaluation[str(max_len)]['token_accuracy']}
 
   return {**run.tags, 'stopped_at': convergence.stopped_at(workdir, run.name),
-          'chosen': reading(chosen), 'short': reading(short)}
+          'chosen': reading(chosen), 'short': reading(short_step(run.config))}
 
 
-def committed_score(short_dir: str, run: study.Run) -> float | None:
-  """The 2,000-step study's score of the same run, or None."""
+def committed_run(short_dir: str, run: study.Run) -> tuple[float, str] | None:
+  """(score, stack) of the 2,000-step study's run of the same name, or
+  None; stack: its summary's JAX version and backend."""
   t = run.tags
   path = os.path.join(short_dir, lengthgen.run_name(
       t['task'], t['position'], t['random'], t['seed']), 'summary.json')
   if not os.path.exists(path):
     return None
-  return workdir_lib.read_json_object(path, 'a 2,000-step run summary')['score']
+  summary = workdir_lib.read_json_object(path, 'a 2,000-step run summary')
+  versions = summary.get('versions') or {}
+  stack = (f'JAX {versions.get("jax", "unrecorded")} on '
+           f'{versions.get("backend", "an unrecorded backend")}')
+  return summary['score'], stack
 
 
 # The fixed start of the report's title (skeleton.Study.title_stem).
@@ -138,7 +159,8 @@ def report(workdir: str, runs: list[study.Run], results: dict,
   for r in results.values():
     by_cell.setdefault((r['task'], r['position'], r['random']),
                        {})[r['seed']] = r
-  short_name = f'{SHORT_STEPS:,} steps'
+  short_step_read = short_step(runs[0].config)
+  short_name = f'{short_step_read:,} steps'
   budgets = ((short_name, 'short'), ('to convergence', 'chosen'))
   config = runs[0].config
   trained = f'accuracy at {config.task.max_len}'
@@ -197,9 +219,15 @@ def report(workdir: str, runs: list[study.Run], results: dict,
         f'- {line}' for line in lines)))
 
   run_of = {run.name: run for run in runs}
-  drift = [r['short']['score'] - s for name, r in results.items()
-           if short_dir and (s := committed_score(short_dir, run_of[name]))
-           is not None]
+  drift: dict[str, list[float]] = {}       # stack -> differences
+  for name, r in results.items():
+    committed = short_dir and committed_run(short_dir, run_of[name])
+    if committed:
+      score, stack = committed
+      drift.setdefault(stack, []).append(r['short']['score'] - score)
+  # Finished but left out of every table (study.diverged).
+  diverged = [run.name for run in runs if run.name not in results
+              and study.finished_summary(run, workdir) is not None]
   t = config.train
   body = [
       ('Protocol', (
@@ -211,20 +239,27 @@ def report(workdir: str, runs: list[study.Run], results: dict,
           f'highest token accuracy at length {config.task.max_len} (the '
           f'longest trained); read at the first evaluation with the highest. '
           f'The '
-          f'{short_name} rows are the same runs read at step {SHORT_STEPS:,} '
-          f'(a constant learning rate makes them the 2,000-step protocol). '
+          f'{short_name} rows are the same runs read at step '
+          f'{short_step_read:,} (a constant learning rate makes them the '
+          f'{short_step_read:,}-step protocol). '
           f'Intervals: 95% t-intervals across seeds, the unit of '
           f'replication; a comparison averages the tasks within a seed.')),
       ('Accuracy (mean ± std over seeds)', table),
       *sections_of_lines,
   ]
+  if diverged:
+    body.append(('Diverged', (
+        f'{len(diverged)} finished run(s) diverged and are in no table or '
+        f'comparison: {", ".join(diverged)}.')))
   if drift:
     body.append(('Against the committed 2,000-step runs', (
-        f'Score at step {SHORT_STEPS:,} here minus the committed score of '
-        f'the same run in {short_dir} (JAX 0.10.2 there): mean '
-        f'{100 * statistics.mean(drift):+.2f} points, largest '
-        f'{100 * max(drift, key=abs):+.2f}, over {len(drift)} run'
-        f'{"s" if len(drift) != 1 else ""}.')))
+        f'Score at step {short_step_read:,} here minus the committed score '
+        f'of the same run in {short_dir}, by the stack the committed run '
+        f'trained on (this study: its runs\' summary.json): ' + '; '.join(
+            f'{stack}: mean {100 * statistics.mean(d):+.2f} points, '
+            f'largest {100 * max(d, key=abs):+.2f}, over {len(d)} '
+            f'run{"s" if len(d) != 1 else ""}'
+            for stack, d in sorted(drift.items())) + '.')))
   plot = os.path.join(workdir, 'score_by_step.png')
   if plot_curves(workdir, runs, results, plot):
     body.append(('Score and fit by step', '![score and fit by step]'

@@ -96,7 +96,8 @@ class Study:
 
   def prepare(self, scale: str) -> Any:
     """What the runs, scores and report share (data, floors); None by
-    default. Raise StudyError for data that cannot be had."""
+    default. Raise StudyError for data that cannot be had (also from
+    `results`, for a finished run that cannot be read)."""
     return None
 
   def runs(self, scale: str, seeds: int, context: Any) -> list[study.Run]:
@@ -354,6 +355,16 @@ def main_of(fn: Callable[[str, int, bool], Any], title: str):
   return run
 
 
+def _results(spec: Study, runs, workdir: str, context: Any, *,
+             score_missing: bool) -> dict[str, Any]:
+  """spec.results, with a finished run it cannot read (StudyError) as a
+  one-line error."""
+  try:
+    return spec.results(runs, workdir, context, score_missing=score_missing)
+  except StudyError as e:
+    common.fail(str(e))
+
+
 def _main(spec: Study) -> None:
   configure_logging()
   workdir = common.WORKDIR.value
@@ -391,7 +402,7 @@ def _main(spec: Study) -> None:
       common.fail(f'no run of this study at --scale={scale} matches the '
                   f'filters and shard given')
     # Finished earlier, but stopped before it was scored.
-    spec.results(runs, workdir, context, score_missing=True)
+    _results(spec, runs, workdir, context, score_missing=True)
     study.execute(chosen, workdir, after_each=lambda r, _: spec.score(
         r, os.path.join(workdir, r.name), context), deadline=deadline)
   if COLLECT_ONLY.value and not study.collect(runs, workdir):
@@ -403,8 +414,8 @@ def _main(spec: Study) -> None:
     print(f'[study] note: {left_out} finished run(s) in {workdir} are not '
           f'runs of this selection (other seeds or settings): the report '
           f'leaves them out', file=sys.stderr)
-  results = spec.results(runs, workdir, context,
-                         score_missing=not COLLECT_ONLY.value)
+  results = _results(spec, runs, workdir, context,
+                     score_missing=not COLLECT_ONLY.value)
   # Finished as the tables read them (a diverged run is an outcome).
   with common.planned_runs(len(runs), len(study.collect(runs, workdir))):
     print(spec.report(workdir, runs, results, scale, context))

@@ -12,8 +12,10 @@ from convergence_runs import assert_convergence_budget
 from convergence_runs import fake_converged_run
 from experiments import length_generalization as lengthgen
 from experiments import length_generalization_convergence as convergence
+from experiments import skeleton
 from experiments import study
 from selfattn.training import workdir as workdir_lib
+from tiers import EXTENDED
 from selfattn.training.config_checks import validate_config
 
 
@@ -41,8 +43,13 @@ def test_the_plan_is_section_5s_protocol_with_a_stop_on_the_fit():
     assert run.config.task.to_dict() == same.task.to_dict()
     assert list(e.lengths) == list(same.eval.lengths)
     assert e.num_examples == same.eval.num_examples
-    for field in ('learning_rate', 'batch_size', 'weight_decay', 'grad_clip'):
-      assert t[field] == same.train[field]
+    budget = ('num_steps', 'checkpoint_every', 'keep_checkpoints',
+              'early_stop_patience', 'early_stop_metric')
+    assert ({k: v for k, v in t.to_dict().items() if k not in budget}
+            == {k: v for k, v in same.train.to_dict().items()
+                if k not in budget})
+    assert ({k: v for k, v in e.to_dict().items() if k != 'every'}
+            == {k: v for k, v in same.eval.to_dict().items() if k != 'every'})
 
 
 def test_every_planned_run_passes_validation():
@@ -85,6 +92,20 @@ def test_a_run_is_read_at_its_best_fit_and_at_2000_steps(tmp_path):
       'reverse_string', 'rope', False, 0)
 
 
+def test_a_run_without_the_evaluation_it_is_read_at_is_a_clear_error(
+    tmp_path):
+  """The early-stopping record and the history disagree (a history reset
+  on a resume): one line naming the run and the step, not a KeyError."""
+  run = convergence.study_runs('cpu', 1)[0]
+  _fake_run(tmp_path / run.name,
+            curve={1000: 0.5, 2000: 0.7, 3000: 0.9, 4000: 0.9, 5000: 0.85,
+                   6000: 0.89},
+            accuracy={s: (0.9, 0.5) for s in (1000, 3000, 4000, 5000, 6000)},
+            stopped_at=6000)
+  with pytest.raises(skeleton.StudyError, match='no evaluation at step 2000'):
+    convergence.read_run(run, str(tmp_path))
+
+
 def test_the_report_pairs_each_comparison_at_both_budgets_by_seed(tmp_path):
   """Scores made up so that, per seed, randomized minus fixed rope is
   +10, +20, +30 points at 2,000 steps and +4, +5, +6 at the read step,
@@ -104,11 +125,21 @@ def test_the_report_pairs_each_comparison_at_both_budgets_by_seed(tmp_path):
               accuracy={s: (0.9, short if s <= 2000 else long)
                         for s in range(1000, 6001, 1000)},
               stopped_at=6000)
+    # The committed runs: seed 0 on a GPU, 3 points off; the others 1.
+    gpu = seed == 0
     os.makedirs(short_dir / run.name)
-    (short_dir / run.name / 'summary.json').write_text(
-        json.dumps({'score': short - 0.01}))     # the old stack, 1 point off
+    (short_dir / run.name / 'summary.json').write_text(json.dumps(
+        {'score': short - (0.03 if gpu else 0.01),
+         'versions': {'jax': '0.11.2' if gpu else '0.10.2',
+                      'backend': 'gpu' if gpu else 'cpu'}}))
     results[run.name] = convergence.read_run(run, str(workdir))
-  text = convergence.report(str(workdir), runs, results, str(short_dir))
+  # One more seed's run, diverged: named, in no table.
+  diverged = convergence.study_runs('cpu', 4)[-1]
+  os.makedirs(workdir / diverged.name)
+  (workdir / diverged.name / study.DIVERGED_FILE).write_text(
+      json.dumps({'diverged': 'loss nan at step 300'}))
+  text = convergence.report(str(workdir), runs + [diverged], results,
+                            str(short_dir))
   assert ('rope: randomized minus fixed, 2,000 steps: +20.00 points over 3 '
           'seeds') in text
   assert ('rope: randomized minus fixed, to convergence: +5.00 points over '
@@ -117,9 +148,32 @@ def test_the_report_pairs_each_comparison_at_both_budgets_by_seed(tmp_path):
           'steps: -15.00 points over 3 seeds') in text
   assert ('pope minus rope, fixed, to convergence: -2.00 points over 3 '
           'seeds') in text
-  assert 'mean +1.00 points, largest +1.00, over 24 runs' in text
+  assert ('JAX 0.10.2 on cpu: mean +1.00 points, largest +1.00, over 16 '
+          'runs; JAX 0.11.2 on gpu: mean +3.00 points, largest +3.00, over 8 '
+          'runs.') in text
+  assert ('1 finished run(s) diverged and are in no table or comparison: '
+          f'{diverged.name}.') in text
   assert '| reverse_string rope rand. | to convergence | 6000, 6000, 6000 ' \
          '| 3000, 3000, 3000 | 0.900 ± 0.000 | 0.750 ± 0.010 | 3 |' in text
   saved = json.loads((workdir / 'results.json').read_text())
   assert len(saved) == 24
   assert (workdir / 'score_by_step.png').stat().st_size > 0
+
+
+@EXTENDED
+def test_a_capped_run_at_the_short_step_is_the_short_run(tmp_path):
+  """The premise of the 2,000-step rows: under the constant rate, a run
+  capped higher, evaluated and checkpointed more often and stopped early
+  evaluates at the short step exactly as a run that ends there (quick
+  scale: the cap 40 against a 20-step run)."""
+  from selfattn.training import train
+  run = convergence.study_runs('quick', 1, ('reverse_string',), ('rope',))[0]
+  short = lengthgen.study_runs('quick', 1, ('reverse_string',), ('rope',))[0]
+  short.config.train.num_steps = convergence.QUICK_SHORT_STEPS
+  short.config.eval.every = convergence.QUICK_SHORT_STEPS
+  train.train_and_evaluate(run.config, str(tmp_path / 'capped'))
+  ended = train.train_and_evaluate(short.config, str(tmp_path / 'short'))
+  capped = convergence.evaluations(str(tmp_path / 'capped'))
+  assert max(capped) > convergence.QUICK_SHORT_STEPS       # trained past it
+  assert capped[convergence.QUICK_SHORT_STEPS] == {
+      str(n): m for n, m in ended['eval'].items()}
