@@ -145,6 +145,23 @@ def committed_run(short_dir: str, run: study.Run) -> tuple[float, str] | None:
   return summary['score'], stack
 
 
+def paired(by_cell: dict, a: tuple, b: tuple) -> str:
+  """Mean over cells a minus mean over cells b, per seed (the seeds that
+  have every cell of both), in points: 'mean [95% t-interval across
+  seeds] (n seeds)', or the one seed's difference, or '–'."""
+  seeds = sorted(set.intersection(*[set(by_cell.get(c, {})) for c in a + b]))
+  diffs = [100 * (statistics.mean(by_cell[c][s] for c in a)
+                  - statistics.mean(by_cell[c][s] for c in b)) for s in seeds]
+  if not diffs:
+    return '–'
+  if len(diffs) == 1:
+    return f'{diffs[0]:+.2f} (1 seed)'
+  lo, hi = common.seed_interval(diffs)
+  return (f'{statistics.mean(diffs):+.2f} [{lo:+.2f}, {hi:+.2f}] '
+          f'({len(diffs)} seeds: ' + ', '.join(f'{d:+.1f}' for d in diffs)
+          + ')')
+
+
 # The fixed start of the report's title (skeleton.Study.title_stem).
 TITLE = 'Length generalization to convergence'
 
@@ -190,33 +207,39 @@ def report(workdir: str, runs: list[study.Run], results: dict,
 
   tasks = list(dict.fromkeys(c[0] for c in cells))
   positions = list(dict.fromkeys(c[1] for c in cells))
+  # (name, cells a, cells b) for each task alone and, with several tasks,
+  # for all of them (a seed's difference averages its tasks).
+  scopes = [(task, (task,)) for task in tasks]
+  if len(tasks) > 1:
+    scopes.append(('both tasks', tuple(tasks)))
   comparisons = []
-  for position in positions:          # randomized minus fixed
-    comparisons.append((
-        tuple((t, position, True) for t in tasks),
-        tuple((t, position, False) for t in tasks),
-        f'{position}: randomized minus fixed'))
+  for position in positions:
+    comparisons.append((f'{position}: randomized minus fixed', position,
+                        True, position, False))
   if {'rope', 'pope'} <= set(positions):
-    for randomized in (False, True):
-      comparisons.append((
-          tuple((t, 'pope', randomized) for t in tasks),
-          tuple((t, 'rope', randomized) for t in tasks),
-          f'pope minus rope, {"randomized" if randomized else "fixed"}'))
-  sections_of_lines = []
-  for what, heading in (('score', scored), ('trained', trained)):
+    comparisons.append(('pope minus rope, fixed', 'pope', False, 'rope',
+                        False))
+    comparisons.append(('pope minus rope, randomized', 'pope', True, 'rope',
+                        True))
+  comparison_rows = {}
+  for what in ('score', 'trained'):
     short, long = values('short', what), values('chosen', what)
     change = convergence.change_with_budget(short, long)
-    lines = []
-    for a, b, name in comparisons:
-      for budget, by in ((short_name, short), ('to convergence', long)):
-        lines.append(common.paired_by_seed(
-            by, a, b, f'{name}, {budget}', unit='points', scale=100,
-            digits=2))
-      lines.append(common.paired_by_seed(
-          change, a, b, f'{name}, to convergence minus at {short_name}',
-          unit='points', scale=100, digits=2))
-    sections_of_lines.append((f'Paired by seed: {heading}', '\n'.join(
-        f'- {line}' for line in lines)))
+    rows = [
+        [name, scope, *(paired(by, tuple((t, pa, ra) for t in scope_tasks),
+                               tuple((t, pb, rb) for t in scope_tasks))
+                        for by in (short, long, change))]
+        for name, pa, ra, pb, rb in comparisons
+        for scope, scope_tasks in scopes]
+    # A scope no seed has finished yet (a partial study) has no row.
+    comparison_rows[what] = [row for row in rows
+                             if any(cell != '–' for cell in row[2:])]
+  header = ['comparison', 'tasks', short_name, 'to convergence',
+            'change (convergence minus ' + short_name + ')']
+  sections_of_lines = [
+      (f'Paired by seed: {heading}', common.markdown_table(
+          header, comparison_rows[what]))
+      for what, heading in (('score', scored), ('trained', trained))]
 
   run_of = {run.name: run for run in runs}
   drift: dict[str, list[float]] = {}       # stack -> differences
@@ -242,8 +265,9 @@ def report(workdir: str, runs: list[study.Run], results: dict,
           f'{short_name} rows are the same runs read at step '
           f'{short_step_read:,} (a constant learning rate makes them the '
           f'{short_step_read:,}-step protocol). '
-          f'Intervals: 95% t-intervals across seeds, the unit of '
-          f'replication; a comparison averages the tasks within a seed.')),
+          f'Comparisons: in points, mean [95% t-interval across seeds, the '
+          f'unit of replication] and each seed\'s difference; over both '
+          f'tasks a seed\'s difference averages its two.')),
       ('Accuracy (mean ± std over seeds)', table),
       *sections_of_lines,
   ]

@@ -140,14 +140,19 @@ def test_the_report_pairs_each_comparison_at_both_budgets_by_seed(tmp_path):
       json.dumps({'diverged': 'loss nan at step 300'}))
   text = convergence.report(str(workdir), runs + [diverged], results,
                             str(short_dir))
-  assert ('rope: randomized minus fixed, 2,000 steps: +20.00 points over 3 '
-          'seeds') in text
-  assert ('rope: randomized minus fixed, to convergence: +5.00 points over '
-          '3 seeds') in text
-  assert ('rope: randomized minus fixed, to convergence minus at 2,000 '
-          'steps: -15.00 points over 3 seeds') in text
-  assert ('pope minus rope, fixed, to convergence: -2.00 points over 3 '
-          'seeds') in text
+  # Rows: comparison | tasks | 2,000 steps | to convergence | change.
+  assert ('| rope: randomized minus fixed | both tasks | +20.00 [-4.84, '
+          '+44.84] (3 seeds: +10.0, +20.0, +30.0) | +5.00 [+2.52, +7.48] '
+          '(3 seeds: +4.0, +5.0, +6.0) | -15.00 [-37.36, +7.36] (3 seeds: '
+          '-6.0, -15.0, -24.0) |') in text
+  # Each task alone: the same differences (both tasks were made alike).
+  assert ('| rope: randomized minus fixed | reverse_string | +20.00 [-4.84, '
+          '+44.84]') in text
+  assert ('| pope minus rope, fixed | both tasks | -2.00 [-2.00, -2.00] (3 '
+          'seeds: -2.0, -2.0, -2.0) | -2.00 [-2.00, -2.00]') in text
+  # The fit at 16 was made the same everywhere: no difference.
+  assert ('| pope: randomized minus fixed | duplicate_string | +0.00 [+0.00, '
+          '+0.00] (3 seeds: +0.0, +0.0, +0.0) |') in text
   assert ('JAX 0.10.2 on cpu: mean +1.00 points, largest +1.00, over 16 '
           'runs; JAX 0.11.2 on gpu: mean +3.00 points, largest +3.00, over 8 '
           'runs.') in text
