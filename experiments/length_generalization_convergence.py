@@ -296,7 +296,7 @@ def plot_curves(workdir: str, runs: list[study.Run], results: dict,
                 path: str) -> bool:
   """Per task: accuracy at the longest trained length (top) and the score
   (bottom) by step, one line per run, one colour per encoding, dashed for
-  randomized; the read step starred."""
+  randomized; the read step starred, the short budget's step dotted."""
   if not results:
     return False
   import matplotlib
@@ -331,7 +331,9 @@ def plot_curves(workdir: str, runs: list[study.Run], results: dict,
     axes[0][column].set_ylabel('token accuracy at the longest trained length')
     axes[1][column].set_ylabel('score: token accuracy over longer lengths')
     for row in (0, 1):
-      axes[row][column].set_xlabel('training step')
+      axes[row][column].set_xlabel('training step (dotted: the short budget)')
+      axes[row][column].axvline(short_step(runs[0].config), color='gray',
+                                ls=':', lw=1)
       axes[row][column].grid(alpha=0.3)
     axes[0][column].legend(fontsize=8)
   fig.suptitle('One line per seed (dashed: randomized); * the step read')
