@@ -1,7 +1,8 @@
 """What the convergence studies share (translation_convergence.py,
-music_convergence.py): a study's protocol with its budget replaced by
-early stopping, and the same seeds' runs of the fixed-budget study beside
-them."""
+music_convergence.py, indirect_indexing_convergence.py,
+length_generalization_convergence.py): a study's protocol with its budget
+replaced by early stopping, and the same seeds' runs of the fixed-budget
+study beside them."""
 
 from __future__ import annotations
 
