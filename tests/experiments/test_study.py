@@ -756,7 +756,9 @@ def test_a_study_in_another_studys_workdir_is_refused_before_it_runs(
     ('exercise3_relative', 'exercise3'),
     ('indirect_indexing', 'indirect_indexing'),
     ('indirect_indexing_convergence', 'indirect_indexing_convergence'),
-    ('length_generalization', 'lengthgen'), ('music', 'music'),
+    ('length_generalization', 'lengthgen'),
+    ('length_generalization_convergence', 'lengthgen_convergence'),
+    ('music', 'music'),
     ('music_convergence', 'music_convergence'), ('translation', 'translation'),
     ('translation_convergence', 'translation_convergence')])
 def test_each_study_owns_its_committed_workdir(driver, folder):
