@@ -53,24 +53,25 @@ def record_curve(path: str) -> dict[int, float]:
   return {e['step']: e['value'] for e in early_stopping.read_record(path)}
 
 
+def _best_step(path: str, sign: int) -> int:
+  """The evaluated step whose early-stopping value times `sign` is lowest
+  (the earlier of a tie)."""
+  curve = record_curve(path)
+  if not curve:
+    raise FileNotFoundError(f'no early-stopping record in {path}')
+  return min(curve, key=lambda s: (sign * curve[s], s))
+
+
 def lowest_step(path: str) -> int:
   """The evaluated step with the lowest early-stopping value of a run in
   `path` (the earlier of a tie): the checkpoint a study that stops on a
   held-out loss scores."""
-  curve = record_curve(path)
-  if not curve:
-    raise FileNotFoundError(f'no early-stopping record in {path}')
-  return min(curve, key=lambda s: (curve[s], s))
+  return _best_step(path, 1)
 
 
 def highest_step(path: str) -> int:
-  """The evaluated step with the highest early-stopping value of a run in
-  `path` (the earlier of a tie): lowest_step for a metric where higher is
-  better (an accuracy)."""
-  curve = record_curve(path)
-  if not curve:
-    raise FileNotFoundError(f'no early-stopping record in {path}')
-  return min(curve, key=lambda s: (-curve[s], s))
+  """lowest_step for a metric where higher is better (an accuracy)."""
+  return _best_step(path, -1)
 
 
 def change_with_budget(short: dict, long: dict) -> dict:
