@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from convergence_runs import assert_convergence_budget
+from convergence_runs import assert_same_but_budget
 from convergence_runs import fake_converged_run
 from experiments import indirect_indexing as ii_study
 from experiments import indirect_indexing_convergence as convergence
@@ -27,18 +28,11 @@ def test_the_plan_is_section_7s_protocol_with_a_held_out_stop():
   short = {r.name: r.config for r in ii_study.study_runs(
       'small', 3, convergence.ENCODINGS)}
   for run in runs:
-    t, e = run.config.train, run.config.eval
     assert_convergence_budget(run.config, convergence, 'loss')
     # Everything else is the 4,000-step study's run of the same name.
     same = short[run.name]
     assert same.train.num_steps == convergence.SHORT_STEPS
-    assert run.config.model.to_dict() == same.model.to_dict()
-    assert run.config.task.to_dict() == same.task.to_dict()
-    assert list(e.lengths) == list(same.eval.lengths)
-    assert e.num_examples == same.eval.num_examples
-    for field in ('learning_rate', 'warmup_steps', 'schedule', 'batch_size',
-                  'weight_decay', 'grad_clip', 'b2', 'final_lr_fraction'):
-      assert t[field] == same.train[field]
+    assert_same_but_budget(run.config, same)
 
 
 def test_every_planned_run_passes_validation():

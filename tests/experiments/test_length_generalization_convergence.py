@@ -9,6 +9,7 @@ import os
 import pytest
 
 from convergence_runs import assert_convergence_budget
+from convergence_runs import assert_same_but_budget
 from convergence_runs import fake_converged_run
 from experiments import length_generalization as lengthgen
 from experiments import length_generalization_convergence as convergence
@@ -39,17 +40,7 @@ def test_the_plan_is_section_5s_protocol_with_a_stop_on_the_fit():
     assert (t.schedule, t.warmup_steps) == ('constant', 0)
     same = short[run.name]
     assert same.train.num_steps == convergence.SHORT_STEPS
-    assert run.config.model.to_dict() == same.model.to_dict()
-    assert run.config.task.to_dict() == same.task.to_dict()
-    assert list(e.lengths) == list(same.eval.lengths)
-    assert e.num_examples == same.eval.num_examples
-    budget = ('num_steps', 'checkpoint_every', 'keep_checkpoints',
-              'early_stop_patience', 'early_stop_metric')
-    assert ({k: v for k, v in t.to_dict().items() if k not in budget}
-            == {k: v for k, v in same.train.to_dict().items()
-                if k not in budget})
-    assert ({k: v for k, v in e.to_dict().items() if k != 'every'}
-            == {k: v for k, v in same.eval.to_dict().items() if k != 'every'})
+    assert_same_but_budget(run.config, same)
 
 
 def test_every_planned_run_passes_validation():

@@ -31,3 +31,21 @@ def assert_convergence_budget(config, driver, metric: str) -> None:
                                                           metric)
   assert t.checkpoint_every == e.every == driver.EVAL_EVERY
   assert t.keep_checkpoints * e.every == t.num_steps      # every one kept
+
+
+# What convergence.with_budget sets; everything else is the study's.
+BUDGET_FIELDS = ('num_steps', 'checkpoint_every', 'keep_checkpoints',
+                 'early_stop_patience', 'early_stop_metric')
+
+
+def assert_same_but_budget(config, same) -> None:
+  """`config` is the fixed-budget study's `same` but for the budget: the
+  model, task, training and evaluation settings all equal."""
+  assert config.model.to_dict() == same.model.to_dict()
+  assert config.task.to_dict() == same.task.to_dict()
+  assert ({k: v for k, v in config.train.to_dict().items()
+           if k not in BUDGET_FIELDS}
+          == {k: v for k, v in same.train.to_dict().items()
+              if k not in BUDGET_FIELDS})
+  assert ({k: v for k, v in config.eval.to_dict().items() if k != 'every'}
+          == {k: v for k, v in same.eval.to_dict().items() if k != 'every'})
