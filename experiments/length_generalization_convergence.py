@@ -25,15 +25,19 @@ budget, on the same stack (the committed section 5 runs trained on JAX
 0.10.2 on the CPU or 0.11.2 on a GPU; the report says how far their scores
 are from these, per stack).
 
-Tasks reverse_string and duplicate_string (where section 5's randomized
-models fit length 16 worst while extrapolating better), encodings rope and
+Tasks reverse_string (where section 5's randomization cost fit at 16 and
+still raised the score, -0.09 and +0.09) and duplicate_string (the task
+furthest from fitting 16 at 2,000 steps, 0.58-0.85), encodings rope and
 pope, fixed and randomized, seeds 0-2: 24 runs, seed-major (a study stopped
-part way has every cell at a few seeds).
+part way has every cell at a few seeds; --tasks runs one task's first).
 
 Sized before it ran (2026-12-02, this 2-core CPU): section 5's runs trained
 at 17-50 steps/s and evaluated the 34 lengths in about 12 s, so a run costs
 about 1 minute per 1,000 steps with its evaluation: up to 10-14 minutes at
-the cap, the 24 runs up to about 5 hours. Resumable like every study.
+the cap, the 24 runs up to about 5 hours. Measured: 3.3-6.3 minutes a
+reverse_string run and 5.5-12.4 a duplicate_string run, alone; most runs
+reached the cap (experiments/results/timings.txt). Resumable like every
+study.
 """
 
 from __future__ import annotations
