@@ -208,6 +208,17 @@ def seed_interval(means: list[float]) -> tuple[float, float]:
 NO_PAIRS = 'fewer than two seeds with every encoding finished.'
 
 
+def seed_differences(by_label: dict, a: tuple, b: tuple,
+                     scale: float = 1.0) -> list[float]:
+  """Per seed, in seed order, scale x (mean over group a minus mean over
+  group b), for the seeds that have every member of both (by_label: label
+  -> seed -> value)."""
+  seeds = sorted(set.intersection(*[set(by_label.get(x, {})) for x in a + b]))
+  return [scale * (statistics.mean(by_label[x][s] for x in a)
+                   - statistics.mean(by_label[x][s] for x in b))
+          for s in seeds]
+
+
 def paired_by_seed(by_label: dict, a: tuple[str, ...], b: tuple[str, ...],
                    name: str, *, unit: str, scale: float = 1.0,
                    digits: int = 4, seed_digits: int | None = None) -> str:
@@ -219,16 +230,13 @@ def paired_by_seed(by_label: dict, a: tuple[str, ...], b: tuple[str, ...],
   (100 for fractions read as points) and printed with `digits` decimals
   (`seed_digits` for the per-seed list; default the same).
   """
-  seeds = sorted(set.intersection(*[set(by_label.get(x, {})) for x in a + b]))
-  if len(seeds) < 2:
+  diffs = seed_differences(by_label, a, b, scale)
+  if len(diffs) < 2:
     return f'{name}: {NO_PAIRS}'
-  diffs = [scale * (statistics.mean(by_label[x][s] for x in a)
-                    - statistics.mean(by_label[x][s] for x in b))
-           for s in seeds]
   lo, hi = seed_interval(diffs)
   per_seed = digits if seed_digits is None else seed_digits
   return (f'{name}: {statistics.mean(diffs):+.{digits}f} {unit} over '
-          f'{len(seeds)} seeds (95% t-interval across seeds '
+          f'{len(diffs)} seeds (95% t-interval across seeds '
           f'[{lo:+.{digits}f}, {hi:+.{digits}f}]; per seed '
           + ', '.join(f'{d:+.{per_seed}f}' for d in diffs) + ')')
 

@@ -74,6 +74,14 @@ def highest_step(path: str) -> int:
   return _best_step(path, -1)
 
 
+def loop_evaluations(path: str) -> dict[int, dict]:
+  """step -> the loop's evaluation ({length: metrics}) of a run in `path`
+  (its evaluated.json history)."""
+  record = workdir_lib.read_json_object(
+      os.path.join(path, workdir_lib.EVALUATED_FILE), "the run's evaluations")
+  return {h['step']: h['eval'] for h in record.get('history', [])}
+
+
 def change_with_budget(short: dict, long: dict) -> dict:
   """label -> seed -> the long budget's value minus the short one's, for
   the seeds a label has at both (short, long: label -> seed -> value)."""

@@ -91,12 +91,7 @@ held_out_curve = convergence.record_curve
 chosen_step = convergence.lowest_step
 
 
-def loop_evaluations(path: str) -> dict[int, dict]:
-  """step -> the loop's evaluation ({length: metrics}) of a run in `path`
-  (its evaluated.json history)."""
-  record = workdir_lib.read_json_object(
-      os.path.join(path, workdir_lib.EVALUATED_FILE), "the run's evaluations")
-  return {h['step']: h['eval'] for h in record.get('history', [])}
+loop_evaluations = convergence.loop_evaluations
 
 
 def score_run(run: study.Run, path: str) -> dict:

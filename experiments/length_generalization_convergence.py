@@ -93,12 +93,8 @@ def label(task: str, position: str, randomized: bool) -> str:
   return f'{task} {position}{" rand." if randomized else ""}'
 
 
-def evaluations(path: str) -> dict[int, dict]:
-  """step -> the loop's evaluation ({length: metrics}) of the run in
-  `path` (its evaluated.json history)."""
-  record = workdir_lib.read_json_object(
-      os.path.join(path, workdir_lib.EVALUATED_FILE), "the run's evaluations")
-  return {h['step']: h['eval'] for h in record.get('history', [])}
+# step -> the loop's evaluation ({length: metrics}) of a run.
+evaluations = convergence.loop_evaluations
 
 
 def short_step(config) -> int:
@@ -153,9 +149,7 @@ def paired(by_cell: dict, a: tuple, b: tuple) -> str:
   """Mean over cells a minus mean over cells b, per seed (the seeds that
   have every cell of both), in points: 'mean [95% t-interval across
   seeds] (n seeds)', or the one seed's difference, or '–'."""
-  seeds = sorted(set.intersection(*[set(by_cell.get(c, {})) for c in a + b]))
-  diffs = [100 * (statistics.mean(by_cell[c][s] for c in a)
-                  - statistics.mean(by_cell[c][s] for c in b)) for s in seeds]
+  diffs = common.seed_differences(by_cell, a, b, scale=100)
   if not diffs:
     return '–'
   if len(diffs) == 1:
@@ -292,8 +286,7 @@ def report(workdir: str, runs: list[study.Run], results: dict,
   if plot_curves(workdir, runs, results, plot):
     body.append(('Score and fit by step', '![score and fit by step]'
                  '(score_by_step.png)'))
-  json_out = {name: r for name, r in results.items()}
-  return common.write_results(workdir, TITLE, body, json_out)
+  return common.write_results(workdir, TITLE, body, results)
 
 
 def plot_curves(workdir: str, runs: list[study.Run], results: dict,
