@@ -11,6 +11,7 @@ import os
 import ml_collections
 from absl import flags
 
+from experiments import common
 from experiments import skeleton
 from selfattn.training import early_stopping
 from selfattn.training import workdir as workdir_lib
@@ -88,6 +89,28 @@ def change_with_budget(short: dict, long: dict) -> dict:
   return {label: {s: v - short[label][s] for s, v in by_seed.items()
                   if s in short.get(label, {})}
           for label, by_seed in long.items()}
+
+
+def lines_at_budgets(values: dict, comparisons, at_budget, change_name,
+                     **paired) -> list[str]:
+  """Report lines for each comparison (a, b, name): a minus b paired by
+  seed at each budget, then the same difference's change from the first
+  budget to the second (the seeds paired at both).
+
+  values: budget name -> label -> seed -> value, the short budget first;
+  at_budget(budget, name) and change_name(name) phrase the lines; `paired`
+  goes to common.paired_by_seed (unit, scale, digits).
+  """
+  short, long = values
+  change = change_with_budget(values[short], values[long])
+  lines = []
+  for a, b, name in comparisons:
+    for budget in (short, long):
+      lines.append(common.paired_by_seed(values[budget], a, b,
+                                         at_budget(budget, name), **paired))
+    lines.append(common.paired_by_seed(change, a, b, change_name(name),
+                                       **paired))
+  return lines
 
 
 def same_seed_result(short_dir: str, label: str, seed: int, result_file: str,

@@ -178,17 +178,12 @@ def report(workdir: str, runs: list[study.Run], results: dict,
                                for s, r in by.get(label, {}).items()}
                        for label in labels}
               for budget, by in budgets}
-    change = convergence.change_with_budget(values[short_name],
-                                           values['to convergence'])
-    for a, b, name in comparisons:
-      for budget, _ in budgets:
-        lines.append(common.paired_by_seed(
-            values[budget], a, b, f'lengths {span}, {budget}: {name}',
-            unit='points', scale=100, digits=2))
-      lines.append(common.paired_by_seed(
-          change, a, b,
-          f'lengths {span}: {name}, to convergence minus at {short_name}',
-          unit='points', scale=100, digits=2))
+    lines += convergence.lines_at_budgets(
+        values, comparisons,
+        lambda budget, name: f'lengths {span}, {budget}: {name}',
+        lambda name: f'lengths {span}: {name}, to convergence minus at '
+                     f'{short_name}',
+        unit='points', scale=100, digits=2)
   # What choosing the checkpoint on the loop's examples would have added:
   # the chosen step's accuracy there minus on the fresh ones.
   selection = [100 * (accuracy({'eval': r['loop_eval']}, IN_DISTRIBUTION)

@@ -133,8 +133,6 @@ def report(workdir: str, runs: list[study.Run], results: dict,
                                for s, r in by.get(label, {}).items()}
                        for label in labels}
               for budget, by in budgets}
-    change = convergence.change_with_budget(values['1,000 steps'],
-                                           values['to convergence'])
     comparisons = [(('shaw',), ('sinusoidal',), 'shaw minus sinusoidal')]
     # Each further encoding against the chapter's baseline, seed by seed, as
     # soon as it has converged runs: rope is relative but not Shaw, so the
@@ -145,15 +143,12 @@ def report(workdir: str, runs: list[study.Run], results: dict,
       comparisons.append((RELATIVE, ABSOLUTE,
                           'mean of shaw, rope minus mean of sinusoidal, '
                           'learned'))
-    for a, b, name in comparisons:
-      for budget, _ in budgets:
-        lines.append(common.paired_by_seed(
-            values[budget], a, b, f'{split} NLL, {budget}: {name}',
-            unit='nats'))
-      lines.append(common.paired_by_seed(
-          change, a, b,
-          f'{split} NLL: {name}, to convergence minus at 1,000 steps',
-          unit='nats'))
+    lines += convergence.lines_at_budgets(
+        values, comparisons,
+        lambda budget, name: f'{split} NLL, {budget}: {name}',
+        lambda name: f'{split} NLL: {name}, to convergence minus at 1,000 '
+                     f'steps',
+        unit='nats')
   plot = os.path.join(workdir, 'valid_loss_by_step.png')
   plotted = plot_curves(workdir, results, plot)
   # The budget as the runs were configured (--quick shrinks it).

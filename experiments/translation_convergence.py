@@ -55,6 +55,8 @@ from selfattn.training.cli_checks import parse_flags
 # The 3,000-step study, whose runs of the same seeds are the short budget
 # (--short_dir replaces it).
 SHORT_DIR = 'experiments/results/translation'
+# The two budgets' names in the report, the short one first.
+BUDGETS = ('3,000 steps', 'to convergence')
 
 CAP_STEPS = 20_000
 EVAL_EVERY = 1_000
@@ -108,8 +110,8 @@ def report(workdir: str, runs: list[study.Run], results: dict,
 
   rows = []
   for label in labels:
-    for budget, by_seed in (('3,000 steps', short_by.get(label, {})),
-                            ('to convergence', long_by.get(label, {}))):
+    for budget, by_seed in zip(BUDGETS, (short_by.get(label, {}),
+                                         long_by.get(label, {}))):
       if not by_seed:
         continue
       rs = list(by_seed.values())
@@ -125,30 +127,23 @@ def report(workdir: str, runs: list[study.Run], results: dict,
 
   lines = []
   for split in ('val', MAIN_TEST):
-    for budget, by in (('3,000 steps', short_by), ('to convergence', long_by)):
-      values = {label: {s: score(r, split) for s, r in by.get(label, {}).items()}
-                for label in CORE}
-      lines.append(common.paired_by_seed(
-          values, ('shaw',), ('sinusoidal',),
-          f'{split}, {budget}: shaw minus sinusoidal', unit='BLEU', digits=2))
-    # The lead's change with the budget, per seed (the same seeds' pairs).
-    change = {}
-    for label in CORE:
-      change[label] = {s: score(r, split) - score(short_by[label][s], split)
-                       for s, r in long_by.get(label, {}).items()
-                       if s in short_by.get(label, {})}
-    lines.append(common.paired_by_seed(
-        change, ('shaw',), ('sinusoidal',),
-        f'{split}: the lead to convergence minus the lead at 3,000 steps',
-        unit='BLEU', digits=2))
+    values = {budget: {label: {s: score(r, split)
+                               for s, r in by.get(label, {}).items()}
+                       for label in CORE}
+              for budget, by in zip(BUDGETS, (short_by, long_by))}
+    lines += convergence.lines_at_budgets(
+        values, [(('shaw',), ('sinusoidal',), 'shaw minus sinusoidal')],
+        lambda budget, name: f'{split}, {budget}: {name}',
+        lambda name: f'{split}: the lead to convergence minus the lead at '
+                     f'3,000 steps',
+        unit='BLEU', digits=2)
   # RoPE, the driver's last tier: against each core encoding, paired by
   # seed, where it has runs (position in the attention weights only, as the
   # intervention of EXPERIMENTS.md section 8 asks about).
   rope_lines = []
   if long_by.get('rope'):
     for split in ('val', MAIN_TEST):
-      for budget, by in (('3,000 steps', short_by),
-                         ('to convergence', long_by)):
+      for budget, by in zip(BUDGETS, (short_by, long_by)):
         values = {label: {s: score(r, split)
                           for s, r in by.get(label, {}).items()}
                   for label in labels}
@@ -226,7 +221,7 @@ def short_tier_lines(long_by: dict, short_by: dict) -> list[str]:
     return []
   part = lambda r, where: r['splits'][MAIN_TEST][where]['bleu']
   values = {}      # (budget, group) -> label -> seed -> BLEU
-  for budget, by in (('3,000 steps', short_by), ('to convergence', long_by)):
+  for budget, by in zip(BUDGETS, (short_by, long_by)):
     for group in ('long_sources', 'short_sources'):
       values[budget, group] = {
           label: {s: part(r, group) for s, r in by.get(label, {}).items()}
@@ -245,18 +240,14 @@ def short_tier_lines(long_by: dict, short_by: dict) -> list[str]:
       ((label,), label.split()[0]) for label in SHORT_RELATIVE]
   lines = []
   for group, kind in where.items():
-    for members, name in groups:
-      for budget in ('3,000 steps', 'to convergence'):
-        lines.append(common.paired_by_seed(
-            values[budget, group], members, sinusoidal,
-            f'{MAIN_TEST} {kind}, {budget}: {name} minus sinusoidal',
-            unit='BLEU', digits=2))
-      change = convergence.change_with_budget(
-          values['3,000 steps', group], values['to convergence', group])
-      lines.append(common.paired_by_seed(
-          change, members, sinusoidal,
-          f'{MAIN_TEST} {kind}: {name}\'s lead to convergence minus at '
-          f'3,000 steps', unit='BLEU', digits=2))
+    lines += convergence.lines_at_budgets(
+        {budget: values[budget, group] for budget in BUDGETS},
+        [(members, sinusoidal, name) for members, name in groups],
+        lambda budget, name: f'{MAIN_TEST} {kind}, {budget}: {name} minus '
+                             f'sinusoidal',
+        lambda name: f"{MAIN_TEST} {kind}: {name}'s lead to convergence "
+                     f'minus at 3,000 steps',
+        unit='BLEU', digits=2)
   if all(line.endswith(common.NO_PAIRS) for line in lines):
     # One line, not 27 that each say the same (a tier part way through).
     done = sum(len(long_by.get(label, {})) for label in SHORT_LABELS)
@@ -284,25 +275,16 @@ def short_tier_other_splits(long_by: dict, short_by: dict) -> list[str]:
                                for s, r in by.get(label, {}).items()}
                        for label in SHORT_LABELS}
               for budget, by in zip(BUDGETS, (short_by, long_by))}
-    change = convergence.change_with_budget(values[BUDGETS[0]],
-                                           values[BUDGETS[1]])
-    for label in SHORT_RELATIVE:
-      name = label.split()[0]
-      for budget in BUDGETS:
-        lines.append(common.paired_by_seed(
-            values[budget], (label,), ('sinusoidal +short',),
-            f'{split}, {budget}: {name} minus sinusoidal', unit='BLEU',
-            digits=2))
-      lines.append(common.paired_by_seed(
-          change, (label,), ('sinusoidal +short',),
-          f"{split}: {name}'s lead to convergence minus at 3,000 steps",
-          unit='BLEU', digits=2))
+    lines += convergence.lines_at_budgets(
+        values, [((label,), ('sinusoidal +short',), label.split()[0])
+                 for label in SHORT_RELATIVE],
+        lambda budget, name: f'{split}, {budget}: {name} minus sinusoidal',
+        lambda name: f"{split}: {name}'s lead to convergence minus at 3,000 "
+                     f'steps',
+        unit='BLEU', digits=2)
   if all(line.endswith(common.NO_PAIRS) for line in lines):
     return []
   return lines
-
-
-BUDGETS = ('3,000 steps', 'to convergence')
 
 
 def short_length_curves(long_by: dict, short_by: dict
