@@ -53,6 +53,57 @@ def task_base(task: str, quick: bool):
 
 # The report's title, the owner's mark on its workdir (skeleton.Study.title).
 TITLE = 'Exercise 3: relative position embeddings per query-key offset'
+CLIPPING = (2, 4, 8, 16, 64)
+
+
+def accuracy_by_seed(runs: list[study.Run], summaries: dict, task: str,
+                     length: int) -> dict[str, dict[int, float]]:
+  """label -> seed -> token accuracy at `length` of `task`'s finished runs."""
+  out: dict[str, dict[int, float]] = {}
+  for run in runs:
+    if run.name in summaries and run.tags['task'] == task:
+      out.setdefault(run.tags['position'], {})[run.tags['seed']] = (
+          common.accuracy(summaries[run.name], length))
+  return out
+
+
+def clipping_lines(runs: list[study.Run], summaries: dict, task: str,
+                   lengths) -> list[str]:
+  """Each Shaw clipping distance minus the next larger one that has runs,
+  paired by seed, at each of `lengths`, in points."""
+  lines = []
+  for n in lengths:
+    by = accuracy_by_seed(runs, summaries, task, n)
+    present = [f'shaw k={k}' for k in CLIPPING if f'shaw k={k}' in by]
+    for a, b in zip(present, present[1:]):
+      lines.append(common.paired_by_seed(
+          by, (a,), (b,), f'{a} minus {b} at length {n}', unit='points',
+          scale=100, digits=1))
+  return lines
+
+
+def last_interval_table(results: dict[str, list[dict]], lengths) -> str:
+  """Per encoding and length, the change in token accuracy over the last
+  evaluation interval: mean over the seeds and how many rose (a run's
+  summary history; diverged runs and runs evaluated once left out)."""
+  rows = []
+  for name, summaries in results.items():
+    pairs = [s['history'][-2:] for s in summaries
+             if not study.diverged(s) and len(s.get('history', [])) >= 2]
+    if not pairs:
+      continue
+    cells = []
+    for n in lengths:
+      changes = [last['eval'][str(n)]['token_accuracy']
+                 - before['eval'][str(n)]['token_accuracy']
+                 for before, last in pairs]
+      cells.append(f'{sum(changes) / len(changes):+.3f} '
+                   f'({sum(c > 0 for c in changes)} of {len(changes)} up)')
+    rows.append([name, *cells])
+  if not rows:
+    return ''
+  return common.markdown_table(
+      ['encoding'] + [f'len {n}' for n in lengths], rows)
 
 
 def report(workdir: str, runs: list[study.Run], summaries: dict,
@@ -71,6 +122,23 @@ def report(workdir: str, runs: list[study.Run], summaries: dict,
     sections.append((f'{task} (chance {chance:.3f})',
                      common.accuracy_table(results, lengths, 'encoding') +
                      f'\n\n![{task}]({os.path.basename(plot)})'))
+    beyond = [n for n in lengths if n > base.task.max_len]
+    lines = clipping_lines(runs, summaries, task, beyond)
+    if lines:
+      sections.append((
+          f'{task}: clipping distance, paired by seed',
+          'Each clipping distance minus the next larger one beyond the '
+          'trained lengths (95% t-interval across seeds, the unit of '
+          'replication):\n\n' + '\n'.join(f'- {line}' for line in lines)))
+    table = last_interval_table(results, lengths)
+    if table:
+      sections.append((
+          f'{task}: change over the last evaluation interval',
+          'Token accuracy at the last evaluation minus the one before, mean '
+          'over seeds (how many seeds rose). The learning rate decays to '
+          'zero over the schedule, so a flat end does not show '
+          'convergence; a rising one shows the budget ended first.\n\n'
+          + table))
     data[task] = {n: [s.get('eval') for s in r] for n, r in results.items()}
   base = task_base(runs[0].tags['task'], quick)
   return common.write_results(

@@ -1,0 +1,60 @@
+"""Exercise 3's report additions, on made-up summaries whose differences
+are worked out by hand: the clipping distances paired by seed, and each
+encoding's change over its last evaluation interval."""
+
+from experiments import exercise3_relative as exercise3
+from experiments import study
+
+
+def _summary(history: list[dict[int, float]]) -> dict:
+  """A run summary whose evaluations (every 100 steps) give `history`'s
+  token accuracies by length; the last is its final evaluation."""
+  evals = [{str(n): {'token_accuracy': a} for n, a in h.items()}
+           for h in history]
+  return {'eval': evals[-1],
+          'history': [{'step': 100 * (i + 1), 'eval': e}
+                      for i, e in enumerate(evals)]}
+
+
+def _runs(accuracies: dict[str, list[float]]):
+  """(runs, summaries) of task 'reverse': one run per label and seed, its
+  final accuracy at length 32 from `accuracies[label][seed]`."""
+  runs, summaries = [], {}
+  for label, per_seed in accuracies.items():
+    for seed, acc in enumerate(per_seed):
+      name = f'reverse/{label},seed={seed}'
+      runs.append(study.Run(name, None, {'task': 'reverse',
+                                         'position': label, 'seed': seed}))
+      summaries[name] = _summary([{32: acc - 0.01}, {32: acc}])
+  return runs, summaries
+
+
+def test_each_clipping_distance_is_paired_with_the_next_larger_one():
+  runs, summaries = _runs({'shaw k=2': [0.9, 0.8, 0.7],
+                           'shaw k=4': [0.5, 0.5, 0.5],
+                           'shaw k=16': [0.4, 0.45, 0.5],
+                           'sinusoidal': [0.1, 0.1, 0.1]})
+  lines = exercise3.clipping_lines(runs, summaries, 'reverse', [32])
+  # k=8 and k=64 have no runs: k=4 pairs with k=16; sinusoidal is no
+  # clipping distance.
+  assert [line.split(':')[0] for line in lines] == [
+      'shaw k=2 minus shaw k=4 at length 32',
+      'shaw k=4 minus shaw k=16 at length 32']
+  assert lines[0].startswith(
+      'shaw k=2 minus shaw k=4 at length 32: +30.0 points over 3 seeds')
+  assert lines[0].endswith('per seed +40.0, +30.0, +20.0)')
+  assert lines[1].endswith('per seed +10.0, +5.0, +0.0)')
+
+
+def test_the_last_interval_table_gives_the_mean_change_and_the_seeds_up():
+  rising = _summary([{16: 0.5, 32: 0.20}, {16: 0.6, 32: 0.26}])
+  falling = _summary([{16: 0.5, 32: 0.30}, {16: 0.4, 32: 0.28}])
+  once = _summary([{16: 0.5, 32: 0.3}])            # one evaluation: left out
+  table = exercise3.last_interval_table(
+      {'rope': [rising, falling, once], 'lost': [{'diverged': True}]},
+      [16, 32])
+  rows = table.split('\n')
+  assert rows[0] == '| encoding | len 16 | len 32 |'
+  # len 16: (+0.1 - 0.1) / 2 = 0, one of two up; len 32: (+0.06 - 0.02) / 2.
+  assert rows[2] == '| rope | +0.000 (1 of 2 up) | +0.020 (1 of 2 up) |'
+  assert len(rows) == 3                            # no row for 'lost'
