@@ -1,6 +1,7 @@
 """Exercise 3: learned embeddings per query-key offset (Shaw 2018, Huang 2018).
 
-  python -m experiments.exercise3_relative --workdir=runs/exercise3 [--seeds=5] [--tasks=a,b] [--quick]
+  python -m experiments.exercise3_relative --workdir=runs/exercise3 [--seeds=5] [--tasks=a,b]
+      [--positions='shaw k=2,alibi'] [--steps=N] [--quick]
 
 Shaw's relative attention with clipping distance k in {2, 4, 8, 16, 64}, keys
 only vs keys and values, one table shared by the heads vs one per head,
@@ -8,7 +9,8 @@ against absolute encodings (sinusoidal, learned) and the other relative
 families (huang, rope, alibi, t5). Tasks: reverse (position-absolute), shift
 and window_sum (translation-invariant). Trained on lengths 1-16, evaluated at
 8, 16 and at 2x and 4x the longest trained length. A study like the others
-(experiments/skeleton.py): resumable, --tasks, --shard, --collect_only.
+(experiments/skeleton.py): resumable, --tasks, --positions (the variants'
+names), --shard, --collect_only.
 """
 
 import os
@@ -156,6 +158,7 @@ class Exercise3(skeleton.TaskSweep):
   variants, one seed)."""
   title = TITLE
   tasks, quick_tasks = TASKS, QUICK_TASKS
+  filters = ('task', 'position')     # --positions='shaw k=2,alibi'
   takes_steps = True
 
   def sweep_runs(self, tasks, seeds, quick):

@@ -121,15 +121,26 @@ class Study:
 class TaskSweep(Study):
   """A sweep of model variants over tasks (the chapter's exercises): the
   subclass names its tasks and implements `sweep_runs(tasks, seeds, quick)`
-  and `sweep_report(workdir, runs, summaries, quick)`; --tasks filters."""
+  and `sweep_report(workdir, runs, summaries, quick)`; --tasks filters, and
+  --positions names variants where `filters` has 'position' (a sweep whose
+  variant names hold no comma, which --positions would split)."""
   scales = ('cpu', 'quick')
   default_scale = 'cpu'
-  filters = ('task',)
+  filters: tuple[str, ...] = ('task',)
   tasks: tuple[str, ...] = ()
   quick_tasks: tuple[str, ...] = ()
 
   def filter_values(self) -> dict[str, Sequence[str]]:
-    return {'task': self.tasks}
+    values: dict[str, Sequence[str]] = {'task': self.tasks}
+    if 'position' in self.filters:
+      values['position'] = self.variant_names()
+    return values
+
+  def variant_names(self) -> tuple[str, ...]:
+    """Every variant's name (its runs' position tag) at either scale."""
+    runs = (self.sweep_runs(self.tasks[:1], 1, False)
+            + self.sweep_runs(self.quick_tasks[:1], 1, True))
+    return tuple(dict.fromkeys(run.tags['position'] for run in runs))
 
   def runs(self, scale: str, seeds: int, context: Any) -> list[study.Run]:
     quick = scale == 'quick'

@@ -1,6 +1,9 @@
 """Exercise 3's report additions, on made-up summaries whose differences
-are worked out by hand: the clipping distances paired by seed, and each
-encoding's change over its last evaluation interval."""
+are worked out by hand (the clipping distances paired by seed, and each
+encoding's change over its last evaluation interval), and its --positions
+filter."""
+
+import pytest
 
 from experiments import exercise3_relative as exercise3
 from experiments import study
@@ -58,3 +61,28 @@ def test_the_last_interval_table_gives_the_mean_change_and_the_seeds_up():
   # len 16: (+0.1 - 0.1) / 2 = 0, one of two up; len 32: (+0.06 - 0.02) / 2.
   assert rows[2] == '| rope | +0.000 (1 of 2 up) | +0.020 (1 of 2 up) |'
   assert len(rows) == 3                            # no row for 'lost'
+
+
+def test_positions_selects_exercise_3s_variants_by_name(capsys):
+  """--positions names the sweep's variants (exercise 3 refused it: "this
+  study has no positions to filter"); a typo is refused with the names."""
+  from absl import flags
+  from absl.testing import flagsaver
+  from experiments import skeleton
+  spec = exercise3.STUDY
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', '--positions=alibi,shaw k=2', '--tasks=shift'])
+    chosen = skeleton.chosen_filters(spec)
+    runs = study.select(spec.runs('cpu', 2, None), tasks=chosen['task'],
+                        positions=chosen['position'])
+  assert sorted(r.name for r in runs) == [
+      'shift/alibi,seed=0', 'shift/alibi,seed=1',
+      'shift/shaw_k=2,seed=0', 'shift/shaw_k=2,seed=1']
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', '--positions=shaw k=3'])
+    with pytest.raises(SystemExit):
+      skeleton.chosen_filters(spec)
+  err = capsys.readouterr().err
+  assert "--positions: shaw k=3 unknown (valid: shaw k=2, shaw k=4, " in err
+  # The quick scale's own variant is a valid name too.
+  assert 'shaw k=2 keys only' in err
