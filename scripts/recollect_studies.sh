@@ -54,6 +54,7 @@ run compare compare_positions --task=reverse --collect_only
 run exercise1 exercise1_depth
 run exercise2 exercise2_learned --collect_only
 run exercise3 exercise3_relative --collect_only
+run exercise3_long exercise3_relative --collect_only --steps=5000 --seeds=3
 run indirect_indexing indirect_indexing --collect_only
 run lengthgen length_generalization --collect_only
 run music music --collect_only
