@@ -63,16 +63,20 @@ def accuracy_by_seed(runs: list[study.Run], summaries: dict, task: str,
   """label -> seed -> token accuracy at `length` of `task`'s finished runs."""
   out: dict[str, dict[int, float]] = {}
   for run in runs:
-    if run.name in summaries and run.tags['task'] == task:
+    summary = summaries.get(run.name)
+    # A diverged run has no accuracy: its seed pairs with nothing.
+    if (summary is not None and not study.diverged(summary)
+        and run.tags['task'] == task):
       out.setdefault(run.tags['position'], {})[run.tags['seed']] = (
-          common.accuracy(summaries[run.name], length))
+          common.accuracy(summary, length))
   return out
 
 
 def clipping_lines(runs: list[study.Run], summaries: dict, task: str,
                    lengths) -> list[str]:
   """Each Shaw clipping distance minus the next larger one that has runs,
-  paired by seed, at each of `lengths`, in points."""
+  paired by seed, at each of `lengths`, in points; empty where no pair has
+  two seeds (a one-seed study)."""
   lines = []
   for n in lengths:
     by = accuracy_by_seed(runs, summaries, task, n)
@@ -81,13 +85,17 @@ def clipping_lines(runs: list[study.Run], summaries: dict, task: str,
       lines.append(common.paired_by_seed(
           by, (a,), (b,), f'{a} minus {b} at length {n}', unit='points',
           scale=100, digits=1))
+  if all(line.endswith(common.NO_PAIRS) for line in lines):
+    return []
   return lines
 
 
 def last_interval_table(results: dict[str, list[dict]], lengths) -> str:
   """Per encoding and length, the change in token accuracy over the last
   evaluation interval: mean over the seeds and how many rose (a run's
-  summary history; diverged runs and runs evaluated once left out)."""
+  summary history; diverged runs, runs evaluated once and, per length,
+  runs whose last two evaluations lack it left out; '-' where none is
+  left)."""
   rows = []
   for name, summaries in results.items():
     pairs = [s['history'][-2:] for s in summaries
@@ -98,8 +106,12 @@ def last_interval_table(results: dict[str, list[dict]], lengths) -> str:
     for n in lengths:
       changes = [last['eval'][str(n)]['token_accuracy']
                  - before['eval'][str(n)]['token_accuracy']
-                 for before, last in pairs]
-      cells.append(f'{sum(changes) / len(changes):+.3f} '
+                 for before, last in pairs
+                 if str(n) in before['eval'] and str(n) in last['eval']]
+      mean = sum(changes) / len(changes) if changes else None
+      # Rounding keeps a tiny fall from printing as '-0.000'.
+      cells.append('-' if mean is None else
+                   f'{round(mean, 3) + 0.0:+.3f} '
                    f'({sum(c > 0 for c in changes)} of {len(changes)} up)')
     rows.append([name, *cells])
   if not rows:

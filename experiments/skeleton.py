@@ -137,7 +137,9 @@ class TaskSweep(Study):
     return values
 
   def variant_names(self) -> tuple[str, ...]:
-    """Every variant's name (its runs' position tag) at either scale."""
+    """Every variant's name (its runs' position tag) at either scale, read
+    from the first task's runs (a sweep gives every task the same
+    variants)."""
     runs = (self.sweep_runs(self.tasks[:1], 1, False)
             + self.sweep_runs(self.quick_tasks[:1], 1, True))
     return tuple(dict.fromkeys(run.tags['position'] for run in runs))

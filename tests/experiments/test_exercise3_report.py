@@ -49,6 +49,20 @@ def test_each_clipping_distance_is_paired_with_the_next_larger_one():
   assert lines[1].endswith('per seed +10.0, +5.0, +0.0)')
 
 
+def test_a_diverged_run_pairs_with_nothing_and_one_seed_gives_no_lines():
+  runs, summaries = _runs({'shaw k=2': [0.9, 0.8, 0.7],
+                           'shaw k=4': [0.5, 0.5, 0.5]})
+  summaries['reverse/shaw k=4,seed=2'] = {'diverged': True}
+  lines = exercise3.clipping_lines(runs, summaries, 'reverse', [32])
+  # Seeds 0 and 1 pair (+40, +30); the diverged seed 2 is left out, not NaN.
+  assert lines == [line for line in lines if 'nan' not in line]
+  assert lines[0].startswith('shaw k=2 minus shaw k=4 at length 32: +35.0 '
+                             'points over 2 seeds')
+  one_seed_runs, one_seed = _runs({'shaw k=2': [0.9], 'shaw k=4': [0.5]})
+  assert exercise3.clipping_lines(one_seed_runs, one_seed, 'reverse',
+                                  [32]) == []
+
+
 def test_the_last_interval_table_gives_the_mean_change_and_the_seeds_up():
   rising = _summary([{16: 0.5, 32: 0.20}, {16: 0.6, 32: 0.26}])
   falling = _summary([{16: 0.5, 32: 0.30}, {16: 0.4, 32: 0.28}])
@@ -61,6 +75,15 @@ def test_the_last_interval_table_gives_the_mean_change_and_the_seeds_up():
   # len 16: (+0.1 - 0.1) / 2 = 0, one of two up; len 32: (+0.06 - 0.02) / 2.
   assert rows[2] == '| rope | +0.000 (1 of 2 up) | +0.020 (1 of 2 up) |'
   assert len(rows) == 3                            # no row for 'lost'
+  # A length the last two evaluations lack (eval.lengths changed on a
+  # resume) is left out of its cell, not a crash; a tiny fall is +0.000.
+  table = exercise3.last_interval_table(
+      {'rope': [rising, _summary([{16: 0.5}, {16: 0.4996}])]}, [16, 32])
+  assert table.split('\n')[2] == (
+      '| rope | +0.050 (1 of 2 up) | +0.060 (1 of 1 up) |')
+  table = exercise3.last_interval_table(
+      {'rope': [_summary([{16: 0.5}, {16: 0.4996}])]}, [16, 32])
+  assert table.split('\n')[2] == '| rope | +0.000 (0 of 1 up) | - |'
 
 
 def test_positions_selects_exercise_3s_variants_by_name(capsys):
