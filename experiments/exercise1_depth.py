@@ -112,12 +112,17 @@ def plot_rank_collapse(curves, path):
 # 2. Trainability.
 # --------------------------------------------------------------------------
 
-def depth_config(norm: str, depth: int, warmup: int, steps: int):
+def depth_config(norm: str, depth: int, warmup: int, steps: int,
+                 learning_rate: float | None = None):
+  """The trainability model on `precedes`; learning_rate replaces the base
+  config's peak rate (3e-3) where given."""
   config = common.base_config(name='precedes', vocab_size=4, min_len=4, max_len=16)
   config.model.norm, config.model.num_layers = norm, depth
   config.model.num_hiddens, config.model.ffn_num_hiddens = 32, 64
   config.train.num_steps, config.train.batch_size = steps, 32
   config.train.warmup_steps = warmup
+  if learning_rate is not None:
+    config.train.learning_rate = learning_rate
   config.train.log_every = config.train.checkpoint_every = config.eval.every = steps
   config.eval.lengths, config.eval.num_examples = [16], 256
   return config
