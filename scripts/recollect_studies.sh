@@ -52,6 +52,7 @@ run compare compare_positions --task=reverse --collect_only
 # Not re-collectable from a clean copy: its position probe reads the trained
 # models' checkpoints, which are never committed (one line, exit 2).
 run exercise1 exercise1_depth
+run exercise1_lr exercise1_learning_rate
 run exercise2 exercise2_learned --collect_only
 run exercise3 exercise3_relative --collect_only
 run exercise3_long exercise3_relative --collect_only --steps=5000 --seeds=3

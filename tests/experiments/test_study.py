@@ -754,6 +754,7 @@ def test_a_study_in_another_studys_workdir_is_refused_before_it_runs(
     ('chapter', 'chapter'), ('compare_positions', 'compare'),
     ('exercise1_depth', 'exercise1'), ('exercise2_learned', 'exercise2'),
     ('exercise3_relative', 'exercise3'),
+    ('exercise1_learning_rate', 'exercise1_lr'),
     ('indirect_indexing', 'indirect_indexing'),
     ('indirect_indexing_convergence', 'indirect_indexing_convergence'),
     ('length_generalization', 'lengthgen'),
