@@ -1,8 +1,14 @@
 """The learning-rate check of exercise 1's deep post-LN stacks: its plan is
 the warmup sweep's cell with only the peak rate changed."""
 
+import json
+import os
+import re
+import statistics
+
 from experiments import exercise1_depth
 from experiments import exercise1_learning_rate as lr_check
+from runs import ROOT
 from selfattn.training.config_checks import validate_config
 
 
@@ -33,11 +39,6 @@ def test_section_1_quotes_the_committed_runs():
   """EXPERIMENTS.md's reading of the check against its results.json: the
   seeds trained (accuracy >= 0.6) per cell, and the two depth-24 cells'
   mean ± std."""
-  import json
-  import os
-  import re
-  import statistics
-  from runs import ROOT
   with open(os.path.join(ROOT, 'experiments/results/exercise1_lr/'
                          'results.json')) as f:
     cells = json.load(f)['trainability']

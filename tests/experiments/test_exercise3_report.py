@@ -4,8 +4,11 @@ encoding's change over its last evaluation interval), and its --positions
 filter."""
 
 import pytest
+from absl import flags
+from absl.testing import flagsaver
 
 from experiments import exercise3_relative as exercise3
+from experiments import skeleton
 from experiments import study
 
 
@@ -89,9 +92,6 @@ def test_the_last_interval_table_gives_the_mean_change_and_the_seeds_up():
 def test_positions_selects_exercise_3s_variants_by_name(capsys):
   """--positions names the sweep's variants (exercise 3 refused it: "this
   study has no positions to filter"); a typo is refused with the names."""
-  from absl import flags
-  from absl.testing import flagsaver
-  from experiments import skeleton
   spec = exercise3.STUDY
   with flagsaver.flagsaver():
     flags.FLAGS(['study', '--positions=alibi,shaw k=2', '--tasks=shift'])
