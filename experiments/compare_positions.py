@@ -1,12 +1,13 @@
 """Every positional encoding on one task: ranking table, accuracy-vs-length plot.
 
-  python -m experiments.compare_positions --workdir=runs/compare [--task=reverse] [--seeds=5] [--positions=a,b] [--quick]
+  python -m experiments.compare_positions --workdir=runs/compare [--task=reverse] [--seeds=5] [--positions=a,b] [--steps=N] [--quick]
   tensorboard --logdir runs/compare      # one run per encoding and seed, HParams tab
 
 Trains each encoding with configs/default.py (lengths 1-16) and evaluates at
 8, 16, 32 and 64 (a task whose output is not aligned with its input reads it
 after the input: layout placeholders). --quick: a small model, four
-encodings, one seed.
+encodings, one seed. --steps: train that many steps instead of the config's
+2,000 (the cosine schedule stretched to them, evaluated 10 times).
 A study like the others (experiments/skeleton.py): rerunning the command
 skips finished runs and resumes the unfinished one; --positions trains only
 those encodings; --shard splits the runs; --collect_only trains nothing. The
@@ -40,6 +41,8 @@ ENCODINGS = {name: (name, {}, {}) for name in POSITION_NAMES}
 
 def task_config(task: str, quick: bool):
   config = common.base_config(name=task)
+  config.train.num_steps = common.study_steps(config.train.num_steps)
+  config.eval.every = max(100, config.train.num_steps // 10)
   if task in BINARY:
     config.task.vocab_size = 2
   layouts = TASKS[task].layouts
@@ -77,15 +80,25 @@ def report(workdir: str, runs: list[study.Run], summaries: dict, quick: bool,
       {n.split('=')[1]: r for n, r in results.items()}, lengths,
       base.task.max_len, f'{task}: token accuracy by evaluation length', plot,
       chance=chance)
+  sections = [
+      ('Setup', f'configs/default.py{" (quick: width 32)" if quick else ""} '
+       f'with task={task}, trained on lengths '
+       f'{base.task.min_len}-{base.task.max_len} for {base.train.num_steps} '
+       f'steps, {seeds} seed(s); token accuracy, mean ± std over seeds; chance '
+       f'{chance:.3f}. Ranked by accuracy at length {inside}.'),
+      ('Ranking', table),
+      ('Plot', f'![accuracy vs length]({os.path.basename(plot)})')]
+  changes = common.last_interval_table(
+      {name.split('=')[1]: r for name, r in ranked}, lengths)
+  if changes:
+    sections.append((
+        'Change over the last evaluation interval',
+        'Token accuracy at the last evaluation minus the one before, mean over '
+        'seeds (how many seeds rose). The learning rate decays to zero over the '
+        'schedule, so a flat end does not show convergence; a rising one shows '
+        'the budget ended first.\n\n' + changes))
   return common.write_results(
-      workdir, title(task),
-      [('Setup', f'configs/default.py{" (quick: width 32)" if quick else ""} '
-        f'with task={task}, trained on lengths '
-        f'{base.task.min_len}-{base.task.max_len} for {base.train.num_steps} '
-        f'steps, {seeds} seed(s); token accuracy, mean ± std over seeds; chance '
-        f'{chance:.3f}. Ranked by accuracy at length {inside}.'),
-       ('Ranking', table),
-       ('Plot', f'![accuracy vs length]({os.path.basename(plot)})')],
+      workdir, title(task), sections,
       data={'task': task, 'chance': chance, 'lengths': lengths,
             'accuracy': {n: [s.get('eval') for s in r] for n, r in results.items()}})
 
@@ -100,6 +113,7 @@ class ComparePositions(skeleton.Study):
   or quick (a small model, four encodings, one seed)."""
   scales = ('cpu', 'quick')
   default_scale = 'cpu'
+  takes_steps = True
 
   def filter_values(self):
     return {'position': POSITION_NAMES}

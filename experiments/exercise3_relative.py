@@ -90,36 +90,6 @@ def clipping_lines(runs: list[study.Run], summaries: dict, task: str,
   return lines
 
 
-def last_interval_table(results: dict[str, list[dict]], lengths) -> str:
-  """Per encoding and length, the change in token accuracy over the last
-  evaluation interval: mean over the seeds and how many rose (a run's
-  summary history; diverged runs, runs evaluated once and, per length,
-  runs whose last two evaluations lack it left out; '-' where none is
-  left)."""
-  rows = []
-  for name, summaries in results.items():
-    pairs = [s['history'][-2:] for s in summaries
-             if not study.diverged(s) and len(s.get('history', [])) >= 2]
-    if not pairs:
-      continue
-    cells = []
-    for n in lengths:
-      changes = [last['eval'][str(n)]['token_accuracy']
-                 - before['eval'][str(n)]['token_accuracy']
-                 for before, last in pairs
-                 if str(n) in before['eval'] and str(n) in last['eval']]
-      mean = sum(changes) / len(changes) if changes else None
-      # Rounding keeps a tiny fall from printing as '-0.000'.
-      cells.append('-' if mean is None else
-                   f'{round(mean, 3) + 0.0:+.3f} '
-                   f'({sum(c > 0 for c in changes)} of {len(changes)} up)')
-    rows.append([name, *cells])
-  if not rows:
-    return ''
-  return common.markdown_table(
-      ['encoding'] + [f'len {n}' for n in lengths], rows)
-
-
 def report(workdir: str, runs: list[study.Run], summaries: dict,
            quick: bool) -> str:
   results_by_task = common.by_task(runs, summaries)
@@ -144,7 +114,7 @@ def report(workdir: str, runs: list[study.Run], summaries: dict,
           'Each clipping distance minus the next larger one beyond the '
           'trained lengths (95% t-interval across seeds, the unit of '
           'replication):\n\n' + '\n'.join(f'- {line}' for line in lines)))
-    table = last_interval_table(results, lengths)
+    table = common.last_interval_table(results, lengths)
     if table:
       sections.append((
           f'{task}: change over the last evaluation interval',

@@ -7,6 +7,7 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
+from experiments import common
 from experiments import exercise3_relative as exercise3
 from experiments import skeleton
 from experiments import study
@@ -70,7 +71,7 @@ def test_the_last_interval_table_gives_the_mean_change_and_the_seeds_up():
   rising = _summary([{16: 0.5, 32: 0.20}, {16: 0.6, 32: 0.26}])
   falling = _summary([{16: 0.5, 32: 0.30}, {16: 0.4, 32: 0.28}])
   once = _summary([{16: 0.5, 32: 0.3}])            # one evaluation: left out
-  table = exercise3.last_interval_table(
+  table = common.last_interval_table(
       {'rope': [rising, falling, once], 'lost': [{'diverged': True}]},
       [16, 32])
   rows = table.split('\n')
@@ -80,11 +81,11 @@ def test_the_last_interval_table_gives_the_mean_change_and_the_seeds_up():
   assert len(rows) == 3                            # no row for 'lost'
   # A length the last two evaluations lack (eval.lengths changed on a
   # resume) is left out of its cell, not a crash; a tiny fall is +0.000.
-  table = exercise3.last_interval_table(
+  table = common.last_interval_table(
       {'rope': [rising, _summary([{16: 0.5}, {16: 0.4996}])]}, [16, 32])
   assert table.split('\n')[2] == (
       '| rope | +0.050 (1 of 2 up) | +0.060 (1 of 1 up) |')
-  table = exercise3.last_interval_table(
+  table = common.last_interval_table(
       {'rope': [_summary([{16: 0.5}, {16: 0.4996}])]}, [16, 32])
   assert table.split('\n')[2] == '| rope | +0.000 (0 of 1 up) | - |'
 

@@ -53,6 +53,7 @@ def test_every_run_a_study_would_train_has_a_valid_config(module, scale):
     validate_config(run.config, num_devices=1)
 
 
+@pytest.mark.usefixtures('default_flags')
 def test_compare_positions_lays_out_a_task_its_default_layout_cannot():
   """--task=duplicate_string failed validation: its output is not aligned
   with its input, and the study kept the default in_place layout."""
@@ -63,6 +64,49 @@ def test_compare_positions_lays_out_a_task_its_default_layout_cannot():
   assert config.task.layout == 'in_place'      # reverse's, as committed
   assert compare_positions.task_config('duplicate_string', False
                                        ).task.layout == 'placeholders'
+
+
+@pytest.mark.usefixtures('default_flags')
+def test_compare_positions_steps_stretches_the_schedule_with_ten_evaluations():
+  """--steps=10000 (the 5x study, experiments/results/compare_long) trains
+  and evaluates 10,000 steps; without it the committed study's 2,000 steps
+  and evaluations every 200 stay (a changed config would refuse to resume
+  or re-collect its runs)."""
+  from absl.testing import flagsaver
+  from experiments import compare_positions
+  config = compare_positions.task_config('reverse', quick=False)
+  assert (config.train.num_steps, config.eval.every) == (2000, 200)
+  with flagsaver.flagsaver(steps=10000):
+    config = compare_positions.task_config('reverse', quick=False)
+  assert (config.train.num_steps, config.eval.every) == (10000, 1000)
+  validate_config(config, num_devices=1)
+
+
+@pytest.mark.usefixtures('default_flags')
+def test_compare_positions_reports_the_change_over_the_last_interval(tmp_path):
+  """Runs evaluated more than once get a table of their last change, per
+  encoding in the ranking's order: made-up histories whose differences are
+  known."""
+  from experiments import compare_positions
+  spec = compare_positions.STUDY
+  runs = [run for run in spec.runs('quick', 2, None)
+          if run.tags['position'] in ('none', 'rope')]
+  summaries = {}
+  for run in runs:
+    first = 0.3 if run.tags['position'] == 'none' else 0.5
+    rise = 0.0 if run.tags['position'] == 'none' else 0.1 * (
+        1 + run.tags['seed'])
+    history = [{'step': step, 'eval': {str(n): {'token_accuracy': a}
+                                       for n in (8, 16)}}
+               for step, a in ((150, first), (300, first + rise))]
+    summaries[run.name] = dict(_made_up_summary(run, first + rise),
+                               history=history)
+  text = spec.report(str(tmp_path), runs, summaries, 'quick', None)
+  changes = text.split('## Change over the last evaluation interval')[1]
+  rows = [line for line in changes.splitlines() if line.startswith('| ')]
+  # rope ranks first (0.65 at 16); it rose 0.1 and 0.2, none by nothing.
+  assert rows[1:] == ['| rope | +0.150 (2 of 2 up) | +0.150 (2 of 2 up) |',
+                      '| none | +0.000 (0 of 2 up) | +0.000 (0 of 2 up) |']
 
 
 @pytest.mark.parametrize('quick', [True, False])
