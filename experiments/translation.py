@@ -334,6 +334,23 @@ def _sentence_stats(workdir: str, results: dict, references: list[str]
   return out
 
 
+def _long_source_precisions(workdir: str, results: dict, examples: dict
+                            ) -> dict[str, dict[int, float]]:
+  """label -> seed -> BLEU / brevity penalty of the run's MAIN_TEST
+  translations of sources longer than SHORT_MAX_LEN tokens (the scores keep
+  no brevity penalty per source group, so it is recomputed from the
+  committed translations). examples: {'references', 'source_lens'}."""
+  rows = np.flatnonzero(np.asarray(examples['source_lens']) > SHORT_MAX_LEN)
+  references = [examples['references'][i] for i in rows]
+  out: dict[str, dict[int, float]] = {}
+  for name, r in results.items():
+    hyps = read_translations(workdir, name, MAIN_TEST)
+    s = bleu.score([hyps[i] for i in rows], references)
+    if s['bp'] > 0:        # 0 only for empty outputs: no precision to show
+      out.setdefault(r['label'], {})[r['seed']] = s['bleu'] / s['bp']
+  return out
+
+
 def repeats_a_trigram(sentence: str) -> bool:
   """Whether some run of three whitespace words occurs twice: the mark of
   a decoder looping ("... in front of a white fence in front of a white
@@ -623,6 +640,17 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
     ] + [pair(split_bleu, (a,), (b,), f'{split} BLEU, {a} minus {b}')
          for a, b in (('rope', 'shaw'),) + PEERS]
   if examples:
+    long_plain = _long_source_precisions(workdir, results, examples)
+    comparisons += [
+        pair(long_plain, (label,), (f'{label} +short',),
+             f'{MAIN_TEST} sources longer than {SHORT_MAX_LEN} tokens, BLEU '
+             f'/ BP (the +short outputs stop early there): {label} trained on '
+             f'all minus trained on short')
+        for label in ('sinusoidal',) + RELATIVE]
+    comparisons.append(pair(
+        long_plain, short_relative, ('sinusoidal +short',),
+        f'+short protocol, {MAIN_TEST} sources longer than {SHORT_MAX_LEN} '
+        f'tokens, BLEU / BP: mean of {", ".join(RELATIVE)} minus sinusoidal'))
     stats = _sentence_stats(workdir, results, examples['references'])
     comparisons += [
         sentence_bootstrap(stats, ('shaw',), ('sinusoidal',),

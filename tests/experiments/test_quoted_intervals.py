@@ -142,3 +142,25 @@ def test_translation_margins_over_the_floor_and_length_shares(doc):
             for k, v in shares.items()}
   assert (f'runs from {quoted["shaw"]} for shaw and from '
           f'{quoted["relative"]} for relative minus absolute') in doc
+
+
+@pytest.mark.parametrize('line, quoted', [
+    ('sinusoidal trained on all minus trained on short: +2.20 BLEU',
+     'sinusoidal +2.20 [+1.01, +3.40]'),
+    ('shaw trained on all minus trained on short: +1.08 BLEU',
+     'shaw +1.08 [+0.12, +2.04]'),
+    ('rope trained on all minus trained on short: -0.22 BLEU',
+     'rope -0.22 [-1.21, +0.78]'),
+    ('BLEU / BP: mean of shaw, rope minus sinusoidal: +3.81 BLEU',
+     'division: +3.81 [+1.84, +5.78]')])
+def test_translation_costs_without_the_brevity_penalty(doc, line, quoted):
+  """Section 8's +short costs with the brevity penalty divided out are the
+  report's lines (written from the committed translations where the data
+  set is at hand; the interval of each line is the one quoted)."""
+  with open(os.path.join(RESULTS, 'translation', 'results.md'),
+            encoding='utf-8') as f:
+    found = [l for l in f.read().split('\n') if line in l]
+  assert len(found) == 1
+  interval = re.search(r'across seeds (\[[^\]]+\])', found[0]).group(1)
+  assert quoted.endswith(interval)
+  assert quoted in doc

@@ -369,6 +369,29 @@ def test_output_length_is_reported_and_divided_out(tmp_path):
   assert 'val BLEU (the split that chooses), shaw minus sinusoidal: +3.00' in text
 
 
+def test_long_source_precision_divides_out_the_brevity_penalty(tmp_path):
+  """BLEU / BP over the long sources only, from the committed translations:
+  an output that stops early but whose n-grams all match scores 100 (its
+  BLEU is the brevity penalty alone); a wrong short-source line does not
+  enter; an output with no matching n-gram scores 0."""
+  lens = [5, 30, 30]                  # SHORT_MAX_LEN is 18: rows 1 and 2
+  references = ['x y z', 'a b c d e f g h', 'i j k l m n o p']
+  outputs = {'position=shaw,seed=0': ['q q q', 'a b c d e f', 'i j k l m n'],
+             'position=sinusoidal,seed=0': ['x y z', 'z z z z z z z z',
+                                            'y y y y y y y y']}
+  results = {}
+  for name, lines in outputs.items():
+    out = tmp_path / name / 'translations'
+    out.mkdir(parents=True)
+    (out / f'{translation_study.MAIN_TEST}.en').write_text(
+        ''.join(f'{line}\n' for line in lines))
+    results[name] = {'label': name.split(',')[0].split('=')[1], 'seed': 0}
+  plain = translation_study._long_source_precisions(
+      str(tmp_path), results, {'references': references, 'source_lens': lens})
+  assert plain['shaw'][0] == pytest.approx(100.0)
+  assert plain['sinusoidal'][0] == pytest.approx(0.0)
+
+
 def test_a_looping_output_repeats_a_trigram():
   assert translation_study.repeats_a_trigram(
       'A dog runs in front of a fence in front of a fence.')
