@@ -326,6 +326,41 @@ def plot_accuracy_vs_length(results: dict[str, list[dict]], lengths: list[int],
   plt.close(fig)
 
 
+def plot_accuracy_vs_step(results: dict[str, list[dict]], length: int,
+                          title: str, path: str) -> bool:
+  """Token accuracy at `length` at each evaluation of the runs' histories:
+  per setting the mean over seeds with a min-max band (diverged runs and
+  runs evaluated at other steps than the setting's first left out).
+  Draws nothing and returns False where no setting has two evaluations."""
+  curves = {}
+  for name, runs in results.items():
+    histories = [s['history'] for s in runs
+                 if not study.diverged(s) and len(s.get('history', [])) >= 2]
+    if not histories:
+      continue
+    steps = [h['step'] for h in histories[0]]
+    same = [h for h in histories if [e['step'] for e in h] == steps]
+    if all(str(length) in e['eval'] for h in same for e in h):
+      curves[name] = (steps, [[e['eval'][str(length)]['token_accuracy']
+                               for e in h] for h in same])
+  if not curves:
+    return False
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  colors = plt.get_cmap('tab20').colors
+  for i, (name, (steps, acc)) in enumerate(curves.items()):
+    band(ax, steps, acc, color=colors[i % 20], label=name,
+         marker='osD^v<>'[i % 7], markersize=3)
+  ax.set_xlabel('training step (line: mean over seeds; band: min-max)')
+  ax.set_ylabel(f'token accuracy at length {length}')
+  ax.set_ylim(0, 1.02)
+  ax.set_title(title)
+  ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
+
+
 def check_report_owner(workdir: str, title: str,
                        stem: str | None = None) -> None:
   """ConfigError where workdir's results.md is another study's (or this

@@ -13,8 +13,10 @@ skips finished runs and resumes the unfinished one; --positions trains only
 those encodings; --shard splits the runs; --collect_only trains nothing. The
 report ranks every encoding with a finished run by its mean token accuracy at
 the longest trained length (ties in the order of
-selfattn.nn.positions.POSITION_NAMES; the committed study,
-experiments/results/compare, predates PoPE and so holds nine).
+selfattn.nn.positions.POSITION_NAMES). The committed study,
+experiments/results/compare, trained nine encodings on 2026-11-23 and PoPE's
+five seeds on 2026-12-02 (--positions=pope); experiments/results/compare_long
+is the same at --steps=10000.
 """
 
 from __future__ import annotations
@@ -88,6 +90,13 @@ def report(workdir: str, runs: list[study.Run], summaries: dict, quick: bool,
        f'{chance:.3f}. Ranked by accuracy at length {inside}.'),
       ('Ranking', table),
       ('Plot', f'![accuracy vs length]({os.path.basename(plot)})')]
+  curve = os.path.join(workdir, f'accuracy_vs_step_{task}.png')
+  if common.plot_accuracy_vs_step(
+      {name.split('=')[1]: r for name, r in ranked}, inside,
+      f'{task}: token accuracy at length {inside} during training', curve):
+    sections.append(('Training curve',
+                     f'![accuracy at length {inside} by step]'
+                     f'({os.path.basename(curve)})'))
   changes = common.last_interval_table(
       {name.split('=')[1]: r for name, r in ranked}, lengths)
   if changes:

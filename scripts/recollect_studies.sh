@@ -47,7 +47,6 @@ run() {   # run STUDY MODULE [ARGS...]
 }
 
 run chapter chapter
-# The committed comparison predates PoPE: the report ranks the nine it has.
 run compare compare_positions --task=reverse --collect_only
 # Not re-collectable from a clean copy: its position probe reads the trained
 # models' checkpoints, which are never committed (one line, exit 2).

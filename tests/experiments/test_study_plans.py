@@ -13,6 +13,7 @@ import json
 import pytest
 from absl import flags
 
+from experiments import common
 from experiments import exercise1_depth
 from experiments import study
 from selfattn.training.config_checks import validate_config
@@ -107,6 +108,15 @@ def test_compare_positions_reports_the_change_over_the_last_interval(tmp_path):
   # rope ranks first (0.65 at 16); it rose 0.1 and 0.2, none by nothing.
   assert rows[1:] == ['| rope | +0.150 (2 of 2 up) | +0.150 (2 of 2 up) |',
                       '| none | +0.000 (0 of 2 up) | +0.000 (0 of 2 up) |']
+  # The same histories drawn as training curves; a single evaluation
+  # draws none (the quick plan's runs evaluate once).
+  assert '![accuracy at length 8 by step](accuracy_vs_step_reverse.png)' in text
+  assert (tmp_path / 'accuracy_vs_step_reverse.png').stat().st_size > 0
+  once = {name: dict(s, history=s['history'][-1:])
+          for name, s in summaries.items()}
+  assert not common.plot_accuracy_vs_step(
+      {'rope': list(once.values())}, 8, 'title', str(tmp_path / 'none.png'))
+  assert not (tmp_path / 'none.png').exists()
 
 
 @pytest.mark.parametrize('quick', [True, False])
