@@ -90,15 +90,15 @@ def report(workdir: str, runs: list[study.Run], summaries: dict, quick: bool,
        f'{chance:.3f}. Ranked by accuracy at length {inside}.'),
       ('Ranking', table),
       ('Plot', f'![accuracy vs length]({os.path.basename(plot)})')]
+  ranked_by_encoding = {name.split('=')[1]: r for name, r in ranked}
   curve = os.path.join(workdir, f'accuracy_vs_step_{task}.png')
   if common.plot_accuracy_vs_step(
-      {name.split('=')[1]: r for name, r in ranked}, inside,
+      ranked_by_encoding, inside,
       f'{task}: token accuracy at length {inside} during training', curve):
     sections.append(('Training curve',
                      f'![accuracy at length {inside} by step]'
                      f'({os.path.basename(curve)})'))
-  changes = common.last_interval_table(
-      {name.split('=')[1]: r for name, r in ranked}, lengths)
+  changes = common.last_interval_table(ranked_by_encoding, lengths)
   if changes:
     sections.append((
         'Change over the last evaluation interval',
