@@ -48,6 +48,7 @@ run() {   # run STUDY MODULE [ARGS...]
 
 run chapter chapter
 run compare compare_positions --task=reverse --collect_only
+run compare_long compare_positions --task=reverse --collect_only --steps=10000
 # Not re-collectable from a clean copy: its position probe reads the trained
 # models' checkpoints, which are never committed (one line, exit 2).
 run exercise1 exercise1_depth
