@@ -392,6 +392,41 @@ def test_long_source_precision_divides_out_the_brevity_penalty(tmp_path):
   assert plain['sinusoidal'][0] == pytest.approx(0.0)
 
 
+def test_the_report_pairs_long_source_precision_by_seed(tmp_path):
+  """With the data at hand (examples), the +short costs on the long
+  sources are also paired with the brevity penalty divided out: all-pairs
+  runs that copy the references (100) against +short runs that do (shaw) or
+  write nothing that matches (sinusoidal, rope) on the long sources."""
+  lens = np.array([5, 30, 30, 5])
+  references = ['x y z', 'a b c d e f g h', 'i j k l m n o p', 'u v w']
+  labels = ('sinusoidal', 'shaw', 'rope', 'sinusoidal +short', 'shaw +short',
+            'rope +short')
+  runs = translation_study.study_runs('quick', 2, labels)
+  results = {}
+  for run in runs:
+    label, seed = run.tags['position'], run.tags['seed']
+    results[run.name] = {**_fake_result(30, 20), 'label': label, 'seed': seed}
+    copies = not label.endswith('+short') or label == 'shaw +short'
+    lines = references if copies else ['q q q'] * len(references)
+    out = tmp_path / run.name / 'translations'
+    out.mkdir(parents=True)
+    (out / f'{translation_study.MAIN_TEST}.en').write_text(
+        ''.join(f'{line}\n' for line in lines))
+  examples = {'sources': [f'de {i}' for i in range(len(lens))],
+              'references': references, 'source_lens': lens}
+  text = translation_study.report(str(tmp_path), runs, results, 'quick',
+                                  {'word': _fake_result(25, 20)['splits']},
+                                  examples)
+  line = ('BLEU / BP (the +short outputs stop early there): {} trained on all '
+          'minus trained on short: {} BLEU over 2 seeds')
+  assert line.format('sinusoidal', '+100.00') in text
+  assert line.format('shaw', '+0.00') in text
+  assert line.format('rope', '+100.00') in text
+  # Under +short: mean of shaw (100) and rope (0) minus sinusoidal (0).
+  assert ('BLEU / BP: mean of shaw, rope minus sinusoidal: +50.00 BLEU over 2 '
+          'seeds') in text
+
+
 def test_a_looping_output_repeats_a_trigram():
   assert translation_study.repeats_a_trigram(
       'A dog runs in front of a fence in front of a fence.')
