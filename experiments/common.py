@@ -298,6 +298,16 @@ def band(ax, x, curves, *, color, label: str, alpha: float = 0.12,
                     alpha=alpha, lw=0)
 
 
+def _save_accuracy_plot(fig, ax, title: str, path: str) -> None:
+  """The accuracy plots' common finish: 0-1 axis, title, legend, saved."""
+  ax.set_ylim(0, 1.02)
+  ax.set_title(title)
+  ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
 def plot_accuracy_vs_length(results: dict[str, list[dict]], lengths: list[int],
                             train_max: int, title: str, path: str,
                             chance: float | None = None) -> None:
@@ -318,12 +328,7 @@ def plot_accuracy_vs_length(results: dict[str, list[dict]], lengths: list[int],
   ax.set_xscale('log', base=2)
   ax.set_xlabel('evaluation length (line: mean over seeds; band: min-max)')
   ax.set_ylabel('token accuracy')
-  ax.set_ylim(0, 1.02)
-  ax.set_title(title)
-  ax.legend(fontsize=7, ncol=2)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save_accuracy_plot(fig, ax, title, path)
 
 
 def plot_accuracy_vs_step(results: dict[str, list[dict]], length: int,
@@ -352,12 +357,7 @@ def plot_accuracy_vs_step(results: dict[str, list[dict]], length: int,
          marker='osD^v<>'[i % 7], markersize=3)
   ax.set_xlabel('training step (line: mean over seeds; band: min-max)')
   ax.set_ylabel(f'token accuracy at length {length}')
-  ax.set_ylim(0, 1.02)
-  ax.set_title(title)
-  ax.legend(fontsize=7, ncol=2)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save_accuracy_plot(fig, ax, title, path)
   return True
 
 
