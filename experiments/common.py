@@ -335,10 +335,13 @@ def plot_accuracy_vs_step(results: dict[str, list[dict]], length: int,
                           title: str, path: str) -> bool:
   """Token accuracy at `length` at each evaluation of the runs' histories:
   per setting the mean over seeds with a min-max band (diverged runs and
-  runs evaluated at other steps than the setting's first left out).
+  runs evaluated at other steps than the setting's first kept run left out;
+  a setting some of whose evaluations lack `length` is not drawn).
   Draws nothing and returns False where no setting has two evaluations."""
   curves = {}
-  for name, runs in results.items():
+  # Colours by position in `results`, drawn or not, as plot_accuracy_vs_length
+  # gives them: the same dict draws each setting in one colour in both.
+  for i, (name, runs) in enumerate(results.items()):
     histories = [s['history'] for s in runs
                  if not study.diverged(s) and len(s.get('history', [])) >= 2]
     if not histories:
@@ -346,13 +349,13 @@ def plot_accuracy_vs_step(results: dict[str, list[dict]], length: int,
     steps = [h['step'] for h in histories[0]]
     same = [h for h in histories if [e['step'] for e in h] == steps]
     if all(str(length) in e['eval'] for h in same for e in h):
-      curves[name] = (steps, [[e['eval'][str(length)]['token_accuracy']
-                               for e in h] for h in same])
+      curves[name] = (i, steps, [[e['eval'][str(length)]['token_accuracy']
+                                  for e in h] for h in same])
   if not curves:
     return False
   fig, ax = plt.subplots(figsize=(7, 4.5))
   colors = plt.get_cmap('tab20').colors
-  for i, (name, (steps, acc)) in enumerate(curves.items()):
+  for name, (i, steps, acc) in curves.items():
     band(ax, steps, acc, color=colors[i % 20], label=name,
          marker='osD^v<>'[i % 7], markersize=3)
   ax.set_xlabel('training step (line: mean over seeds; band: min-max)')

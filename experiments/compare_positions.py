@@ -7,7 +7,9 @@ Trains each encoding with configs/default.py (lengths 1-16) and evaluates at
 8, 16, 32 and 64 (a task whose output is not aligned with its input reads it
 after the input: layout placeholders). --quick: a small model, four
 encodings, one seed. --steps: train that many steps instead of the config's
-2,000 (the cosine schedule stretched to them, evaluated 10 times).
+2,000 (the cosine decay stretched to them after the same 100 warmup steps;
+an evaluation every tenth of them, at least 100 steps apart; refused with
+--quick).
 A study like the others (experiments/skeleton.py): rerunning the command
 skips finished runs and resumes the unfinished one; --positions trains only
 those encodings; --shard splits the runs; --collect_only trains nothing. The
@@ -77,9 +79,10 @@ def report(workdir: str, runs: list[study.Run], summaries: dict, quick: bool,
           [common.mean_std([common.accuracy(s, n) for s in runs]) for n in lengths]
           for i, (name, runs) in enumerate(ranked)]
   table = common.markdown_table(header, rows)
+  by_encoding = {n.split('=')[1]: r for n, r in results.items()}
   plot = os.path.join(workdir, f'accuracy_vs_length_{task}.png')
   common.plot_accuracy_vs_length(
-      {n.split('=')[1]: r for n, r in results.items()}, lengths,
+      by_encoding, lengths,
       base.task.max_len, f'{task}: token accuracy by evaluation length', plot,
       chance=chance)
   sections = [
@@ -90,15 +93,15 @@ def report(workdir: str, runs: list[study.Run], summaries: dict, quick: bool,
        f'{chance:.3f}. Ranked by accuracy at length {inside}.'),
       ('Ranking', table),
       ('Plot', f'![accuracy vs length]({os.path.basename(plot)})')]
-  ranked_by_encoding = {name.split('=')[1]: r for name, r in ranked}
   curve = os.path.join(workdir, f'accuracy_vs_step_{task}.png')
   if common.plot_accuracy_vs_step(
-      ranked_by_encoding, inside,
+      by_encoding, inside,
       f'{task}: token accuracy at length {inside} during training', curve):
     sections.append(('Training curve',
                      f'![accuracy at length {inside} by step]'
                      f'({os.path.basename(curve)})'))
-  changes = common.last_interval_table(ranked_by_encoding, lengths)
+  changes = common.last_interval_table(
+      {name.split('=')[1]: r for name, r in ranked}, lengths)
   if changes:
     sections.append((
         'Change over the last evaluation interval',

@@ -644,7 +644,7 @@ def report(workdir: str, runs: list[study.Run], results: dict, scale: str,
     comparisons += [
         pair(long_plain, (label,), (f'{label} +short',),
              f'{MAIN_TEST} sources longer than {SHORT_MAX_LEN} tokens, BLEU '
-             f'/ BP (the +short outputs stop early there): {label} trained on '
+             f'/ BP (brevity penalty divided out): {label} trained on '
              f'all minus trained on short')
         for label in ('sinusoidal',) + RELATIVE]
     comparisons.append(pair(

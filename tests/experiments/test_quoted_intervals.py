@@ -105,8 +105,8 @@ def test_indirect_indexing_against_letter_guessing(doc):
     lo, hi = map(float, re.findall(r'[-+]\d\.\d+',
                                    _interval(above(encoding), 2))[1:])
     assert lo < 0 < hi, encoding
-  assert (f'(+{_interval(above("pope"), 1)[1:]} zero-initialised, '
-          f'+{_interval(above("pope_uniform"), 1)[1:]} uniform)') in doc
+  assert (f'({_interval(above("pope"), 1)} zero-initialised, '
+          f'{_interval(above("pope_uniform"), 1)} uniform)') in doc
 
 
 def test_translation_margins_over_the_floor_and_length_shares(doc):

@@ -55,6 +55,10 @@ def _table_rows(marker: str) -> dict[str, list[str]]:
       break
     cells = [c.strip() for c in line.strip('|').split('|')]
     rows[cells[1]] = cells[2:]
+    # Ranked by the mean at length 16 (the longest trained), rank 1 first.
+    assert cells[0] == str(len(rows)), line
+  at_16 = [float(cells[1].split(' ±')[0]) for cells in rows.values()]
+  assert at_16 == sorted(at_16, reverse=True)
   return rows
 
 
@@ -67,7 +71,7 @@ def test_the_2000_step_table_is_the_runs_mean_and_std():
 
 
 def test_the_10000_step_table_is_the_runs_mean_and_std():
-  rows = _table_rows('**Trained 5x longer**')
+  rows = _table_rows('**Every encoding at 10,000 steps**')
   assert len(rows) == 10
   for encoding, cells in rows.items():
     assert cells[:4] == [_cell('compare_long', encoding, n, 5)
@@ -99,7 +103,7 @@ def test_each_quoted_pair_at_2x_after_10000_steps(a, b, quoted):
 
 def test_pope_at_2000_steps_against_none_and_t5():
   text = re.sub(r'\s+', ' ', _section4())
-  for other, quoted in (('none', 'above `none` by'), ('t5', 'below T5 by')):
+  for other, quoted in (('none', 'above `none` by'), ('t5', 'PoPE minus T5')):
     diffs = [100 * (_accuracy('compare', 'pope', s, 16)
                      - _accuracy('compare', other, s, 16)) for s in range(5)]
     interval = _interval(diffs)

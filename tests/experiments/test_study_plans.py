@@ -105,7 +105,7 @@ def test_compare_positions_reports_the_change_over_the_last_interval(tmp_path):
   text = spec.report(str(tmp_path), runs, summaries, 'quick', None)
   changes = text.split('## Change over the last evaluation interval')[1]
   rows = [line for line in changes.splitlines() if line.startswith('| ')]
-  # rope ranks first (0.65 at 16); it rose 0.1 and 0.2, none by nothing.
+  # rope ranks first (0.65 at 8, the longest trained in quick mode); it rose 0.1 and 0.2, none by nothing.
   assert rows[1:] == ['| rope | +0.150 (2 of 2 up) | +0.150 (2 of 2 up) |',
                       '| none | +0.000 (0 of 2 up) | +0.000 (0 of 2 up) |']
   # The same histories drawn as training curves; a single evaluation

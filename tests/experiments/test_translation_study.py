@@ -417,7 +417,7 @@ def test_the_report_pairs_long_source_precision_by_seed(tmp_path):
   text = translation_study.report(str(tmp_path), runs, results, 'quick',
                                   {'word': _fake_result(25, 20)['splits']},
                                   examples)
-  line = ('BLEU / BP (the +short outputs stop early there): {} trained on all '
+  line = ('BLEU / BP (brevity penalty divided out): {} trained on all '
           'minus trained on short: {} BLEU over 2 seeds')
   assert line.format('sinusoidal', '+100.00') in text
   assert line.format('shaw', '+0.00') in text
