@@ -257,6 +257,14 @@ def accuracy_table(results: dict[str, list[dict]], lengths: list[int],
   return markdown_table(header, rows)
 
 
+# What a report says above last_interval_table's table.
+LAST_INTERVAL_NOTE = (
+    'Token accuracy at the last evaluation minus the one before, mean over '
+    'seeds (how many seeds rose). The learning rate decays to zero over the '
+    'schedule, so a flat end does not show convergence; a rising one shows the '
+    'budget ended first.')
+
+
 def last_interval_table(results: dict[str, list[dict]], lengths) -> str:
   """Per encoding and length, the change in token accuracy over the last
   evaluation interval: mean over the seeds and how many rose (a run's

@@ -105,10 +105,7 @@ def report(workdir: str, runs: list[study.Run], summaries: dict, quick: bool,
   if changes:
     sections.append((
         'Change over the last evaluation interval',
-        'Token accuracy at the last evaluation minus the one before, mean over '
-        'seeds (how many seeds rose). The learning rate decays to zero over the '
-        'schedule, so a flat end does not show convergence; a rising one shows '
-        'the budget ended first.\n\n' + changes))
+        f'{common.LAST_INTERVAL_NOTE}\n\n{changes}'))
   return common.write_results(
       workdir, title(task), sections,
       data={'task': task, 'chance': chance, 'lengths': lengths,

@@ -118,11 +118,7 @@ def report(workdir: str, runs: list[study.Run], summaries: dict,
     if table:
       sections.append((
           f'{task}: change over the last evaluation interval',
-          'Token accuracy at the last evaluation minus the one before, mean '
-          'over seeds (how many seeds rose). The learning rate decays to '
-          'zero over the schedule, so a flat end does not show '
-          'convergence; a rising one shows the budget ended first.\n\n'
-          + table))
+          f'{common.LAST_INTERVAL_NOTE}\n\n{table}'))
     data[task] = {n: [s.get('eval') for s in r] for n, r in results.items()}
   base = task_base(runs[0].tags['task'], quick)
   return common.write_results(

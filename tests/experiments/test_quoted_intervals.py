@@ -12,6 +12,8 @@ import statistics
 import pytest
 import scipy.stats
 
+from experiments import common
+from quoted import seed_interval_text
 from runs import ROOT
 
 RESULTS = os.path.join(ROOT, 'experiments/results')
@@ -28,21 +30,13 @@ def doc() -> str:
     return re.sub(r'\s+', ' ', f.read())   # prose line breaks fall anywhere
 
 
-def _interval(values, digits):
-  """'m [lo, hi]', a 95% t-interval across the values (the seeds)."""
-  mean = statistics.mean(values)
-  half = (scipy.stats.t.ppf(0.975, len(values) - 1)
-          * statistics.stdev(values) / len(values) ** 0.5)
-  return f'{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}]'
-
-
 def test_music_rope_minus_shaw_at_convergence(doc):
   def nll(position, seed):
     return _load('music_convergence', f'position={position},seed={seed}',
                  'music.json')['test_nll']
   diffs = [nll('rope', s) - nll('shaw', s) for s in range(3)]
-  assert f'rope minus shaw {_interval(diffs, 3)}' in doc
-  assert f'not told apart from it ({_interval(diffs, 3)})' in doc
+  assert f'rope minus shaw {seed_interval_text(diffs, 3)}' in doc
+  assert f'not told apart from it ({seed_interval_text(diffs, 3)})' in doc
 
 
 @pytest.mark.parametrize('depth, quoted', [
@@ -77,17 +71,17 @@ def test_exercise2_paired_lengths(doc):
   def acc(variant, length):
     return [r['eval'][str(length)]['token_accuracy'] for r in runs[variant]]
   learned = [a - b for a, b in zip(acc('learned', 64), acc('sinusoidal', 64))]
-  assert f'leads it by {_interval(learned, 3)}' in doc
+  assert f'leads it by {seed_interval_text(learned, 3)}' in doc
   dropout = [a - b for a, b in zip(acc('sinusoidal, dropout 0.1', 32),
                                    acc('sinusoidal', 32))]
-  assert f'{_interval(dropout, 3)} paired across the 5 seeds' in doc
+  assert f'{seed_interval_text(dropout, 3)} paired across the 5 seeds' in doc
   # The other three learned-minus-sinusoidal pairs are not told apart.
   every = _load('exercise2', 'results.json')
   for task, length in (('reverse', 32), ('reverse', 64), ('sort', 32)):
     diffs = [a['eval'][str(length)]['token_accuracy']
              - b['eval'][str(length)]['token_accuracy']
              for a, b in zip(every[task]['learned'], every[task]['sinusoidal'])]
-    lo, hi = map(float, re.findall(r'[-+]\d\.\d+', _interval(diffs, 3))[1:])
+    lo, hi = common.seed_interval(diffs)
     assert lo < 0 < hi, (task, length)
 
 
@@ -98,15 +92,14 @@ def test_indirect_indexing_against_letter_guessing(doc):
     return [100 * (statistics.mean(r['accuracy'][n] for n in ('20', '30', '40'))
                    - guess) for r in runs if r['encoding'] == encoding]
   assert "only Shaw's +0.67 points" in doc
-  assert _interval(above('shaw'), 2) == '+0.67 [+0.05, +1.30]'
-  assert f'({_interval(above("shaw"), 2)[6:]}' in doc
+  assert seed_interval_text(above('shaw'), 2) == '+0.67 [+0.05, +1.30]'
+  assert f'({seed_interval_text(above("shaw"), 2)[6:]}' in doc
   for encoding in ('none', 'sinusoidal', 'learned', 'rope', 'alibi', 't5',
                    'xl'):
-    lo, hi = map(float, re.findall(r'[-+]\d\.\d+',
-                                   _interval(above(encoding), 2))[1:])
+    lo, hi = common.seed_interval(above(encoding))
     assert lo < 0 < hi, encoding
-  assert (f'({_interval(above("pope"), 1)} zero-initialised, '
-          f'{_interval(above("pope_uniform"), 1)} uniform)') in doc
+  assert (f'({seed_interval_text(above("pope"), 1)} zero-initialised, '
+          f'{seed_interval_text(above("pope_uniform"), 1)} uniform)') in doc
 
 
 def test_translation_margins_over_the_floor_and_length_shares(doc):

@@ -10,8 +10,8 @@ import re
 import statistics
 
 import pytest
-import scipy.stats
 
+from quoted import seed_interval_text
 from runs import ROOT
 
 LONG, SHORT = 'exercise3_long', 'exercise3'
@@ -38,14 +38,6 @@ def _cell(task, variant, length, digits=3):
   values = [_accuracy(LONG, task, variant, s, length) for s in SEEDS]
   return (f'{statistics.mean(values):.{digits}f} ± '
           f'{statistics.stdev(values):.{digits}f}')
-
-
-def _interval(diffs):
-  """'+m [lo, hi]' in points, a 95% t-interval across seeds."""
-  mean = statistics.mean(diffs)
-  half = (scipy.stats.t.ppf(0.975, len(diffs) - 1)
-          * statistics.stdev(diffs) / len(diffs) ** 0.5)
-  return f'{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]'
 
 
 @pytest.mark.parametrize('task, variant, length, digits', [
@@ -76,7 +68,7 @@ def test_each_quoted_clipping_pair_and_its_growth(a, b, length):
   long = [diff(LONG, s) for s in SEEDS]
   assert (f'{a.split()[1]} minus {b.split()[1]}'.replace('k=', 'k = ')
           in text)
-  assert _interval(long) in text.replace(' points [', ' [')
+  assert seed_interval_text(long) in text.replace(' points [', ' [')
   if length == 32:
     growth = [diff(LONG, s) - diff(SHORT, s) for s in SEEDS]
-    assert _interval(growth) in text
+    assert seed_interval_text(growth) in text

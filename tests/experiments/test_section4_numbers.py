@@ -10,8 +10,8 @@ import re
 import statistics
 
 import pytest
-import scipy.stats
 
+from quoted import seed_interval_text
 from runs import ROOT
 
 LENGTHS = (8, 16, 32, 64)
@@ -34,14 +34,6 @@ def _accuracy(study: str, encoding: str, seed: int, length: int) -> float:
 def _cell(study, encoding, length, seeds):
   values = [_accuracy(study, encoding, s, length) for s in range(seeds)]
   return f'{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}'
-
-
-def _interval(diffs):
-  """'+m [lo, hi]' in points, a 95% t-interval across seeds."""
-  mean = statistics.mean(diffs)
-  half = (scipy.stats.t.ppf(0.975, len(diffs) - 1)
-          * statistics.stdev(diffs) / len(diffs) ** 0.5)
-  return f'{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}]'
 
 
 def _table_rows(marker: str) -> dict[str, list[str]]:
@@ -87,7 +79,7 @@ def test_each_quoted_change_between_budgets_is_paired_by_seed(encoding,
                   - _accuracy('compare', encoding, s, length))
            for s in range(5)]
   quoted = re.sub(r'\s+', ' ', _section4())
-  assert f'{encoding} {_interval(diffs)}' in quoted
+  assert f'{encoding} {seed_interval_text(diffs)}' in quoted
 
 
 @pytest.mark.parametrize('a, b, quoted', [
@@ -97,8 +89,8 @@ def test_each_quoted_pair_at_2x_after_10000_steps(a, b, quoted):
   diffs = [100 * (_accuracy('compare_long', a, s, 32)
                   - _accuracy('compare_long', b, s, 32)) for s in range(5)]
   text = re.sub(r'\s+', ' ', _section4())
-  assert f'{quoted} {_interval(diffs)}' in text or (
-      f'{quoted}{_interval(diffs)}' in text)
+  assert f'{quoted} {seed_interval_text(diffs)}' in text or (
+      f'{quoted}{seed_interval_text(diffs)}' in text)
 
 
 def test_pope_at_2000_steps_against_none_and_t5():
@@ -106,7 +98,7 @@ def test_pope_at_2000_steps_against_none_and_t5():
   for other, quoted in (('none', 'above `none` by'), ('t5', 'PoPE minus T5')):
     diffs = [100 * (_accuracy('compare', 'pope', s, 16)
                      - _accuracy('compare', other, s, 16)) for s in range(5)]
-    interval = _interval(diffs)
+    interval = seed_interval_text(diffs)
     if other == 'none':
       interval = interval.replace(' [', ' points [', 1)
     assert f'{quoted} {interval}' in text

@@ -10,6 +10,7 @@ import statistics
 import pytest
 
 from experiments import common
+from quoted import seed_interval_text
 from runs import ROOT
 
 RESULTS = os.path.join(ROOT, 'experiments/results/translation/results.json')
@@ -149,11 +150,6 @@ def test_the_convergence_pairs_match_the_runs(by_label):
               seed, split)
 
 
-def _interval(values) -> str:
-  lo, hi = common.seed_interval(values)
-  return f'{statistics.mean(values):+.2f} [{lo:+.2f}, {hi:+.2f}]'
-
-
 def test_the_convergence_summary_matches_the_runs(by_label):
   """The three pairs' table: per split, shaw minus sinusoidal at 3,000
   steps, at the converged checkpoints, and the change, each the mean over
@@ -173,8 +169,9 @@ def test_the_convergence_summary_matches_the_runs(by_label):
     long = [converged['shaw', s][split] - converged['sinusoidal', s][split]
             for s in seeds]
     change = [b - a for a, b in zip(short, long)]
-    assert row[1:] == [_interval(short), _interval(long),
-                       _interval(change)], split
+    assert row[1:] == [seed_interval_text(short, 2),
+                       seed_interval_text(long, 2),
+                       seed_interval_text(change, 2)], split
 
 
 def test_the_rope_convergence_table_matches_the_runs(by_label):
@@ -196,8 +193,8 @@ def test_the_rope_convergence_table_matches_the_runs(by_label):
         f'({statistics.mean(short("rope", s, split) for s in seeds):.2f})']
     for other in ('shaw', 'sinusoidal'):
       expected += [
-          _interval([converged['rope', s][split] - converged[other, s][split]
-                     for s in seeds]),
-          _interval([short('rope', s, split) - short(other, s, split)
-                     for s in seeds])]
+          seed_interval_text([converged['rope', s][split]
+                              - converged[other, s][split] for s in seeds], 2),
+          seed_interval_text([short('rope', s, split) - short(other, s, split)
+                              for s in seeds], 2)]
     assert row[1:] == expected, split
