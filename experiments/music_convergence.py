@@ -20,6 +20,10 @@ Encodings: shaw and sinusoidal, the section's comparison, at seeds 0-2
 the same seeds where the budget allows (the other relative and absolute
 encoding of the section's headline).
 
+The rows and pairings are a Design: FIRST_PASS here;
+experiments/music_meter_convergence.py runs the same budget on the meter
+rows.
+
 Each run is reported beside the same seed's run of the 1,000-step study
 (--short_dir, its committed music.json), paired by seed: shaw, rope and
 learned each minus sinusoidal, and relative (shaw, rope) minus absolute
@@ -40,6 +44,7 @@ last checkpoint was not chosen): test NLL is the clean comparison.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from absl import app
@@ -68,6 +73,41 @@ MORE = ('rope', 'learned')
 ENCODINGS = CORE + MORE
 RELATIVE, ABSOLUTE = ('shaw', 'rope'), ('sinusoidal', 'learned')
 
+# The fixed start of the report's title, which grows with the encodings
+# trained (the owner's mark on its workdir, skeleton.Study.title_stem).
+TITLE_STEM = 'Music to convergence: shaw against sinusoidal'
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+  """Which of the music study's rows a convergence study trains, and what
+  its report pairs (every pairing by seed, at both budgets).
+
+  core: (encoding, baseline), trained first at every seed; more: further
+  encodings, each paired with the baseline once it has converged runs;
+  groups: (group a, group b, name), paired once every member has runs;
+  without_dir: a workdir whose converged runs of the same position
+  without the meter and bar-aligned crops (the first pass) each row is
+  paired with, seed by seed; None pairs nothing outside the study.
+  """
+  title_stem: str
+  core: tuple[str, str]
+  more: tuple[str, ...] = ()
+  groups: tuple[tuple[str, ...], tuple[str, ...], str] | None = None
+  without_dir: str | None = None
+  # The Protocol section's first words: which rows, under the budget below.
+  rows: str = "The music study's first-pass protocol"
+
+  @property
+  def labels(self) -> tuple[str, ...]:
+    return self.core + self.more
+
+
+FIRST_PASS = Design(
+    TITLE_STEM, CORE, MORE,
+    (RELATIVE, ABSOLUTE, 'mean of shaw, rope minus mean of sinusoidal, '
+                         'learned'))
+
 
 def study_runs(scale: str, seeds: int, labels) -> list[study.Run]:
   """Seed-major runs of `labels` with the convergence budget."""
@@ -95,16 +135,11 @@ def short_budget(short_dir: str, label: str, seed: int) -> dict | None:
                                       "a 1,000-step run's scores")
 
 
-# The fixed start of the report's title, which grows with the encodings
-# trained (the owner's mark on its workdir, skeleton.Study.title_stem).
-TITLE_STEM = 'Music to convergence: shaw against sinusoidal'
-
-
 def report(workdir: str, runs: list[study.Run], results: dict,
-           short_dir: str) -> str:
+           short_dir: str, design: Design = FIRST_PASS) -> str:
   """results.md, results.json and the curves' plot."""
   labels, long_by, short_by = convergence.by_budget(
-      workdir, runs, results, ENCODINGS,
+      workdir, runs, results, design.labels,
       lambda label, seed: short_budget(short_dir, label, seed))
   budgets = (('1,000 steps', short_by), ('to convergence', long_by))
 
@@ -133,32 +168,32 @@ def report(workdir: str, runs: list[study.Run], results: dict,
                                for s, r in by.get(label, {}).items()}
                        for label in labels}
               for budget, by in budgets}
-    comparisons = [(('shaw',), ('sinusoidal',), 'shaw minus sinusoidal')]
+    first, baseline = design.core
+    comparisons = [((first,), (baseline,), f'{first} minus {baseline}')]
     # Each further encoding against the chapter's baseline, seed by seed, as
     # soon as it has converged runs: rope is relative but not Shaw, so the
     # group line below could hide it behind shaw.
-    comparisons += [((label,), ('sinusoidal',), f'{label} minus sinusoidal')
-                    for label in MORE if long_by.get(label)]
-    if all(long_by.get(label) for label in ENCODINGS):
-      comparisons.append((RELATIVE, ABSOLUTE,
-                          'mean of shaw, rope minus mean of sinusoidal, '
-                          'learned'))
+    comparisons += [((label,), (baseline,), f'{label} minus {baseline}')
+                    for label in design.more if long_by.get(label)]
+    if design.groups and all(long_by.get(label) for label in design.labels):
+      comparisons.append(design.groups)
     lines += convergence.lines_at_budgets(
         values, comparisons,
         lambda budget, name: f'{split} NLL, {budget}: {name}',
         lambda name: f'{split} NLL: {name}, to convergence minus at 1,000 '
                      f'steps',
         unit='nats')
+  if design.without_dir:
+    lines += without_meter_lines(design, long_by)
   plot = os.path.join(workdir, 'valid_loss_by_step.png')
-  plotted = plot_curves(workdir, results, plot)
+  plotted = plot_curves(workdir, results, plot, design.labels)
   # The budget as the runs were configured (--quick shrinks it).
   t = runs[0].config.train
   cap, every, patience = t.num_steps, runs[0].config.eval.every, t.early_stop_patience
   examples = runs[0].config.eval.num_examples
 
   body = [
-      ('Protocol', f"The music study's first-pass protocol with a longer "
-       f'budget: cosine schedule built for {cap:,} steps (the cap), '
+      ('Protocol', f'{design.rows} with a longer budget: cosine schedule built for {cap:,} steps (the cap), '
        f'the loop\'s loss on {examples} crops of the validation pieces '
        f'every {every:,} steps, training stopped after {patience} '
        f'evaluation(s) in a row without a new lowest; the checkpoint with the '
@@ -168,7 +203,10 @@ def report(workdir: str, runs: list[study.Run], results: dict,
        f'test NLL is the clean comparison. The 1,000-step rows are the '
        f'same seeds of {short_dir}. Negative differences favour the first '
        f'encoding (lower NLL). Intervals: 95% t-intervals across seeds, the '
-       f'unit of replication.'),
+       f'unit of replication.'
+       + (f' The first-pass rows paired with them are the converged runs of '
+          f'the same seeds in {design.without_dir}.'
+          if design.without_dir else '')),
       ('Scores (mean ± std over seeds)', table),
       ('Paired by seed', '\n'.join(f'- {line}' for line in lines)),
   ]
@@ -181,13 +219,46 @@ def report(workdir: str, runs: list[study.Run], results: dict,
                  'valid_crop_loss': {str(k): v for k, v in held_out_curve(
                      os.path.join(workdir, name)).items()}}
               for name, r in results.items()}
-  title = TITLE_STEM
-  shown = title + (', and rope and learned'
-                   if any(long_by.get(label) for label in MORE) else '')
+  title = design.title_stem
+  shown = title + (', and ' + ' and '.join(design.more)
+                   if any(long_by.get(label) for label in design.more) else '')
   return common.write_results(workdir, shown, body, json_out, stem=title)
 
 
-def plot_curves(workdir: str, results: dict, path: str) -> bool:
+def without_meter_lines(design: Design, long_by: dict) -> list[str]:
+  """Each converged row minus the same position's converged first-pass
+  run of the same seed (design.without_dir), then what the first encoding
+  gains that way minus what the baseline gains, on validation and test
+  NLL."""
+  lines = []
+  for split in ('valid', 'test'):
+    values, gain = {}, {}
+    for label in design.labels:
+      position = music_study.ENCODINGS[label][0]
+      before_label = f'{position} (first pass)'
+      values[label] = {s: r[f'{split}_nll']
+                       for s, r in long_by.get(label, {}).items()}
+      values[before_label] = {
+          s: before[f'{split}_nll'] for s in values[label]
+          if (before := short_budget(design.without_dir, position, s))}
+      gain[label] = {s: v - values[before_label][s]
+                     for s, v in values[label].items()
+                     if s in values[before_label]}
+      lines.append(common.paired_by_seed(
+          values, (label,), (before_label,),
+          f'{split} NLL, both converged: {label} minus {position} without '
+          f'bar-aligned crops or the meter ({design.without_dir})',
+          unit='nats'))
+    first, baseline = design.core
+    lines.append(common.paired_by_seed(
+        gain, (first,), (baseline,),
+        f'{split} NLL, both converged: what {first} gains over its first '
+        f'pass minus what {baseline} gains', unit='nats'))
+  return lines
+
+
+def plot_curves(workdir: str, results: dict, path: str,
+                labels=ENCODINGS) -> bool:
   """The loop's validation-crop loss by step, one line per run, one colour
   per encoding, the scored step marked."""
   if not results:
@@ -196,7 +267,7 @@ def plot_curves(workdir: str, results: dict, path: str) -> bool:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(7, 4.2))
-  colors = dict(zip(ENCODINGS, ('C0', 'C1', 'C2', 'C3')))
+  colors = {label: f'C{i}' for i, label in enumerate(labels)}
   for name, r in sorted(results.items()):
     curve = held_out_curve(os.path.join(workdir, name))
     steps = sorted(curve)
@@ -218,10 +289,13 @@ def plot_curves(workdir: str, results: dict, path: str) -> bool:
 
 
 class MusicConvergence(convergence.Study):
-  title_stem = TITLE_STEM
+
+  def __init__(self, design: Design = FIRST_PASS):
+    self.design = design
+    self.title_stem = design.title_stem
 
   def filter_values(self):
-    return {'position': ENCODINGS}
+    return {'position': self.design.labels}
 
   def prepare(self, scale):
     try:
@@ -231,10 +305,10 @@ class MusicConvergence(convergence.Study):
 
   def runs(self, scale, seeds, context):
     # The core pair at every seed first (a sitting may stop anywhere: the
-    # pairs come first), then the other two.
-    runs = study_runs(scale, seeds, CORE)
+    # pairs come first), then the design's others.
+    runs = study_runs(scale, seeds, self.design.core)
     if scale != 'quick':
-      runs += study_runs(scale, seeds, MORE)
+      runs += study_runs(scale, seeds, self.design.more)
     return runs
 
   def _evaluate(self, run, path, context):
@@ -251,7 +325,8 @@ class MusicConvergence(convergence.Study):
         score_missing=score_missing)
 
   def report(self, workdir, runs, results, scale, context):
-    return report(workdir, runs, results, convergence.short_dir(SHORT_DIR))
+    return report(workdir, runs, results, convergence.short_dir(SHORT_DIR),
+                  self.design)
 
 
 STUDY = MusicConvergence()

@@ -1,6 +1,7 @@
 """The music convergence check: its plan, its choice of checkpoint and its
 report, on made-up scores whose paired differences are known."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -10,6 +11,7 @@ from convergence_runs import fake_converged_run
 from data import REQUIRES_JSB
 from experiments import music as music_study
 from experiments import music_convergence as convergence
+from experiments import music_meter_convergence as meter_convergence
 from experiments import study
 from selfattn.training.config_checks import validate_config
 
@@ -61,8 +63,33 @@ def test_the_scored_checkpoint_has_the_lowest_held_out_loss(tmp_path):
   assert convergence.chosen_step(str(tmp_path / 'a')) == 1500  # earlier tie
 
 
-def _made_up_report(tmp_path, made_up: dict,
-                    labels) -> tuple[str, pathlib.Path]:
+def test_the_meter_plan_is_the_meter_rows_with_the_same_stop():
+  """The meter study trains the music study's +bar+meter rows of shaw and
+  sinusoidal, seed-major, under the first-pass convergence study's budget."""
+  runs = meter_convergence.STUDY.runs('cpu', 3, None)
+  assert [r.name for r in runs] == [
+      f'position={p}+bar+meter,seed={s}' for s in range(3)
+      for p in ('shaw', 'sinusoidal')]
+  short = {r.name: r.config for r in music_study.study_runs(
+      'cpu', 3, meter_convergence.METER.labels)}
+  first_pass = {r.tags['position']: r.config
+                for r in convergence.MusicConvergence().runs('cpu', 1, None)}
+  for run in runs:
+    assert_convergence_budget(run.config, convergence, 'loss')
+    same = short[run.name]
+    assert run.config.model.to_dict() == same.model.to_dict()
+    assert run.config.task.to_dict() == {**same.task.to_dict(),
+                                         'eval_split': 'valid'}
+    assert (run.config.model.meter_period, run.config.task.crop_align) == (
+        16, 16)
+    # The same budget as the converged first pass it is paired with.
+    before = first_pass[music_study.ENCODINGS[run.tags['position']][0]]
+    assert run.config.train.to_dict() == before.train.to_dict()
+    assert run.config.eval.to_dict() == before.eval.to_dict()
+
+
+def _made_up_report(tmp_path, made_up: dict, labels,
+                    design=convergence.FIRST_PASS) -> tuple[str, pathlib.Path]:
   """(the report, the workdir) of converged runs of `labels` at the seeds
   of made_up: seed -> label -> (1,000-step test NLL, converged test NLL);
   valid NLL is the test NLL - 0.02 in every run, the best step 20 of 40."""
@@ -79,8 +106,8 @@ def _made_up_report(tmp_path, made_up: dict,
                                  40: long + 0.02}, 40)
     results[run.name] = {'valid_nll': long - 0.02, 'test_nll': long,
                          'selected_step': 20, 'label': label, 'seed': seed}
-  return (convergence.report(str(workdir), runs, results, str(short_dir)),
-          workdir)
+  return (convergence.report(str(workdir), runs, results, str(short_dir),
+                             design), workdir)
 
 
 def test_the_report_pairs_the_lead_at_both_budgets_by_seed(tmp_path):
@@ -124,4 +151,41 @@ def test_rope_is_paired_with_sinusoidal_once_it_has_converged_runs(tmp_path):
   assert ('test NLL, 1,000 steps: rope minus sinusoidal: -0.2600 nats over '
           '3 seeds') in text
   assert 'learned minus sinusoidal' not in text   # no learned runs
+  assert 'mean of shaw, rope' not in text
+
+
+def test_the_meter_report_pairs_each_row_with_its_converged_first_pass(
+    tmp_path):
+  """What the meter is worth at convergence: each +bar+meter run minus the
+  same position's converged first-pass run of its seed, and shaw's gain
+  minus sinusoidal's."""
+  meter = {seed: {'shaw +bar+meter': (0.49, shaw),
+                  'sinusoidal +bar+meter': (0.66, sinusoidal)}
+           for seed, shaw, sinusoidal in ((0, 0.47, 0.50), (1, 0.48, 0.52),
+                                          (2, 0.46, 0.50))}
+  first_pass = {'shaw': (0.51, 0.50, 0.49), 'sinusoidal': (0.53, 0.54, 0.52)}
+  before_dir = tmp_path / 'first_pass'
+  for position, by_seed in first_pass.items():
+    for seed, test_nll in enumerate(by_seed):
+      path = before_dir / f'position={position},seed={seed}'
+      os.makedirs(path)
+      (path / 'music.json').write_text(json.dumps(
+          {'valid_nll': test_nll - 0.02, 'test_nll': test_nll}))
+  design = dataclasses.replace(meter_convergence.METER,
+                               without_dir=str(before_dir))
+  text, _ = _made_up_report(tmp_path, meter, design.labels, design)
+  assert text.startswith('# Music to convergence with the meter')
+  # shaw with the meter minus shaw's first pass: -0.04, -0.02, -0.03.
+  assert ('test NLL, both converged: shaw +bar+meter minus shaw without '
+          'bar-aligned crops or the meter') in text
+  assert 'per seed -0.0400, -0.0200, -0.0300)' in text
+  # sinusoidal: -0.03, -0.02, -0.02; shaw's gain minus sinusoidal's:
+  # -0.01, +0.00, -0.01.
+  assert 'per seed -0.0300, -0.0200, -0.0200)' in text
+  assert ('test NLL, both converged: what shaw +bar+meter gains over its '
+          'first pass minus what sinusoidal +bar+meter gains: -0.0067 nats '
+          'over 3 seeds') in text
+  assert ('test NLL, to convergence: shaw +bar+meter minus sinusoidal '
+          '+bar+meter: -0.0367 nats') in text
+  assert f'converged runs of the same seeds in {before_dir}' in text
   assert 'mean of shaw, rope' not in text
