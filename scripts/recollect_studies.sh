@@ -49,6 +49,7 @@ run() {   # run STUDY MODULE [ARGS...]
 run chapter chapter
 run compare compare_positions --task=reverse --collect_only
 run compare_long compare_positions --task=reverse --collect_only --steps=10000
+run compare_30k compare_positions --task=reverse --collect_only --steps=30000 --positions=t5,alibi
 # Not re-collectable from a clean copy: its position probe reads the trained
 # models' checkpoints, which are never committed (one line, exit 2).
 run exercise1 exercise1_depth

@@ -12,8 +12,8 @@
 # <root>/timings.txt. `scripts/run_experiments.sh experiments/results`
 # regenerates the committed results in place. Expect most of a day on a
 # 2-core CPU. Measured there at five seeds
-# (experiments/results/timings.txt): compare 19 min, compare_long about 90 min, exercise1 82 min,
-# exercise1_lr 30 min,
+# (experiments/results/timings.txt): compare 19 min, compare_long about
+# 90 min, compare_30k 44 min, exercise1 82 min, exercise1_lr 30 min,
 # exercise2 23 min, exercise3 53 min; length_generalization about 6.5 h
 # (390 runs at about 62 s each; EXPERIMENTS.md section 5; PoPE adds 60),
 # indirect_indexing about 4 h (50 runs, 2-11 min each), music needs the JSB data file
@@ -37,6 +37,7 @@ run() {
 run chapter experiments.chapter --workdir="$root/chapter"
 run compare experiments.compare_positions --workdir="$root/compare" --task=reverse --seeds=5
 run compare_long experiments.compare_positions --workdir="$root/compare_long" --task=reverse --seeds=5 --steps=10000
+run compare_30k experiments.compare_positions --workdir="$root/compare_30k" --task=reverse --seeds=5 --steps=30000 --positions=t5,alibi
 run exercise1 experiments.exercise1_depth --workdir="$root/exercise1" --seeds=5
 run exercise1_lr experiments.exercise1_learning_rate --workdir="$root/exercise1_lr" --seeds=5
 run exercise2 experiments.exercise2_learned --workdir="$root/exercise2" --seeds=5

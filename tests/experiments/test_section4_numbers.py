@@ -1,7 +1,8 @@
 """EXPERIMENTS.md section 4's numbers, recomputed from the committed runs'
 summaries: the 2,000-step ranking table (experiments/results/compare) and
-the 10,000-step paragraph (experiments/results/compare_long), with the
-changes between the two budgets paired by seed. Reads committed files
+the 10,000-step paragraph (experiments/results/compare_long) and T5's and
+ALiBi's at 30,000 steps (experiments/results/compare_30k), with the changes
+between budgets paired by seed. Reads committed files
 only; trains nothing."""
 
 import json
@@ -102,3 +103,21 @@ def test_pope_at_2000_steps_against_none_and_t5():
     if other == 'none':
       interval = interval.replace(' [', ' points [', 1)
     assert f'{quoted} {interval}' in text
+
+
+def test_the_30000_step_table_is_the_runs_mean_and_std():
+  rows = _table_rows('**T5 and ALiBi at 30,000 steps**')
+  assert list(rows) == ['t5', 'alibi']
+  for encoding, cells in rows.items():
+    assert cells == [_cell('compare_30k', encoding, n, 5) for n in LENGTHS], (
+        encoding)
+
+
+@pytest.mark.parametrize('encoding, length', [
+    ('t5', 16), ('t5', 32), ('alibi', 16)])
+def test_each_quoted_change_from_10000_to_30000_steps(encoding, length):
+  diffs = [100 * (_accuracy('compare_30k', encoding, s, length)
+                  - _accuracy('compare_long', encoding, s, length))
+           for s in range(5)]
+  quoted = re.sub(r'\s+', ' ', _section4())
+  assert f'{encoding} {seed_interval_text(diffs)} ' in quoted
