@@ -1,6 +1,6 @@
 """Exercise 2: a learnable positional encoding.
 
-  python -m experiments.exercise2_learned --workdir=runs/exercise2 [--seeds=5] [--tasks=a,b] [--quick]
+  python -m experiments.exercise2_learned --workdir=runs/exercise2 [--seeds=5] [--tasks=a,b] [--positions=a,b] [--quick]
 
 A learned absolute table P against the chapter's sinusoidal table, and a
 learned table initialised from the sinusoidal one: accuracy at the trained
@@ -9,8 +9,10 @@ lengths (rows of P past 16 are never updated), and the position-position
 cosine similarity of each table after training. The sinusoidal and learned
 tables are also trained with the chapter's dropout (0.1), which the other
 synthetic-task studies leave at 0 (music and translation train with it). A study like the others (experiments/skeleton.py):
-resumable, --tasks, --shard, --collect_only (which redraws the cosine
-pictures only where seed 0's checkpoints are still there).
+resumable, --tasks, --positions (a variant by its folder name:
+learned_dropout_0.1, learned_sinusoidal_init), --shard, --collect_only
+(which redraws the cosine pictures only where seed 0's checkpoints are
+still there).
 """
 
 import os
@@ -141,6 +143,9 @@ class Exercise2(skeleton.TaskSweep):
   """--scale: cpu (reverse and sort, five variants); quick (reverse, one
   seed, 200 steps)."""
   title = TITLE
+  # --positions=learned_dropout_0.1: a variant by its folder name (the
+  # names hold commas, which the flag would split).
+  filters = ('task', 'position')
   tasks, quick_tasks = TASKS, QUICK_TASKS
   takes_steps = True
 

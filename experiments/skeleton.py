@@ -24,6 +24,7 @@ a finished one; 2 for bad input; 128 + n for signal n.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -122,8 +123,8 @@ class TaskSweep(Study):
   """A sweep of model variants over tasks (the chapter's exercises): the
   subclass names its tasks and implements `sweep_runs(tasks, seeds, quick)`
   and `sweep_report(workdir, runs, summaries, quick)`; --tasks filters, and
-  --positions names variants where `filters` has 'position' (a sweep whose
-  variant names hold no comma, which --positions would split)."""
+  --positions names variants where `filters` has 'position' (a name with a
+  comma by its folder name, flag_spelling)."""
   scales = ('cpu', 'quick')
   default_scale = 'cpu'
   filters: tuple[str, ...] = ('task',)
@@ -252,14 +253,27 @@ _KNOWN = {'position': lambda: tuple(positions.POSITIONS),
           'task': lambda: tuple(tasks.TASKS)}
 
 
+def flag_spelling(value: str) -> str:
+  """How --positions / --tasks can name a value that holds a comma (the
+  flag splits on commas): each comma or space as an underscore, the
+  variant's folder name ('learned, dropout 0.1' -> 'learned_dropout_0.1').
+  Accepted for any value, with or without a comma."""
+  return re.sub(r',?\s+', '_', value)
+
+
 def chosen_filters(spec: Study) -> dict[str, list[str] | None]:
   """{tag: requested values or None}, each value checked against the
-  study's; a filter flag the study does not take is refused. Every bad
-  filter is named in the one error line, not only the first."""
+  study's (by its name, or by flag_spelling of it); a filter flag the study
+  does not take is refused. Every bad filter is named in the one error
+  line, not only the first."""
   valid = spec.filter_values()
   out, problems = {}, []
   for tag, flag in FILTER_FLAGS.items():
     requested = flag.value
+    if requested and tag in valid:
+      spelled = {flag_spelling(v): v for v in valid[tag]}
+      requested = [v if v in valid[tag] else spelled.get(v, v)
+                   for v in requested]
     if flag.present and not requested:
       # An empty shell variable, say: it would have meant "every run".
       problems.append(f'--{flag.name} is empty: name at least one, or leave '
@@ -277,8 +291,13 @@ def chosen_filters(spec: Study) -> dict[str, list[str] | None]:
                          ('not in this study',
                           [v for v in refused if v in known])):
       if values:
+        shown = [flag_spelling(v) if ',' in v else v for v in valid[tag]]
+        # The flag splits at commas: say how to name what holds one.
+        note = ('; a name with a comma goes by its folder name, commas and '
+                'spaces as underscores'
+                if any(',' in v for v in valid[tag]) else '')
         problems.append(f'--{flag.name}: {", ".join(values)} {what} '
-                        f'(valid: {", ".join(valid[tag])})')
+                        f'(valid: {", ".join(shown)}{note})')
     out[tag] = requested
   if problems:
     common.fail('; '.join(problems))

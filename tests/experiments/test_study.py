@@ -796,3 +796,35 @@ def test_a_report_that_leaves_finished_runs_out_says_so(tmp_path, capsys):
     skeleton.main(spec)([])
   assert spec.reported == [('small', 2, ['position=a,seed=0'])]
   assert ('note: 2 finished run(s) in' in capsys.readouterr().err)
+
+
+def test_positions_names_a_variant_with_a_comma_by_its_folder_name(capsys):
+  """Exercise 2's variant names hold commas, which --positions splits: the
+  flag takes each by its folder name; the error lists names as the flag
+  can carry them."""
+  from experiments import exercise2_learned as exercise2
+  spec = exercise2.STUDY
+  runs = spec.runs('cpu', 1, None)
+  # The spelling the flag takes is the committed folder of each variant.
+  for run in runs:
+    variant = run.name.split('/')[1].split(',seed=')[0]
+    assert skeleton.flag_spelling(run.tags['position']) == variant
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', '--positions=learned_dropout_0.1,sinusoidal',
+                 '--tasks=sort'])
+    chosen = skeleton.chosen_filters(spec)
+  assert chosen['position'] == ['learned, dropout 0.1', 'sinusoidal']
+  kept = study.select(runs, tasks=chosen['task'],
+                      positions=chosen['position'])
+  assert [r.name for r in kept] == ['sort/sinusoidal,seed=0',
+                                    'sort/learned_dropout_0.1,seed=0']
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', '--positions=learned, dropout 0.1'])
+    with pytest.raises(SystemExit):
+      skeleton.chosen_filters(spec)
+  err = capsys.readouterr().err
+  # Split at the comma: 'learned' is a variant, 'dropout 0.1' is not.
+  assert ('--positions: dropout 0.1 unknown (valid: sinusoidal, learned, '
+          'learned_sinusoidal_init, sinusoidal_dropout_0.1, '
+          'learned_dropout_0.1; a name with a comma goes by its folder name, '
+          'commas and spaces as underscores)') in err
