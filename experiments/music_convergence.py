@@ -81,14 +81,16 @@ TITLE_STEM = 'Music to convergence: shaw against sinusoidal'
 @dataclasses.dataclass(frozen=True)
 class Design:
   """Which of the music study's rows a convergence study trains, and what
-  its report pairs (every pairing by seed, at both budgets).
+  its report pairs (every pairing by seed).
 
   core: (encoding, baseline), trained first at every seed; more: further
-  encodings, each paired with the baseline once it has converged runs;
-  groups: (group a, group b, name), paired once every member has runs;
-  without_dir: a workdir whose converged runs of the same position
-  without the meter and bar-aligned crops (the first pass) each row is
-  paired with, seed by seed; None pairs nothing outside the study.
+  encodings, each paired with the baseline once it has early-stopped runs;
+  groups: (group a, group b, name), paired once every label of the design
+  has runs; core, more and groups are paired at both budgets.
+  without_dir: a workdir whose early-stopped runs of the same position
+  without the meter and bar-aligned crops (the first pass) each row's
+  early-stopped run is paired with, seed by seed; None pairs nothing
+  outside the study.
   """
   title_stem: str
   core: tuple[str, str]
@@ -204,8 +206,8 @@ def report(workdir: str, runs: list[study.Run], results: dict,
        f'same seeds of {short_dir}. Negative differences favour the first '
        f'encoding (lower NLL). Intervals: 95% t-intervals across seeds, the '
        f'unit of replication.'
-       + (f' The first-pass rows paired with them are the converged runs of '
-          f'the same seeds in {design.without_dir}.'
+       + (f' The first-pass rows paired with them are the early-stopped '
+          f'runs of the same seeds in {design.without_dir}.'
           if design.without_dir else '')),
       ('Scores (mean ± std over seeds)', table),
       ('Paired by seed', '\n'.join(f'- {line}' for line in lines)),
@@ -226,13 +228,14 @@ def report(workdir: str, runs: list[study.Run], results: dict,
 
 
 def without_meter_lines(design: Design, long_by: dict) -> list[str]:
-  """Each converged row minus the same position's converged first-pass
-  run of the same seed (design.without_dir), then what the first encoding
-  gains that way minus what the baseline gains, on validation and test
-  NLL."""
+  """Each row's early-stopped run minus the same position's early-stopped
+  first-pass run of the same seed (design.without_dir), then the first
+  encoding's change minus the baseline's, on validation and test NLL.
+  "Early-stopped", not "converged": a run that reached the cap is not
+  shown converged (the Budget section names them)."""
   lines = []
   for split in ('valid', 'test'):
-    values, gain = {}, {}
+    values, change = {}, {}
     for label in design.labels:
       position = music_study.ENCODINGS[label][0]
       before_label = f'{position} (first pass)'
@@ -240,20 +243,23 @@ def without_meter_lines(design: Design, long_by: dict) -> list[str]:
                        for s, r in long_by.get(label, {}).items()}
       values[before_label] = {
           s: before[f'{split}_nll'] for s in values[label]
-          if (before := short_budget(design.without_dir, position, s))}
-      gain[label] = {s: v - values[before_label][s]
-                     for s, v in values[label].items()
-                     if s in values[before_label]}
+          if (before := convergence.same_seed_result(
+              design.without_dir, position, s, 'music.json',
+              "an early-stopped first-pass run's scores"))}
+      change[label] = {s: v - values[before_label][s]
+                       for s, v in values[label].items()
+                       if s in values[before_label]}
       lines.append(common.paired_by_seed(
           values, (label,), (before_label,),
-          f'{split} NLL, both converged: {label} minus {position} without '
-          f'bar-aligned crops or the meter ({design.without_dir})',
+          f'{split} NLL, both early-stopped: {label} minus {position} '
+          f'without bar-aligned crops or the meter ({design.without_dir})',
           unit='nats'))
     first, baseline = design.core
     lines.append(common.paired_by_seed(
-        gain, (first,), (baseline,),
-        f'{split} NLL, both converged: what {first} gains over its first '
-        f'pass minus what {baseline} gains', unit='nats'))
+        change, (first,), (baseline,),
+        f'{split} NLL, both early-stopped: {first}\'s change from its first '
+        f'pass minus {baseline}\'s (negative: the meter and bar-aligned '
+        f'crops help {first} more)', unit='nats'))
   return lines
 
 

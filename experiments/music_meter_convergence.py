@@ -1,4 +1,4 @@
-"""Does knowing the meter still help, and help the relative encodings more,
+"""Does knowing the meter still help, and help shaw more than sinusoidal,
 when the models train until a held-out loss stops improving? (EXPERIMENTS.md
 section 6, "The meter", measured it at 1,000 steps, every run still
 improving.)
@@ -14,15 +14,20 @@ scored on whole pieces) on the music study's "+bar+meter" rows: bar-aligned
 crops and a learned embedding of the sixteenth within the bar
 (experiments/music.METER), shaw against sinusoidal at seeds 0-2,
 seed-major. The report pairs them at 1,000 steps (the music study's runs
-of the same seeds, --short_dir) and at convergence, and pairs each with
-the same position's converged first-pass run of the same seed
+of the same seeds, --short_dir) and at the early stop, and pairs each
+with the same position's early-stopped first-pass run of the same seed
 (experiments/results/music_convergence: no meter, crops on any step), so
 that what the meter and bar crops are worth at convergence, and whether
-shaw gains more from them than sinusoidal, are read seed by seed.
+shaw gains more from them than sinusoidal, are read seed by seed. (Shaw
+against sinusoidal only: whether the relative encodings as a group gain
+more is not asked here.) A run that reaches the cap is not shown
+converged; the report's Budget section names them. --scale=quick pairs
+its runs with the committed studies' all the same: a smoke test.
 
 Sized from the first-pass convergence runs (same cap and patience): shaw
-stopped at 4,000-5,500 steps, sinusoidal at 11,500-16,000, about 4 minutes
-per 1,000 steps on this 2-core CPU, so the six runs take about 4 hours,
+stopped at 4,000-5,500 steps, sinusoidal at 11,500-16,000; the first
+meter run trained at 2.8 steps/s on this 2-core CPU (about 6 minutes per
+1,000 steps with evaluations), so the six runs take about 5-7.5 hours,
 over more than one sitting. Resumable like every study.
 """
 
@@ -34,7 +39,7 @@ from experiments import music_convergence
 from experiments import skeleton
 from selfattn.training.cli_checks import parse_flags
 
-# The converged first-pass runs each row is paired with.
+# The early-stopped first-pass runs each row is paired with.
 FIRST_PASS_DIR = 'experiments/results/music_convergence'
 
 METER = music_convergence.Design(

@@ -154,38 +154,56 @@ def test_rope_is_paired_with_sinusoidal_once_it_has_converged_runs(tmp_path):
   assert 'mean of shaw, rope' not in text
 
 
-def test_the_meter_report_pairs_each_row_with_its_converged_first_pass(
+def test_the_meter_report_pairs_each_row_with_its_first_pass_by_seed(
     tmp_path):
-  """What the meter is worth at convergence: each +bar+meter run minus the
-  same position's converged first-pass run of its seed, and shaw's gain
-  minus sinusoidal's."""
+  """What the meter is worth at the early stop: each +bar+meter run minus
+  the same position's early-stopped first-pass run of its seed, and shaw's
+  change minus sinusoidal's; paired by seed (seed 1 has no first-pass
+  sinusoidal run, so shaw's line has three seeds and the others two), the
+  validation lines from validation NLL."""
   meter = {seed: {'shaw +bar+meter': (0.49, shaw),
                   'sinusoidal +bar+meter': (0.66, sinusoidal)}
            for seed, shaw, sinusoidal in ((0, 0.47, 0.50), (1, 0.48, 0.52),
                                           (2, 0.46, 0.50))}
-  first_pass = {'shaw': (0.51, 0.50, 0.49), 'sinusoidal': (0.53, 0.54, 0.52)}
+  first_pass = {'shaw': {0: 0.51, 1: 0.50, 2: 0.49},
+                'sinusoidal': {0: 0.53, 2: 0.52}}
   before_dir = tmp_path / 'first_pass'
   for position, by_seed in first_pass.items():
-    for seed, test_nll in enumerate(by_seed):
+    for seed, test_nll in by_seed.items():
       path = before_dir / f'position={position},seed={seed}'
       os.makedirs(path)
+      # Validation 0.05 below test here, 0.02 in the meter runs: the valid
+      # differences are the test ones + 0.03.
       (path / 'music.json').write_text(json.dumps(
-          {'valid_nll': test_nll - 0.02, 'test_nll': test_nll}))
+          {'valid_nll': test_nll - 0.05, 'test_nll': test_nll}))
   design = dataclasses.replace(meter_convergence.METER,
                                without_dir=str(before_dir))
   text, _ = _made_up_report(tmp_path, meter, design.labels, design)
   assert text.startswith('# Music to convergence with the meter')
-  # shaw with the meter minus shaw's first pass: -0.04, -0.02, -0.03.
-  assert ('test NLL, both converged: shaw +bar+meter minus shaw without '
-          'bar-aligned crops or the meter') in text
-  assert 'per seed -0.0400, -0.0200, -0.0300)' in text
-  # sinusoidal: -0.03, -0.02, -0.02; shaw's gain minus sinusoidal's:
-  # -0.01, +0.00, -0.01.
-  assert 'per seed -0.0300, -0.0200, -0.0200)' in text
-  assert ('test NLL, both converged: what shaw +bar+meter gains over its '
-          'first pass minus what sinusoidal +bar+meter gains: -0.0067 nats '
-          'over 3 seeds') in text
+
+  def line(split, name):
+    start = f'- {split} NLL, both early-stopped: {name}: '
+    found = [l for l in text.split('\n') if l.startswith(start)]
+    assert len(found) == 1, start
+    return found[0][2:]
+
+  without = f'without bar-aligned crops or the meter ({before_dir})'
+  # shaw: test -0.04, -0.02, -0.03 (seeds 0, 1, 2); valid +0.03 on each.
+  assert line('test', f'shaw +bar+meter minus shaw {without}').endswith(
+      '-0.0300 nats over 3 seeds (95% t-interval across seeds '
+      '[-0.0548, -0.0052]; per seed -0.0400, -0.0200, -0.0300)')
+  assert line('valid', f'shaw +bar+meter minus shaw {without}').endswith(
+      'per seed -0.0100, +0.0100, +0.0000)')
+  # sinusoidal: seeds 0 and 2 only, -0.03 and -0.02.
+  assert line('test', f'sinusoidal +bar+meter minus sinusoidal {without}'
+              ).endswith('per seed -0.0300, -0.0200)')
+  # shaw's change minus sinusoidal's at seeds 0 and 2: -0.01, -0.01.
+  change = ("shaw +bar+meter's change from its first pass minus sinusoidal "
+            "+bar+meter's (negative: the meter and bar-aligned crops help "
+            "shaw +bar+meter more)")
+  assert ': -0.0100 nats over 2 seeds' in line('test', change)
+  assert line('valid', change).endswith('per seed -0.0100, -0.0100)')
   assert ('test NLL, to convergence: shaw +bar+meter minus sinusoidal '
           '+bar+meter: -0.0367 nats') in text
-  assert f'converged runs of the same seeds in {before_dir}' in text
+  assert f'early-stopped runs of the same seeds in {before_dir}' in text
   assert 'mean of shaw, rope' not in text
