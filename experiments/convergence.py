@@ -148,6 +148,16 @@ def by_budget(workdir: str, runs, results: dict, order, short_result
   return labels, long_by, short_by
 
 
+def step_cells(runs: list[dict], converged: bool, fixed_steps: int
+               ) -> list[str]:
+  """A report table's 'stopped at (per seed)' and 'scored step' cells:
+  each early-stopped run's stop and chosen step (its 'stopped_at' and
+  'selected_step'), or the fixed budget's step count for every seed."""
+  return [', '.join(str(r[key]) if converged else str(fixed_steps)
+                    for r in runs)
+          for key in ('stopped_at', 'selected_step')]
+
+
 class Study(skeleton.Study):
   """A convergence study: --scale cpu (the CPU study) or quick, 3 seeds."""
   scales = ('cpu', 'quick')

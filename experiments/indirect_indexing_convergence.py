@@ -158,10 +158,7 @@ def report(workdir: str, runs: list[study.Run], results: dict,
       converged = budget == 'to convergence'
       rows.append([
           label, budget,
-          ', '.join(str(r['stopped_at']) if converged else str(SHORT_STEPS)
-                    for r in rs),
-          ', '.join(str(r['selected_step']) if converged
-                    else str(SHORT_STEPS) for r in rs),
+          *convergence.step_cells(rs, converged, SHORT_STEPS),
           *(common.mean_std([100 * accuracy(r, lengths) for r in rs])
             for _, lengths in ranges),
           len(rs)])

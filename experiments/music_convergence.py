@@ -154,10 +154,7 @@ def report(workdir: str, runs: list[study.Run], results: dict,
       converged = budget == 'to convergence'
       rows.append([
           label, budget,
-          ', '.join(str(r['stopped_at']) if converged else '1000'
-                    for r in rs),
-          ', '.join(str(r['selected_step']) if converged else '1000'
-                    for r in rs),
+          *convergence.step_cells(rs, converged, 1000),
           common.mean_std([r['valid_nll'] for r in rs]),
           common.mean_std([r['test_nll'] for r in rs]), len(rs)])
   table = common.markdown_table(
