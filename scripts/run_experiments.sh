@@ -14,7 +14,7 @@
 # 2-core CPU. Measured there at five seeds
 # (experiments/results/timings.txt): compare 19 min, compare_long about
 # 90 min, compare_30k 44 min, exercise1 82 min, exercise1_lr 30 min,
-# exercise2 23 min, exercise3 53 min; length_generalization about 6.5 h
+# exercise2 23 min, exercise3 53 min; length_generalization about 6.7 h
 # (390 runs at about 62 s each; EXPERIMENTS.md section 5; PoPE adds 60),
 # indirect_indexing about 4 h (50 runs, 2-11 min each), music needs the JSB data file
 # (selfattn/tasks/music/jsb.py). `--shard=i/n` on
