@@ -3,6 +3,7 @@ the valid choices. Runs before anything is compiled or written."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 
@@ -125,6 +126,7 @@ def _validate(config: ml_collections.ConfigDict,
   _check_types(config)
   _check_seed(config)
   task = _check_task(config)
+  _check_packages(config, task)
   _check_model(config)
   _check_gpu_kernel(config, task)
   _check_training(config)
@@ -133,6 +135,31 @@ def _validate(config: ml_collections.ConfigDict,
   if num_devices is not None:
     _check_devices(config, num_devices)
   return task
+
+
+# (module, what needs it, the extra that installs it): the optional packages
+# a run imports only when it reaches them, checked here so that a missing
+# one stops the run before it trains (matplotlib at the first evaluation,
+# sacrebleu at the first translation score) rather than after.
+_FIGURES_PACKAGE = ('matplotlib', 'config.eval.figures=True', 'train')
+_TRANSLATION_PACKAGES = (
+    ('sentencepiece', 'translation (its tokenizer)', 'translation'),
+    ('sacrebleu', 'translation (its BLEU and chrF)', 'translation'))
+
+
+def _check_packages(config: ml_collections.ConfigDict, task) -> None:
+  needed = [_FIGURES_PACKAGE] if config.eval.figures is True else []
+  if task.layout == 'encoder_decoder':
+    needed += _TRANSLATION_PACKAGES
+  missing = [(module, what, extra) for module, what, extra in needed
+             if importlib.util.find_spec(module) is None]
+  if missing:
+    raise ConfigError('; '.join(
+        f'{what} needs {module}, which is not installed: pip install '
+        f'"selfattn[{extra}]"'
+        + (' or set --config.eval.figures=False'
+           if module == _FIGURES_PACKAGE[0] else '')
+        for module, what, extra in missing))
 
 
 # Randomized positions draw a permutation of [0, max_random_len) per example

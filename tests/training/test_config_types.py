@@ -186,3 +186,34 @@ def test_the_activation_bound_is_below_what_the_compiled_step_holds(
       ).memory_analysis()
   assert bound < (held.temp_size_in_bytes + held.argument_size_in_bytes
                   + held.output_size_in_bytes)
+
+
+def test_a_missing_optional_package_is_refused_before_the_run_trains(
+    monkeypatch):
+  """matplotlib (eval.figures), sentencepiece and sacrebleu (translation)
+  are extras a run imports only when it reaches them: a `pip install
+  selfattn` without them trained until its first evaluation and then died
+  in a traceback. Validation names the package and the extra instead."""
+  import importlib.util
+  from configs import translation
+  from selfattn.training import config_checks
+  real = importlib.util.find_spec
+  absent = {'matplotlib', 'sacrebleu'}
+  monkeypatch.setattr(config_checks.importlib.util, 'find_spec',
+                      lambda name, *args: None if name in absent
+                      else real(name, *args))
+  with pytest.raises(ConfigError) as e:
+    validate_config(tiny.get_config())
+  assert str(e.value) == (
+      'config.eval.figures=True needs matplotlib, which is not installed: '
+      'pip install "selfattn[train]" or set --config.eval.figures=False')
+  config = tiny.get_config()
+  config.eval.figures = False
+  assert validate_config(config).name == config.task.name
+  # Translation's extra, checked before its corpus is read (no data here).
+  config = translation.get_config('quick')
+  config.eval.figures = False
+  with pytest.raises(ConfigError, match=r'^translation \(its BLEU and chrF\) '
+                     r'needs sacrebleu, which is not installed: pip install '
+                     r'"selfattn\[translation\]"$'):
+    validate_config(config)
