@@ -464,18 +464,10 @@ def write_results(workdir: str, title: str, sections: list[tuple[str, str]],
 def trained_model(config: ml_collections.ConfigDict, path: str,
                   step: int | None = None):
   """The model of a finished run in `path`: its latest checkpoint, or
-  that of `step` (a study choosing among the kept ones)."""
-  from selfattn.training import checkpoints
-  from selfattn.training.steps import Trainer
-  trainer = Trainer(config)
-  # Read only: collecting results never moves a run's checkpoints.
-  if step is not None:
-    return trainer.model(checkpoints.restore_step_read_only(
-        path, trainer.init_state(), step)['params'])
-  restored = checkpoints.restore_latest_read_only(path, trainer.init_state())
-  if restored is None:
-    raise FileNotFoundError(f'no checkpoint in {path}')
-  return trainer.model(restored[0]['params'])
+  that of `step` (a study choosing among the kept ones). Read only:
+  collecting results never moves a run's checkpoints."""
+  from selfattn.training.trained import load_model
+  return load_model(path, step, config)[0]
 
 
 def small(config: ml_collections.ConfigDict, steps: int = 300

@@ -329,3 +329,47 @@ def test_rerunning_a_finished_run_does_not_rewrite_its_config(finished_run,
   assert train.train_and_evaluate(config, str(workdir))['step'] == 30
   assert path.read_bytes() == contents
   assert path.stat().st_mtime_ns == mtime
+
+
+def _listing(workdir):
+  """Every file under workdir with its size and modification time."""
+  return sorted((os.path.relpath(os.path.join(d, f), workdir),
+                 os.path.getsize(os.path.join(d, f)),
+                 os.path.getmtime(os.path.join(d, f)))
+                for d, _, names in os.walk(workdir) for f in names)
+
+
+def test_load_model_gives_a_run_back_from_its_workdir_alone(finished_run,
+                                                            tmp_path):
+  """selfattn.training.load_model: the stored config, the latest or a named
+  kept checkpoint's parameters (read here by orbax directly), the workdir
+  untouched; a folder that is not a run, or a run without checkpoints, is
+  a clear error."""
+  import jax
+  from flax import nnx
+  from selfattn.training import load_model
+  before = _listing(finished_run)
+  model, config = load_model(str(finished_run))
+  expected = thirty_steps_config()
+  assert config.model.to_dict() == expected.model.to_dict()
+  assert config.task.name == expected.task.name
+  assert config.train.num_steps == 30
+
+  def params(m):
+    return [np.asarray(x) for x in jax.tree.leaves(nnx.state(m, nnx.Param))]
+
+  for got, saved in zip(params(model), saved_params(finished_run), strict=True):
+    np.testing.assert_array_equal(got, saved)
+  at_10, _ = load_model(str(finished_run), step=10)
+  for got, saved in zip(params(at_10), saved_params(finished_run, 10),
+                        strict=True):
+    np.testing.assert_array_equal(got, saved)
+  assert any((a != b).any() for a, b in zip(params(at_10), params(model)))
+  assert _listing(finished_run) == before          # read only
+  with pytest.raises(FileNotFoundError, match='holds no config.json'):
+    load_model(str(tmp_path))
+  no_checkpoints = tmp_path / 'no_checkpoints'
+  no_checkpoints.mkdir()
+  shutil.copy(finished_run / 'config.json', no_checkpoints / 'config.json')
+  with pytest.raises(FileNotFoundError, match='no checkpoint in'):
+    load_model(str(no_checkpoints))
