@@ -467,7 +467,7 @@ def trained_model(config: ml_collections.ConfigDict, path: str,
   that of `step` (a study choosing among the kept ones). Read only:
   collecting results never moves a run's checkpoints."""
   from selfattn.training.trained import load_model
-  return load_model(path, step, config)[0]
+  return load_model(path, step, config).model
 
 
 def small(config: ml_collections.ConfigDict, steps: int = 300

@@ -258,7 +258,7 @@ def flag_spelling(value: str) -> str:
   flag splits on commas): each comma or space as an underscore, the
   variant's folder name ('learned, dropout 0.1' -> 'learned_dropout_0.1').
   Accepted for any value, with or without a comma."""
-  return re.sub(r',?\s+', '_', value)
+  return re.sub(r'[,\s]+', '_', value)
 
 
 def chosen_filters(spec: Study) -> dict[str, list[str] | None]:
@@ -270,10 +270,14 @@ def chosen_filters(spec: Study) -> dict[str, list[str] | None]:
   out, problems = {}, []
   for tag, flag in FILTER_FLAGS.items():
     requested = flag.value
+    # A value that is no name of the study may be one's flag spelling (if
+    # it is exactly one's).
+    spelled: dict[str, list[str]] = {}
+    for v in valid.get(tag, ()):
+      spelled.setdefault(flag_spelling(v), []).append(v)
     if requested and tag in valid:
-      spelled = {flag_spelling(v): v for v in valid[tag]}
-      requested = [v if v in valid[tag] else spelled.get(v, v)
-                   for v in requested]
+      requested = [v if v in valid[tag] or len(spelled.get(v, ())) != 1
+                   else spelled[v][0] for v in requested]
     if flag.present and not requested:
       # An empty shell variable, say: it would have meant "every run".
       problems.append(f'--{flag.name} is empty: name at least one, or leave '
@@ -283,10 +287,16 @@ def chosen_filters(spec: Study) -> dict[str, list[str] | None]:
       if requested:
         problems.append(f'--{flag.name}: this study has no {tag}s to filter')
       continue
-    refused = [v for v in (requested or ()) if v not in valid[tag]]
+    ambiguous = [v for v in (requested or ()) if v not in valid[tag]
+                 and len(spelled.get(v, ())) > 1]
+    refused = [v for v in (requested or ())
+               if v not in valid[tag] and v not in ambiguous]
     # An encoding or task selfattn has but this study does not train is
     # "not in this study", not "unknown".
     known = _KNOWN.get(tag, tuple)()
+    for v in ambiguous:
+      problems.append(f'--{flag.name}: {v} names more than one of '
+                      f'{", ".join(spelled[v])}; give one by its name')
     for what, values in (('unknown', [v for v in refused if v not in known]),
                          ('not in this study',
                           [v for v in refused if v in known])):

@@ -152,14 +152,20 @@ def _check_packages(config: ml_collections.ConfigDict, task) -> None:
   if task.layout == 'encoder_decoder':
     needed += _TRANSLATION_PACKAGES
   missing = [(module, what, extra) for module, what, extra in needed
-             if importlib.util.find_spec(module) is None]
+             if not _installed(module)]
   if missing:
     raise ConfigError('; '.join(
         f'{what} needs {module}, which is not installed: pip install '
         f'"selfattn[{extra}]"'
-        + (' or set --config.eval.figures=False'
+        + (' or set config.eval.figures = False (--config.eval.figures=False)'
            if module == _FIGURES_PACKAGE[0] else '')
         for module, what, extra in missing))
+
+
+def _installed(module: str) -> bool:
+  """Whether `module` can be imported (found, not imported: matplotlib's
+  import alone takes a second)."""
+  return importlib.util.find_spec(module) is not None
 
 
 # Randomized positions draw a permutation of [0, max_random_len) per example

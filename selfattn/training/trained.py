@@ -2,31 +2,58 @@
 starts (attention maps, probes, sampling) without the training loop.
 
     from selfattn.training import load_model
-    model, config = load_model('runs/shaw')          # its latest checkpoint
-    logits = model(tokens, valid_lens)               # (B, L, vocab)
+    run = load_model('runs/shaw')                    # its latest checkpoint
+    logits = run.model(tokens, valid_lens)           # (B, L, vocab)
 
 The run's own config.json says what to build (the fields added to selfattn
-since it was written take the values that reproduce it), so the caller
-names nothing but the workdir. The workdir is only read: no checkpoint
-manager is opened on it, so a run still training there is not disturbed.
-An encoding or task the run registered itself must be registered again
-before loading (the config names it; the registry holds it).
+since it was written take the values that reproduce it), validated as a
+run's config is, so the caller names nothing but the workdir. The model is
+built on this process's first device, whatever mesh trained it. The
+workdir is only read: no checkpoint manager is opened on it, so a run
+still training there is not disturbed. An encoding or task the run
+registered itself must be registered again first (import the module that
+registers it): the config names it, the registry holds it.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any, NamedTuple
 
+import jax
 import ml_collections
+from flax import nnx
 
 from selfattn.training import checkpoints
 from selfattn.training import workdir as workdir_lib
 
 
+class Trained(NamedTuple):
+  """What load_model gives back.
+
+  model: the nnx.Module with the checkpoint's parameters, in eval mode
+    (dropout off; `model.train()` turns it back on). A synthetic task's or
+    music's is called as `model(tokens, valid_lens)`; translation's as
+    `model(source, source_lens, decoder_inputs=...)`.
+  config: the run's stored config.
+  step: the step of the checkpoint loaded (the latest that restores
+    unless one was named: a damaged newest one is skipped, with a warning).
+  trainer: the run's trainer, for what the model does not hold: its task
+    (`trainer.task`), and for translation its corpus and tokenizer
+    (`trainer.corpus.tokenizer`) and decoding
+    (`trainer.translate_texts(nnx.state(model, nnx.Param), sentences)`).
+  """
+  model: nnx.Module
+  config: ml_collections.ConfigDict
+  step: int
+  trainer: Any
+
+
 def stored_config(workdir: str) -> ml_collections.ConfigDict:
   """The config the run in `workdir` trained with: its config.json, with
   every field added since it was written set to the value that reproduces
-  it. Raises FileNotFoundError where there is none."""
+  it. Raises FileNotFoundError where there is none, ConfigError where it
+  is not a JSON object."""
   path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(
@@ -37,20 +64,24 @@ def stored_config(workdir: str) -> ml_collections.ConfigDict:
 
 
 def load_model(workdir: str, step: int | None = None,
-               config: ml_collections.ConfigDict | None = None):
-  """(model, config) of the run in `workdir`: the model (an nnx.Module in
-  eval mode, dropout off; `model.train()` turns it back on) with the
-  parameters of its latest checkpoint, or of `step` (one of the
-  kept ones, checkpoints.saved_steps). `config` replaces the stored one
-  (a study that built it holds it already). Every checkpoint is verified
-  against its checksum; raises FileNotFoundError when there is none and
-  CheckpointError when the one asked for does not restore.
+               config: ml_collections.ConfigDict | None = None) -> Trained:
+  """The run in `workdir` with the parameters of its latest checkpoint, or
+  of `step` (one of the kept ones, checkpoints.saved_steps). `config`
+  replaces the stored one (a study that built it holds it already). Every
+  checkpoint is verified against its checksum.
 
-  Builds the run's trainer, so a music or translation run needs its data
-  set, as its training did."""
+  Raises FileNotFoundError when the workdir has no config or no
+  checkpoint, ConfigError when its config does not validate (a task or
+  encoding not registered in this process, say), CheckpointError when the
+  step asked for does not restore. Builds the run's trainer, so a music or
+  translation run needs its data set, as its training did."""
+  from selfattn.training.config_checks import validate_config
   from selfattn.training.trainers import make_trainer
   config = stored_config(workdir) if config is None else config
-  trainer = make_trainer(config)
+  task = validate_config(config)
+  one_device = jax.make_mesh((1,), ('data',), devices=jax.devices()[:1],
+                             axis_types=(jax.sharding.AxisType.Auto,))
+  trainer = make_trainer(config, one_device, task)
   if step is not None:
     restored = checkpoints.restore_step_read_only(
         workdir, trainer.init_state(), step)
@@ -59,7 +90,7 @@ def load_model(workdir: str, step: int | None = None,
                                                   trainer.init_state())
     if latest is None:
       raise FileNotFoundError(f'no checkpoint in {workdir}')
-    restored = latest[0]
+    restored, step = latest
   model = trainer.model(restored['params'])
   model.eval()
-  return model, config
+  return Trained(model, config, int(step), trainer)

@@ -804,7 +804,9 @@ def test_positions_names_a_variant_with_a_comma_by_its_folder_name(capsys):
   can carry them."""
   from experiments import exercise2_learned as exercise2
   spec = exercise2.STUDY
-  runs = spec.runs('cpu', 1, None)
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study'])                # the plan reads --steps
+    runs = spec.runs('cpu', 1, None)
   # The spelling the flag takes is the committed folder of each variant.
   for run in runs:
     variant = run.name.split('/')[1].split(',seed=')[0]
@@ -828,3 +830,18 @@ def test_positions_names_a_variant_with_a_comma_by_its_folder_name(capsys):
           'learned_sinusoidal_init, sinusoidal_dropout_0.1, '
           'learned_dropout_0.1; a name with a comma goes by its folder name, '
           'commas and spaces as underscores)') in err
+
+
+def test_a_spelling_shared_by_two_variants_is_refused_not_guessed(capsys):
+  """'a b' and 'a,b' both spell a_b: the flag names neither of them."""
+  class Spelled(_TwoEncodings):
+    def filter_values(self):
+      return {'position': ('a b', 'a,b', 'c')}
+  assert skeleton.flag_spelling('x,y z ,w') == 'x_y_z_w'
+  with flagsaver.flagsaver():
+    flags.FLAGS(['study', '--positions=a_b,c'])
+    with pytest.raises(SystemExit):
+      skeleton.chosen_filters(Spelled())
+  err = capsys.readouterr().err
+  assert '--positions: a_b names more than one of a b, a,b' in err
+  assert 'unknown' not in err

@@ -332,11 +332,13 @@ def test_rerunning_a_finished_run_does_not_rewrite_its_config(finished_run,
 
 
 def _listing(workdir):
-  """Every file under workdir with its size and modification time."""
+  """Every file and folder under workdir with its size and modification
+  time."""
   return sorted((os.path.relpath(os.path.join(d, f), workdir),
                  os.path.getsize(os.path.join(d, f)),
                  os.path.getmtime(os.path.join(d, f)))
-                for d, _, names in os.walk(workdir) for f in names)
+                for d, folders, names in os.walk(workdir)
+                for f in folders + names)
 
 
 def test_load_model_gives_a_run_back_from_its_workdir_alone(finished_run,
@@ -349,7 +351,9 @@ def test_load_model_gives_a_run_back_from_its_workdir_alone(finished_run,
   from flax import nnx
   from selfattn.training import load_model
   before = _listing(finished_run)
-  model, config = load_model(str(finished_run))
+  run = load_model(str(finished_run))
+  model, config = run.model, run.config
+  assert run.step == 30
   expected = thirty_steps_config()
   assert config.model.to_dict() == expected.model.to_dict()
   assert config.task.name == expected.task.name
@@ -360,7 +364,7 @@ def test_load_model_gives_a_run_back_from_its_workdir_alone(finished_run,
 
   for got, saved in zip(params(model), saved_params(finished_run), strict=True):
     np.testing.assert_array_equal(got, saved)
-  at_10, _ = load_model(str(finished_run), step=10)
+  at_10 = load_model(str(finished_run), step=10).model
   for got, saved in zip(params(at_10), saved_params(finished_run, 10),
                         strict=True):
     np.testing.assert_array_equal(got, saved)

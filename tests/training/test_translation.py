@@ -510,3 +510,33 @@ def test_a_damaged_validation_file_is_refused_before_the_workdir(
     train.train_and_evaluate(tiny_translation_config(), str(workdir))
   assert not workdir.exists()
   translation_data._eval_set.cache_clear()
+
+
+@EXTENDED
+def test_load_model_gives_a_translation_run_back_with_its_tokenizer(
+    tiny_multi30k, tmp_path):
+  """load_model on an encoder_decoder run: the Seq2SeqModel with the last
+  checkpoint's parameters, which score the validation set as the run's own
+  final evaluation did (its summary), and decode text through the returned
+  trainer's tokenizer."""
+  import json
+  from selfattn.training import load_model
+  config = tiny_translation_config(**{'train.num_steps': 4,
+                                      'eval.every': 4,
+                                      'train.checkpoint_every': 4,
+                                      'eval.figures': False})
+  workdir = tmp_path / 'run'
+  train.train_and_evaluate(config, str(workdir))
+  run = load_model(str(workdir))
+  assert isinstance(run.model, Seq2SeqModel) and run.step == 4
+  params = nnx.state(run.model, nnx.Param)
+  written = json.loads((workdir / 'summary.json').read_text())['eval']
+  results = run.trainer.evaluate(params)
+  assert results and set(map(str, results)) == set(written)
+  for bound, metrics in results.items():
+    assert math.isclose(metrics['loss'], written[str(bound)]['loss'],
+                        rel_tol=1e-5), bound
+  val = run.trainer.corpus.eval_set('val')
+  hyps = run.trainer.translate_texts(params, val.sources)
+  assert math.isclose(run.trainer.latest['bleu'],
+                      bleu.score(hyps, val.references)['bleu'])
