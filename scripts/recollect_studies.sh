@@ -61,6 +61,7 @@ run indirect_indexing indirect_indexing --collect_only
 run lengthgen length_generalization --collect_only
 run music music --collect_only
 run music_convergence music_convergence --collect_only
+run music_meter_convergence music_meter_convergence --collect_only
 run translation_convergence translation_convergence --collect_only
 run indirect_indexing_convergence indirect_indexing_convergence --collect_only
 run lengthgen_convergence length_generalization_convergence --collect_only

@@ -760,7 +760,9 @@ def test_a_study_in_another_studys_workdir_is_refused_before_it_runs(
     ('length_generalization', 'lengthgen'),
     ('length_generalization_convergence', 'lengthgen_convergence'),
     ('music', 'music'),
-    ('music_convergence', 'music_convergence'), ('translation', 'translation'),
+    ('music_convergence', 'music_convergence'),
+    ('music_meter_convergence', 'music_meter_convergence'),
+    ('translation', 'translation'),
     ('translation_convergence', 'translation_convergence')])
 def test_each_study_owns_its_committed_workdir(driver, folder):
   """The early owner check reads each study's title: the committed reports'
