@@ -295,8 +295,8 @@ def chosen_filters(spec: Study) -> dict[str, list[str] | None]:
     # "not in this study", not "unknown".
     known = _KNOWN.get(tag, tuple)()
     for v in ambiguous:
-      problems.append(f'--{flag.name}: {v} names more than one of '
-                      f'{", ".join(spelled[v])}; give one by its name')
+      problems.append(f'--{flag.name}: {v} spells more than one name '
+                      f'({"; ".join(spelled[v])})')
     for what, values in (('unknown', [v for v in refused if v not in known]),
                          ('not in this study',
                           [v for v in refused if v in known])):

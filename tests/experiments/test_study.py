@@ -845,5 +845,5 @@ def test_a_spelling_shared_by_two_variants_is_refused_not_guessed(capsys):
     with pytest.raises(SystemExit):
       skeleton.chosen_filters(Spelled())
   err = capsys.readouterr().err
-  assert '--positions: a_b names more than one of a b, a,b' in err
+  assert '--positions: a_b spells more than one name (a b; a,b)' in err
   assert 'unknown' not in err
