@@ -192,7 +192,8 @@ def report(workdir: str, runs: list[study.Run], results: dict,
   examples = runs[0].config.eval.num_examples
 
   body = [
-      ('Protocol', f'{design.rows} with a longer budget: cosine schedule built for {cap:,} steps (the cap), '
+      ('Protocol', f'{design.rows} with a longer budget: cosine schedule '
+       f'built for {cap:,} steps (the cap), '
        f'the loop\'s loss on {examples} crops of the validation pieces '
        f'every {every:,} steps, training stopped after {patience} '
        f'evaluation(s) in a row without a new lowest; the checkpoint with the '
