@@ -55,11 +55,6 @@ def task_base(task: str, quick: bool):
   return base
 
 
-def folder(name: str) -> str:
-  """A variant's folder name (the committed study's)."""
-  return name.replace(', ', '_').replace(' ', '_')
-
-
 def draw_tables(workdir: str, task: str, runs: list[study.Run], inside: int,
                 max_len: int) -> None:
   """The position-position cosine similarity of seed 0's trained tables,
@@ -151,7 +146,8 @@ class Exercise2(skeleton.TaskSweep):
 
   def sweep_runs(self, tasks, seeds, quick):
     return common.variant_runs(tasks, seeds, SETTINGS + DROPOUT_SETTINGS,
-                               lambda task: task_base(task, quick), folder)
+                               lambda task: task_base(task, quick),
+                               skeleton.flag_spelling)
 
   def sweep_report(self, workdir, runs, summaries, quick):
     return report(workdir, runs, summaries, quick)

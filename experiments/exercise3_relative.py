@@ -140,10 +140,11 @@ class Exercise3(skeleton.TaskSweep):
   takes_steps = True
 
   def sweep_runs(self, tasks, seeds, quick):
-    # <task>/<variant with underscores>,seed=<seed>: the committed folders.
+    # <task>/<variant with underscores>,seed=<seed>: the committed folders,
+    # which --positions also takes.
     return common.variant_runs(tasks, seeds, settings(quick),
                                lambda task: task_base(task, quick),
-                               lambda name: name.replace(' ', '_'))
+                               skeleton.flag_spelling)
 
   def sweep_report(self, workdir, runs, summaries, quick):
     return report(workdir, runs, summaries, quick)

@@ -254,10 +254,11 @@ _KNOWN = {'position': lambda: tuple(positions.POSITIONS),
 
 
 def flag_spelling(value: str) -> str:
-  """How --positions / --tasks can name a value that holds a comma (the
-  flag splits on commas): each comma or space as an underscore, the
-  variant's folder name ('learned, dropout 0.1' -> 'learned_dropout_0.1').
-  Accepted for any value, with or without a comma."""
+  """A variant's folder name, which --positions / --tasks also take (the
+  flag splits on commas, so a name holding one has no other spelling
+  there): each run of commas and spaces as one underscore ('learned,
+  dropout 0.1' -> 'learned_dropout_0.1'); the task sweeps name their run
+  folders with it."""
   return re.sub(r'[,\s]+', '_', value)
 
 

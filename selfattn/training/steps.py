@@ -117,10 +117,15 @@ def make_optimizer(train: ml_collections.ConfigDict, *,
 
 def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
   """1-D mesh with axis `data` over config.mesh.data devices (-1 = all)."""
-  data = config.mesh.data if config.mesh.data != -1 else jax.device_count()
+  return data_mesh(config.mesh.data if config.mesh.data != -1
+                   else jax.device_count())
+
+
+def data_mesh(devices: int) -> jax.sharding.Mesh:
+  """1-D mesh with axis `data` over the first `devices` devices."""
   # Auto axes: XLA propagates the batch sharding through the model (GSPMD);
   # explicit axes would make every gather in the model name its sharding.
-  return jax.make_mesh((data,), ('data',), devices=jax.devices()[:data],
+  return jax.make_mesh((devices,), ('data',), devices=jax.devices()[:devices],
                        axis_types=(jax.sharding.AxisType.Auto,))
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-import jax
 import ml_collections
 from flax import nnx
 
@@ -76,12 +75,11 @@ def load_model(workdir: str, step: int | None = None,
   step asked for does not restore. Builds the run's trainer, so a music or
   translation run needs its data set, as its training did."""
   from selfattn.training.config_checks import validate_config
+  from selfattn.training.steps import data_mesh
   from selfattn.training.trainers import make_trainer
   config = stored_config(workdir) if config is None else config
   task = validate_config(config)
-  one_device = jax.make_mesh((1,), ('data',), devices=jax.devices()[:1],
-                             axis_types=(jax.sharding.AxisType.Auto,))
-  trainer = make_trainer(config, one_device, task)
+  trainer = make_trainer(config, data_mesh(1), task)
   if step is not None:
     restored = checkpoints.restore_step_read_only(
         workdir, trainer.init_state(), step)
