@@ -107,8 +107,7 @@ def score_run(run: study.Run, path: str) -> dict:
   config = copy.deepcopy(run.config)
   config.seed = run.config.seed + SCORE_SEED_OFFSET
   trainer = Trainer(config)     # the seed only picks the evaluation strings
-  params = checkpoints.restore_step_read_only(
-      path, trainer.init_state(), step)['params']
+  params, _ = checkpoints.read_params(path, trainer.params_layout(), step)
   fresh = trainer.evaluate(params)
   result = {'selected_step': step, 'eval_seed': config.seed,
             'eval': {str(n): {k: float(v) for k, v in m.items()}

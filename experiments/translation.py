@@ -203,7 +203,7 @@ def evaluate_run(run: study.Run, path: str,
 
   from selfattn.training.translation_steps import TranslationTrainer
   trainer = TranslationTrainer(run.config)
-  state = trainer.init_state()
+  layout = trainer.params_layout()
   writer = SummaryWriter(logdir=path)
   if old is None:
     kept = scheduled_checkpoints(checkpoints.saved_steps(path), run.config)
@@ -212,7 +212,7 @@ def evaluate_run(run: study.Run, path: str,
     by_step = {s: b for s, b in (greedy_by_step or {}).items() if s in kept}
     val = trainer.corpus.eval_set('val')
     for step in (s for s in kept if s not in by_step):
-      params = checkpoints.restore_step_read_only(path, state, step)['params']
+      params, _ = checkpoints.read_params(path, layout, step)
       hyps = trainer.translate_texts(params, val.sources)
       by_step[step] = bleu.score(hyps, val.references)['bleu']
       writer.add_scalar('valid/bleu_checkpoint', by_step[step], step)
@@ -226,7 +226,7 @@ def evaluate_run(run: study.Run, path: str,
     chosen = old['selected_step']
     print(f'[translation] {run.name}: rescoring step {chosen} with the '
           f'{BEAM_SEARCH} beam search', flush=True)
-  params = checkpoints.restore_step_read_only(path, state, chosen)['params']
+  params, _ = checkpoints.read_params(path, layout, chosen)
   result: dict[str, Any] = {
       'selected_step': chosen,
       'valid_bleu_greedy_by_step': {str(s): b for s, b in by_step.items()},

@@ -125,8 +125,8 @@ def probe_run(run, path: str) -> dict[str, Any]:
                      f'study to rescore it first')
   from selfattn.training.translation_steps import TranslationTrainer
   trainer = TranslationTrainer(run.config)
-  params = checkpoints.restore_step_read_only(
-      path, trainer.init_state(), scored['selected_step'])['params']
+  params, _ = checkpoints.read_params(path, trainer.params_layout(),
+                                      scored['selected_step'])
   out_dir = os.path.join(path, 'translations', 'punctuation')
   os.makedirs(out_dir, exist_ok=True)
   result = {'selected_step': scored['selected_step'], 'probes': {}}

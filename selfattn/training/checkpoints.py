@@ -140,36 +140,47 @@ def _stored_checksum(path: str) -> dict[str, Any] | None:
   return (metadata.get('custom_metadata') or {}).get(CHECKSUM_KEY)
 
 
-def _verify(stored: dict[str, Any], restored: Any) -> None:
-  """Raises _Damaged naming the arrays whose bytes differ from the saved ones."""
+def _verify(stored: dict[str, Any], restored: Any, partial: bool) -> None:
+  """Raises _Damaged naming the arrays whose bytes differ from the saved ones:
+  every saved array, or with `partial` those restored (a part of the state
+  read on its own)."""
   actual = state_checksum(restored)
   if actual is None:
     return
   if stored.get('algorithm') != actual['algorithm']:
     raise _Damaged(f'unknown checksum algorithm {stored.get("algorithm")!r}')
   expected = stored.get('leaves') or {}
-  bad = sorted(k for k in set(expected) | set(actual['leaves'])
-               if expected.get(k) != actual['leaves'].get(k))
+  names = set(actual['leaves']) | (set() if partial else set(expected))
+  bad = sorted(k for k in names if expected.get(k) != actual['leaves'].get(k))
   if bad:
     more = f' and {len(bad) - 1} more' if len(bad) > 1 else ''
-    raise _Damaged(f'checksum mismatch: {len(bad)} of {len(expected)} arrays '
+    raise _Damaged(f'checksum mismatch: {len(bad)} of {len(names)} arrays '
                    f'differ from the saved ones ({bad[0]}{more})')
 
 
-def _restore_verified(path: str, target: Any, step: int) -> Any:
+def _restore_verified(path: str, target: Any, step: int,
+                      partial: bool = False) -> Any:
   """The state in step directory `path`, laid out like `target`, verified
-  against its stored checksum; raises on any damage."""
+  against its stored checksum; raises on any damage. With `partial`,
+  `target` may name a part of the state ({'params': ...}): only that part
+  is read and verified."""
   stored = _stored_checksum(path)
-  # A standalone checkpointer: a failed restore leaves no state behind in a
-  # manager that the next attempt could trip over.
-  restored = ocp.StandardCheckpointer().restore(
-      os.path.join(path, 'default'), target)
+  directory = os.path.join(path, 'default')
+  if partial:
+    restored = ocp.PyTreeCheckpointer().restore(
+        directory, args=ocp.args.PyTreeRestore(
+            item=target, partial_restore=True,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(target)))
+  else:
+    # A standalone checkpointer: a failed restore leaves no state behind in
+    # a manager that the next attempt could trip over.
+    restored = ocp.StandardCheckpointer().restore(directory, target)
   if stored is None:
     logging.warning('checkpoint at step %d in %s was saved without a checksum '
                     '(by an older selfattn): restored unverified', step,
                     os.path.dirname(path))
   else:
-    _verify(stored, restored)
+    _verify(stored, restored, partial)
   return restored
 
 
@@ -197,7 +208,7 @@ def restore_latest(mngr: ocp.CheckpointManager, state: Any
   and moved aside to `<step>.damaged` (kept for inspection; the run will
   write that step again); the next older one is tried: at most the steps
   since it are lost. Raises CheckpointError when checkpoints exist but none
-  restores. For a workdir that is not this run's, use restore_latest_read_only.
+  restores. For a workdir that is not this run's, use read_params.
   """
   directory = str(mngr.directory)
 
@@ -276,44 +287,48 @@ def parameter_shape_differences(workdir: str, params: Any,
   return differences
 
 
-def restore_step_read_only(workdir: str, state: Any, step: int) -> Any:
-  """The checkpoint of `step` in workdir, laid out like `state` and
-  verified against its checksum, without modifying the workdir (a study
-  choosing among a run's checkpoints). Raises CheckpointError if it does
-  not restore."""
-  path = os.path.join(os.path.abspath(workdir), 'checkpoints', str(step))
-  target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-  try:
-    return _restore_verified(path, target, step)
-  except Exception as e:     # orbax raises many types for damaged files
-    raise CheckpointError(f'checkpoint at step {step} of {workdir} does not '
-                          f'restore ({_reason(e)})') from None
+def read_params(workdir: str, params: Any, step: int | None = None
+                ) -> tuple[Any, int] | None:
+  """(parameters, step) of another run's checkpoint at `step`, or of its
+  newest that restores, laid out like `params` (arrays or
+  ShapeDtypeStructs with their shardings: Trainer.params_layout()) and
+  verified against the checksums saved with them. Only the parameters are
+  read, not the optimiser state (twice their size for Adam).
 
-
-def restore_latest_read_only(workdir: str, state: Any
-                             ) -> tuple[Any, int] | None:
-  """restore_latest for another run's workdir (config.train.init_from),
-  which it never modifies: no checkpoint manager is opened on it (orbax's
-  creates and cleans up directories) and damaged checkpoints are skipped
-  with a warning but left in place."""
+  The workdir is never modified (a study choosing among a run's
+  checkpoints, config.train.init_from, load_model): no checkpoint manager
+  is opened on it (orbax's creates and cleans up directories). Without
+  `step`, damaged checkpoints are skipped with a warning and left in place;
+  None when there is no checkpoint, CheckpointError when none restores.
+  With `step`, CheckpointError when that one does not restore."""
   directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
-  steps = saved_steps(workdir)
+  target = {'params': jax.tree.map(ocp.utils.to_shape_dtype_struct, params)}
+  if step is not None:
+    try:
+      restored = _restore_verified(os.path.join(directory, str(step)), target,
+                                   step, partial=True)
+    except Exception as e:     # orbax raises many types for damaged files
+      raise CheckpointError(f'checkpoint at step {step} of {workdir} does '
+                            f'not restore ({_reason(e)})') from None
+    return restored['params'], step
 
   def leave(step: int, reason: str) -> None:
     logging.warning('skipping checkpoint at step %d of %s, which does not '
                     'restore (%s); left in place', step, workdir, reason)
 
-  return _newest_that_restores(directory, steps, state, leave)
+  found = _newest_that_restores(directory, saved_steps(workdir), target, leave,
+                                partial=True)
+  return None if found is None else (found[0]['params'], found[1])
 
 
-def _newest_that_restores(directory: str, steps, state: Any, on_damaged
-                          ) -> tuple[Any, int] | None:
+def _newest_that_restores(directory: str, steps, state: Any, on_damaged,
+                          partial: bool = False) -> tuple[Any, int] | None:
   target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
   problems = []
   for step in sorted(steps, reverse=True):
     try:
       return _restore_verified(os.path.join(directory, str(step)), target,
-                               step), step
+                               step, partial), step
     except Exception as e:     # orbax raises many types for damaged files
       reason = _reason(e)
       on_damaged(step, reason)

@@ -392,6 +392,14 @@ class Trainer:
     """A model with these parameters (works inside traced code)."""
     return nnx.merge(self.graphdef, params, self.rest, copy=True)
 
+  def params_layout(self) -> Any:
+    """The parameters as ShapeDtypeStructs, replicated over the mesh: what
+    checkpoints.read_params restores a run's parameters into, without
+    building an optimiser state."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                       sharding=self.replicated), self._params)
+
   def init_state(self) -> dict[str, Any]:
     """Step 0: {'step', 'params', 'opt_state'}, replicated over the mesh."""
     state = {'step': jnp.zeros((), jnp.int32), 'params': self._params,

@@ -594,7 +594,7 @@ def _parameters_from(source: str, state: dict[str, Any]) -> dict[str, Any]:
   fresh (a new schedule from step 0). `source` is another run's workdir:
   it is only read (a damaged checkpoint there is skipped, not moved)."""
   try:
-    restored = checkpoints.restore_latest_read_only(source, state)
+    restored = checkpoints.read_params(source, state['params'])
   except CheckpointError as e:
     raise CheckpointError(
         f'config.train.init_from={source!r}: {e}') from None
@@ -603,7 +603,7 @@ def _parameters_from(source: str, state: dict[str, Any]) -> dict[str, Any]:
                       f'that restores')
   logging.info('Starting from the parameters of %s (its step %d)', source,
                restored[1])
-  return {**state, 'params': restored[0]['params']}
+  return {**state, 'params': restored[0]}
 
 
 def _stop_non_finite(mngr, writer, workdir: str, what: str,

@@ -66,8 +66,9 @@ def load_model(workdir: str, step: int | None = None,
                config: ml_collections.ConfigDict | None = None) -> Trained:
   """The run in `workdir` with the parameters of its latest checkpoint, or
   of `step` (one of the kept ones, checkpoints.saved_steps). `config`
-  replaces the stored one (a study that built it holds it already). Every
-  checkpoint is verified against its checksum.
+  replaces the stored one (a study that built it holds it already). Only
+  the parameters are read (not the optimiser state), verified against the
+  checksums saved with them.
 
   Raises FileNotFoundError when the workdir has no config or no
   checkpoint, ConfigError when its config does not validate (a task or
@@ -80,15 +81,10 @@ def load_model(workdir: str, step: int | None = None,
   config = stored_config(workdir) if config is None else config
   task = validate_config(config)
   trainer = make_trainer(config, data_mesh(1), task)
-  if step is not None:
-    restored = checkpoints.restore_step_read_only(
-        workdir, trainer.init_state(), step)
-  else:
-    latest = checkpoints.restore_latest_read_only(workdir,
-                                                  trainer.init_state())
-    if latest is None:
-      raise FileNotFoundError(f'no checkpoint in {workdir}')
-    restored, step = latest
-  model = trainer.model(restored['params'])
+  found = checkpoints.read_params(workdir, trainer.params_layout(), step)
+  if found is None:
+    raise FileNotFoundError(f'no checkpoint in {workdir}')
+  params, step = found
+  model = trainer.model(params)
   model.eval()
   return Trained(model, config, int(step), trainer)

@@ -62,25 +62,28 @@ def _flip(path, offset):
     f.write(bytes([byte[0] ^ 0xFF]))
 
 
-def _restore_unverified(step_dir, template):
-  """What orbax alone restores from a step directory (no checksum check)."""
+def _restore_unverified(step_dir, template, part=None):
+  """What orbax alone restores from a step directory (no checksum check),
+  as a list of arrays: the whole state's, or `part`'s ('params')."""
   import jax
   import orbax.checkpoint as ocp
   target = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
   restored = ocp.StandardCheckpointer().restore(str(step_dir / 'default'),
                                                 target)
+  restored = restored if part is None else restored[part]
   return [np.asarray(x) for x in jax.tree.leaves(jax.device_get(restored))]
 
 
-def _flip_a_byte(step_dir, template, scratch):
+def _flip_a_byte(step_dir, template, scratch, part=None):
   """Inverts one byte of the checkpoint's array data: the first byte, in a
   scan of the data files, that orbax restores without an error but with
-  other values (much of a data file is never read back, and some bytes make
+  other values in the state, or in its `part` ('params') where one is named
+  (much of a data file is never read back, and some bytes make
   tensorstore's decompression fail, which was caught before checksums).
   Each candidate is tried on a fresh copy under `scratch`, then flipped in
   `step_dir`."""
   scratch = pathlib.Path(tempfile.mkdtemp(dir=scratch))
-  original = _restore_unverified(step_dir, template)
+  original = _restore_unverified(step_dir, template, part)
   for data in _data_files(step_dir):
     relative = os.path.relpath(data, step_dir)
     size = os.path.getsize(data)
@@ -90,7 +93,7 @@ def _flip_a_byte(step_dir, template, scratch):
       shutil.copytree(step_dir, probe)
       _flip(probe / relative, offset)
       try:
-        restored = _restore_unverified(probe, template)
+        restored = _restore_unverified(probe, template, part)
       except Exception:      # noqa: BLE001 - damage orbax already notices
         continue
       if any(not np.array_equal(a, b) for a, b in zip(original, restored)):
@@ -216,7 +219,8 @@ def test_init_from_never_modifies_the_source_workdir(finished_run, template,
   shutil.copytree(finished_run, source)
   for entry in (source / 'checkpoints' / '30').iterdir():
     shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-  _flip_a_byte(source / 'checkpoints' / '20', template, tmp_path)
+  # A parameter's byte: init_from reads the parameters alone.
+  _flip_a_byte(source / 'checkpoints' / '20', template, tmp_path, 'params')
   before = _tree_digest(source)
   config = thirty_steps_config()
   config.train.init_from = str(source)
@@ -238,7 +242,7 @@ def test_init_from_never_modifies_the_source_workdir(finished_run, template,
   shutil.copytree(finished_run, only)
   for step in (10, 20):
     shutil.rmtree(only / 'checkpoints' / str(step))
-  _flip_a_byte(only / 'checkpoints' / '30', template, tmp_path)
+  _flip_a_byte(only / 'checkpoints' / '30', template, tmp_path, 'params')
   before = _tree_digest(only)
   config.train.init_from = str(only)
   with pytest.raises(errors.CheckpointError,
@@ -249,6 +253,44 @@ def test_init_from_never_modifies_the_source_workdir(finished_run, template,
   # Read before config.json is stored: the command with a good source runs
   # in the same workdir.
   assert not (tmp_path / 'new2' / 'config.json').exists()
+
+
+def test_read_params_verifies_the_parameters_and_reads_nothing_else(
+    finished_run, template, tmp_path, caplog):
+  """checkpoints.read_params restores {'params'} alone: a recorded digest
+  that no longer matches a parameter makes the step unreadable (skipped
+  for an older one, or an error when named), while one of the optimiser
+  state's, which it does not read, changes nothing."""
+  workdir = _copy(finished_run, tmp_path, keep=(10, 20))
+  layout = Trainer(thirty_steps_config()).params_layout()
+
+  def tamper(step, prefix):
+    path = workdir / 'checkpoints' / str(step) / '_CHECKPOINT_METADATA'
+    metadata = json.loads(path.read_text())
+    leaves = metadata['custom_metadata'][checkpoints.CHECKSUM_KEY]['leaves']
+    name = next(k for k in sorted(leaves) if k.startswith(prefix))
+    leaves[name] = '0' * 64
+    path.write_text(json.dumps(metadata))
+    return name
+
+  tamper(20, "['opt_state']")
+  params, step = checkpoints.read_params(str(workdir), layout)
+  assert step == 20
+  import jax
+  for got, saved in zip(jax.tree.leaves(params), saved_params(finished_run, 20),
+                        strict=True):
+    np.testing.assert_array_equal(np.asarray(got), saved)
+
+  name = tamper(20, "['params']")
+  with caplog.at_level(std_logging.WARNING):
+    _, step = checkpoints.read_params(str(workdir), layout)
+  assert step == 10
+  skipped = [r.getMessage() for r in caplog.records
+             if r.getMessage().startswith('skipping checkpoint at step 20')]
+  assert len(skipped) == 1 and name in skipped[0]
+  with pytest.raises(errors.CheckpointError,
+                     match=r'step 20 .*\(checksum mismatch: 1 of \d+ arrays'):
+    checkpoints.read_params(str(workdir), layout, step=20)
 
 
 # Extended: init_from's source is read once, at the start, in
