@@ -67,25 +67,53 @@ def test_the_table_is_the_runs(paragraph):
     assert row[1:] == cells, seed
 
 
-def test_the_per_seed_readings(paragraph):
+def _interval(values, digits):
+  lo, hi = common.seed_interval(values)
+  return f'{statistics.mean(values):+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]'
+
+
+def _nll(study, label, seed, split='test'):
+  return _run(study, label, seed)[f'{split}_nll']
+
+
+def test_the_intervals_across_the_three_seeds(paragraph):
+  """Shaw minus sinusoidal with the meter, early-stopped and at 1,000
+  steps, and the change between them; each run's gain over the same seed's
+  early-stopped first pass; the best steps quoted per seed."""
   text = re.sub(r'\s+', ' ', paragraph)
-  def nll(study, label, seed, split='test'):
-    return _run(study, label, seed)[f'{split}_nll']
-  valid = [nll('music_meter_convergence', 'shaw+bar+meter', s, 'valid')
-           - nll('music_meter_convergence', 'sinusoidal+bar+meter', s, 'valid')
-           for s in (0, 1)]
-  assert f'(valid: {valid[0]:+.4f} and {valid[1]:+.4f})' in text
-  # Each early-stopped meter run's gain over the same seed's converged
-  # first pass, on test.
+  seeds = range(3)
+  def difference(study, split='test'):
+    return [_nll(study, 'shaw+bar+meter', s, split)
+            - _nll(study, 'sinusoidal+bar+meter', s, split) for s in seeds]
+  converged, early = difference('music_meter_convergence'), difference('music')
+  change = [c - e for c, e in zip(converged, early)]
+  valid = difference('music_meter_convergence', 'valid')
+  assert (f'shaw minus sinusoidal with the meter is {_interval(converged, 4)} '
+          f'on test (valid {_interval(valid, 4)})') in text
+  assert f'at 1,000 steps it was {_interval(early, 4)}' in text
+  assert f'the lead shrank by {_interval(change, 4)}' in text
+  lo, hi = common.seed_interval(converged)
+  assert max(-lo, hi) <= 0.0165 and 'within 0.016 nats' in text
+  gains = {}
   for label in ('shaw', 'sinusoidal'):
-    gains = [nll('music_convergence', label, s)
-             - nll('music_meter_convergence', f'{label}+bar+meter', s)
-             for s in (0, 1)]
-    assert f'{label} by {gains[0]:.3f} and {gains[1]:.3f}' in text, label
-  # Shaw's third seed and its interval across the three.
-  gains = [nll('music_meter_convergence', 'shaw+bar+meter', s)
-           - nll('music_convergence', 'shaw', s) for s in range(3)]
-  assert f'and {-gains[2]:.3f} at seed 2' in text
-  lo, hi = common.seed_interval(gains)
-  assert (f'{statistics.mean(gains):.3f} [{lo:.3f}, {hi:.3f}], 95% '
-          f't-interval across the 3 seeds)') in text
+    gains[label] = [_nll('music_meter_convergence', f'{label}+bar+meter', s)
+                    - _nll('music_convergence', label, s) for s in seeds]
+    per_seed = ', '.join(f'{-g:.3f}' for g in gains[label][:2])
+    assert (f'{label} by {per_seed} and {-gains[label][2]:.3f}'
+            in text), label
+    assert f'({_interval(gains[label], 3)}' in text, label
+    firsts = ', '.join(f'{_nll("music_convergence", label, s):.3f}'
+                       for s in seeds)
+    assert f'{firsts} ({label})' in text, label
+  cross = [a - b for a, b in zip(gains['shaw'], gains['sinusoidal'])]
+  assert (f'is {_interval(cross, 3)} on test, per seed '
+          + ', '.join(f'{c:+.3f}' for c in cross)) in text
+  assert sum(c > 0 for c in cross) == 2 and 'larger on two seeds' in text
+  runs = [_nll('music_meter_convergence', f'{label}+bar+meter', s)
+          for label in ('shaw', 'sinusoidal') for s in seeds]
+  assert f'all six runs at {min(runs):.3f}-{max(runs):.3f}' in text
+  best = {label: [_run('music_meter_convergence', f'{label}+bar+meter', s)
+                  ['selected_step'] for s in seeds]
+          for label in ('shaw', 'sinusoidal')}
+  assert set(best['sinusoidal']) == {4500} and 'at 4,500 steps on every seed' in text
+  assert f"shaw's at {best['shaw'][0]:,}, {best['shaw'][1]:,} and {best['shaw'][2]:,}" in text
