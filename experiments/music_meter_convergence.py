@@ -27,8 +27,10 @@ its runs with the committed studies' all the same: a smoke test.
 Sized from the first-pass convergence runs (same cap and patience): shaw
 stopped at 4,000-5,500 steps, sinusoidal at 11,500-16,000; the first
 meter run trained at 2.8 steps/s on this 2-core CPU (about 6 minutes per
-1,000 steps with evaluations), so the six runs take about 5-7.5 hours,
-over more than one sitting. Resumable like every study.
+1,000 steps with evaluations), so the six runs were sized at 5-7.5
+hours; they took 2h09m (2026-12-02: shaw 15-25 minutes a run, stopping at
+3,000-4,000 steps, sinusoidal 19-28 minutes, at 6,000; the meter speeds
+both). Resumable like every study.
 """
 
 from __future__ import annotations

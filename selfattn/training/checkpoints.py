@@ -43,7 +43,7 @@ def save(mngr: ocp.CheckpointManager, step: int, state: Any) -> None:
   on the host from the state being saved) goes into orbax's own step
   metadata (`<step>/_CHECKPOINT_METADATA`, key CHECKSUM_KEY), which orbax
   commits with the checkpoint: a step directory holds both or neither.
-  Restoring verifies it (restore_latest).
+  Restoring verifies it (restore_latest, read_params).
   """
   directory = str(mngr.directory)
   probe = os.path.join(directory, f'.write-probe-{os.getpid()}')
@@ -167,6 +167,15 @@ def _restore_verified(path: str, target: Any, step: int,
   stored = _stored_checksum(path)
   directory = os.path.join(path, 'default')
   if partial:
+    # Orbax's partial restore drops saved arrays the target does not name
+    # and fills in ones it names but the checkpoint lacks: compare the
+    # names first, so a layout of another model is refused in words.
+    for key in target:
+      differences = _tree_differences(_stored_tree(directory)[key],
+                                      target[key])
+      if differences:
+        raise _Damaged(f"its {key} are not this layout's: "
+                       + '; '.join(differences))
     restored = ocp.PyTreeCheckpointer().restore(
         directory, args=ocp.args.PyTreeRestore(
             item=target, partial_restore=True,
@@ -250,29 +259,24 @@ def _leaf_name(path) -> str:
   return '/'.join(parts[:-1] if parts[-1:] == ['value'] else parts)
 
 
-def parameter_shape_differences(workdir: str, params: Any,
-                                limit: int = 4) -> list[str] | None:
-  """How the parameters of workdir's newest checkpoint differ in shape from
-  `params` (arrays or ShapeDtypeStructs), read from orbax's metadata
-  without loading an array: at most `limit` lines, then a count; [] when
-  they match. None when there is no checkpoint or its metadata does not
-  read (a damaged one, which restoring then reports)."""
-  steps = saved_steps(workdir)
-  if not steps:
-    return None
-  path = os.path.join(os.path.abspath(workdir), 'checkpoints', str(steps[-1]),
-                      'default')
+def _stored_tree(directory: str) -> Any:
+  """The metadata tree of the state saved in `directory` (a step's
+  `default`): shapes and dtypes, no array read."""
   handler = ocp.PyTreeCheckpointHandler()
   try:
     # The handler joins paths with `/`: a pathlib.Path does, a str does not.
-    stored_params = handler.metadata(pathlib.Path(path)).tree['params']
-  except Exception:    # noqa: BLE001 - orbax raises many types for damage
-    return None
+    return handler.metadata(pathlib.Path(directory)).tree
   finally:
     handler.close()
+
+
+def _tree_differences(stored: Any, wanted: Any, limit: int = 4) -> list[str]:
+  """How the arrays of `stored` (orbax metadata) and `wanted` (arrays or
+  ShapeDtypeStructs) differ in names and shapes: at most `limit` lines,
+  then a count; [] when they match."""
   shapes = lambda t: {_leaf_name(p): tuple(leaf.shape) for p, leaf
                       in jax.tree_util.tree_flatten_with_path(t)[0]}
-  stored, wanted = shapes(stored_params), shapes(params)
+  stored, wanted = shapes(stored), shapes(wanted)
   differences = []
   for name in sorted(set(stored) | set(wanted)):
     a, b = stored.get(name), wanted.get(name)
@@ -285,6 +289,25 @@ def parameter_shape_differences(workdir: str, params: Any,
   if len(differences) > limit:
     differences = differences[:limit] + [f'{len(differences) - limit} more']
   return differences
+
+
+def parameter_shape_differences(workdir: str, params: Any,
+                                limit: int = 4) -> list[str] | None:
+  """How the parameters of workdir's newest checkpoint differ in shape from
+  `params` (arrays or ShapeDtypeStructs), read from orbax's metadata
+  without loading an array: at most `limit` lines, then a count; [] when
+  they match. None when there is no checkpoint or its metadata does not
+  read (a damaged one, which restoring then reports)."""
+  steps = saved_steps(workdir)
+  if not steps:
+    return None
+  path = os.path.join(os.path.abspath(workdir), 'checkpoints', str(steps[-1]),
+                      'default')
+  try:
+    stored_params = _stored_tree(path)['params']
+  except Exception:    # noqa: BLE001 - orbax raises many types for damage
+    return None
+  return _tree_differences(stored_params, params, limit)
 
 
 def read_params(workdir: str, params: Any, step: int | None = None

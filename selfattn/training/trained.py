@@ -73,8 +73,10 @@ def load_model(workdir: str, step: int | None = None,
   Raises FileNotFoundError when the workdir has no config or no
   checkpoint, ConfigError when its config does not validate (a task or
   encoding not registered in this process, say), CheckpointError when the
-  step asked for does not restore. Builds the run's trainer, so a music or
-  translation run needs its data set, as its training did."""
+  step asked for does not restore, or without a step when none does (a
+  `config` that builds other parameters than the run's is named there).
+  Builds the run's trainer, so a music or translation run needs its data
+  set, as its training did."""
   from selfattn.training.config_checks import validate_config
   from selfattn.training.steps import data_mesh
   from selfattn.training.trainers import make_trainer

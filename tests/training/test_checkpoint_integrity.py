@@ -255,12 +255,13 @@ def test_init_from_never_modifies_the_source_workdir(finished_run, template,
   assert not (tmp_path / 'new2' / 'config.json').exists()
 
 
-def test_read_params_verifies_the_parameters_and_reads_nothing_else(
-    finished_run, template, tmp_path, caplog):
-  """checkpoints.read_params restores {'params'} alone: a recorded digest
-  that no longer matches a parameter makes the step unreadable (skipped
-  for an older one, or an error when named), while one of the optimiser
-  state's, which it does not read, changes nothing."""
+def test_read_params_verifies_the_parameters_alone(finished_run, tmp_path,
+                                                   caplog):
+  """checkpoints.read_params restores {'params'} alone, laid out as asked: a
+  recorded digest that no longer matches a parameter makes the step
+  unreadable (skipped for an older one, or an error when named), while one
+  of the optimiser state's, which it does not verify, changes nothing."""
+  import jax
   workdir = _copy(finished_run, tmp_path, keep=(10, 20))
   layout = Trainer(thirty_steps_config()).params_layout()
 
@@ -276,9 +277,9 @@ def test_read_params_verifies_the_parameters_and_reads_nothing_else(
   tamper(20, "['opt_state']")
   params, step = checkpoints.read_params(str(workdir), layout)
   assert step == 20
-  import jax
-  for got, saved in zip(jax.tree.leaves(params), saved_params(finished_run, 20),
-                        strict=True):
+  for got, want, saved in zip(jax.tree.leaves(params), jax.tree.leaves(layout),
+                              saved_params(finished_run, 20), strict=True):
+    assert got.sharding == want.sharding
     np.testing.assert_array_equal(np.asarray(got), saved)
 
   name = tamper(20, "['params']")
@@ -291,6 +292,26 @@ def test_read_params_verifies_the_parameters_and_reads_nothing_else(
   with pytest.raises(errors.CheckpointError,
                      match=r'step 20 .*\(checksum mismatch: 1 of \d+ arrays'):
     checkpoints.read_params(str(workdir), layout, step=20)
+
+
+def test_read_params_refuses_a_layout_of_other_parameters(finished_run):
+  """Orbax's partial restore alone would drop a saved parameter the layout
+  leaves out and hand back a placeholder for one it adds: each is named."""
+  from flax import nnx
+  layout = Trainer(thirty_steps_config()).params_layout()
+  flat = dict(nnx.to_flat_state(layout))
+  dropped = sorted(flat)[0]
+  fewer = nnx.from_flat_state({k: v for k, v in flat.items() if k != dropped})
+  with pytest.raises(errors.CheckpointError,
+                     match=r"step 30 .*its params are not this layout's: "
+                     + '/'.join(map(str, dropped)) + ': not in this model'):
+    checkpoints.read_params(str(finished_run), fewer, step=30)
+  extra = dict(flat)
+  extra[('extra', 'kernel')] = flat[dropped]
+  with pytest.raises(errors.CheckpointError,
+                     match=r'no checkpoint in .* restores: step 30 .*'
+                     r'extra/kernel: not in the checkpoint'):
+    checkpoints.read_params(str(finished_run), nnx.from_flat_state(extra))
 
 
 # Extended: init_from's source is read once, at the start, in
