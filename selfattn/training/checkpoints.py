@@ -160,19 +160,20 @@ def _verify(stored: dict[str, Any], restored: Any, partial: bool) -> None:
 
 def _restore_verified(path: str, target: Any, step: int,
                       partial: bool = False) -> Any:
-  """The state in step directory `path`, laid out like `target`, verified
-  against its stored checksum; raises on any damage. With `partial`,
-  `target` may name a part of the state ({'params': ...}): only that part
-  is read and verified."""
+  """The state in step directory `path`, laid out like `target` (arrays or
+  ShapeDtypeStructs, with their shardings), verified against its stored
+  checksum; raises on any damage. With `partial`, `target` may name a part
+  of the state ({'params': ...}): only that part is read and verified."""
   stored = _stored_checksum(path)
   directory = os.path.join(path, 'default')
+  target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
   if partial:
     # Orbax's partial restore drops saved arrays the target does not name
     # and fills in ones it names but the checkpoint lacks: compare the
     # names first, so a layout of another model is refused in words.
+    saved = _stored_tree(directory)
     for key in target:
-      differences = _tree_differences(_stored_tree(directory)[key],
-                                      target[key])
+      differences = _tree_differences(saved[key], target[key])
       if differences:
         raise _Damaged(f"its {key} are not this layout's: "
                        + '; '.join(differences))
@@ -325,7 +326,7 @@ def read_params(workdir: str, params: Any, step: int | None = None
   None when there is no checkpoint, CheckpointError when none restores.
   With `step`, CheckpointError when that one does not restore."""
   directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
-  target = {'params': jax.tree.map(ocp.utils.to_shape_dtype_struct, params)}
+  target = {'params': params}
   if step is not None:
     try:
       restored = _restore_verified(os.path.join(directory, str(step)), target,
@@ -346,11 +347,10 @@ def read_params(workdir: str, params: Any, step: int | None = None
 
 def _newest_that_restores(directory: str, steps, state: Any, on_damaged,
                           partial: bool = False) -> tuple[Any, int] | None:
-  target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
   problems = []
   for step in sorted(steps, reverse=True):
     try:
-      return _restore_verified(os.path.join(directory, str(step)), target,
+      return _restore_verified(os.path.join(directory, str(step)), state,
                                step, partial), step
     except Exception as e:     # orbax raises many types for damaged files
       reason = _reason(e)
